@@ -1,0 +1,43 @@
+"""Transformer building blocks in plain PyTorch, shared by the GPT, the translator and the ViT.
+
+Masks are boolean and True means "may attend" / "real token" everywhere (see ``attention``).
+"""
+
+from lightformer.nn.attention import KVCache, MultiHeadAttention, causal_mask, explicit_attention, record_attention
+from lightformer.nn.embedding import PatchEmbedding, TokenEmbedding
+from lightformer.nn.feedforward import Activation, FeedForward
+from lightformer.nn.layers import Decoder, DecoderCache, DecoderLayer, Encoder, EncoderLayer
+from lightformer.nn.norm import NormKind, make_norm
+from lightformer.nn.position import (
+    LearnedPositionalEmbedding,
+    PositionKind,
+    RotaryEmbedding,
+    SinusoidalPositionalEmbedding,
+    absolute_position,
+    sinusoidal_table,
+)
+
+__all__ = [
+    "Activation",
+    "Decoder",
+    "DecoderCache",
+    "DecoderLayer",
+    "Encoder",
+    "EncoderLayer",
+    "FeedForward",
+    "KVCache",
+    "LearnedPositionalEmbedding",
+    "MultiHeadAttention",
+    "NormKind",
+    "PatchEmbedding",
+    "PositionKind",
+    "RotaryEmbedding",
+    "SinusoidalPositionalEmbedding",
+    "TokenEmbedding",
+    "absolute_position",
+    "causal_mask",
+    "explicit_attention",
+    "make_norm",
+    "record_attention",
+    "sinusoidal_table",
+]

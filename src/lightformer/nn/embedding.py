@@ -1,0 +1,57 @@
+"""Input embeddings: tokens → vectors, and image patches → vectors."""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor, nn
+
+
+class TokenEmbedding(nn.Embedding):
+    """Token ids ``(batch, seq)`` → ``(batch, seq, d_model)``, optionally scaled by √d_model as in the paper.
+
+    With ``scale`` the weights start at N(0, 1/d_model) (as in fairseq), so scaled embeddings have unit
+    variance, the same as the sinusoidal positions added to them.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, scale: bool = False, padding_idx: int | None = None) -> None:
+        self.scale = math.sqrt(d_model) if scale else 1.0
+        super().__init__(vocab_size, d_model, padding_idx=padding_idx)
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=1.0 / self.scale)
+        self._fill_padding_idx_with_zero()
+
+    def forward(self, ids: Tensor) -> Tensor:
+        out = super().forward(ids)
+        return out * self.scale if self.scale != 1.0 else out
+
+
+class PatchEmbedding(nn.Module):
+    """Images ``(batch, C, H, W)`` → patch tokens ``(batch, H/p·W/p, d_model)``, by a convolution with stride p.
+
+    Same parameter layout as timm's ``PatchEmbed`` (``proj`` is the convolution).
+    """
+
+    def __init__(self, image_size: int, patch_size: int, in_channels: int, d_model: int) -> None:
+        super().__init__()
+        if image_size % patch_size:
+            raise ValueError(
+                f"image_size={image_size} is not a multiple of patch_size={patch_size}; "
+                f"choose a patch_size that divides {image_size} or resize the images"
+            )
+        self.image_size = image_size
+        self.patch_size = patch_size
+        self.in_channels = in_channels
+        self.grid_size = image_size // patch_size
+        self.num_patches = self.grid_size**2
+        self.proj = nn.Conv2d(in_channels, d_model, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, images: Tensor) -> Tensor:
+        b, c, h, w = images.shape
+        if c != self.in_channels or h != self.image_size or w != self.image_size:
+            raise ValueError(
+                f"expected images of shape (batch, {self.in_channels}, {self.image_size}, {self.image_size}), "
+                f"got {tuple(images.shape)}"
+            )
+        return self.proj(images).flatten(2).transpose(1, 2)

@@ -1,0 +1,188 @@
+"""Encoder and decoder layers, and stacks of them.
+
+Each sublayer (attention or feed-forward) sits in a residual connection, in one of two placements:
+
+- post-norm (the paper): ``x = norm(x + dropout(sublayer(x)))``; the stack needs no final norm.
+- pre-norm (GPT-2, ViT): ``x = x + dropout(sublayer(norm(x)))``; the stack ends with a final norm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from timm.layers import DropPath
+from torch import Tensor, nn
+
+from lightformer.nn.attention import KVCache, MultiHeadAttention
+from lightformer.nn.feedforward import Activation, FeedForward
+from lightformer.nn.norm import NormKind, make_norm
+from lightformer.nn.position import RotaryEmbedding
+
+
+class _ResidualLayer(nn.Module):
+    """Shared residual wiring: dropout and stochastic depth on each sublayer's output, pre- or post-norm."""
+
+    def __init__(self, dropout: float, drop_path: float, norm_first: bool) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.dropout = nn.Dropout(dropout)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def residual(self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.norm_first:
+            return x + self.drop_path(self.dropout(sublayer(norm(x))))
+        return norm(x + self.drop_path(self.dropout(sublayer(x))))
+
+
+class EncoderLayer(_ResidualLayer):
+    """Self-attention (bidirectional by default) followed by a feed-forward network."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.1,
+        attn_dropout: float = 0.0,
+        activation: Activation = "relu",
+        norm: NormKind = "layernorm",
+        norm_first: bool = True,
+        norm_eps: float = 1e-5,
+        bias: bool = True,
+        drop_path: float = 0.0,
+        rotary: RotaryEmbedding | None = None,
+    ) -> None:
+        super().__init__(dropout, drop_path, norm_first)
+        self.norm1 = make_norm(norm, d_model, norm_eps, bias)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, bias, rotary)
+        self.norm2 = make_norm(norm, d_model, norm_eps, bias)
+        self.ffn = FeedForward(d_model, d_ff, activation, bias)
+
+    def forward(self, x: Tensor, key_mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        """``(batch, seq, d_model)`` → same; ``key_mask`` ``(batch, seq)`` is True at real tokens."""
+        x = self.residual(x, self.norm1, lambda h: self.self_attn(h, key_mask=key_mask, causal=causal))
+        return self.residual(x, self.norm2, self.ffn)
+
+
+class DecoderLayer(_ResidualLayer):
+    """Masked (causal) self-attention, cross-attention to the encoder output, then a feed-forward network.
+
+    With ``cross_attention=False`` it is the block of a decoder-only model (GPT).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.1,
+        attn_dropout: float = 0.0,
+        activation: Activation = "relu",
+        norm: NormKind = "layernorm",
+        norm_first: bool = True,
+        norm_eps: float = 1e-5,
+        bias: bool = True,
+        drop_path: float = 0.0,
+        rotary: RotaryEmbedding | None = None,
+        cross_attention: bool = True,
+    ) -> None:
+        super().__init__(dropout, drop_path, norm_first)
+        self.norm1 = make_norm(norm, d_model, norm_eps, bias)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, bias, rotary)
+        if cross_attention:
+            self.norm_cross = make_norm(norm, d_model, norm_eps, bias)
+            self.cross_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, bias)
+        else:
+            self.norm_cross = self.cross_attn = None
+        self.norm2 = make_norm(norm, d_model, norm_eps, bias)
+        self.ffn = FeedForward(d_model, d_ff, activation, bias)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        key_mask: Tensor | None = None,
+        memory_key_mask: Tensor | None = None,
+        self_cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
+    ) -> Tensor:
+        """Target ``x`` ``(batch, tgt_len, d_model)`` attends causally to itself, then to the encoder's ``memory``.
+
+        ``memory`` is ``(batch, src_len, d_model)``. ``key_mask`` ``(batch, cached + tgt_len)`` and
+        ``memory_key_mask`` ``(batch, src_len)`` are True at real tokens.
+        """
+        x = self.residual(x, self.norm1, lambda h: self.self_attn(h, key_mask=key_mask, causal=True, cache=self_cache))
+        if self.cross_attn is not None:
+            if memory is None:
+                raise ValueError("this decoder layer has cross-attention: pass the encoder output as `memory`")
+            x = self.residual(
+                x,
+                self.norm_cross,
+                lambda h: self.cross_attn(h, memory, key_mask=memory_key_mask, cache=cross_cache),
+            )
+        return self.residual(x, self.norm2, self.ffn)
+
+
+class Encoder(nn.Module):
+    """A stack of encoder layers, with the final norm that pre-norm stacks need (``final_norm``)."""
+
+    def __init__(self, layers: Iterable[EncoderLayer], final_norm: nn.Module | None = None) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.norm = final_norm if final_norm is not None else nn.Identity()
+
+    def forward(self, x: Tensor, key_mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, key_mask=key_mask, causal=causal)
+        return self.norm(x)
+
+
+class DecoderCache:
+    """Per-layer KV caches of a decoder: self-attention keys grow each step, cross-attention keys are fixed."""
+
+    def __init__(self, n_layers: int, max_length: int | None = None) -> None:
+        self.self_attn = [KVCache(max_length) for _ in range(n_layers)]
+        self.cross_attn = [KVCache() for _ in range(n_layers)]
+
+    @property
+    def length(self) -> int:
+        """Number of target positions already decoded."""
+        return self.self_attn[0].length
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search): row i becomes old row ``index[i]``."""
+        for cache in self.self_attn + self.cross_attn:
+            cache.reorder(index)
+
+
+class Decoder(nn.Module):
+    """A stack of decoder layers, with the final norm that pre-norm stacks need (``final_norm``)."""
+
+    def __init__(self, layers: Iterable[DecoderLayer], final_norm: nn.Module | None = None) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.norm = final_norm if final_norm is not None else nn.Identity()
+
+    def new_cache(self, max_length: int | None = None) -> DecoderCache:
+        return DecoderCache(len(self.layers), max_length)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        key_mask: Tensor | None = None,
+        memory_key_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+    ) -> Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(
+                x,
+                memory,
+                key_mask=key_mask,
+                memory_key_mask=memory_key_mask,
+                self_cache=cache.self_attn[i] if cache is not None else None,
+                cross_cache=cache.cross_attn[i] if cache is not None else None,
+            )
+        return self.norm(x)
