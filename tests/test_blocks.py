@@ -80,7 +80,7 @@ def test_patch_embedding_shapes_and_errors():
         pe(torch.randn(2, 3, 28, 28))
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "swiglu"])
 def test_feedforward(activation):
     ffn = FeedForward(16, activation=activation)
     assert ffn.fc2.in_features == 64  # d_ff defaults to 4·d_model
@@ -90,6 +90,7 @@ def test_feedforward(activation):
     expected = {
         "relu": lambda: torch.relu(h),
         "gelu": lambda: nn.functional.gelu(h),
+        "gelu_tanh": lambda: 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3))),
         "swiglu": lambda: nn.functional.silu(h[:, :64]) * h[:, 64:],
     }[activation]()
     torch.testing.assert_close(ffn(x), ffn.fc2(expected))

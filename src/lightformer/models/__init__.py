@@ -1,0 +1,5 @@
+"""Architectures assembled from ``lightformer.nn``: plain PyTorch, usable in any training loop."""
+
+from lightformer.models.gpt import GPT, gpt2_state_dict_to_lightformer, load_gpt2_weights
+
+__all__ = ["GPT", "gpt2_state_dict_to_lightformer", "load_gpt2_weights"]

@@ -1,4 +1,4 @@
-"""Position-wise feed-forward network: ReLU (the paper), GELU, or SwiGLU."""
+"""Position-wise feed-forward network: ReLU (the paper), GELU (exact or GPT-2's tanh approximation), or SwiGLU."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-Activation = Literal["relu", "gelu", "swiglu"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "swiglu"]
 
 
 class FeedForward(nn.Module):
@@ -25,8 +25,8 @@ class FeedForward(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        if activation not in ("relu", "gelu", "swiglu"):
-            raise ValueError(f"unknown activation {activation!r}; valid: 'relu', 'gelu', 'swiglu'")
+        if activation not in ("relu", "gelu", "gelu_tanh", "swiglu"):
+            raise ValueError(f"unknown activation {activation!r}; valid: 'relu', 'gelu', 'gelu_tanh', 'swiglu'")
         d_ff = d_ff or 4 * d_model
         self.activation = activation
         self.fc1 = nn.Linear(d_model, 2 * d_ff if activation == "swiglu" else d_ff, bias=bias)
@@ -40,6 +40,8 @@ class FeedForward(nn.Module):
             h = F.silu(gate) * value
         elif self.activation == "gelu":
             h = F.gelu(h)
+        elif self.activation == "gelu_tanh":
+            h = F.gelu(h, approximate="tanh")
         else:
             h = F.relu(h)
         return self.fc2(h)

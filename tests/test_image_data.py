@@ -1,0 +1,300 @@
+"""Tests for lightformer.data.images: digits, Fashion-MNIST from Debian's files, image folders, errors."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from PIL import Image
+from torchvision.transforms import v2
+
+from lightformer.data import images
+from lightformer.data.images import ImageDataModule, load_image
+
+HAS_DEBIAN_FASHION_MNIST = images.DEBIAN_FASHION_MNIST_DIR.is_dir()
+
+
+def write_image_folder(folder: Path, class_names: list[str], images_per_class: int) -> None:
+    """Write small PNGs of mixed sizes and modes ("L", "RGB", "RGBA") into folder/<class>/."""
+    modes_and_sizes = [("L", (20, 30)), ("RGB", (40, 40)), ("RGBA", (17, 23))]
+    for class_index, class_name in enumerate(class_names):
+        (folder / class_name).mkdir(parents=True)
+        for image_index in range(images_per_class):
+            mode, size = modes_and_sizes[image_index % len(modes_and_sizes)]
+            rgba = (40 * class_index, 255 - 40 * class_index, 80 + image_index, 200)
+            color = rgba[0] if mode == "L" else rgba[: len(mode)]
+            Image.new(mode, size, color).save(folder / class_name / f"{image_index}.png")
+
+
+# ---------------------------------------------------------------- digits
+
+
+def test_digits_shapes_sizes_and_labels():
+    datamodule = ImageDataModule(dataset="digits", batch_size=32)
+    assert (datamodule.num_classes, datamodule.in_channels, datamodule.image_size) == (10, 1, 8)
+    assert datamodule.class_names == [str(digit) for digit in range(10)]
+    datamodule.setup("fit")
+    sizes = [len(datamodule.train_dataset), len(datamodule.val_dataset), len(datamodule.test_dataset)]
+    assert sizes == [1298, 229, 270]
+    assert sum(sizes) == 1797
+    all_indices = datamodule.train_dataset.indices + datamodule.val_dataset.indices
+    all_indices += datamodule.test_dataset.indices
+    assert sorted(all_indices) == list(range(1797))
+
+    for loader in (datamodule.train_dataloader(), datamodule.val_dataloader(), datamodule.test_dataloader()):
+        batch_images, labels = next(iter(loader))
+        assert batch_images.shape == (32, 1, 8, 8)
+        assert batch_images.dtype == torch.float32
+        assert labels.shape == (32,) and labels.dtype == torch.int64
+        assert labels.min() >= 0 and labels.max() < 10
+
+
+def test_digits_split_is_deterministic_for_a_seed():
+    first = ImageDataModule(dataset="digits", seed=3)
+    second = ImageDataModule(dataset="digits", seed=3)
+    other_seed = ImageDataModule(dataset="digits", seed=4)
+    for datamodule in (first, second, other_seed):
+        datamodule.setup()
+    assert first.val_dataset.indices == second.val_dataset.indices
+    assert first.val_dataset.indices != other_seed.val_dataset.indices
+    # The test set is a fixed carve: comparable across seeds.
+    assert first.test_dataset.indices == other_seed.test_dataset.indices
+    # Same seed, same shuffling.
+    assert torch.equal(next(iter(first.train_dataloader()))[1], next(iter(second.train_dataloader()))[1])
+
+
+def test_digits_normalisation_uses_train_statistics():
+    datamodule = ImageDataModule(dataset="digits", augment="none", batch_size=2000)
+    datamodule.setup()
+    train_images, _ = next(iter(datamodule.train_dataloader()))
+    assert train_images.mean().abs() < 1e-4
+    assert (train_images.std() - 1).abs() < 1e-3
+
+
+def test_val_size_accepts_counts_and_fractions():
+    by_count = ImageDataModule(dataset="digits", val_size=100)
+    by_fraction = ImageDataModule(dataset="digits", val_size=0.5)
+    no_validation = ImageDataModule(dataset="digits", val_size=0)
+    for datamodule in (by_count, by_fraction, no_validation):
+        datamodule.setup()
+    assert len(by_count.val_dataset) == 100
+    assert len(by_fraction.val_dataset) == round(0.5 * (1797 - 270))
+    assert len(no_validation.val_dataset) == 0 and len(no_validation.train_dataset) == 1797 - 270
+
+
+def test_dataloader_options():
+    datamodule = ImageDataModule(dataset="digits", num_workers=1, pin_memory=True)
+    datamodule.setup()
+    loader = datamodule.train_dataloader()
+    assert loader.persistent_workers and loader.pin_memory and loader.num_workers == 1
+    with pytest.raises(NotImplementedError, match="eval_transform"):
+        datamodule.predict_dataloader()
+    with pytest.raises(RuntimeError, match="setup"):
+        ImageDataModule(dataset="digits").train_dataloader()
+
+
+# ---------------------------------------------------------------- augmentation and transforms
+
+
+@pytest.mark.parametrize("augment", ["flip_crop", "trivialaugment", "randaugment"])
+def test_training_augmentation_varies_and_eval_transform_is_deterministic(augment):
+    datamodule = ImageDataModule(dataset="fashion_mnist", augment=augment)  # no data is read
+    image = Image.fromarray(torch.randint(0, 256, (28, 28), dtype=torch.uint8).numpy(), mode="L")
+    torch.manual_seed(0)
+    train_transform = datamodule.train_transform()
+    first = train_transform(image)
+    assert first.shape == (1, 28, 28) and first.dtype == torch.float32
+    assert any(not torch.equal(first, train_transform(image)) for _ in range(5))
+
+    eval_transform = datamodule.eval_transform()
+    assert torch.equal(eval_transform(image), eval_transform(image))
+    expected = (v2.functional.pil_to_tensor(image).float() / 255 - 0.2860) / 0.3530
+    torch.testing.assert_close(eval_transform(image), expected)
+
+
+def test_flip_crop_flips_only_where_flips_keep_the_label():
+    def has_flip(dataset: str) -> bool:
+        transform = ImageDataModule(dataset=dataset, augment="flip_crop").train_transform()
+        return any(isinstance(step, v2.RandomHorizontalFlip) for step in transform.transforms)
+
+    assert has_flip("fashion_mnist") and has_flip("cifar10")
+    assert not has_flip("mnist") and not has_flip("digits")
+    none_transform = ImageDataModule(dataset="digits", augment="none").train_transform()
+    random_steps = (v2.RandomCrop, v2.RandomHorizontalFlip)
+    assert not any(isinstance(step, random_steps) for step in none_transform.transforms)
+
+
+def test_augmented_digits_batches_keep_their_shape():
+    for augment in ("trivialaugment", "randaugment"):
+        datamodule = ImageDataModule(dataset="digits", augment=augment, image_size=16, batch_size=16)
+        datamodule.setup()
+        batch_images, _ = next(iter(datamodule.train_dataloader()))
+        assert batch_images.shape == (16, 1, 16, 16) and torch.isfinite(batch_images).all()
+
+
+# ---------------------------------------------------------------- Fashion-MNIST from Debian's package
+
+
+@pytest.fixture(scope="module")
+def fashion_mnist(tmp_path_factory) -> ImageDataModule:
+    if not HAS_DEBIAN_FASHION_MNIST:
+        pytest.skip(f"{images.DEBIAN_FASHION_MNIST_DIR} absent: `apt-get install dataset-fashion-mnist`")
+    datamodule = ImageDataModule(
+        dataset="fashion_mnist", root=str(tmp_path_factory.mktemp("data")), augment="none", batch_size=512
+    )
+    datamodule.prepare_data()
+    datamodule.setup()
+    return datamodule
+
+
+def test_fashion_mnist_splits(fashion_mnist):
+    assert len(fashion_mnist.train_dataset) + len(fashion_mnist.val_dataset) == 60000
+    assert len(fashion_mnist.val_dataset) == 5000
+    assert len(fashion_mnist.test_dataset) == 10000
+    sizes = (fashion_mnist.num_classes, fashion_mnist.in_channels, fashion_mnist.image_size)
+    assert sizes == (10, 1, 28)
+    assert fashion_mnist.class_names == torchvision.datasets.FashionMNIST.classes
+    raw_dir = Path(fashion_mnist.root) / "FashionMNIST" / "raw"
+    assert sorted(path.name for path in raw_dir.iterdir()) == sorted(images.MNIST_RAW_FILES)
+
+
+def test_fashion_mnist_batches_are_normalised(fashion_mnist):
+    batch_images, labels = next(iter(fashion_mnist.train_dataloader()))
+    assert batch_images.shape == (512, 1, 28, 28)
+    assert batch_images.mean().abs() < 0.1
+    assert (batch_images.std() - 1).abs() < 0.1
+    assert labels.min() >= 0 and labels.max() < 10
+    test_images, _ = next(iter(fashion_mnist.test_dataloader()))
+    assert test_images.shape == (512, 1, 28, 28)
+
+
+def test_fashion_mnist_without_files_or_internet_says_how_to_get_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(images, "DEBIAN_FASHION_MNIST_DIR", tmp_path / "no-debian-files")
+    datamodule = ImageDataModule(dataset="fashion_mnist", root=str(tmp_path / "data"), download=False)
+    with pytest.raises(RuntimeError, match="apt-get install dataset-fashion-mnist"):
+        datamodule.setup()
+
+
+def test_mnist_without_files_says_to_download(tmp_path):
+    datamodule = ImageDataModule(dataset="mnist", root=str(tmp_path), download=False)
+    with pytest.raises(RuntimeError, match="set download=True"):
+        datamodule.setup()
+
+
+# ---------------------------------------------------------------- image folders
+
+
+def test_image_folder_with_one_folder(tmp_path):
+    write_image_folder(tmp_path, ["cat", "dog", "bird"], images_per_class=4)
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    datamodule = ImageDataModule("image_folder", image_folder=str(tmp_path), image_size=16, batch_size=4)
+    assert datamodule.class_names == ["bird", "cat", "dog"]
+    assert (datamodule.num_classes, datamodule.in_channels, datamodule.image_size) == (3, 3, 16)
+    datamodule.setup()
+    sizes = [len(datamodule.train_dataset), len(datamodule.val_dataset), len(datamodule.test_dataset)]
+    assert sizes == [8, 2, 2]
+    for loader in (datamodule.train_dataloader(), datamodule.test_dataloader()):
+        batch_images, labels = next(iter(loader))
+        assert batch_images.shape[1:] == (3, 16, 16) and batch_images.dtype == torch.float32
+        assert labels.min() >= 0 and labels.max() < 3
+
+
+def test_image_folder_with_split_folders(tmp_path):
+    write_image_folder(tmp_path / "train", ["cat", "dog", "bird"], images_per_class=3)
+    write_image_folder(tmp_path / "val", ["dog"], images_per_class=2)  # a class missing from val is fine
+    write_image_folder(tmp_path / "test", ["bird", "cat", "dog"], images_per_class=1)
+    datamodule = ImageDataModule(dataset="image_folder", image_folder=str(tmp_path), val_size=0.5)
+    assert datamodule.image_size == 224
+    datamodule.setup()
+    # val/ and test/ are used as they are; nothing is carved from train/.
+    sizes = [len(datamodule.train_dataset), len(datamodule.val_dataset), len(datamodule.test_dataset)]
+    assert sizes == [9, 2, 3]
+    val_images, val_labels = next(iter(datamodule.val_dataloader()))
+    assert val_images.shape == (2, 3, 224, 224)
+    assert val_labels.tolist() == [2, 2]  # "dog" keeps its training index
+
+
+def test_image_folder_errors(tmp_path):
+    missing = tmp_path / "no-such-folder"
+    with pytest.raises(FileNotFoundError, match="no-such-folder"):
+        ImageDataModule(dataset="image_folder", image_folder=str(missing))
+    with pytest.raises(ValueError, match="needs image_folder"):
+        ImageDataModule(dataset="image_folder")
+    (tmp_path / "flat").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "flat" / "lonely.png")
+    with pytest.raises(ValueError, match="no class subfolders"):
+        ImageDataModule(dataset="image_folder", image_folder=str(tmp_path / "flat"))
+    with pytest.raises(ValueError, match="only read with dataset='image_folder'"):
+        ImageDataModule(dataset="digits", image_folder=str(tmp_path))
+
+    write_image_folder(tmp_path / "bad_val" / "train", ["cat", "dog"], images_per_class=1)
+    write_image_folder(tmp_path / "bad_val" / "val", ["cow"], images_per_class=1)
+    with pytest.raises(ValueError, match=r"\['cow'\]"):
+        ImageDataModule(dataset="image_folder", image_folder=str(tmp_path / "bad_val"))
+
+    write_image_folder(tmp_path / "small", ["cat", "dog"], images_per_class=5)
+    too_big = ImageDataModule(dataset="image_folder", image_folder=str(tmp_path / "small"), val_size=50)
+    with pytest.raises(ValueError, match=r"val_size=50 .* has 8 images"):
+        too_big.setup()
+
+
+# ---------------------------------------------------------------- argument errors and load_image
+
+
+@pytest.mark.parametrize(
+    ("val_size", "message"),
+    [
+        (5000, r"val_size=5000 .* has 1527 images"),
+        (-1, r"val_size=-1 .* has 1527"),
+        (1.5, r"val_size=1.5 .* \[0, 1\)"),
+    ],
+)
+def test_invalid_val_size_names_value_and_train_size(val_size, message):
+    with pytest.raises(ValueError, match=message):
+        ImageDataModule(dataset="digits", val_size=val_size)
+
+
+def test_invalid_val_size_fails_at_construction_for_known_sizes():
+    with pytest.raises(ValueError, match=r"val_size=60000 .* has 60000 images"):
+        ImageDataModule(dataset="fashion_mnist", val_size=60000)
+
+
+def test_unknown_names_list_the_valid_ones():
+    with pytest.raises(ValueError, match="valid: .*'digits'"):
+        ImageDataModule(dataset="imagenet")
+    with pytest.raises(ValueError, match="valid: .*'flip_crop'"):
+        ImageDataModule(dataset="digits", augment="mixup")
+
+
+def test_load_image_converts_modes_and_resizes(tmp_path):
+    path = tmp_path / "rgba.png"
+    Image.new("RGBA", (30, 20), (10, 20, 30, 128)).save(path)
+    assert load_image(path, in_channels=3).mode == "RGB"
+    grey = load_image(path, in_channels=1, image_size=12)
+    assert grey.mode == "L" and grey.size == (12, 12)
+    write_image_folder(tmp_path / "folder", ["cat"], images_per_class=1)
+    datamodule = ImageDataModule(dataset="image_folder", image_folder=str(tmp_path / "folder"), image_size=12)
+    tensor = datamodule.eval_transform()(load_image(path, datamodule.in_channels, datamodule.image_size))
+    assert tensor.shape == (3, 12, 12)
+
+
+def test_load_image_errors_name_the_file(tmp_path):
+    not_an_image = tmp_path / "notes.png"
+    not_an_image.write_text("not pixels")
+    with pytest.raises(ValueError, match="notes.png"):
+        load_image(not_an_image, in_channels=3)
+    with pytest.raises(FileNotFoundError, match="missing.png"):
+        load_image(tmp_path / "missing.png", in_channels=1)
+    with pytest.raises(ValueError, match="in_channels=2"):
+        load_image(not_an_image, in_channels=2)
+
+
+def test_cli_parses_the_constructor_arguments():
+    jsonargparse = pytest.importorskip("jsonargparse")
+    parser = jsonargparse.ArgumentParser()
+    parser.add_class_arguments(ImageDataModule, "data")
+    config = parser.parse_args(["--data.dataset=digits", "--data.val_size=0.2", "--data.augment=none"])
+    assert config.data.val_size == 0.2 and isinstance(config.data.val_size, float)
+    assert parser.parse_args(["--data.val_size=300"]).data.val_size == 300
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--data.dataset=imagenet"])
