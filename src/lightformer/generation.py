@@ -100,3 +100,99 @@ def generate(
         if len(stops) and finished.all():
             break
     return out
+
+
+def sequence_score(log_prob: Tensor | float, length: int, length_penalty: float) -> Tensor | float:
+    """Length-normalised log-probability: log p(y) / |y|^length_penalty (fairseq's convention)."""
+    return log_prob / length**length_penalty
+
+
+@torch.no_grad()
+def beam_search(
+    decoder: IncrementalDecoder,
+    batch_size: int,
+    beam_size: int,
+    bos_id: int,
+    eos_id: int,
+    max_new_tokens: int,
+    length_penalty: float = 1.0,
+) -> tuple[list[list[int]], list[float]]:
+    """Batched beam search; returns, per source, the best hypothesis (without BOS/EOS) and its score.
+
+    ``decoder`` must hold ``batch_size · beam_size`` rows, the beams of source b in rows
+    ``b·beam_size … (b+1)·beam_size - 1`` (``EncoderDecoder.incremental_decoder(src, beam_size)``).
+    A hypothesis ends when it emits ``eos_id`` (which counts in its length) or reaches ``max_new_tokens``
+    tokens (then without EOS, as ``generate`` does).
+    Scores are ``sequence_score``; a source is done once ``beam_size`` hypotheses have ended and no live
+    beam can still beat the best of them. With ``beam_size=1`` this is greedy decoding.
+    """
+    k = beam_size
+    device = decoder.memory.device if hasattr(decoder, "memory") else None
+    tokens = torch.full((batch_size * k, 1), bos_id, dtype=torch.long, device=device)
+    # Only the first beam of each source is live at the start, so the k beams do not all repeat it.
+    beam_log_probs = torch.zeros(batch_size, k, device=device)
+    beam_log_probs[:, 1:] = float("-inf")
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch_size)]
+    done = [False] * batch_size
+    cache = decoder.new_cache(max_new_tokens + 1)
+    step_input = tokens
+    for step in range(1, max_new_tokens + 1):
+        log_probs = decoder(step_input, cache=cache)[:, -1].float().log_softmax(-1)  # (batch·k, vocab)
+        vocab = log_probs.shape[-1]
+        candidates = (beam_log_probs.view(-1, 1) + log_probs).view(batch_size, k * vocab)
+        top_log_probs, top_index = candidates.topk(2 * k, dim=-1)  # 2k: enough to keep k going after k ends
+        top_beam, top_token = top_index // vocab, top_index % vocab
+
+        next_beams = torch.zeros(batch_size, k, dtype=torch.long, device=device)
+        next_tokens = torch.full((batch_size, k), eos_id, dtype=torch.long, device=device)
+        next_log_probs = torch.full((batch_size, k), float("-inf"), device=device)
+        for b in range(batch_size):
+            live = 0
+            for log_prob, beam, token in zip(
+                top_log_probs[b].tolist(), top_beam[b].tolist(), top_token[b].tolist(), strict=True
+            ):
+                if done[b] or log_prob == float("-inf"):
+                    break
+                if token == eos_id:
+                    hypothesis = tokens[b * k + beam, 1:].tolist()
+                    finished[b].append((sequence_score(log_prob, step, length_penalty), hypothesis))
+                    if len(finished[b]) >= k:
+                        break
+                else:
+                    next_beams[b, live], next_tokens[b, live], next_log_probs[b, live] = beam, token, log_prob
+                    live += 1
+                    if live == k:
+                        break
+            if not done[b] and len(finished[b]) >= k:
+                best = max(score for score, _ in finished[b])
+                bound = _best_possible(next_log_probs[b], step, max_new_tokens, length_penalty)
+                done[b] = bound <= best
+            if done[b]:
+                next_log_probs[b] = float("-inf")
+        if all(done):
+            break
+        rows = (torch.arange(batch_size, device=device)[:, None] * k + next_beams).view(-1)
+        tokens = torch.cat([tokens[rows], next_tokens.view(-1, 1)], dim=1)
+        cache.reorder(rows)
+        beam_log_probs = next_log_probs
+        step_input = next_tokens.view(-1, 1)
+    else:  # out of steps: the live beams end here, without end of sentence
+        for b in range(batch_size):
+            for beam, log_prob in enumerate(beam_log_probs[b].tolist()):
+                if log_prob > float("-inf"):
+                    score = sequence_score(log_prob, max_new_tokens, length_penalty)
+                    finished[b].append((score, tokens[b * k + beam, 1:].tolist()))
+
+    best = [max(hyps, key=lambda h: h[0]) if hyps else (float("-inf"), []) for hyps in finished]
+    return [hyp for _, hyp in best], [score for score, _ in best]
+
+
+def _best_possible(log_probs: Tensor, step: int, max_new_tokens: int, length_penalty: float) -> float:
+    """Upper bound on the final score of live beams with these log-probabilities after ``step`` tokens."""
+    best = log_probs.max().item()
+    if best == float("-inf"):
+        return best
+    # log-probabilities only fall; the normaliser |y|^lp grows with length, which helps a negative score most
+    # at the longest possible length when lp > 0, and at the current length when lp ≤ 0.
+    length = max_new_tokens if length_penalty > 0 else step + 1
+    return sequence_score(best, length, length_penalty)

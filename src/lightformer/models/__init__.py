@@ -1,5 +1,6 @@
 """Architectures assembled from ``lightformer.nn``: plain PyTorch, usable in any training loop."""
 
 from lightformer.models.gpt import GPT, gpt2_state_dict_to_lightformer, load_gpt2_weights
+from lightformer.models.seq2seq import EncoderDecoder
 
-__all__ = ["GPT", "gpt2_state_dict_to_lightformer", "load_gpt2_weights"]
+__all__ = ["EncoderDecoder", "GPT", "gpt2_state_dict_to_lightformer", "load_gpt2_weights"]

@@ -1,0 +1,257 @@
+"""Vision Transformer (Dosovitskiy et al. 2021) assembled from the shared blocks, state-dict compatible with timm.
+
+Images → patch tokens → [class token] + positions → pre-norm encoder stack → pooled token → linear head.
+Parameter layout and initialisation follow timm's ``VisionTransformer``, so weights convert both ways with
+``timm_to_lightformer`` and ``lightformer_to_timm``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from timm.layers import trunc_normal_
+from torch import Tensor, nn
+
+from lightformer.nn import (
+    Activation,
+    Encoder,
+    EncoderLayer,
+    LearnedPositionalEmbedding,
+    NormKind,
+    PatchEmbedding,
+    make_norm,
+    sinusoidal_table,
+)
+
+Pool = Literal["cls", "mean"]
+ViTPosition = Literal["learned", "sincos"]
+
+
+def sincos_2d_table(grid_size: int, d_model: int) -> Tensor:
+    """Fixed 2-D sin-cos positions ``(grid_size², d_model)`` in row-major patch order.
+
+    The first half of the channels encodes the patch row with the 1-D sinusoidal table, the second half
+    the column (as MAE and big_vision do), so the table needs ``d_model`` divisible by 4.
+    """
+    if d_model % 4:
+        raise ValueError(f"2-D sin-cos positions need d_model divisible by 4, got d_model={d_model}")
+    axis = sinusoidal_table(grid_size, d_model // 2)  # (grid, d/2)
+    rows = axis[:, None, :].expand(grid_size, grid_size, -1)
+    cols = axis[None, :, :].expand(grid_size, grid_size, -1)
+    return torch.cat([rows, cols], dim=-1).reshape(grid_size * grid_size, d_model)
+
+
+class VisionTransformer(nn.Module):
+    """ViT image classifier: ``(batch, in_channels, image_size, image_size)`` → logits ``(batch, num_classes)``.
+
+    Args:
+        image_size: side of the (square) input images; must be a multiple of ``patch_size``.
+        patch_size: side of the square patches; the encoder sees ``(image_size / patch_size)²`` tokens.
+        in_channels: image channels (1 grey, 3 RGB).
+        num_classes: classifier outputs; 0 gives no head (``forward`` returns pooled features).
+        d_model: token width.
+        n_layers: encoder layers.
+        n_heads: attention heads (must divide ``d_model``).
+        d_ff: hidden width of the feed-forward networks (timm's ``mlp_ratio · d_model``); None: 4·d_model.
+        dropout: dropout on the embeddings and on each sublayer's output.
+        attn_dropout: dropout on the attention weights.
+        drop_path: stochastic depth rate of the last layer; layer i gets ``drop_path · i / (n_layers - 1)``.
+        pool: "cls" classifies from a class token (final norm before pooling, timm's ``global_pool='token'``);
+            "mean" averages the patch tokens, then normalises (timm's ``global_pool='avg'`` with ``fc_norm``).
+        position: "learned" absolute positions, or "sincos" fixed 2-D sin-cos positions (zero for the class token).
+        norm: "layernorm" or "rmsnorm".
+        activation: feed-forward activation.
+        qkv_bias: biases in the attention and feed-forward projections.
+        norm_eps: epsilon of every norm (timm uses 1e-6).
+    """
+
+    def __init__(
+        self,
+        image_size: int = 224,
+        patch_size: int = 16,
+        in_channels: int = 3,
+        num_classes: int = 1000,
+        d_model: int = 768,
+        n_layers: int = 12,
+        n_heads: int = 12,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        drop_path: float = 0.0,
+        pool: Pool = "cls",
+        position: ViTPosition = "learned",
+        norm: NormKind = "layernorm",
+        activation: Activation = "gelu",
+        qkv_bias: bool = True,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        if pool not in ("cls", "mean"):
+            raise ValueError(f"unknown pool {pool!r}; valid: 'cls', 'mean'")
+        if position not in ("learned", "sincos"):
+            raise ValueError(f"unknown position {position!r}; valid: 'learned', 'sincos'")
+        self.num_classes = num_classes
+        self.pool = pool
+        self.d_model = d_model
+        self.patch_embed = PatchEmbedding(image_size, patch_size, in_channels, d_model)
+        self.num_prefix_tokens = 1 if pool == "cls" else 0
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d_model)) if pool == "cls" else None
+        num_tokens = self.patch_embed.num_patches + self.num_prefix_tokens
+        self.pos_embed = LearnedPositionalEmbedding(d_model, num_tokens)  # (tokens, d_model), class token first
+        if position == "sincos":  # fixed: a frozen table, so it still travels in the state dict (as in MAE)
+            with torch.no_grad():
+                self.pos_embed.weight.zero_()
+                self.pos_embed.weight[self.num_prefix_tokens :] = sincos_2d_table(self.patch_embed.grid_size, d_model)
+            self.pos_embed.weight.requires_grad_(False)
+        self.pos_drop = nn.Dropout(dropout)
+        rates = torch.linspace(0, drop_path, n_layers).tolist() if n_layers > 1 else [drop_path] * n_layers
+        layers = [
+            EncoderLayer(
+                d_model,
+                n_heads,
+                d_ff,
+                dropout=dropout,
+                attn_dropout=attn_dropout,
+                activation=activation,
+                norm=norm,
+                norm_first=True,
+                norm_eps=norm_eps,
+                bias=qkv_bias,
+                drop_path=rate,
+            )
+            for rate in rates
+        ]
+        # timm normalises the tokens before class-token pooling, but the pooled mean after average pooling.
+        self.encoder = Encoder(layers, make_norm(norm, d_model, norm_eps) if pool == "cls" else None)
+        self.fc_norm = make_norm(norm, d_model, norm_eps) if pool == "mean" else nn.Identity()
+        self.head = nn.Linear(d_model, num_classes) if num_classes > 0 else nn.Identity()
+        self._init_weights(position == "learned")
+
+    def _init_weights(self, learned_positions: bool) -> None:
+        """timm's default ("original timm") init: truncated N(0, 0.02) for positions and Linear weights, zero biases."""
+        if learned_positions:
+            trunc_normal_(self.pos_embed.weight, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)  # as timm >= 0.9; the position row gives it its scale
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters never decayed (timm's convention, read by ``tasks.optim.parameter_groups``)."""
+        return {"pos_embed.weight", "cls_token"}
+
+    @property
+    def grid_size(self) -> int:
+        """Patches per image side."""
+        return self.patch_embed.grid_size
+
+    def forward_features(self, images: Tensor) -> Tensor:
+        """Images ``(batch, C, H, W)`` → encoded tokens ``(batch, num_prefix_tokens + H/p·W/p, d_model)``."""
+        x = self.patch_embed(images)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
+        x = self.pos_drop(self.pos_embed(x))
+        return self.encoder(x)
+
+    def forward_head(self, tokens: Tensor, pre_logits: bool = False) -> Tensor:
+        """Encoded tokens ``(batch, seq, d_model)`` → logits ``(batch, num_classes)`` (or pooled features)."""
+        x = tokens[:, 0] if self.pool == "cls" else tokens[:, self.num_prefix_tokens :].mean(dim=1)
+        x = self.fc_norm(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, images: Tensor) -> Tensor:
+        """Images ``(batch, in_channels, image_size, image_size)`` → logits ``(batch, num_classes)``."""
+        return self.forward_head(self.forward_features(images))
+
+
+# --- timm interoperability --------------------------------------------------------------------------------
+
+# Per-layer names: timm's ``blocks.{i}.<left>`` ↔ our ``encoder.layers.{i}.<right>``.
+_TIMM_LAYER_NAMES = {
+    "norm1": "norm1",
+    "attn.qkv": "self_attn.qkv",
+    "attn.proj": "self_attn.proj",
+    "norm2": "norm2",
+    "mlp.fc1": "ffn.fc1",
+    "mlp.fc2": "ffn.fc2",
+}
+_TIMM_TOP_NAMES = {"patch_embed.proj": "patch_embed.proj", "head": "head", "fc_norm": "fc_norm", "norm": "encoder.norm"}
+
+
+def _rename(name: str, forward: bool) -> str | None:
+    """timm parameter name → ours (``forward``) or ours → timm; None for a name with no counterpart."""
+    if forward:
+        if name.startswith("blocks."):
+            _, index, rest = name.split(".", 2)
+            module, _, leaf = rest.rpartition(".")
+            return f"encoder.layers.{index}.{_TIMM_LAYER_NAMES[module]}.{leaf}" if module in _TIMM_LAYER_NAMES else None
+        mapping = _TIMM_TOP_NAMES
+    else:
+        if name.startswith("encoder.layers."):
+            _, _, index, rest = name.split(".", 3)
+            module, _, leaf = rest.rpartition(".")
+            inverse = {ours: theirs for theirs, ours in _TIMM_LAYER_NAMES.items()}
+            return f"blocks.{index}.{inverse[module]}.{leaf}" if module in inverse else None
+        mapping = {ours: theirs for theirs, ours in _TIMM_TOP_NAMES.items()}
+    module, _, leaf = name.rpartition(".")
+    return f"{mapping[module]}.{leaf}" if module in mapping else None
+
+
+def timm_to_lightformer(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Map a timm ``VisionTransformer`` state dict to our ``VisionTransformer`` layout.
+
+    Supported timm models: ``global_pool='token'`` (our ``pool="cls"``), or ``global_pool='avg',
+    class_token=False`` (our ``pool="mean"``, normalised after pooling by ``fc_norm``); learned positions
+    with ``no_embed_class=False``; no register tokens, layer scale, qk-norm or pre-norm. Build ours with the
+    same shape, ``norm_eps`` and activation.
+    """
+    unsupported = [k for k in state_dict if k.startswith(("reg_token", "norm_pre", "attn_pool")) or ".ls" in k]
+    unsupported += [k for k in state_dict if ".q_norm" in k or ".k_norm" in k]
+    if "fc_norm.weight" in state_dict and "cls_token" in state_dict:
+        unsupported.append("cls_token with average pooling (the class token still takes part in attention)")
+    if unsupported:
+        raise ValueError(f"timm ViT features without a lightformer counterpart: {sorted(unsupported)}")
+    out: dict[str, Tensor] = {}
+    for name, value in state_dict.items():
+        if name == "cls_token":
+            out[name] = value
+        elif name == "pos_embed":
+            out["pos_embed.weight"] = value[0]
+        else:
+            ours = _rename(name, forward=True)
+            if ours is None:
+                raise ValueError(f"timm ViT parameter {name!r} has no lightformer counterpart")
+            out[ours] = value
+    return out
+
+
+def lightformer_to_timm(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Map our ``VisionTransformer`` state dict to timm's layout (the inverse of ``timm_to_lightformer``).
+
+    Build the timm model with ``global_pool='token'`` for ``pool="cls"``, or ``global_pool='avg',
+    class_token=False`` for ``pool="mean"``; ``mlp_ratio = d_ff / d_model``; ``pos_embed='learn'`` also
+    for our fixed sin-cos positions (the table is copied).
+    """
+    out: dict[str, Tensor] = {}
+    for name, value in state_dict.items():
+        if name == "cls_token":
+            out[name] = value
+        elif name == "pos_embed.weight":
+            out["pos_embed"] = value[None]
+        else:
+            theirs = _rename(name, forward=False)
+            if theirs is None:
+                raise ValueError(f"lightformer ViT parameter {name!r} has no timm counterpart")
+            out[theirs] = value
+    return out
+
+
+@torch.no_grad()
+def load_timm_weights(model: VisionTransformer, state_dict: dict[str, Tensor]) -> VisionTransformer:
+    """Load a timm ``VisionTransformer`` state dict into ``model``, strictly."""
+    model.load_state_dict(timm_to_lightformer(state_dict), strict=True)
+    return model

@@ -1,0 +1,231 @@
+"""Translation: an encoder-decoder transformer trained with teacher forcing, evaluated with SacreBLEU."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics import MeanMetric
+from torchmetrics.text import SacreBLEUScore
+
+from lightformer.data.tokenizers import Tokenizer
+from lightformer.generation import beam_search
+from lightformer.models.seq2seq import EncoderDecoder
+from lightformer.nn import Activation, NormKind, PositionKind, record_attention
+from lightformer.tasks.optim import Schedule, configure_adamw
+from lightformer.tasks.tensorboard import heatmap_image, tensorboard_writer
+
+Batch = dict[str, Tensor | list[str]]
+
+
+class TranslationTask(L.LightningModule):
+    """Label-smoothed cross-entropy on shifted targets; BLEU of greedy or beam-search translations.
+
+    ``src_vocab_size``, ``tgt_vocab_size`` and ``pad_id`` are linked from the data module by the CLI; its
+    tokenizers travel inside the checkpoint, so a checkpoint alone can translate. Validation decodes with
+    ``val_beam_size`` (1 = greedy, cheap), test with ``beam_size``.
+    """
+
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        pad_id: int = 0,
+        max_len: int = 256,
+        n_encoder_layers: int = 6,
+        n_decoder_layers: int = 6,
+        d_model: int = 512,
+        n_heads: int = 8,
+        d_ff: int | None = 2048,
+        dropout: float = 0.1,
+        attn_dropout: float = 0.0,
+        activation: Activation = "relu",
+        norm: NormKind = "layernorm",
+        norm_first: bool = False,
+        position: PositionKind = "sinusoidal",
+        share_embeddings: bool = True,
+        tie_output: bool = True,
+        label_smoothing: float = 0.1,
+        lr: float = 7e-4,
+        min_lr: float = 0.0,
+        schedule: Schedule = "inverse_sqrt",
+        warmup_steps: int = 4000,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.98),
+        beam_size: int = 4,
+        val_beam_size: int = 1,
+        length_penalty: float = 1.0,
+        max_len_a: float = 1.5,
+        max_len_b: int = 10,
+        num_logged_samples: int = 4,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = EncoderDecoder(
+            src_vocab_size,
+            tgt_vocab_size,
+            max_len=max_len,
+            n_encoder_layers=n_encoder_layers,
+            n_decoder_layers=n_decoder_layers,
+            d_model=d_model,
+            n_heads=n_heads,
+            d_ff=d_ff,
+            dropout=dropout,
+            attn_dropout=attn_dropout,
+            activation=activation,
+            norm=norm,
+            norm_first=norm_first,
+            position=position,
+            share_embeddings=share_embeddings,
+            tie_output=tie_output,
+            pad_id=pad_id,
+        )
+        self.forward_fn = torch.compile(self.model) if compile else self.model
+        self.src_tokenizer: Tokenizer | None = None
+        self.tgt_tokenizer: Tokenizer | None = None
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        self.val_bleu, self.test_bleu = SacreBLEUScore(tokenize="13a"), SacreBLEUScore(tokenize="13a")
+        self._samples: list[tuple[str, str, str]] = []
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        return self.forward_fn(src, tgt_in)
+
+    # --- tokenizers, carried from the data module into the checkpoint --------------------------------------
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if getattr(datamodule, "src_tokenizer", None) is not None:
+            self.src_tokenizer, self.tgt_tokenizer = datamodule.src_tokenizer, datamodule.tgt_tokenizer
+            for side, tokenizer, size in (
+                ("src", self.src_tokenizer, self.hparams.src_vocab_size),
+                ("tgt", self.tgt_tokenizer, self.hparams.tgt_vocab_size),
+            ):
+                if tokenizer.vocab_size > size:
+                    raise ValueError(
+                        f"the {side} tokenizer has {tokenizer.vocab_size} tokens but model.{side}_vocab_size={size}"
+                    )
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.src_tokenizer is not None:
+            checkpoint["src_tokenizer"] = self.src_tokenizer.to_str()
+            checkpoint["tgt_tokenizer"] = self.tgt_tokenizer.to_str()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "src_tokenizer" in checkpoint:
+            self.src_tokenizer = Tokenizer.from_str(checkpoint["src_tokenizer"])
+            self.tgt_tokenizer = Tokenizer.from_str(checkpoint["tgt_tokenizer"])
+
+    # --- training and evaluation ---------------------------------------------------------------------------
+
+    def _loss(self, batch: Batch) -> tuple[Tensor, int]:
+        src, tgt = batch["src"], batch["tgt"]
+        logits = self(src, tgt[:, :-1])
+        target = tgt[:, 1:]
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(),
+            target.flatten(),
+            ignore_index=self.hparams.pad_id,
+            label_smoothing=self.hparams.label_smoothing,
+        )
+        return loss, int((target != self.hparams.pad_id).sum())
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        loss, n_tokens = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["src"].shape[0])
+        self.log("train/tokens", float(n_tokens), reduce_fx="sum", batch_size=batch["src"].shape[0])
+        return loss
+
+    def _evaluate(self, batch: Batch, loss_metric: MeanMetric, bleu: SacreBLEUScore, beam_size: int) -> list[str]:
+        loss, n_tokens = self._loss(batch)
+        loss_metric.update(loss, weight=n_tokens)
+        hypotheses = self.translate_ids(batch["src"], beam_size)
+        bleu.update(hypotheses, [[ref] for ref in batch["tgt_text"]])
+        return hypotheses
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        hypotheses = self._evaluate(batch, self.val_loss, self.val_bleu, self.hparams.val_beam_size)
+        if batch_idx == 0:
+            n = self.hparams.num_logged_samples
+            self._samples = list(zip(batch["src_text"][:n], batch["tgt_text"][:n], hypotheses[:n], strict=True))
+            self._log_cross_attention(batch)
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()
+        self.log_dict({"val/loss": loss, "val/bleu": self.val_bleu.compute() * 100}, prog_bar=True)
+        self.val_loss.reset()
+        self.val_bleu.reset()
+        writer = tensorboard_writer(self)
+        if writer is not None and self._samples and not self.trainer.sanity_checking:
+            rows = ["| source | reference | translation |", "|---|---|---|"]
+            rows += [f"| {s} | {r} | {h} |" for s, r, h in self._samples]
+            writer.add_text("val/translations", "\n".join(rows), self.global_step)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, self.test_loss, self.test_bleu, self.hparams.beam_size)
+
+    def on_test_epoch_end(self) -> None:
+        self.log_dict({"test/loss": self.test_loss.compute(), "test/bleu": self.test_bleu.compute() * 100})
+        self.test_loss.reset()
+        self.test_bleu.reset()
+
+    def configure_optimizers(self) -> dict:
+        hp = self.hparams
+        return configure_adamw(
+            self.model,
+            lr=hp.lr,
+            weight_decay=hp.weight_decay,
+            betas=hp.betas,
+            schedule=hp.schedule,
+            warmup_steps=hp.warmup_steps,
+            total_steps=self.trainer.estimated_stepping_batches,
+            min_lr=hp.min_lr,
+        )
+
+    # --- decoding ------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def translate_ids(self, src: Tensor, beam_size: int | None = None) -> list[str]:
+        """Translate a padded batch of source ids ``(batch, src_len)``; returns detokenized strings."""
+        if self.tgt_tokenizer is None:
+            raise RuntimeError(
+                "this model has no tokenizer: train it with a translation data module or load a checkpoint"
+            )
+        hp = self.hparams
+        beam_size = beam_size or hp.beam_size
+        src_len = int((src != hp.pad_id).sum(1).max())
+        max_new_tokens = min(int(hp.max_len_a * src_len + hp.max_len_b), hp.max_len - 1)
+        was_training = self.model.training
+        self.model.eval()
+        decoder = self.model.incremental_decoder(src, beam_size)
+        eos = self.tgt_tokenizer.eos_id
+        hypotheses, _ = beam_search(
+            decoder, src.shape[0], beam_size, self.tgt_tokenizer.bos_id, eos, max_new_tokens, hp.length_penalty
+        )
+        self.model.train(was_training)
+        return self.tgt_tokenizer.decode_batch(hypotheses)
+
+    def translate(self, sentences: list[str], beam_size: int | None = None) -> list[str]:
+        """Translate raw source sentences (tokenized with the model's own source tokenizer)."""
+        if self.src_tokenizer is None:
+            raise RuntimeError(
+                "this model has no tokenizer: train it with a translation data module or load a checkpoint"
+            )
+        ids = [self.src_tokenizer.encode(s, add_eos=True)[: self.hparams.max_len] for s in sentences]
+        src = torch.full((len(ids), max(map(len, ids))), self.hparams.pad_id, dtype=torch.long, device=self.device)
+        for i, row in enumerate(ids):
+            src[i, : len(row)] = torch.tensor(row)
+        return self.translate_ids(src, beam_size)
+
+    def _log_cross_attention(self, batch: Batch) -> None:
+        """Last decoder layer's cross-attention (mean over heads) for the first validation pair, as an image."""
+        writer = tensorboard_writer(self)
+        if writer is None or self.trainer.sanity_checking:
+            return
+        src, tgt = batch["src"][:1], batch["tgt"][:1]
+        src, tgt = src[:, : int((src != self.hparams.pad_id).sum())], tgt[:, : int((tgt != self.hparams.pad_id).sum())]
+        with record_attention(self.model) as weights:
+            self.model(src, tgt[:, :-1])
+        last = f"decoder.layers.{len(self.model.decoder.layers) - 1}.cross_attn"
+        writer.add_image("val/cross_attention", heatmap_image(weights[last][0].mean(0)), self.global_step)
