@@ -44,6 +44,7 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightformerCLI:
 
 
 def generate(
+    *,
     ckpt_path: str,
     prompt: str = "\n",
     max_new_tokens: int = 500,
@@ -78,6 +79,7 @@ def generate(
 
 
 def translate(
+    *,
     ckpt_path: str,
     input: str = "-",
     beam_size: int | None = None,
@@ -104,7 +106,36 @@ def translate(
             print(translation)
 
 
-COMMANDS = {"generate": generate, "translate": translate}
+def classify(
+    ckpt_path: str | None = None, images: list[str] | str | None = None, top_k: int = 3, device: str = "cpu"
+) -> None:
+    """Print the most likely classes of image files, with an image-classification checkpoint alone.
+
+    Example: ``classify --ckpt_path best.ckpt --images "[a.png, b.png]" --top_k 3`` (also ``--images a.png``,
+    ``--images+ a.png --images+ b.png``, or a quoted pattern ``--images "photos/*.jpg"``).
+
+    Args:
+        ckpt_path: a checkpoint written by ``fit`` with the image-classification task (its class names and
+            preprocessing travel inside).
+        images: image files (PNG, JPEG, ...) or glob patterns; each image is resized and normalised as in
+            training.
+        top_k: how many classes to print per image, most likely first.
+        device: "cpu", "cuda", "cuda:1", ...
+    """
+    import glob
+
+    from lightformer.tasks.image_classification import ImageClassificationTask
+
+    if ckpt_path is None or not images:
+        raise SystemExit("classify needs --ckpt_path CHECKPOINT and --images FILE (or a list or pattern of files)")
+    patterns = [images] if isinstance(images, str) else images
+    paths = [path for p in patterns for path in (sorted(glob.glob(p)) if glob.has_magic(p) else [p])]
+    task = ImageClassificationTask.load_from_checkpoint(ckpt_path, map_location=device)
+    for path, ranked in zip(paths, task.classify_files(paths, top_k), strict=True):
+        print(f"{path}: " + ", ".join(f"{name} ({probability:.1%})" for name, probability in ranked))
+
+
+COMMANDS = {"generate": generate, "translate": translate, "classify": classify}
 
 
 def main(argv: list[str] | None = None) -> None:

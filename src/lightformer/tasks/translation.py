@@ -212,7 +212,8 @@ class TranslationTask(L.LightningModule):
             raise RuntimeError(
                 "this model has no tokenizer: train it with a translation data module or load a checkpoint"
             )
-        ids = [self.src_tokenizer.encode(s, add_eos=True)[: self.hparams.max_len] for s in sentences]
+        eos, limit = self.src_tokenizer.eos_id, self.hparams.max_len - 1
+        ids = [self.src_tokenizer.encode(s.strip())[:limit] + [eos] for s in sentences]  # as in training: ... EOS
         src = torch.full((len(ids), max(map(len, ids))), self.hparams.pad_id, dtype=torch.long, device=self.device)
         for i, row in enumerate(ids):
             src[i, : len(row)] = torch.tensor(row)

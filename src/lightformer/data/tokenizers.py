@@ -1,0 +1,238 @@
+"""Character-level and byte-level BPE tokenizers behind one class and one JSON format.
+
+Both kinds wrap a Hugging Face `tokenizers.Tokenizer`, so saving, loading and storing a tokenizer in a
+checkpoint is always `to_str()` / `from_str()` (no pickle). The kind is read back from the JSON's model
+type: `WordLevel` is the character tokenizer, `BPE` the byte-level BPE.
+
+Every vocabulary starts with the same four special tokens, ids 0..3: PAD, BOS, EOS, UNK. They only
+ever come from `add_bos` / `add_eos` (and UNK for a character the char vocabulary lacks): the literal
+text "<eos>" in the input is encoded as ordinary characters. So `decode(encode(text)) == text` holds for
+any text with BPE, and for any text made of seen characters with the character tokenizer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer as HFTokenizer
+
+from lightformer.data.sources import atomic_write_bytes
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_TOKENS))
+
+# The byte-level BPE vocabulary always holds the 256 byte symbols, so nothing is ever out of vocabulary.
+MIN_BPE_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256
+
+# For encoding a long text in parallel pieces: around a line break between two printable ASCII characters,
+# "x\ny", the byte-level (GPT-2) pre-tokenizer always cuts after "x" and after "\n" (no pattern spans a
+# newline and a visible character, and "\n" joins no whitespace run), so encoding the pieces separately
+# gives exactly the ids of encoding the whole text.
+_BPE_PIECE_BOUNDARY = re.compile(r"(?<=[!-~]\n)(?=[!-~])")
+_BPE_PIECES_PER_BATCH = 4096
+
+
+def token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
+    """Smallest unsigned integer dtype that holds every id of a vocabulary of `vocab_size` tokens."""
+    return np.uint16 if vocab_size <= 2**16 else np.uint32
+
+
+class Tokenizer:
+    """A character-level (`kind="char"`) or byte-level BPE (`kind="bpe"`) tokenizer.
+
+    Build one with `Tokenizer.train_char(texts)` or `Tokenizer.train_bpe(texts, vocab_size)`, or load one
+    with `Tokenizer.from_file(path)` / `Tokenizer.from_str(json_string)`.
+    """
+
+    def __init__(self, hf_tokenizer: HFTokenizer, source: str = "<in memory>") -> None:
+        """Wrap a Hugging Face tokenizer; `source` names where it came from, for error messages."""
+        model_type = type(hf_tokenizer.model).__name__
+        kinds = {"WordLevel": "char", "BPE": "bpe"}
+        if model_type not in kinds:
+            raise ValueError(
+                f"{source}: tokenizer model type {model_type!r} is not supported; expected WordLevel "
+                "(character level) or BPE (byte-level BPE), as written by lightformer's Tokenizer.save"
+            )
+        for expected_id, token in enumerate(SPECIAL_TOKENS):
+            found_id = hf_tokenizer.token_to_id(token)
+            if found_id != expected_id:
+                raise ValueError(
+                    f"{source}: special token {token!r} has id {found_id}, expected {expected_id} "
+                    f"(lightformer vocabularies start with {', '.join(SPECIAL_TOKENS)})"
+                )
+        # Match special tokens only when added explicitly, never inside the text (see module docstring).
+        hf_tokenizer.encode_special_tokens = True
+        self._hf_tokenizer = hf_tokenizer
+        self._kind = kinds[model_type]
+        self._char_lookup: tuple[np.ndarray, np.ndarray] | None = None
+
+    @classmethod
+    def train_char(cls, texts: Iterable[str]) -> Tokenizer:
+        """One id per distinct character in `texts`, in sorted order after the special tokens.
+
+        Characters not seen here encode to UNK. Newlines, tabs and all of Unicode are ordinary characters.
+        """
+        characters: set[str] = set()
+        for text in texts:
+            characters.update(text)
+        vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+        for character in sorted(characters):
+            vocab[character] = len(vocab)
+        hf_tokenizer = HFTokenizer(models.WordLevel(vocab, unk_token=UNK))
+        # Every character (newline included) is its own pre-token, looked up whole in the vocabulary;
+        # Fuse joins the decoded characters without the spaces a WordLevel model would put between them.
+        hf_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        hf_tokenizer.decoder = decoders.Fuse()
+        hf_tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+        return cls(hf_tokenizer)
+
+    @classmethod
+    def train_bpe(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
+        """Byte-level BPE (as GPT-2) with `vocab_size` tokens, special tokens and all 256 bytes included.
+
+        Any text encodes and decodes back exactly, including characters never seen in training.
+        Pairs seen fewer than `min_frequency` times are not merged, so the vocabulary can be smaller.
+        """
+        if vocab_size < MIN_BPE_VOCAB_SIZE:
+            raise ValueError(
+                f"vocab_size={vocab_size} is too small for byte-level BPE: it needs at least "
+                f"{MIN_BPE_VOCAB_SIZE} (256 byte symbols + {len(SPECIAL_TOKENS)} special tokens)"
+            )
+        hf_tokenizer = HFTokenizer(models.BPE())
+        hf_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        hf_tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=list(SPECIAL_TOKENS),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        hf_tokenizer.train_from_iterator(texts, trainer=trainer)
+        return cls(hf_tokenizer)
+
+    @property
+    def kind(self) -> str:
+        """ "char" or "bpe"."""
+        return self._kind
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, special tokens included; ids are 0..vocab_size-1."""
+        return self._hf_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def pad_id(self) -> int:
+        return PAD_ID
+
+    @property
+    def bos_id(self) -> int:
+        return BOS_ID
+
+    @property
+    def eos_id(self) -> int:
+        return EOS_ID
+
+    @property
+    def unk_id(self) -> int:
+        return UNK_ID
+
+    @property
+    def hf_tokenizer(self) -> HFTokenizer:
+        """The wrapped Hugging Face tokenizer (for use with other libraries)."""
+        return self._hf_tokenizer
+
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        """Token ids of `text`, optionally framed by BOS and EOS."""
+        ids = self._hf_tokenizer.encode(text, add_special_tokens=False).ids
+        return self._frame(ids, add_bos, add_eos)
+
+    def encode_batch(self, texts: Sequence[str], add_bos: bool = False, add_eos: bool = False) -> list[list[int]]:
+        """`encode` for many texts at once (in parallel threads)."""
+        encodings = self._hf_tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        return [self._frame(encoding.ids, add_bos, add_eos) for encoding in encodings]
+
+    def encode_to_array(self, text: str) -> np.ndarray:
+        """Ids of a long text (a whole corpus) as a 1-D array of `token_dtype(vocab_size)`.
+
+        Same ids as `encode(text)`, much faster: a table lookup per code point for the character kind,
+        parallel encoding of line-separated pieces for BPE.
+        """
+        dtype = token_dtype(self.vocab_size)
+        if self.kind == "char":
+            codepoints, ids = self._char_table()
+            text_codepoints = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+            positions = np.searchsorted(codepoints, text_codepoints).clip(max=len(codepoints) - 1)
+            known = codepoints[positions] == text_codepoints
+            return np.where(known, ids[positions], UNK_ID).astype(dtype)
+        pieces = _BPE_PIECE_BOUNDARY.split(text)
+        arrays = [np.zeros(0, dtype=dtype)]
+        for start in range(0, len(pieces), _BPE_PIECES_PER_BATCH):
+            encodings = self._hf_tokenizer.encode_batch(
+                pieces[start : start + _BPE_PIECES_PER_BATCH], add_special_tokens=False
+            )
+            arrays.extend(np.asarray(encoding.ids, dtype=dtype) for encoding in encodings)
+        return np.concatenate(arrays)
+
+    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
+        """Text of `ids` (a list, array or 1-D tensor); special tokens are dropped if `skip_special`."""
+        ids = ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]
+        return self._hf_tokenizer.decode(ids, skip_special_tokens=skip_special)
+
+    def decode_batch(self, batch: Iterable[Iterable[int]], skip_special: bool = True) -> list[str]:
+        """`decode` for many sequences (a list of lists, or a 2-D array or tensor)."""
+        return [self.decode(ids, skip_special) for ids in batch]
+
+    def to_str(self) -> str:
+        """The tokenizer as one JSON string (what a checkpoint stores)."""
+        return self._hf_tokenizer.to_str()
+
+    @classmethod
+    def from_str(cls, json_string: str, source: str = "<string>") -> Tokenizer:
+        """Rebuild a tokenizer from `to_str()`'s JSON; `source` names its origin in error messages."""
+        try:
+            hf_tokenizer = HFTokenizer.from_str(json_string)
+        except Exception as error:  # tokenizers raises a bare Exception for malformed JSON
+            raise ValueError(f"{source} is not a valid tokenizer JSON: {error}") from error
+        return cls(hf_tokenizer, source=source)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON to `path` (atomically, so concurrent readers never see half a file)."""
+        return atomic_write_bytes(path, self._hf_tokenizer.to_str(pretty=True).encode("utf-8"))
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Tokenizer:
+        """Load a tokenizer written by `save`."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer file {path} does not exist")
+        try:
+            json_string = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"tokenizer file {path} is not UTF-8 JSON text: {error}") from error
+        return cls.from_str(json_string, source=f"tokenizer file {path}")
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size})"
+
+    @staticmethod
+    def _frame(ids: list[int], add_bos: bool, add_eos: bool) -> list[int]:
+        return [BOS_ID] * add_bos + ids + [EOS_ID] * add_eos
+
+    def _char_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted code points, their ids) of the character vocabulary, for `encode_to_array`."""
+        if self._char_lookup is None:
+            pairs = sorted(
+                (ord(token), token_id)
+                for token, token_id in self._hf_tokenizer.get_vocab(with_added_tokens=False).items()
+                if len(token) == 1
+            )
+            codepoints = np.array([c for c, _ in pairs] or [0], dtype=np.uint32)
+            ids = np.array([i for _, i in pairs] or [UNK_ID], dtype=np.int64)
+            self._char_lookup = (codepoints, ids)
+        return self._char_lookup

@@ -1,0 +1,194 @@
+"""Language modelling: a GPT trained on next-token prediction, with perplexity and text samples."""
+
+from __future__ import annotations
+
+import time
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics import MeanMetric
+
+from lightformer.data.tokenizers import Tokenizer
+from lightformer.generation import generate
+from lightformer.models.gpt import GPT
+from lightformer.nn import Activation, NormKind, PositionKind
+from lightformer.tasks.optim import Schedule, configure_adamw
+from lightformer.tasks.tensorboard import tensorboard_writer
+
+
+class LanguageModelTask(L.LightningModule):
+    """Next-token cross-entropy on a GPT; logs loss, perplexity, learning rate, tokens/s and generated samples.
+
+    ``vocab_size`` and ``block_size`` are linked from the data module by the CLI. The tokenizer travels
+    inside the checkpoint, so a checkpoint alone is enough to generate.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        block_size: int = 256,
+        n_layers: int = 6,
+        n_heads: int = 6,
+        d_model: int = 384,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+        position: PositionKind = "learned",
+        activation: Activation = "gelu",
+        norm: NormKind = "layernorm",
+        bias: bool = True,
+        tie_weights: bool = True,
+        lr: float = 1e-3,
+        min_lr: float = 1e-4,
+        warmup_steps: int = 100,
+        schedule: Schedule = "cosine",
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.99),
+        compile: bool = False,
+        sample_prompt: str = "\n",
+        sample_tokens: int = 200,
+        sample_temperature: float = 0.8,
+        sample_top_k: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = GPT(
+            vocab_size=vocab_size,
+            block_size=block_size,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            d_model=d_model,
+            d_ff=d_ff,
+            dropout=dropout,
+            position=position,
+            activation=activation,
+            norm=norm,
+            bias=bias,
+            tie_weights=tie_weights,
+        )
+        self.forward_fn = torch.compile(self.model) if compile else self.model
+        self.tokenizer: Tokenizer | None = None
+        self.val_loss = MeanMetric()
+        self.test_loss = MeanMetric()
+        self._batch_start = 0.0
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.forward_fn(ids)
+
+    # --- tokenizer, carried from the data module into the checkpoint -------------------------------------
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        tokenizer = getattr(datamodule, "tokenizer", None)
+        if tokenizer is not None:
+            if tokenizer.vocab_size > self.hparams.vocab_size:
+                raise ValueError(
+                    f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size="
+                    f"{self.hparams.vocab_size}; set vocab_size >= {tokenizer.vocab_size}"
+                )
+            self.tokenizer = tokenizer
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.tokenizer is not None:
+            checkpoint["tokenizer"] = self.tokenizer.to_str()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "tokenizer" in checkpoint:
+            self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])
+
+    # --- training and evaluation --------------------------------------------------------------------------
+
+    def _loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        x, y = batch
+        logits = self(x)
+        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        self._batch_start = time.perf_counter()
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/ppl", torch.exp(loss.detach()))
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        elapsed = time.perf_counter() - self._batch_start
+        tokens = batch[0].numel() * self.trainer.world_size
+        self.log("train/tokens_per_sec", tokens / elapsed)
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self.val_loss.update(self._loss(batch), weight=batch[1].numel())
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()
+        self.val_loss.reset()
+        self.log_dict({"val/loss": loss, "val/ppl": torch.exp(loss)}, prog_bar=True, sync_dist=False)
+        self._log_samples()
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self.test_loss.update(self._loss(batch), weight=batch[1].numel())
+
+    def on_test_epoch_end(self) -> None:
+        loss = self.test_loss.compute()
+        self.test_loss.reset()
+        self.log_dict({"test/loss": loss, "test/ppl": torch.exp(loss)})
+
+    def configure_optimizers(self) -> dict:
+        hp = self.hparams
+        return configure_adamw(
+            self.model,
+            lr=hp.lr,
+            weight_decay=hp.weight_decay,
+            betas=hp.betas,
+            schedule=hp.schedule,
+            warmup_steps=hp.warmup_steps,
+            total_steps=self.trainer.estimated_stepping_batches,
+            min_lr=hp.min_lr,
+        )
+
+    # --- generation ---------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate_text(
+        self,
+        prompt: str,
+        max_new_tokens: int = 200,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        num_samples: int = 1,
+        seed: int | None = None,
+    ) -> list[str]:
+        """Continue ``prompt`` ``num_samples`` times; returns the continuations (without the prompt)."""
+        if self.tokenizer is None:
+            raise RuntimeError("this model has no tokenizer: train it with a text data module or load a checkpoint")
+        ids = self.tokenizer.encode(prompt) or [self.tokenizer.bos_id]
+        prompt_ids = torch.tensor([ids] * num_samples, device=self.device)
+        generator = torch.Generator(self.device).manual_seed(seed) if seed is not None else None
+        was_training = self.model.training
+        self.model.eval()
+        out = generate(
+            self.model,
+            prompt_ids,
+            max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            stop_tokens=[self.tokenizer.eos_id],
+            generator=generator,
+        )
+        self.model.train(was_training)
+        return self.tokenizer.decode_batch(out[:, len(ids) :].tolist())
+
+    def _log_samples(self) -> None:
+        writer = tensorboard_writer(self)
+        if writer is None or self.tokenizer is None or self.trainer.sanity_checking:  # writer: rank zero only
+            return
+        hp = self.hparams
+        sample = self.generate_text(hp.sample_prompt, hp.sample_tokens, hp.sample_temperature, hp.sample_top_k, seed=0)
+        # TensorBoard renders text as Markdown: keep line breaks by indenting as a code block.
+        text = "    " + (hp.sample_prompt + sample[0]).replace("\n", "\n    ")
+        writer.add_text("val/sample", text, self.global_step)

@@ -1,0 +1,108 @@
+"""The language-model task end to end through the CLI: TensorBoard events, checkpoint, generation."""
+
+import glob
+import math
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lightformer.cli import cli_main, main
+from lightformer.tasks import LanguageModelTask
+
+CORPUS = (
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+    "must be in want of a wife.\n"
+) * 40
+
+
+def fit_tiny(tmp_path, *extra: str) -> str:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS, encoding="utf-8")
+    cli_main(
+        [
+            "fit",
+            "--config=configs/lm/austen_char.yaml",
+            "--data.corpus=null",
+            f"--data.train_files=[{corpus}]",
+            f"--data.cache_dir={tmp_path / 'cache'}",
+            "--data.block_size=32",
+            "--data.batch_size=8",
+            "--model.n_layers=2",
+            "--model.d_model=32",
+            "--model.warmup_steps=2",
+            "--model.sample_tokens=20",
+            "--trainer.max_steps=6",
+            "--trainer.val_check_interval=3",
+            "--trainer.log_every_n_steps=1",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+            "--trainer.enable_progress_bar=false",
+            *extra,
+        ]
+    )
+    return glob.glob(str(tmp_path / "runs" / "austen_char" / "version_0"))[0]
+
+
+@pytest.mark.slow
+def test_fit_writes_tensorboard_scalars_and_samples_and_a_checkpoint_that_generates(tmp_path, capsys):
+    log_dir = fit_tiny(tmp_path)
+    events = EventAccumulator(log_dir)
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/ppl", "train/lr", "train/tokens_per_sec", "val/loss", "val/ppl"} <= scalars
+    losses = [e.value for e in events.Scalars("train/loss")]
+    assert all(math.isfinite(v) for v in losses) and len(losses) == 6
+    val = events.Scalars("val/loss")
+    assert [e.step for e in val] == [2, 5]
+    assert math.exp(val[-1].value) == pytest.approx(events.Scalars("val/ppl")[-1].value, rel=1e-4)
+    samples = [t for t in events.Tags()["tensors"] if t.startswith("val/sample")]
+    assert samples, events.Tags()["tensors"]
+    text = events.Tensors(samples[0])[-1].tensor_proto.string_val[0].decode()
+    assert len(text.strip()) > 0
+
+    # The checkpoint alone (no config, no corpus) generates text with its own tokenizer.
+    (tmp_path / "corpus.txt").unlink()
+    ckpt = glob.glob(f"{log_dir}/checkpoints/last.ckpt")[0]
+    capsys.readouterr()
+    main(["generate", f"--ckpt_path={ckpt}", "--prompt=It is", "--max_new_tokens=30", "--seed=0"])
+    printed = capsys.readouterr().out
+    assert printed.startswith("It is") and len(printed) > len("It is")
+    assert set(printed) <= set(CORPUS) | {"\n"}
+
+
+def test_loaded_checkpoint_keeps_tokenizer_and_weights(tmp_path):
+    torch.manual_seed(0)
+    from lightformer.data.tokenizers import Tokenizer
+
+    task = LanguageModelTask(vocab_size=20, block_size=16, n_layers=1, n_heads=2, d_model=16)
+    task.tokenizer = Tokenizer.train_char(["abcdef \n"])
+    checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams)}
+    task.on_save_checkpoint(checkpoint)
+    path = tmp_path / "model.ckpt"
+    torch.save(checkpoint | {"pytorch-lightning_version": "2.6.6"}, path)
+    # a plain checkpoint holds only tensors, numbers and strings: loadable with weights_only=True
+    torch.load(path, weights_only=True)
+    loaded = LanguageModelTask.load_from_checkpoint(path)
+    assert loaded.tokenizer.to_str() == task.tokenizer.to_str()
+    ids = torch.tensor([[4, 5, 6]])
+    torch.testing.assert_close(loaded(ids), task(ids))
+    assert loaded.generate_text("abc", 5, temperature=0) == task.generate_text("abc", 5, temperature=0)
+
+
+def test_tokenizer_larger_than_model_vocabulary_is_refused(tmp_path):
+    from types import SimpleNamespace
+
+    from lightformer.data.tokenizers import Tokenizer
+
+    task = LanguageModelTask(vocab_size=5, block_size=8, n_layers=1, n_heads=1, d_model=8)
+    datamodule = SimpleNamespace(tokenizer=Tokenizer.train_char(["abcdef"]))
+    task._trainer = SimpleNamespace(datamodule=datamodule)
+    with pytest.raises(ValueError, match="the tokenizer has 10 tokens but model.vocab_size=5"):
+        task.setup("fit")
+
+
+def test_fit_help_works(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--help"])
+    assert exit_info.value.code == 0
+    assert "--config" in capsys.readouterr().out

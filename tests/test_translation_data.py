@@ -1,0 +1,583 @@
+"""TranslationDataModule: Ding extraction and split, token-budget batching (single and multi-rank), collation,
+tokenizers, caching and error messages. Small corpora are written to tmp_path; the Ding tests read the
+installed dictionary and are skipped without it."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lightning.fabric.utilities.data import _set_sampler_epoch
+from lightning.pytorch.trainer.states import RunningStage
+from lightning.pytorch.utilities.data import _update_dataloader
+from torch.utils.data import BatchSampler
+from torch.utils.data.distributed import DistributedSampler
+
+from lightformer.data.sources import CorpusUnavailableError
+from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from lightformer.data.translation import (
+    DING_FILE,
+    PadCollator,
+    TokenBudgetBatchSampler,
+    TranslationDataModule,
+    clean_ding_entry,
+    extract_ding_pairs,
+    is_sentence,
+    split_bucket,
+    split_of,
+)
+
+needs_ding = pytest.mark.skipif(
+    not Path(DING_FILE).is_file(), reason=f"the Ding dictionary {DING_FILE} is absent (apt-get install trans-de-en)"
+)
+
+NOUNS = [("Hund", "dog"), ("Katze", "cat"), ("Straße", "street"), ("Brücke", "bridge"), ("Bäcker", "baker")]
+ADJECTIVES = [("große", "big"), ("kleine", "small"), ("müde", "tired"), ("grüne", "green")]
+VERBS = [("schläft", "sleeps"), ("wartet", "waits"), ("läuft", "runs"), ("singt „laut“", "sings “loudly”")]
+
+
+def make_pairs(count: int, seed: int = 0) -> list[tuple[str, str]]:
+    """Distinct German-like / English-like sentence pairs of varying length."""
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for i in range(count):
+        (de_noun, en_noun), (de_adj, en_adj), (de_verb, en_verb) = (
+            NOUNS[rng.integers(len(NOUNS))],
+            ADJECTIVES[rng.integers(len(ADJECTIVES))],
+            VERBS[rng.integers(len(VERBS))],
+        )
+        repeat = int(rng.integers(0, 6))
+        pairs.append(
+            (
+                f"Die {de_adj} {de_noun} Nummer {i} {de_verb}" + " und wartet" * repeat + ".",
+                f"The {en_adj} {en_noun} number {i} {en_verb}" + " and waits" * repeat + ".",
+            )
+        )
+    return pairs
+
+
+def write_tsv(path: Path, pairs: list[tuple[str, str]]) -> Path:
+    path.write_text("".join(f"{src}\t{tgt}\n" for src, tgt in pairs), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def tsv(tmp_path) -> Path:
+    return write_tsv(tmp_path / "pairs.tsv", make_pairs(300))
+
+
+def make_module(tmp_path: Path, **kwargs) -> TranslationDataModule:
+    defaults = dict(bpe_vocab_size=300, max_tokens=256, max_sentence_tokens=64, cache_dir=str(tmp_path / "cache"))
+    return TranslationDataModule(**{**defaults, **kwargs})
+
+
+def read_sources(module: TranslationDataModule) -> int:
+    """Make the module read its sources (what LightningCLI does when it links the vocabulary sizes)."""
+    return module.src_vocab_size
+
+
+# --- Ding: extraction rules on small inputs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entry", "cleaned"),
+    [
+        ("Aal {m} (auf der Speisekarte) [cook.]", "Aal"),
+        ("Er scheint (sehr) krank zu sein.", "Er scheint krank zu sein."),
+        ("to seek {sought; sought} sth. (from sb.)", "to seek sth."),
+        ("Benimm dich!; Benehmen Sie sich!", "Benimm dich!"),
+        ("Entschuldigung, ich verstehe nicht. /SIDU/", "Entschuldigung, ich verstehe nicht."),
+        ("Life’s no beach. [fig.]", "Life’s no beach."),
+        ("Mein Name ist Hase (, ich weiß von nichts).", "Mein Name ist Hase."),
+        ("Wort (mit (innerer) Klammer) hier <Variante>", "Wort hier"),
+        (" {m}; Ersatz ", "Ersatz"),
+    ],
+)
+def test_clean_ding_entry_strips_annotations_and_keeps_the_first_synonym(entry, cleaned):
+    assert clean_ding_entry(entry) == cleaned
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Das ist gut.", True),
+        ("Wo ist das Haus?", True),
+        ("Komm sofort her!", True),
+        ("das ist gut.", False),  # no capital
+        ("Das ist gut", False),  # no final punctuation
+        ("Gut gemacht!", False),  # two words
+        ("Am Ende/zuletzt gab sie nach.", False),  # alternatives
+        ("Dem steht entgegen, dass …", False),  # elision
+        ("Er gibt jdm. etw. zurück.", False),  # placeholders
+    ],
+)
+def test_is_sentence(text, expected):
+    assert is_sentence(text) is expected
+
+
+def test_extract_ding_pairs_aligns_sub_entries_and_deduplicates(tmp_path):
+    ding = tmp_path / "de-en"
+    ding.write_text(
+        "# Version :: test\n"
+        "Haus {n} | Das Haus ist groß. | Wo ist das Haus? :: house | The house is big. | Where is the house?\n"
+        "Er kam zurück. | Sie ging. :: He came back.\n"  # 2 German sub-entries, 1 English: skipped
+        "Es regnet heute sehr stark. [ugs.] :: It is raining very hard today. [coll.]\n"
+        "Es regnet heute sehr stark. :: It is raining very hard today.\n"  # duplicate after cleaning
+        "Nein. :: No.\n",
+        encoding="utf-8",
+    )
+    sentences, phrases, counts = extract_ding_pairs(ding)
+    assert sentences == [
+        ("Das Haus ist groß.", "The house is big."),
+        ("Wo ist das Haus?", "Where is the house?"),
+        ("Es regnet heute sehr stark.", "It is raining very hard today."),
+    ]
+    assert phrases == [("Haus", "house"), ("Nein.", "No.")]
+    assert counts["misaligned_lines"] == 1 and counts["entry_lines"] == 5
+
+
+def synthetic_ding(path: Path, count: int = 200) -> tuple[Path, set[str]]:
+    """A Ding-format file of `count` sentence pairs, word pairs, and phrase pairs whose German side repeats a
+    sentence (English not a sentence); returns the file and the German sentences that are in val or test."""
+    lines, held_out = [], set()
+    for i in range(count):
+        german = f"Der Hund Nummer {i} schläft."
+        lines.append(f"Hund {{m}} | {german} :: dog | Dog number {i} sleeps.")
+        if split_of(german) != "train":
+            held_out.add(german)
+        lines.append(f"{german} :: dog {i} asleep")  # a phrase pair (English side is no sentence)
+    lines.append("Katze {f} [zool.] :: cat")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path, held_out
+
+
+def test_ding_phrases_are_added_to_train_only_without_held_out_german(tmp_path):
+    ding, held_out = synthetic_ding(tmp_path / "de-en")
+    assert held_out, "the synthetic corpus needs val/test sentences"
+    plain = make_module(tmp_path, corpus="ding", ding_file=str(ding))
+    plain.setup()
+    with_phrases = make_module(tmp_path, corpus="ding", ding_file=str(ding), ding_phrases=True)
+    with_phrases.setup()
+    train = set(zip(with_phrases.datasets["train"].src_texts, with_phrases.datasets["train"].tgt_texts, strict=True))
+    assert {("Hund", "dog"), ("Katze", "cat")} <= train
+    assert not held_out & {german for german, _ in train}
+    assert with_phrases.stats["phrase_pairs_held_out"] == len(held_out)
+    phrase_count = 2 + 200 - len(held_out)
+    assert with_phrases.stats["train_phrase_pairs"] == phrase_count
+    assert len(with_phrases.datasets["train"]) == len(plain.datasets["train"]) + phrase_count
+    for split in ("val", "test"):
+        assert with_phrases.datasets[split].src_texts == plain.datasets[split].src_texts
+        assert all(is_sentence(text) for text in with_phrases.datasets[split].src_texts)
+
+
+def test_ding_extraction_is_deterministic(tmp_path):
+    ding, _ = synthetic_ding(tmp_path / "de-en")
+    if Path(DING_FILE).is_file():  # an excerpt of the real dictionary, in tmp_path only (GPL: not in the repo)
+        with open(DING_FILE, encoding="utf-8") as f:
+            ding.write_text("".join(itertools.islice(f, 20_000)), encoding="utf-8")
+    first = make_module(tmp_path, corpus="ding", ding_file=str(ding), cache_dir=str(tmp_path / "a"))
+    second = make_module(tmp_path, corpus="ding", ding_file=str(ding), cache_dir=str(tmp_path / "b"))
+    first.setup("test")
+    second.setup("test")
+    assert first._split_pairs() == second._split_pairs()
+    assert first.datasets["test"].src_texts == second.datasets["test"].src_texts
+    assert first.src_tokenizer.to_str() == second.src_tokenizer.to_str()
+
+
+def test_missing_ding_file_says_how_to_install_it(tmp_path):
+    module = make_module(tmp_path, corpus="ding", ding_file=str(tmp_path / "nowhere" / "de-en"))
+    with pytest.raises(CorpusUnavailableError, match=r"apt-get install trans-de-en") as error:
+        read_sources(module)
+    assert str(tmp_path / "nowhere" / "de-en") in str(error.value)
+
+
+# --- Ding: the real dictionary ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ding(tmp_path_factory) -> TranslationDataModule:
+    if not Path(DING_FILE).is_file():
+        pytest.skip(f"the Ding dictionary {DING_FILE} is absent (apt-get install trans-de-en)")
+    module = TranslationDataModule(
+        corpus="ding", bpe_vocab_size=1000, cache_dir=str(tmp_path_factory.mktemp("ding-cache"))
+    )
+    module.setup()
+    return module
+
+
+@needs_ding
+def test_ding_split_sizes_match_data_md(ding):
+    # DATA.md: about 17,000 unique pairs of about 7.5 words; 15,100 / 870 / 870 with the md5 split.
+    for split, expected in (("train", 15_100), ("val", 870), ("test", 870)):
+        assert abs(len(ding.datasets[split]) - expected) <= 0.05 * expected, (split, len(ding.datasets[split]))
+        assert ding.stats[f"{split}_pairs"] == len(ding.datasets[split])
+    assert 7.0 <= ding.stats["train_german_words_per_sentence"] <= 8.0
+    assert ding.stats["train_dropped_too_long"] == 0
+
+
+@needs_ding
+def test_ding_splits_follow_the_md5_buckets_of_the_german_sentence(ding):
+    german = {split: ding.datasets[split].src_texts for split in ("train", "val", "test")}
+    assert all(split_bucket(sentence) < 5 for sentence in german["test"])
+    assert all(5 <= split_bucket(sentence) < 10 for sentence in german["val"])
+    assert all(split_bucket(sentence) >= 10 for sentence in german["train"])
+    assert not set(german["train"]) & set(german["val"])
+    assert not set(german["train"]) & set(german["test"])
+    assert not set(german["val"]) & set(german["test"])
+    pairs = list(zip(german["train"], ding.datasets["train"].tgt_texts, strict=True))
+    assert len(set(pairs)) == len(pairs)  # deduplicated
+    assert all(is_sentence(text) for text in ding.datasets["test"].tgt_texts)
+
+
+@needs_ding
+def test_ding_en_de_swaps_sides(ding):
+    reverse = TranslationDataModule(
+        corpus="ding", direction="en-de", bpe_vocab_size=1000, cache_dir=str(ding.cache_dir)
+    )  # same cache: pairs and the joint tokenizer are shared by both directions
+    reverse.setup("test")
+    assert reverse.datasets["test"].src_texts == ding.datasets["test"].tgt_texts
+    assert reverse.datasets["test"].tgt_texts == ding.datasets["test"].src_texts
+    assert reverse.src_tokenizer.to_str() == ding.tgt_tokenizer.to_str()
+    batch = next(iter(reverse.test_dataloader()))
+    assert reverse.src_tokenizer.decode(batch["src"][0]) == batch["src_text"][0]
+
+
+# --- the token-budget batch sampler -----------------------------------------------------------------------------
+
+
+def random_lengths(count: int = 1000, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(1, 60, size=count)
+
+
+def test_batches_stay_within_the_budget_and_cover_every_example_once():
+    lengths = random_lengths()
+    sampler = TokenBudgetBatchSampler(lengths, max_tokens=200, shuffle=True, seed=3)
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        assert len(batches) == len(sampler)
+        assert all(len(batch) * lengths[batch].max() <= 200 for batch in batches)
+        assert sorted(itertools.chain.from_iterable(batches)) == list(range(len(lengths)))
+
+
+def test_batches_differ_between_epochs_and_repeat_for_the_same_seed():
+    lengths = random_lengths()
+    sampler = TokenBudgetBatchSampler(lengths, max_tokens=200, shuffle=True, seed=3)
+    epoch0 = list(sampler)
+    sampler.set_epoch(1)
+    epoch1 = list(sampler)
+    assert epoch0 != epoch1
+    assert sorted(map(sorted, epoch0)) != sorted(map(sorted, epoch1))  # different groups, not just another order
+    again = TokenBudgetBatchSampler(lengths, max_tokens=200, shuffle=True, seed=3)
+    assert list(again) == epoch0
+    again.set_epoch(1)
+    assert list(again) == epoch1
+    assert list(TokenBudgetBatchSampler(lengths, max_tokens=200, shuffle=True, seed=4)) != epoch0
+
+
+def test_evaluation_batches_are_sorted_by_length_and_fixed():
+    lengths = random_lengths()
+    sampler = TokenBudgetBatchSampler(lengths, max_tokens=200)
+    batches = list(sampler)
+    sampler.set_epoch(5)
+    assert list(sampler) == batches
+    flat = list(itertools.chain.from_iterable(batches))
+    assert np.all(np.diff(lengths[flat]) >= 0)
+
+
+def test_an_example_longer_than_the_budget_gets_its_own_batch():
+    sampler = TokenBudgetBatchSampler([3, 50, 3], max_tokens=10)
+    assert list(sampler) == [[0, 2], [1]]
+
+
+@pytest.mark.parametrize(("num_replicas", "count"), [(2, 1000), (2, 997), (3, 1000), (4, 50)])
+def test_ranks_get_disjoint_batches_of_equal_number(num_replicas, count):
+    lengths = random_lengths(count, seed=count)
+    single = TokenBudgetBatchSampler(lengths, max_tokens=200, shuffle=True, seed=1)
+    ranks = [
+        TokenBudgetBatchSampler(lengths, max_tokens=200, shuffle=True, seed=1, num_replicas=num_replicas, rank=r)
+        for r in range(num_replicas)
+    ]
+    for epoch in range(2):
+        for sampler in ranks:
+            sampler.set_epoch(epoch)
+        batches = [list(sampler) for sampler in ranks]
+        assert len({len(b) for b in batches}) == 1 and len(batches[0]) == len(ranks[0]) > 0
+        indices = [list(itertools.chain.from_iterable(b)) for b in batches]
+        assert sorted(itertools.chain.from_iterable(indices)) == list(range(count))  # disjoint and complete
+        assert all(len(batch) * lengths[batch].max() <= 200 for b in batches for batch in b)
+    assert len(single) <= len(ranks[0]) * num_replicas < len(single) + num_replicas
+
+
+def test_ranks_and_epoch_come_from_an_injected_distributed_sampler():
+    lengths = random_lengths()
+    explicit = TokenBudgetBatchSampler(lengths, max_tokens=200, shuffle=True, num_replicas=2, rank=1)
+    explicit.set_epoch(4)
+    distributed = DistributedSampler(range(len(lengths)), num_replicas=2, rank=1)
+    injected = TokenBudgetBatchSampler(lengths, max_tokens=200, shuffle=True, sampler=distributed)
+    distributed.set_epoch(4)  # what Lightning's loops do: batch_sampler.sampler.set_epoch
+    assert injected.replicas() == (2, 1)
+    assert list(injected) == list(explicit)
+
+
+def test_fewer_examples_than_ranks_still_gives_each_rank_a_batch():
+    ranks = [TokenBudgetBatchSampler([5, 6], max_tokens=100, num_replicas=3, rank=r) for r in range(3)]
+    assert [len(list(sampler)) for sampler in ranks] == [1, 1, 1]
+
+
+def test_lightning_sets_the_epoch_and_can_inject_a_distributed_sampler(tmp_path, tsv):
+    module = make_module(tmp_path, tsv_files=[str(tsv)])
+    loader = module.train_dataloader()
+    assert isinstance(loader.batch_sampler, BatchSampler)
+    _set_sampler_epoch(loader, 7)  # what Lightning's fit loop calls each epoch
+    assert loader.batch_sampler.epoch == 7
+    # With use_distributed_sampler=True, Lightning rebuilds the batch sampler with a DistributedSampler.
+    from lightning.pytorch.trainer.connectors.data_connector import _request_dataloader
+
+    class Source:
+        def dataloader(self):
+            return module.train_dataloader()
+
+    captured = _request_dataloader(Source())
+    distributed = DistributedSampler(captured.dataset, num_replicas=2, rank=1, shuffle=True)
+    rebuilt = _update_dataloader(captured, distributed, mode=RunningStage.TRAINING)
+    assert isinstance(rebuilt.batch_sampler, TokenBudgetBatchSampler)
+    assert rebuilt.batch_sampler.replicas() == (2, 1)
+    assert len(rebuilt) == len(rebuilt.batch_sampler) == -(-len(loader) // 2)
+
+
+# --- collation and the module's batches -------------------------------------------------------------------------
+
+
+def test_pad_collator_pads_and_keeps_texts():
+    items = [
+        {
+            "src": torch.tensor([5, 6, EOS_ID]),
+            "tgt": torch.tensor([BOS_ID, 7, EOS_ID]),
+            "src_text": "a",
+            "tgt_text": "b",
+        },
+        {"src": np.array([8, EOS_ID]), "tgt": np.array([BOS_ID, 9, 10, 11, EOS_ID]), "src_text": "c", "tgt_text": "d"},
+    ]
+    batch = PadCollator(pad_id=PAD_ID)(items)
+    assert batch["src"].dtype == batch["tgt"].dtype == torch.int64
+    assert batch["src"].tolist() == [[5, 6, EOS_ID], [8, EOS_ID, PAD_ID]]
+    assert batch["tgt"].tolist() == [[BOS_ID, 7, EOS_ID, PAD_ID, PAD_ID], [BOS_ID, 9, 10, 11, EOS_ID]]
+    assert batch["src_text"] == ["a", "c"] and batch["tgt_text"] == ["b", "d"]
+
+
+def test_batches_frame_source_and_target_and_keep_the_texts(tmp_path, tsv):
+    module = make_module(tmp_path, tsv_files=[str(tsv)])
+    module.setup("fit")
+    for split, loader in (("train", module.train_dataloader()), ("val", module.val_dataloader())):
+        seen = []
+        for batch in loader:
+            src, tgt = batch["src"], batch["tgt"]
+            assert src.shape[0] == tgt.shape[0] == len(batch["src_text"]) == len(batch["tgt_text"])
+            assert src.numel() <= module.max_tokens and tgt.numel() <= module.max_tokens
+            src_lengths, tgt_lengths = (src != PAD_ID).sum(1), (tgt != PAD_ID).sum(1)
+            assert src_lengths.max() == src.shape[1] and tgt_lengths.max() == tgt.shape[1]
+            for row in range(src.shape[0]):
+                s, t = src[row, : src_lengths[row]], tgt[row, : tgt_lengths[row]]
+                assert s[-1] == EOS_ID and BOS_ID not in s.tolist() and (src[row, src_lengths[row] :] == PAD_ID).all()
+                assert t[0] == BOS_ID and t[-1] == EOS_ID and (tgt[row, tgt_lengths[row] :] == PAD_ID).all()
+                assert module.src_tokenizer.decode(s) == batch["src_text"][row]
+                assert module.tgt_tokenizer.decode(t) == batch["tgt_text"][row]
+            seen += batch["src_text"]
+        assert sorted(seen) == sorted(module.datasets[split].src_texts)
+
+
+def test_long_train_pairs_are_dropped_and_long_eval_pairs_cut(tmp_path):
+    pairs = make_pairs(300)
+    pairs += [(f"Ein sehr langer Satz Nummer {i} " + "und noch mehr " * 30 + ".", "A long one.") for i in range(40)]
+    module = make_module(tmp_path, tsv_files=[str(write_tsv(tmp_path / "long.tsv", pairs))], max_sentence_tokens=40)
+    module.setup()
+    tokenizer = module.src_tokenizer  # joint
+
+    def too_long(pair: tuple[str, str]) -> bool:
+        return len(tokenizer.encode(pair[0])) + 1 > 40 or len(tokenizer.encode(pair[1])) + 2 > 40
+
+    train = [pair for pair in pairs if split_of(pair[0]) == "train"]
+    assert module.stats["train_dropped_too_long"] == sum(map(too_long, train)) >= 30
+    assert set(module.datasets["train"].src_texts) == {src for src, tgt in train if not too_long((src, tgt))}
+    assert module.datasets["train"].lengths.max() <= 40
+    for split in ("val", "test"):
+        dataset = module.datasets[split]
+        expected = [pair for pair in pairs if split_of(pair[0]) == split]
+        assert list(zip(dataset.src_texts, dataset.tgt_texts, strict=True)) == expected  # all kept, texts whole
+        assert module.stats[f"{split}_truncated"] == sum(map(too_long, expected))
+        assert dataset.lengths.max() <= 40
+        for i in range(len(dataset)):
+            assert dataset[i]["src"][-1] == EOS_ID and dataset[i]["tgt"][-1] == EOS_ID
+    assert module.stats["val_truncated"] + module.stats["test_truncated"] > 0
+
+
+def test_encode_source_adds_eos_and_cuts_like_evaluation(tmp_path, tsv):
+    module = make_module(tmp_path, tsv_files=[str(tsv)], max_sentence_tokens=30)
+    short, long = "Die kleine Katze schläft.", "Die große Brücke wartet " * 20
+    ids = module.encode_source([short, long])
+    assert ids[0] == module.src_tokenizer.encode(short) + [EOS_ID]
+    assert len(ids[1]) == 30 and ids[1][-1] == EOS_ID
+    assert ids[1][:29] == module.src_tokenizer.encode(long.strip())[:29]
+    assert module.decode_target(module.tgt_tokenizer.encode(short, add_bos=True, add_eos=True)) == short
+
+
+# --- tokenizers and cache ----------------------------------------------------------------------------------------
+
+
+def test_tokenizers_and_sizes_exist_right_after_construction(tmp_path, tsv):
+    module = make_module(tmp_path, tsv_files=[str(tsv)])
+    assert module.src_tokenizer is module.tgt_tokenizer
+    assert module.src_vocab_size == module.tgt_vocab_size == module.src_tokenizer.vocab_size <= 300
+    assert module.pad_id == PAD_ID == 0
+    assert "bpe_vocab_size" in module.hparams and "vocab_size" not in module.hparams
+
+
+@pytest.mark.parametrize("joint_vocab", [True, False])
+def test_joint_and_separate_vocabularies_round_trip(tmp_path, tsv, joint_vocab):
+    module = make_module(tmp_path, tsv_files=[str(tsv)], joint_vocab=joint_vocab)
+    module.setup("fit")
+    assert (module.src_tokenizer is module.tgt_tokenizer) is joint_vocab
+    if not joint_vocab:
+        assert module.src_tokenizer.to_str() != module.tgt_tokenizer.to_str()
+        # Each side's BPE learned its own language: German words encode shorter with the source tokenizer.
+        german = "Die müde Straße wartet."
+        assert len(module.src_tokenizer.encode(german)) < len(module.tgt_tokenizer.encode(german))
+    dataset = module.datasets["train"]
+    for text in dataset.src_texts[:50] + ["Grüße, “Anführungszeichen” – 10 € ✓"]:
+        assert module.src_tokenizer.decode(module.src_tokenizer.encode(text)) == text
+    for text in dataset.tgt_texts[:50]:
+        assert module.tgt_tokenizer.decode(module.tgt_tokenizer.encode(text)) == text
+
+
+def test_cache_is_reused_and_follows_the_files(tmp_path, tsv, monkeypatch):
+    first = make_module(tmp_path, tsv_files=[str(tsv)])
+    first.setup()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the tokenizer should come from the cache")
+
+    monkeypatch.setattr(Tokenizer, "train_bpe", no_training)
+    second = make_module(tmp_path, tsv_files=[str(tsv)])
+    second.setup()
+    assert second.src_tokenizer.to_str() == first.src_tokenizer.to_str()
+    assert second.datasets["val"].src_texts == first.datasets["val"].src_texts
+    assert list(second.train_dataloader().batch_sampler) == list(first.train_dataloader().batch_sampler)
+    write_tsv(tsv, make_pairs(300, seed=1))  # new content: a new fingerprint, so a new tokenizer is trained
+    with pytest.raises(AssertionError, match="should come from the cache"):
+        read_sources(make_module(tmp_path, tsv_files=[str(tsv)]))
+
+
+# --- file sources and their splits --------------------------------------------------------------------------------
+
+
+def test_files_are_split_by_the_md5_bucket_of_the_source(tmp_path, tsv):
+    module = make_module(tmp_path, tsv_files=[str(tsv)])
+    module.setup()
+    for split in ("train", "val", "test"):
+        assert all(split_of(src) == split for src in module.datasets[split].src_texts)
+    assert sum(len(module.datasets[split]) for split in ("train", "val", "test")) == 300
+
+
+def test_explicit_val_files_leave_only_test_to_the_buckets(tmp_path, tsv):
+    val = write_tsv(tmp_path / "val.tsv", make_pairs(20, seed=9))
+    module = make_module(tmp_path, tsv_files=[str(tsv)], val_tsv_files=[str(val)])
+    module.setup()
+    assert module.datasets["val"].src_texts == [src for src, _ in make_pairs(20, seed=9)]
+    assert all(split_of(src) == "test" for src in module.datasets["test"].src_texts)
+    assert len(module.datasets["train"]) + len(module.datasets["test"]) == 300
+
+
+def test_line_aligned_files_give_the_same_pairs_as_tsv(tmp_path, tsv):
+    pairs = make_pairs(300)
+    src, tgt = tmp_path / "train.de", tmp_path / "train.en"
+    src.write_text("\n".join(s for s, _ in pairs) + "\n\n", encoding="utf-8")  # a blank pair: skipped
+    tgt.write_text("\n".join(t for _, t in pairs) + "\n\n", encoding="utf-8")
+    parallel = make_module(tmp_path, src_file=str(src), tgt_file=str(tgt))
+    from_tsv = make_module(tmp_path, tsv_files=[str(tsv)])
+    assert parallel._split_pairs() == from_tsv._split_pairs()
+    assert parallel.stats["train_skipped_empty"] == 1
+
+
+def test_tsv_globs_and_extra_columns(tmp_path):
+    pairs = make_pairs(60)
+    (tmp_path / "parts").mkdir()
+    write_tsv(tmp_path / "parts" / "a.tsv", pairs[:30])
+    (tmp_path / "parts" / "b.tsv").write_text(
+        "".join(f"{s}\t{t}\tCC-BY 2.0 (France) Attribution\n" for s, t in pairs[30:]), encoding="utf-8"
+    )
+    module = make_module(tmp_path, tsv_files=[str(tmp_path / "parts" / "*.tsv")])
+    found = [pair for split in ("train", "val", "test") for pair in module._split_pairs()[split]]
+    assert sorted(found) == sorted(pairs)
+
+
+# --- errors name the offending file, field or value ---------------------------------------------------------------
+
+
+def test_missing_files_and_empty_globs_are_named(tmp_path):
+    missing = tmp_path / "missing.tsv"
+    with pytest.raises(FileNotFoundError, match=r"tsv_files: the file .*missing\.tsv"):
+        read_sources(make_module(tmp_path, tsv_files=[str(missing)]))
+    with pytest.raises(FileNotFoundError, match=r"val_tsv_files: the pattern .*nothing.*matches no file"):
+        train = write_tsv(tmp_path / "a.tsv", make_pairs(10))
+        read_sources(make_module(tmp_path, tsv_files=[str(train)], val_tsv_files=["nothing/*.tsv"]))
+    with pytest.raises(FileNotFoundError, match=r"tgt_file: the file .*absent\.en"):
+        make_module(tmp_path, src_file=str(tmp_path / "a.tsv"), tgt_file=str(tmp_path / "absent.en")).setup()
+
+
+def test_empty_corpus_is_an_error_naming_the_file(tmp_path):
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("\n\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"no sentence pairs in tsv .*empty\.tsv"):
+        read_sources(make_module(tmp_path, tsv_files=[str(empty)]))
+
+
+def test_non_utf8_bytes_are_reported_with_file_and_offset(tmp_path):
+    bad = tmp_path / "latin1.tsv"
+    bad.write_bytes(b"Gut.\tGood.\n" + "Grüße.\tGreetings.\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.tsv is not UTF-8 text: byte 0xfc at byte offset 13 \(line 2"):
+        read_sources(make_module(tmp_path, tsv_files=[str(bad)]))
+
+
+def test_line_count_mismatch_reports_both_counts_and_files(tmp_path):
+    src, tgt = tmp_path / "x.de", tmp_path / "x.en"
+    src.write_text("Eins ist hier.\nZwei ist hier.\nDrei ist hier.\n", encoding="utf-8")
+    tgt.write_text("One is here.\nTwo is here.\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"x\.de has 3 lines, .*x\.en has 2") as error:
+        read_sources(make_module(tmp_path, src_file=str(src), tgt_file=str(tgt)))
+    assert str(src) in str(error.value) and str(tgt) in str(error.value)
+
+
+def test_tsv_line_without_tab_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("Gut.\tGood.\nNur eine Spalte hier\nJa.\tYes.\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.tsv, line 2: no tab"):
+        read_sources(make_module(tmp_path, tsv_files=[str(bad)]))
+
+
+def test_max_tokens_below_max_sentence_tokens_names_both(tmp_path, tsv):
+    with pytest.raises(ValueError, match=r"max_tokens=100 is smaller than max_sentence_tokens=128"):
+        TranslationDataModule(tsv_files=[str(tsv)], max_tokens=100, max_sentence_tokens=128)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, r"exactly one source .*got none"),
+        ({"corpus": "ding", "tsv_files": ["x.tsv"]}, r"exactly one source .*got corpus, tsv_files"),
+        ({"corpus": "wmt"}, r"corpus='wmt' is not a built-in corpus"),
+        ({"src_file": "x.de"}, r"src_file='x.de' needs tgt_file"),
+        ({"tsv_files": ["x.tsv"], "val_tgt_file": "v.en"}, r"val_tgt_file='v.en' needs val_src_file"),
+        ({"tsv_files": []}, r"tsv_files is an empty list"),
+        ({"tsv_files": ["x.tsv"], "direction": "en-de"}, r"direction='en-de' applies to corpus='ding' only"),
+        ({"corpus": "ding", "val_tsv_files": ["v.tsv"]}, r"remove val_tsv_files"),
+        ({"tsv_files": ["x.tsv"], "ding_phrases": True}, r"ding_phrases=True applies to corpus='ding' only"),
+        ({"tsv_files": ["x.tsv"], "bpe_vocab_size": 100}, r"bpe_vocab_size=100 is too small"),
+    ],
+)
+def test_invalid_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TranslationDataModule(**kwargs)
