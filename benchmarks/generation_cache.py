@@ -51,9 +51,8 @@ def main() -> None:
     )
     print(f"with KV cache:    {seconds[True]:.3f} s  ({args.new_tokens / seconds[True]:,.0f} tokens/s)")
     print(f"without KV cache: {seconds[False]:.3f} s  ({args.new_tokens / seconds[False]:,.0f} tokens/s)")
-    print(
-        f"speed-up: {seconds[False] / seconds[True]:.1f}x; identical outputs: {torch.equal(outputs[True], outputs[False])}"
-    )
+    identical = torch.equal(outputs[True], outputs[False])
+    print(f"speed-up: {seconds[False] / seconds[True]:.1f}x; identical outputs: {identical}")
 
 
 if __name__ == "__main__":
