@@ -32,6 +32,8 @@ def build_models(args: argparse.Namespace) -> dict[str, torch.nn.Module]:
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
+        bos_token_id=None,
+        eos_token_id=None,
     )
     hf = GPT2LMHeadModel(config)
     ours = GPT(

@@ -60,6 +60,8 @@ def test_fit_writes_tensorboard_scalars_and_samples_and_a_checkpoint_that_genera
     text = events.Tensors(samples[0])[-1].tensor_proto.string_val[0].decode()
     assert len(text.strip()) > 0
 
+    # The tokenizer is saved with the run, and travels in the checkpoint too.
+    assert glob.glob(f"{log_dir}/tokenizer.json")
     # The checkpoint alone (no config, no corpus) generates text with its own tokenizer.
     (tmp_path / "corpus.txt").unlink()
     ckpt = glob.glob(f"{log_dir}/checkpoints/last.ckpt")[0]

@@ -1,5 +1,6 @@
 """The command line: ``python -m lightformer fit|validate|test|predict --config FILE`` through LightningCLI,
-plus ``generate``, which continues a prompt from a language-model checkpoint alone.
+plus commands that need a checkpoint alone: ``generate`` (continue a prompt), ``translate`` (a file or
+standard input) and ``classify`` (image files).
 
 Sizes that come from the data are linked into the model when both are instantiated: each attribute of
 the data module named in ``DATA_LINKS`` fills the task's argument of the same name, where the task has one.

@@ -116,6 +116,7 @@ def beam_search(
     eos_id: int,
     max_new_tokens: int,
     length_penalty: float = 1.0,
+    device: torch.device | str = "cpu",
 ) -> tuple[list[list[int]], list[float]]:
     """Batched beam search; returns, per source, the best hypothesis (without BOS/EOS) and its score.
 
@@ -127,7 +128,6 @@ def beam_search(
     beam can still beat the best of them. With ``beam_size=1`` this is greedy decoding.
     """
     k = beam_size
-    device = decoder.memory.device if hasattr(decoder, "memory") else None
     tokens = torch.full((batch_size * k, 1), bos_id, dtype=torch.long, device=device)
     # Only the first beam of each source is live at the start, so the k beams do not all repeat it.
     beam_log_probs = torch.zeros(batch_size, k, device=device)

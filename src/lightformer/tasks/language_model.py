@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -88,6 +89,10 @@ class LanguageModelTask(L.LightningModule):
                     f"{self.hparams.vocab_size}; set vocab_size >= {tokenizer.vocab_size}"
                 )
             self.tokenizer = tokenizer
+
+    def on_fit_start(self) -> None:
+        if self.tokenizer is not None and self.trainer.is_global_zero and self.trainer.log_dir:
+            self.tokenizer.save(Path(self.trainer.log_dir) / "tokenizer.json")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.tokenizer is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -107,6 +109,11 @@ class TranslationTask(L.LightningModule):
                         f"the {side} tokenizer has {tokenizer.vocab_size} tokens but model.{side}_vocab_size={size}"
                     )
 
+    def on_fit_start(self) -> None:
+        if self.src_tokenizer is not None and self.trainer.is_global_zero and self.trainer.log_dir:
+            self.src_tokenizer.save(Path(self.trainer.log_dir) / "src_tokenizer.json")
+            self.tgt_tokenizer.save(Path(self.trainer.log_dir) / "tgt_tokenizer.json")
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.src_tokenizer is not None:
             checkpoint["src_tokenizer"] = self.src_tokenizer.to_str()
@@ -200,8 +207,9 @@ class TranslationTask(L.LightningModule):
         self.model.eval()
         decoder = self.model.incremental_decoder(src, beam_size)
         eos = self.tgt_tokenizer.eos_id
+        bos = self.tgt_tokenizer.bos_id
         hypotheses, _ = beam_search(
-            decoder, src.shape[0], beam_size, self.tgt_tokenizer.bos_id, eos, max_new_tokens, hp.length_penalty
+            decoder, src.shape[0], beam_size, bos, eos, max_new_tokens, hp.length_penalty, device=src.device
         )
         self.model.train(was_training)
         return self.tgt_tokenizer.decode_batch(hypotheses)
