@@ -15,7 +15,7 @@ from lightformer.data.tokenizers import Tokenizer
 from lightformer.generation import generate
 from lightformer.models.gpt import GPT
 from lightformer.nn import Activation, NormKind, PositionKind
-from lightformer.tasks.optim import Schedule, configure_adamw
+from lightformer.tasks.optim import Schedule, configure_task_optimizer
 from lightformer.tasks.tensorboard import tensorboard_writer
 
 
@@ -142,17 +142,7 @@ class LanguageModelTask(L.LightningModule):
         self.log_dict({"test/loss": loss, "test/ppl": torch.exp(loss)})
 
     def configure_optimizers(self) -> dict:
-        hp = self.hparams
-        return configure_adamw(
-            self.model,
-            lr=hp.lr,
-            weight_decay=hp.weight_decay,
-            betas=hp.betas,
-            schedule=hp.schedule,
-            warmup_steps=hp.warmup_steps,
-            total_steps=self.trainer.estimated_stepping_batches,
-            min_lr=hp.min_lr,
-        )
+        return configure_task_optimizer(self)
 
     # --- generation ---------------------------------------------------------------------------------------
 

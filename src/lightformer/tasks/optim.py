@@ -67,3 +67,19 @@ def configure_adamw(
         raise ValueError(f"unknown schedule {schedule!r}; valid: 'cosine', 'inverse_sqrt', 'constant'")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def configure_task_optimizer(task) -> dict:
+    """``configure_adamw`` for a task whose hparams hold lr, min_lr, weight_decay, betas, schedule and
+    warmup_steps, over ``task.model``, for as many steps as the trainer will take."""
+    hp = task.hparams
+    return configure_adamw(
+        task.model,
+        lr=hp.lr,
+        weight_decay=hp.weight_decay,
+        betas=hp.betas,
+        schedule=hp.schedule,
+        warmup_steps=hp.warmup_steps,
+        total_steps=task.trainer.estimated_stepping_batches,
+        min_lr=hp.min_lr,
+    )

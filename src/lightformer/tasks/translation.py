@@ -15,7 +15,7 @@ from lightformer.data.tokenizers import Tokenizer
 from lightformer.generation import beam_search
 from lightformer.models.seq2seq import EncoderDecoder
 from lightformer.nn import Activation, NormKind, PositionKind, record_attention
-from lightformer.tasks.optim import Schedule, configure_adamw
+from lightformer.tasks.optim import Schedule, configure_task_optimizer
 from lightformer.tasks.tensorboard import heatmap_image, tensorboard_writer
 
 Batch = dict[str, Tensor | list[str]]
@@ -178,17 +178,7 @@ class TranslationTask(L.LightningModule):
         self.test_bleu.reset()
 
     def configure_optimizers(self) -> dict:
-        hp = self.hparams
-        return configure_adamw(
-            self.model,
-            lr=hp.lr,
-            weight_decay=hp.weight_decay,
-            betas=hp.betas,
-            schedule=hp.schedule,
-            warmup_steps=hp.warmup_steps,
-            total_steps=self.trainer.estimated_stepping_batches,
-            min_lr=hp.min_lr,
-        )
+        return configure_task_optimizer(self)
 
     # --- decoding ------------------------------------------------------------------------------------------
 

@@ -1,0 +1,400 @@
+"""Image classification: a Vision Transformer trained with label smoothing, mixup/cutmix and AdamW.
+
+Logs loss, top-1/top-5 accuracy, images/s, attention maps of a few fixed validation images (at every
+validation) and the test confusion matrix, both as TensorBoard images rendered with torch and PIL.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageDraw, ImageFont
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from torch import Tensor
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+from torchvision.transforms import v2
+from torchvision.utils import make_grid
+
+from lightformer.data.images import load_image
+from lightformer.models.vit import Pool, VisionTransformer, ViTPosition
+from lightformer.nn import Activation, NormKind, record_attention
+from lightformer.tasks.optim import Schedule, configure_adamw
+from lightformer.tasks.tensorboard import tensorboard_writer
+
+CHECKPOINT_KEY = "image_classification"  # preprocessing and class names, as plain lists (weights_only-safe)
+
+
+class ImageClassificationTask(L.LightningModule):
+    """Cross-entropy on a ViT; the data module's class names and normalisation travel inside the checkpoint.
+
+    ``num_classes``, ``image_size`` and ``in_channels`` are linked from the data module by the CLI, so a
+    checkpoint alone is enough to classify image files (``classify_files``, ``python -m lightformer classify``).
+
+    Args:
+        num_classes: classes of the data (linked from the data module).
+        image_size: side of the square input images (linked).
+        in_channels: image channels (linked).
+        patch_size: side of the square patches; must divide image_size.
+        d_model: token width.
+        n_layers: encoder layers.
+        n_heads: attention heads; must divide d_model.
+        d_ff: feed-forward hidden width (timm's mlp_ratio · d_model); None: 4 · d_model.
+        dropout: dropout on the embeddings and on each sublayer's output.
+        attn_dropout: dropout on the attention weights.
+        drop_path: stochastic depth rate of the last layer, rising linearly from 0 at the first.
+        pool: "cls" (class token) or "mean" (average of the patch tokens).
+        position: "learned" or "sincos" (fixed 2-D sin-cos) positions.
+        norm: "layernorm" or "rmsnorm".
+        activation: feed-forward activation.
+        qkv_bias: biases in the attention and feed-forward projections.
+        label_smoothing: of the training targets (also inside mixup/cutmix targets); validation and test
+            losses are plain cross-entropy.
+        mixup: alpha of timm's mixup; 0 disables it. With mixup or cutmix on, each batch is mixed with its
+            reverse (an odd last batch loses one image) and trained on soft targets.
+        cutmix: alpha of timm's cutmix; 0 disables it.
+        lr: peak learning rate of AdamW.
+        min_lr: learning rate at the end of the cosine decay.
+        warmup_steps: steps of linear warmup from 0 to lr.
+        schedule: "cosine", "inverse_sqrt" or "constant" after the warmup (per step).
+        weight_decay: AdamW decay of the weight matrices (none on biases, norms, positions, class token).
+        betas: AdamW betas.
+        compile: torch.compile the model for training and evaluation.
+        attention_images: how many fixed validation images get attention maps logged (0: none).
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        image_size: int = 28,
+        in_channels: int = 1,
+        patch_size: int = 4,
+        d_model: int = 192,
+        n_layers: int = 6,
+        n_heads: int = 3,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        drop_path: float = 0.1,
+        pool: Pool = "cls",
+        position: ViTPosition = "learned",
+        norm: NormKind = "layernorm",
+        activation: Activation = "gelu",
+        qkv_bias: bool = True,
+        label_smoothing: float = 0.1,
+        mixup: float = 0.0,
+        cutmix: float = 0.0,
+        lr: float = 1e-3,
+        min_lr: float = 1e-5,
+        warmup_steps: int = 500,
+        schedule: Schedule = "cosine",
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.999),
+        compile: bool = False,
+        attention_images: int = 4,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = VisionTransformer(
+            image_size=image_size,
+            patch_size=patch_size,
+            in_channels=in_channels,
+            num_classes=num_classes,
+            d_model=d_model,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            d_ff=d_ff,
+            dropout=dropout,
+            attn_dropout=attn_dropout,
+            drop_path=drop_path,
+            pool=pool,
+            position=position,
+            norm=norm,
+            activation=activation,
+            qkv_bias=qkv_bias,
+        )
+        self.forward_fn = torch.compile(self.model) if compile else self.model
+        self.mixup = None
+        if mixup > 0 or cutmix > 0:
+            self.mixup = Mixup(
+                mixup_alpha=mixup, cutmix_alpha=cutmix, label_smoothing=label_smoothing, num_classes=num_classes
+            )
+        self.soft_target_loss = SoftTargetCrossEntropy()
+
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc_top5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if num_classes >= 5 else None
+        self.test_acc_top5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if num_classes >= 5 else None
+        self.test_confusion = MulticlassConfusionMatrix(num_classes)
+
+        # Set from the data module in `setup`, or from a checkpoint: what predicting on image files needs.
+        self.class_names: list[str] | None = None
+        self.normalize_mean: list[float] | None = None
+        self.normalize_std: list[float] | None = None
+        self._attention_batch: Tensor | None = None
+        self._batch_start = 0.0
+
+    def forward(self, images: Tensor) -> Tensor:
+        """Images ``(batch, in_channels, image_size, image_size)`` → logits ``(batch, num_classes)``."""
+        return self.forward_fn(images)
+
+    # --- class names and preprocessing, carried from the data module into the checkpoint --------------------
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is None:
+            return
+        hp = self.hparams
+        for name in ("num_classes", "image_size", "in_channels"):
+            value = getattr(datamodule, name, None)
+            if value is not None and value != hp[name]:
+                raise ValueError(f"the data has {name}={value} but model.{name}={hp[name]}; set model.{name}={value}")
+        class_names = getattr(datamodule, "class_names", None)
+        if class_names:
+            self.class_names = [str(name) for name in class_names]
+        mean, std = getattr(datamodule, "normalize_mean", None), getattr(datamodule, "normalize_std", None)
+        if mean is not None and std is not None:
+            self.normalize_mean, self.normalize_std = [float(m) for m in mean], [float(s) for s in std]
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint[CHECKPOINT_KEY] = {
+            "class_names": self.class_names,
+            "normalize_mean": self.normalize_mean,
+            "normalize_std": self.normalize_std,
+            "in_channels": int(self.hparams.in_channels),
+            "image_size": int(self.hparams.image_size),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        stored = checkpoint.get(CHECKPOINT_KEY, {})
+        self.class_names = stored.get("class_names")
+        self.normalize_mean = stored.get("normalize_mean")
+        self.normalize_std = stored.get("normalize_std")
+
+    # --- training and evaluation --------------------------------------------------------------------------
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        self._batch_start = time.perf_counter()
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        images, labels = batch
+        if self.mixup is None:
+            logits = self(images)
+            loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.hparams.label_smoothing)
+            self.log("train/acc", (logits.argmax(-1) == labels).float().mean())
+        else:
+            if len(images) % 2:  # timm's Mixup pairs each image with the batch's reverse
+                images, labels = images[:-1], labels[:-1]
+            images, soft_targets = self.mixup(images, labels)
+            loss = self.soft_target_loss(self(images).float(), soft_targets)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        elapsed = time.perf_counter() - self._batch_start
+        self.log("train/images_per_sec", len(batch[0]) * self.trainer.world_size / elapsed)
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor], loss: MeanMetric, acc: MulticlassAccuracy, top5) -> Tensor:
+        images, labels = batch
+        logits = self(images).float()
+        loss.update(F.cross_entropy(logits, labels), weight=len(labels))
+        acc.update(logits, labels)
+        if top5 is not None:
+            top5.update(logits, labels)
+        return logits
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        if batch_idx == 0 and self._attention_batch is None and self.hparams.attention_images > 0:
+            # the first validation images: the same at every validation
+            self._attention_batch = batch[0][: self.hparams.attention_images].detach().clone()
+        self._evaluate(batch, self.val_loss, self.val_acc, self.val_acc_top5)
+
+    def _log_epoch_metrics(self, stage: str, loss: MeanMetric, acc: MulticlassAccuracy, top5) -> None:
+        metrics = {f"{stage}/loss": loss.compute(), f"{stage}/acc": acc.compute()}
+        if top5 is not None:
+            metrics[f"{stage}/acc_top5"] = top5.compute()
+            top5.reset()
+        loss.reset()
+        acc.reset()
+        self.log_dict(metrics, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch_metrics("val", self.val_loss, self.val_acc, self.val_acc_top5)
+        self._log_attention_maps()
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        logits = self._evaluate(batch, self.test_loss, self.test_acc, self.test_acc_top5)
+        self.test_confusion.update(logits, batch[1])
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch_metrics("test", self.test_loss, self.test_acc, self.test_acc_top5)
+        confusion = self.test_confusion.compute().cpu()
+        self.test_confusion.reset()
+        writer = tensorboard_writer(self)
+        if writer is not None:
+            names = self.class_names or [str(i) for i in range(self.hparams.num_classes)]
+            writer.add_image("test/confusion_matrix", render_confusion_matrix(confusion, names), self.global_step)
+
+    def predict_step(self, batch: Tensor | tuple[Tensor, ...], batch_idx: int = 0) -> dict[str, Tensor]:
+        """Preprocessed images ``(batch, C, H, W)`` (or a batch whose first element they are) → class
+        ``probabilities`` ``(batch, num_classes)`` and ``predictions`` ``(batch,)``."""
+        images = batch[0] if isinstance(batch, list | tuple) else batch
+        probabilities = self(images).float().softmax(dim=-1)
+        return {"probabilities": probabilities, "predictions": probabilities.argmax(dim=-1)}
+
+    def configure_optimizers(self) -> dict:
+        hp = self.hparams
+        return configure_adamw(
+            self.model,
+            lr=hp.lr,
+            weight_decay=hp.weight_decay,
+            betas=hp.betas,
+            schedule=hp.schedule,
+            warmup_steps=hp.warmup_steps,
+            total_steps=self.trainer.estimated_stepping_batches,
+            min_lr=hp.min_lr,
+        )
+
+    # --- attention maps -----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def attention_rollout(self, images: Tensor) -> Tensor:
+        """Attention rollout (Abnar & Zuidema 2020): how much each patch feeds the pooled representation.
+
+        Per layer the head-averaged attention plus the identity (the residual path) is renormalised, and the
+        layers are multiplied. The row of the class token (or the mean over patch rows for mean pooling)
+        gives ``(batch, grid, grid)`` weights, each map summing to 1 over the patches.
+        """
+        was_training = self.model.training
+        self.model.eval()
+        with record_attention(self.model) as maps:
+            self.model(images)
+        self.model.train(was_training)
+        rollout = None
+        for weights in maps.values():  # recorded in layer order
+            attention = weights.float().mean(dim=1)
+            attention = attention + torch.eye(attention.shape[-1], device=attention.device)
+            attention = attention / attention.sum(dim=-1, keepdim=True)
+            rollout = attention if rollout is None else attention @ rollout
+        prefix = self.model.num_prefix_tokens
+        relevance = rollout[:, 0, prefix:] if self.model.pool == "cls" else rollout[:, prefix:, prefix:].mean(dim=1)
+        relevance = relevance / relevance.sum(dim=-1, keepdim=True)
+        grid = self.model.grid_size
+        return relevance.reshape(-1, grid, grid)
+
+    def _log_attention_maps(self) -> None:
+        writer = tensorboard_writer(self)
+        if writer is None or self.trainer.sanity_checking or self._attention_batch is None:
+            return
+        images = self._attention_batch
+        maps = self.attention_rollout(images)
+        writer.add_image("val/attention_rollout", render_attention_maps(images, maps), self.global_step)
+
+    # --- image files --------------------------------------------------------------------------------------
+
+    def preprocess_files(self, paths: list[str | Path]) -> Tensor:
+        """Read image files as the model's input ``(len(paths), C, H, W)``, as the data module did in evaluation."""
+        if self.normalize_mean is None or self.normalize_std is None:
+            raise RuntimeError(
+                "this model does not know its input normalisation: train it with an ImageDataModule "
+                "(or load a checkpoint written by one), or set normalize_mean and normalize_std"
+            )
+        hp = self.hparams
+        transform = v2.Compose(
+            [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.normalize_mean, self.normalize_std)]
+        )
+        return torch.stack([transform(load_image(path, hp.in_channels, hp.image_size)) for path in paths])
+
+    @torch.no_grad()
+    def classify_files(self, paths: list[str | Path], top_k: int = 3) -> list[list[tuple[str, float]]]:
+        """The ``top_k`` most likely (class name, probability) pairs of each image file, best first."""
+        was_training = self.training
+        self.eval()
+        probabilities = self.predict_step(self.preprocess_files(paths).to(self.device))["probabilities"]
+        self.train(was_training)
+        names = self.class_names or [str(i) for i in range(self.hparams.num_classes)]
+        values, indices = probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1)
+        return [
+            [(names[i], p) for i, p in zip(row_indices.tolist(), row_values.tolist(), strict=True)]
+            for row_values, row_indices in zip(values, indices, strict=True)
+        ]
+
+
+# --- rendering (torch and PIL only: no matplotlib) -----------------------------------------------------------
+
+# Anchors of a perceptually ordered black → purple → orange → yellow colour map (approximately "inferno").
+_COLORMAP = torch.tensor(
+    [[0.0, 0.0, 0.02], [0.34, 0.06, 0.43], [0.73, 0.21, 0.33], [0.98, 0.55, 0.04], [0.99, 1.0, 0.64]]
+)
+
+
+def colormap(values: Tensor) -> Tensor:
+    """Values in [0, 1] of any shape ``(...)`` → RGB ``(..., 3)`` by linear interpolation between anchors."""
+    anchors = _COLORMAP.to(values.device)
+    position = values.clamp(0, 1) * (len(anchors) - 1)
+    low = position.floor().long().clamp(max=len(anchors) - 2)
+    fraction = (position - low)[..., None]
+    return anchors[low] * (1 - fraction) + anchors[low + 1] * fraction
+
+
+def _rescale(x: Tensor) -> Tensor:
+    """Min-max scale each item of ``(batch, ...)`` to [0, 1]."""
+    flat = x.flatten(1)
+    low, high = flat.min(1).values, flat.max(1).values
+    shape = (-1,) + (1,) * (x.dim() - 1)
+    return (x - low.view(shape)) / (high - low).clamp_min(1e-8).view(shape)
+
+
+def render_attention_maps(images: Tensor, maps: Tensor, display_size: int = 96) -> Tensor:
+    """One row per image: the image, its attention map, and the map over the image; ``(3, H, W)`` in [0, 1].
+
+    images: ``(batch, C, S, S)`` (normalised; shown min-max scaled), maps: ``(batch, grid, grid)``.
+    """
+    images = _rescale(images.detach().float().cpu())
+    if images.shape[1] == 1:
+        images = images.expand(-1, 3, -1, -1)
+    images = F.interpolate(images, size=(display_size, display_size), mode="nearest")
+    heat = F.interpolate(maps.detach().float().cpu()[:, None], size=(display_size, display_size), mode="bilinear")
+    heat = colormap(_rescale(heat[:, 0])).permute(0, 3, 1, 2)  # (batch, 3, size, size)
+    overlay = 0.5 * images + 0.5 * heat
+    tiles = torch.stack([images, heat, overlay], dim=1).flatten(0, 1)
+    return make_grid(tiles, nrow=3, padding=2, pad_value=1.0)
+
+
+def render_confusion_matrix(confusion: Tensor, class_names: list[str], cell: int = 36) -> Tensor:
+    """Confusion matrix (rows: true class, columns: predicted) as an image ``(3, H, W)`` in [0, 1].
+
+    Cells are shaded by the row-normalised rate (recall on the diagonal) and show the counts.
+    """
+    n = confusion.shape[0]
+    counts = confusion.long()
+    rates = counts.float() / counts.sum(dim=1, keepdim=True).clamp_min(1)
+    font = ImageFont.load_default()
+    labels = [name[:16] if name == str(i) else f"{i}: {name[:16]}" for i, name in enumerate(class_names)]
+    left = 12 + max(int(font.getlength(label)) for label in labels)
+    top = 40
+    width, height = left + n * cell + 8, top + n * cell + 8
+    canvas = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(canvas)
+    draw.text((left, 4), "predicted", fill="black", font=font)
+    draw.text((4, 4), "true", fill="black", font=font)
+    for j in range(n):
+        draw.text((left + j * cell + cell // 2, top - 14), str(j), fill="black", font=font, anchor="mm")
+    for i in range(n):
+        y = top + i * cell
+        draw.text((left - 6, y + cell // 2), labels[i], fill="black", font=font, anchor="rm")
+        for j in range(n):
+            x = left + j * cell
+            rate = rates[i, j].item()
+            shade = tuple(int(255 * (1 - rate * (1 - c))) for c in (0.12, 0.35, 0.75))  # white → blue
+            draw.rectangle([x, y, x + cell - 1, y + cell - 1], fill=shade, outline=(200, 200, 200))
+            colour = "white" if rate > 0.5 else "black"
+            draw.text((x + cell // 2, y + cell // 2), str(counts[i, j].item()), fill=colour, font=font, anchor="mm")
+    return v2.functional.to_dtype(v2.functional.to_image(canvas), torch.float32, scale=True)

@@ -1,0 +1,144 @@
+"""The Vision Transformer: timm weight compatibility both ways, patch shapes, positions, init, optimiser groups."""
+
+import pytest
+import torch
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+from lightformer.models import VisionTransformer, lightformer_to_timm, load_timm_weights, timm_to_lightformer
+from lightformer.models.vit import sincos_2d_table
+from lightformer.nn import record_attention
+from lightformer.tasks.optim import parameter_groups
+
+SHAPE = dict(image_size=28, patch_size=4, in_channels=1, num_classes=10, d_model=64, n_layers=2, n_heads=4, d_ff=128)
+TIMM_SHAPE = dict(
+    img_size=28, patch_size=4, in_chans=1, num_classes=10, embed_dim=64, depth=2, num_heads=4, mlp_ratio=2
+)
+POOLS = {"cls": dict(class_token=True, global_pool="token"), "mean": dict(class_token=False, global_pool="avg")}
+
+
+def small_vit(**kwargs) -> VisionTransformer:
+    torch.manual_seed(0)
+    return VisionTransformer(**(SHAPE | kwargs)).eval()
+
+
+def timm_vit(pool: str, seed: int = 1) -> TimmViT:
+    torch.manual_seed(seed)
+    return TimmViT(**TIMM_SHAPE, **POOLS[pool]).eval()
+
+
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_timm_weights_give_identical_logits_both_ways(pool):
+    images = torch.randn(3, 1, 28, 28)
+    theirs = timm_vit(pool)
+    ours = load_timm_weights(small_vit(pool=pool), theirs.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(ours(images), theirs(images), atol=1e-6, rtol=1e-5)
+
+    ours = small_vit(pool=pool)  # fresh weights of our own, into a differently seeded timm model
+    theirs = timm_vit(pool, seed=2)
+    theirs.load_state_dict(lightformer_to_timm(ours.state_dict()), strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(images), ours(images), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(theirs.forward_features(images), ours.forward_features(images))
+    assert timm_to_lightformer(lightformer_to_timm(ours.state_dict())).keys() == ours.state_dict().keys()
+
+
+def test_sincos_positions_export_to_timm():
+    ours = small_vit(position="sincos")
+    theirs = timm_vit("cls")
+    theirs.load_state_dict(lightformer_to_timm(ours.state_dict()), strict=True)
+    images = torch.randn(2, 1, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(images), ours(images), atol=1e-6, rtol=1e-5)
+
+
+def test_timm_features_without_counterpart_are_refused():
+    torch.manual_seed(0)
+    avg_with_class_token = TimmViT(**TIMM_SHAPE, class_token=True, global_pool="avg")
+    with pytest.raises(ValueError, match="cls_token with average pooling"):
+        timm_to_lightformer(avg_with_class_token.state_dict())
+    layer_scale = TimmViT(**TIMM_SHAPE, init_values=1e-5)
+    with pytest.raises(ValueError, match="without a lightformer counterpart"):
+        timm_to_lightformer(layer_scale.state_dict())
+
+
+@pytest.mark.parametrize(("pool", "prefix"), [("cls", 1), ("mean", 0)])
+def test_shapes(pool, prefix):
+    model = small_vit(pool=pool)
+    images = torch.randn(5, 1, 28, 28)
+    assert model.patch_embed(images).shape == (5, 7 * 7, 64)  # (B, H/p·W/p, d)
+    assert model.forward_features(images).shape == (5, prefix + 49, 64)
+    assert model.forward_head(model.forward_features(images), pre_logits=True).shape == (5, 64)
+    assert model(images).shape == (5, 10)
+    rectangular = VisionTransformer(**(SHAPE | dict(image_size=32, patch_size=8, in_channels=3, num_classes=0)))
+    assert rectangular(torch.randn(2, 3, 32, 32)).shape == (2, 64)  # no head: pooled features
+
+
+def test_image_size_must_be_a_multiple_of_the_patch_size():
+    with pytest.raises(ValueError, match="image_size=28 is not a multiple of patch_size=5"):
+        VisionTransformer(**(SHAPE | dict(patch_size=5)))
+    with pytest.raises(ValueError, match=r"expected images of shape \(batch, 1, 28, 28\)"):
+        small_vit()(torch.randn(1, 1, 32, 32))
+
+
+def test_sincos_table_is_fixed_and_two_dimensional():
+    model = small_vit(position="sincos", pool="mean")
+    table = model.pos_embed.weight
+    assert not table.requires_grad
+    torch.testing.assert_close(table, sincos_2d_table(7, 64))
+    grid = table.view(7, 7, 64)
+    torch.testing.assert_close(grid[:, 0, :32], grid[:, 5, :32])  # first half: row only
+    torch.testing.assert_close(grid[0, :, 32:], grid[4, :, 32:])  # second half: column only
+    groups = parameter_groups(model, weight_decay=0.05)
+    assert all(p is not table for group in groups for p in group["params"])
+    with pytest.raises(ValueError, match="divisible by 4"):
+        sincos_2d_table(7, 66)
+
+
+def test_init_and_weight_decay_groups_follow_timm():
+    model = VisionTransformer(**(SHAPE | dict(d_model=192, n_heads=3, d_ff=384)))
+    assert model.pos_embed.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert model.pos_embed.weight.abs().max().item() < 0.15  # timm truncates at ±2 absolute: in effect N(0, .02)
+    assert model.cls_token.abs().max().item() < 1e-4
+    qkv = model.encoder.layers[0].self_attn.qkv
+    assert qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert qkv.bias.abs().max().item() == 0
+    assert model.no_weight_decay() == {"pos_embed.weight", "cls_token"}
+    decay, no_decay = parameter_groups(model, weight_decay=0.05)
+    decayed = {id(p) for p in decay["params"]}
+    assert id(model.pos_embed.weight) not in decayed and id(model.cls_token) not in decayed
+    assert id(qkv.weight) in decayed and id(model.patch_embed.proj.weight) in decayed
+    assert id(qkv.bias) not in decayed
+
+
+def test_drop_path_increases_linearly_over_depth():
+    model = VisionTransformer(**(SHAPE | dict(n_layers=5, drop_path=0.2)))
+    rates = [getattr(layer.drop_path, "drop_prob", 0.0) for layer in model.encoder.layers]
+    assert rates == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2])
+    model.train()
+    images = torch.randn(4, 1, 28, 28)
+    assert not torch.equal(model(images), model(images))  # stochastic in training
+    model.eval()
+    torch.testing.assert_close(model(images), model(images))
+
+
+def test_attention_is_recorded_per_layer():
+    model = small_vit(n_layers=3)
+    with record_attention(model) as maps:
+        model(torch.randn(2, 1, 28, 28))
+    assert list(maps) == [f"encoder.layers.{i}.self_attn" for i in range(3)]
+    for weights in maps.values():
+        assert weights.shape == (2, 4, 50, 50)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 50))
+
+
+def test_overfits_a_tiny_batch():
+    model = small_vit(n_layers=1).train()
+    images, labels = torch.randn(16, 1, 28, 28), torch.arange(16) % 10
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(60):
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.05
