@@ -24,7 +24,7 @@ from torchvision.utils import make_grid
 from lightformer.data.images import load_image
 from lightformer.models.vit import Pool, VisionTransformer, ViTPosition
 from lightformer.nn import Activation, NormKind, record_attention
-from lightformer.tasks.optim import Schedule, configure_adamw
+from lightformer.tasks.optim import Schedule, configure_task_optimizer
 from lightformer.tasks.tensorboard import tensorboard_writer
 
 CHECKPOINT_KEY = "image_classification"  # preprocessing and class names, as plain lists (weights_only-safe)
@@ -250,17 +250,7 @@ class ImageClassificationTask(L.LightningModule):
         return {"probabilities": probabilities, "predictions": probabilities.argmax(dim=-1)}
 
     def configure_optimizers(self) -> dict:
-        hp = self.hparams
-        return configure_adamw(
-            self.model,
-            lr=hp.lr,
-            weight_decay=hp.weight_decay,
-            betas=hp.betas,
-            schedule=hp.schedule,
-            warmup_steps=hp.warmup_steps,
-            total_steps=self.trainer.estimated_stepping_batches,
-            min_lr=hp.min_lr,
-        )
+        return configure_task_optimizer(self)
 
     # --- attention maps -----------------------------------------------------------------------------------
 
