@@ -122,22 +122,30 @@ def _cut_at(row: list[int], eos: int) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # defaults: the shape, data and optimisation of configs/translation/ding_de_en.yaml
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--d-ff", type=int, default=1024)
     parser.add_argument("--dropout", type=float, default=0.1)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--warmup", type=int, default=1000)
-    parser.add_argument("--max-tokens", type=int, default=4096)
-    parser.add_argument("--phrases", action=argparse.BooleanOptionalAction, default=True, help="Ding word/phrase pairs")
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument("--max-tokens", type=int, default=2048)
+    parser.add_argument("--phrases", action=argparse.BooleanOptionalAction, default=True, help="add Ding phrases")
+    parser.add_argument("--sentence-repeats", type=int, default=8)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     args = parser.parse_args()
     # nn.Transformer's inference fast path does not run under CPU bf16 autocast; decode on the regular path.
     torch.backends.mha.set_fastpath_enabled(False)
 
-    data = TranslationDataModule(corpus="ding", ding_phrases=args.phrases, max_tokens=args.max_tokens)
+    data = TranslationDataModule(
+        corpus="ding",
+        ding_phrases=args.phrases,
+        sentence_repeats=args.sentence_repeats,
+        bpe_vocab_size=4000,
+        max_tokens=args.max_tokens,
+    )
     data.setup()
     vocab = data.tgt_vocab_size
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext()

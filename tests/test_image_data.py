@@ -96,7 +96,7 @@ def test_dataloader_options():
 # ---------------------------------------------------------------- augmentation and transforms
 
 
-@pytest.mark.parametrize("augment", ["flip_crop", "trivialaugment", "randaugment"])
+@pytest.mark.parametrize("augment", ["flip", "flip_crop", "trivialaugment", "randaugment"])
 def test_training_augmentation_varies_and_eval_transform_is_deterministic(augment):
     datamodule = ImageDataModule(dataset="fashion_mnist", augment=augment)  # no data is read
     image = Image.fromarray(torch.randint(0, 256, (28, 28), dtype=torch.uint8).numpy(), mode="L")
@@ -119,6 +119,8 @@ def test_flip_crop_flips_only_where_flips_keep_the_label():
 
     assert has_flip("fashion_mnist") and has_flip("cifar10")
     assert not has_flip("mnist") and not has_flip("digits")
+    with pytest.raises(ValueError, match="augment='flip' does not suit dataset='mnist'"):
+        ImageDataModule(dataset="mnist", augment="flip")
     none_transform = ImageDataModule(dataset="digits", augment="none").train_transform()
     random_steps = (v2.RandomCrop, v2.RandomHorizontalFlip)
     assert not any(isinstance(step, random_steps) for step in none_transform.transforms)

@@ -133,6 +133,21 @@ def test_mixup_and_cutmix_train_on_odd_batches():
     assert torch.isfinite(trainer.callback_metrics["train/loss"])
 
 
+def test_test_time_flip_averages_the_probabilities_of_an_image_and_its_mirror():
+    shape = dict(num_classes=10, image_size=8, in_channels=1, patch_size=2, d_model=32, n_layers=1, n_heads=2)
+    torch.manual_seed(0)
+    plain = ImageClassificationTask(**shape).eval()
+    flipping = ImageClassificationTask(**shape, test_time_flip=True).eval()
+    flipping.load_state_dict(plain.state_dict())
+    images = torch.randn(5, 1, 8, 8)
+    with torch.no_grad():
+        expected = (plain(images).softmax(-1) + plain(images.flip(-1)).softmax(-1)) / 2
+        torch.testing.assert_close(flipping.predict_step(images)["probabilities"], expected)
+        assert not torch.allclose(plain.predict_step(images)["probabilities"], expected)
+        symmetric = torch.cat([images[..., :4], images[..., :4].flip(-1)], dim=-1)  # its own mirror image
+        torch.testing.assert_close(flipping.evaluation_logits(symmetric).exp(), plain(symmetric).softmax(-1))
+
+
 def test_mismatched_data_is_refused():
     datamodule = ImageDataModule(dataset="digits", image_size=8)
     task = ImageClassificationTask(

@@ -172,6 +172,15 @@ def test_ding_phrases_are_added_to_train_only_without_held_out_german(tmp_path):
         assert with_phrases.datasets[split].src_texts == plain.datasets[split].src_texts
         assert all(is_sentence(text) for text in with_phrases.datasets[split].src_texts)
 
+    repeated = make_module(tmp_path, corpus="ding", ding_file=str(ding), ding_phrases=True, sentence_repeats=3)
+    repeated.setup()
+    train = repeated.datasets["train"]
+    assert len(train) == 3 * len(plain.datasets["train"]) + phrase_count
+    pairs = list(zip(train.src_texts, train.tgt_texts, strict=True))
+    sentences = zip(plain.datasets["train"].src_texts, plain.datasets["train"].tgt_texts, strict=True)
+    assert all(pairs.count(pair) == 3 for pair in sentences)
+    assert repeated.datasets["val"].src_texts == plain.datasets["val"].src_texts
+
 
 def test_ding_extraction_is_deterministic(tmp_path):
     ding, _ = synthetic_ding(tmp_path / "de-en")
@@ -576,6 +585,7 @@ def test_max_tokens_below_max_sentence_tokens_names_both(tmp_path, tsv):
         ({"corpus": "ding", "val_tsv_files": ["v.tsv"]}, r"remove val_tsv_files"),
         ({"tsv_files": ["x.tsv"], "ding_phrases": True}, r"ding_phrases=True applies to corpus='ding' only"),
         ({"tsv_files": ["x.tsv"], "bpe_vocab_size": 100}, r"bpe_vocab_size=100 is too small"),
+        ({"corpus": "ding", "sentence_repeats": 0}, r"sentence_repeats=0 must be at least 1"),
     ],
 )
 def test_invalid_arguments_are_named(kwargs, message):

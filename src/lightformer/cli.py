@@ -1,6 +1,6 @@
 """The command line: ``python -m lightformer fit|validate|test|predict --config FILE`` through LightningCLI,
 plus commands that need a checkpoint alone: ``generate`` (continue a prompt), ``translate`` (a file or
-standard input) and ``classify`` (image files).
+standard input), ``classify`` (image files) and ``export`` (model weights to safetensors).
 
 Sizes that come from the data are linked into the model when both are instantiated: each attribute of
 the data module named in ``DATA_LINKS`` fills the task's argument of the same name, where the task has one.
@@ -8,10 +8,16 @@ the data module named in ``DATA_LINKS`` fills the task's argument of the same na
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
+from typing import Literal
 
 import lightning as L
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from lightformer.callbacks import AtomicCheckpointIO, NonFiniteLossError, NonFiniteLossGuard, RandomStateCheckpoint
 
 DATA_LINKS = (
     "vocab_size",
@@ -26,9 +32,19 @@ DATA_LINKS = (
 
 
 class LightformerCLI(LightningCLI):
+    """LightningCLI with the data→model links, and every run protected by ``lightformer.callbacks``: atomic
+    checkpoint files loaded with ``weights_only=True``, random state saved for exact resume, and a stop at the
+    first non-finite loss."""
+
     def add_arguments_to_parser(self, parser) -> None:
         for name in DATA_LINKS:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+
+    def instantiate_trainer(self, **kwargs) -> L.Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # keep a user's own CheckpointIO plugin
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        return trainer
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> LightformerCLI:
@@ -39,9 +55,18 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightformerCLI:
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
+        trainer_defaults={"callbacks": [NonFiniteLossGuard(), RandomStateCheckpoint()]},
         args=args,
         run=run,
     )
+
+
+def _require_file(path: str, what: str) -> None:
+    """Exit with one line naming the option and the path (not a traceback) when a local file is missing."""
+    if "://" in path:  # a remote checkpoint (s3://, https://...): Lightning's fsspec reports its own errors
+        return
+    if not Path(path).is_file():
+        raise SystemExit(f"{what} {path!r} {'is a folder' if Path(path).is_dir() else 'does not exist'}")
 
 
 def generate(
@@ -71,7 +96,8 @@ def generate(
     """
     from lightformer.tasks.language_model import LanguageModelTask
 
-    task = LanguageModelTask.load_from_checkpoint(ckpt_path, map_location=device)
+    _require_file(ckpt_path, "--ckpt_path: the checkpoint file")
+    task = LanguageModelTask.load_from_checkpoint(ckpt_path, map_location=device, weights_only=True)
     texts = task.generate_text(prompt, max_new_tokens, temperature, top_k, top_p, num_samples, seed)
     for i, text in enumerate(texts):
         if i:
@@ -98,7 +124,10 @@ def translate(
     """
     from lightformer.tasks.translation import TranslationTask
 
-    task = TranslationTask.load_from_checkpoint(ckpt_path, map_location=device)
+    _require_file(ckpt_path, "--ckpt_path: the checkpoint file")
+    if input != "-":
+        _require_file(input, "--input: the file")
+    task = TranslationTask.load_from_checkpoint(ckpt_path, map_location=device, weights_only=True)
     stream = sys.stdin if input == "-" else open(input, encoding="utf-8")  # noqa: SIM115
     with stream:
         lines = [line.rstrip("\n") for line in stream]
@@ -131,12 +160,64 @@ def classify(
         raise SystemExit("classify needs --ckpt_path CHECKPOINT and --images FILE (or a list or pattern of files)")
     patterns = [images] if isinstance(images, str) else images
     paths = [path for p in patterns for path in (sorted(glob.glob(p)) if glob.has_magic(p) else [p])]
-    task = ImageClassificationTask.load_from_checkpoint(ckpt_path, map_location=device)
+    _require_file(ckpt_path, "--ckpt_path: the checkpoint file")
+    for path in paths:
+        _require_file(path, "--images: the image file")
+    task = ImageClassificationTask.load_from_checkpoint(ckpt_path, map_location=device, weights_only=True)
     for path, ranked in zip(paths, task.classify_files(paths, top_k), strict=True):
         print(f"{path}: " + ", ".join(f"{name} ({probability:.1%})" for name, probability in ranked))
 
 
-COMMANDS = {"generate": generate, "translate": translate, "classify": classify}
+def export(*, ckpt_path: str, output: str, layout: Literal["lightformer", "timm"] = "lightformer") -> None:
+    """Write a checkpoint's model weights to a safetensors file (no pickle: safe to share and to load).
+
+    The file's metadata holds the task, its hyperparameters (JSON) and what travels with the model (tokenizer
+    JSON, image preprocessing), so the model can be rebuilt; ``safetensors.torch.load_model(task.model, path)``
+    loads the weights back (tied weights are stored once). ``layout="timm"`` writes a vision model under timm's
+    ``VisionTransformer`` names instead, for ``timm.create_model(...).load_state_dict(load_file(path))``.
+
+    Args:
+        ckpt_path: a checkpoint written by ``fit`` with any lightformer task.
+        output: the ``.safetensors`` file to write (atomically).
+        layout: "lightformer" (our parameter names) or "timm" (image classification only).
+    """
+    import json
+
+    import torch
+    from safetensors.torch import save, save_model
+
+    from lightformer import tasks
+    from lightformer.data.sources import atomic_write_bytes
+    from lightformer.models.vit import lightformer_to_timm
+
+    _require_file(ckpt_path, "--ckpt_path: the checkpoint file")
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    class_name = str(checkpoint.get("hyper_parameters", {}).get("_class_path", "")).rsplit(".", 1)[-1]
+    if class_name not in tasks.__all__:
+        raise SystemExit(f"{ckpt_path} was not written by a lightformer task (tasks: {', '.join(tasks.__all__)})")
+    task = getattr(tasks, class_name).load_from_checkpoint(ckpt_path, map_location="cpu", weights_only=True)
+    hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if not k.startswith("_")}
+    metadata = {"format": "pt", "lightformer.task": class_name, "lightformer.hyper_parameters": json.dumps(hparams)}
+    for key in ("tokenizer", "src_tokenizer", "tgt_tokenizer", "image_classification"):
+        if key in checkpoint:
+            value = checkpoint[key]
+            metadata[f"lightformer.{key}"] = value if isinstance(value, str) else json.dumps(value)
+    if layout == "timm":
+        if class_name != "ImageClassificationTask":
+            raise SystemExit(f"--layout timm applies to image classification, not to a {class_name} checkpoint")
+        tensors = {k: v.contiguous() for k, v in lightformer_to_timm(task.model.state_dict()).items()}
+        atomic_write_bytes(output, save(tensors, metadata))
+    else:
+        staging = f"{output}.partial"
+        try:
+            save_model(task.model, staging, metadata)  # stores tied weights once
+            os.replace(staging, output)
+        finally:
+            Path(staging).unlink(missing_ok=True)
+    print(f"wrote {output} ({class_name}, {sum(p.numel() for p in task.model.parameters()):,} parameters)")
+
+
+COMMANDS = {"generate": generate, "translate": translate, "classify": classify, "export": export}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -146,4 +227,7 @@ def main(argv: list[str] | None = None) -> None:
 
         auto_cli(COMMANDS[args[0]], args=args[1:])
     else:
-        cli_main(argv)
+        try:
+            cli_main(argv)
+        except NonFiniteLossError as error:
+            raise SystemExit(f"lightformer: {error}") from None

@@ -32,8 +32,10 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 from torchvision.transforms import v2
 
+from lightformer.data.sampling import EpochShuffleSampler
+
 DatasetName = Literal["fashion_mnist", "mnist", "cifar10", "digits", "image_folder"]
-AugmentName = Literal["none", "flip_crop", "trivialaugment", "randaugment"]
+AugmentName = Literal["none", "flip", "flip_crop", "trivialaugment", "randaugment"]
 
 # Fraction of the pool carved off as the test set when a dataset has no test split of its own, and the
 # constant seed of that carve: the test set must not change with `seed`.
@@ -148,9 +150,12 @@ TORCHVISION_FOLDERS = {
 def load_image(path: str | Path, in_channels: int = 3, image_size: int | None = None) -> Image.Image:
     """Open an image file as a PIL image in mode "L" (in_channels=1) or "RGB" (in_channels=3).
 
-    An alpha channel is dropped. With `image_size`, the image is resized to image_size × image_size
-    (aspect ratio not kept), as `ImageDataModule` does. Raises FileNotFoundError or ValueError naming
-    the file when it is missing or not a readable image.
+    Any PIL mode with 8-bit channels (RGBA, LA, P, CMYK, 1, ...) is converted; an alpha channel is dropped.
+    16-bit greyscale keeps its 8 most significant bits (PIL's own conversion would clip it at 255). 32-bit
+    integer or float pixels (PIL modes "I", "F") have no standard range and are refused. With `image_size`,
+    the image is resized to image_size × image_size (aspect ratio not kept), as `ImageDataModule` does.
+    Raises FileNotFoundError or ValueError naming the file when it is missing, not a readable image, or of
+    such a mode.
     """
     modes = {1: "L", 3: "RGB"}
     if in_channels not in modes:
@@ -158,7 +163,16 @@ def load_image(path: str | Path, in_channels: int = 3, image_size: int | None = 
     try:
         with Image.open(path) as opened:
             # Cameras store the orientation in EXIF instead of rotating pixels; apply it.
-            image = ImageOps.exif_transpose(opened).convert(modes[in_channels])
+            image = ImageOps.exif_transpose(opened)
+            if image.mode.startswith("I;16"):
+                image = Image.fromarray((np.asarray(image) >> 8).astype(np.uint8))
+            elif image.mode in ("I", "F"):
+                raise ValueError(
+                    f"{path} has 32-bit {'integer' if image.mode == 'I' else 'float'} pixels (PIL mode "
+                    f"{image.mode!r}), which have no standard 8-bit range; save it with 8-bit channels (greyscale "
+                    f"or RGB, also with alpha) or as 16-bit greyscale"
+                )
+            image = image.convert(modes[in_channels])
     except FileNotFoundError:
         raise FileNotFoundError(f"Image file not found: {path}") from None
     except (UnidentifiedImageError, OSError) as error:
@@ -364,7 +378,8 @@ class ImageDataModule(L.LightningDataModule):
             Digits with the defaults: 1298 train, 229 val, 270 test (a fixed 15% carve).
         batch_size: images per batch, in every split.
         num_workers: DataLoader worker processes; 0 loads in the main process.
-        augment: training-set augmentation: "none"; "flip_crop" (random crop after padding by
+        augment: training-set augmentation: "none"; "flip" (horizontal flips; not for mnist and digits, whose
+            flipped digits are not digits); "flip_crop" (random crop after padding by
             image_size // 7 pixels, plus horizontal flips except for mnist and digits, whose flipped
             digits are not digits); "trivialaugment" (TrivialAugmentWide); "randaugment" (RandAugment).
         seed: seeds the validation carve and the training-set shuffling.
@@ -401,6 +416,11 @@ class ImageDataModule(L.LightningDataModule):
             raise ValueError(f"ImageDataModule: image_size={image_size} must be a positive number of pixels")
         info = DATASET_INFO[dataset]
         self.info = info
+        if augment == "flip" and not info.horizontal_flip:
+            raise ValueError(
+                f"ImageDataModule: augment='flip' does not suit dataset={dataset!r}: a mirrored image does not keep "
+                "its label there; use 'none', 'flip_crop' (crops only, for this dataset) or 'trivialaugment'"
+            )
         self.dataset_name = dataset
         self.root = root
         self.download = download
@@ -443,6 +463,8 @@ class ImageDataModule(L.LightningDataModule):
 
     def _augmentation(self) -> list[v2.Transform]:
         """The training-only random transforms, applied to uint8 images of the final size."""
+        if self.augment == "flip":
+            return [v2.RandomHorizontalFlip()]
         if self.augment == "flip_crop":
             steps = [v2.RandomCrop(self.image_size, padding=max(1, self.image_size // 7))]
             if self.info.horizontal_flip:
@@ -554,8 +576,7 @@ class ImageDataModule(L.LightningDataModule):
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=shuffle,
-            generator=torch.Generator().manual_seed(self.seed) if shuffle else None,
+            sampler=EpochShuffleSampler(len(dataset), self.seed) if shuffle else None,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,

@@ -59,6 +59,8 @@ def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them visible
         os.chmod(tmp_name, 0o644)  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp_name, path)
     except BaseException:

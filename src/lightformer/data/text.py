@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from lightformer.data.sampling import EpochShuffleSampler
 from lightformer.data.sources import atomic_open, austen_text, download, sha256_of
 from lightformer.data.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer
 
@@ -267,11 +268,11 @@ class TextDataModule(L.LightningDataModule):
                 self.datasets[split] = ContiguousWindowDataset(paths[split], self.block_size)
 
     def train_dataloader(self) -> DataLoader:
+        dataset = self._dataset("train")
         return DataLoader(
-            self._dataset("train"),
+            dataset,
             batch_size=self.batch_size,
-            shuffle=True,
-            generator=torch.Generator().manual_seed(self.seed),
+            sampler=EpochShuffleSampler(len(dataset), self.seed),
             drop_last=True,  # constant batch shape; the windows are random, so nothing is lost
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
@@ -346,7 +347,10 @@ class TextDataModule(L.LightningDataModule):
             files = self._source_files()
             corpus = _read_texts(files["train"])
             if not corpus:
-                raise ValueError(f"the training text is empty: {', '.join(map(str, files['train']))}")
+                raise ValueError(
+                    f"the training text is empty: {', '.join(map(str, files['train']))}; it needs at least "
+                    f"block_size + 1 = {self.block_size + 1} tokens"
+                )
             n = len(corpus)
             n_val = 0 if files["val"] else int(n * self.val_fraction)
             n_test = 0 if files["test"] else int(n * self.test_fraction)
@@ -355,7 +359,10 @@ class TextDataModule(L.LightningDataModule):
             texts["test"] = _read_texts(files["test"]) if files["test"] else corpus[n - n_test :]
             for split in ("val", "test"):
                 if files[split] and not texts[split]:
-                    raise ValueError(f"the {split} text is empty: {', '.join(map(str, files[split]))}")
+                    raise ValueError(
+                        f"the {split} text is empty: {', '.join(map(str, files[split]))}; it needs at least "
+                        f"block_size + 1 = {self.block_size + 1} tokens"
+                    )
             self._texts = texts
         return self._texts
 

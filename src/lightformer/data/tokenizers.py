@@ -220,6 +220,23 @@ class Tokenizer:
     def __repr__(self) -> str:
         return f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size})"
 
+    def difference(self, other: Tokenizer) -> str | None:
+        """None when `other` maps the same tokens to the same ids (same kind and vocabulary), else what differs:
+        the kinds and sizes, and the first id that stands for another token."""
+        if other is self or other.to_str() == self.to_str():
+            return None
+        vocab = self._hf_tokenizer.get_vocab(with_added_tokens=True)
+        other_vocab = other._hf_tokenizer.get_vocab(with_added_tokens=True)
+        if self.kind == other.kind and vocab == other_vocab:
+            return None  # the same ids (the JSON differs in formatting or training metadata only)
+        described = f"{self.kind} tokenizer of {self.vocab_size} tokens vs {other.kind} tokenizer of {other.vocab_size}"
+        tokens = {i: token for token, i in vocab.items()}
+        other_tokens = {i: token for token, i in other_vocab.items()}
+        for i in sorted(tokens.keys() & other_tokens.keys()):
+            if tokens[i] != other_tokens[i]:
+                return f"{described}; id {i} is {tokens[i]!r} in the first, {other_tokens[i]!r} in the second"
+        return described
+
     @staticmethod
     def _frame(ids: list[int], add_bos: bool, add_eos: bool) -> list[int]:
         return [BOS_ID] * add_bos + ids + [EOS_ID] * add_eos

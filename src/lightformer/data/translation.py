@@ -455,6 +455,9 @@ class TranslationDataModule(L.LightningDataModule):
         ding_file: where the Ding dictionary is (`apt-get install trans-de-en` puts it at the default).
         ding_phrases: with corpus="ding", also train on the dictionary's word and phrase pairs (371,141 in the
             2023 dictionary; train split only, none whose German side is a val or test sentence).
+        sentence_repeats: with ding_phrases, each train sentence pair appears this many times per epoch (the
+            phrase pairs once), so that 15k sentences are not drowned by 24 times as many short phrase pairs.
+            Without ding_phrases it has no effect (an epoch of sentences only needs no balance).
         direction: with corpus="ding", "de-en" translates German to English, "en-de" English to German. For
             files the source is always the first column / `src_file`; only "de-en" (the default) is accepted.
         joint_vocab: one byte-level BPE trained on both sides of the train split (needed to share embeddings);
@@ -487,6 +490,7 @@ class TranslationDataModule(L.LightningDataModule):
         test_tgt_file: str | None = None,
         ding_file: str = DING_FILE,
         ding_phrases: bool = False,
+        sentence_repeats: int = 1,
         direction: Literal["de-en", "en-de"] = "de-en",
         joint_vocab: bool = True,
         bpe_vocab_size: int = 8000,
@@ -538,6 +542,8 @@ class TranslationDataModule(L.LightningDataModule):
                 )
         elif ding_phrases:
             raise ValueError("ding_phrases=True applies to corpus='ding' only; the pairs come from files here")
+        if sentence_repeats < 1:
+            raise ValueError(f"sentence_repeats={sentence_repeats} must be at least 1")
         if direction not in ("de-en", "en-de"):
             raise ValueError(f"direction={direction!r} is not valid; valid: 'de-en', 'en-de'")
         if corpus is None and direction != "de-en":
@@ -567,6 +573,7 @@ class TranslationDataModule(L.LightningDataModule):
         }
         self.ding_file = Path(ding_file)
         self.ding_phrases = ding_phrases
+        self.sentence_repeats = sentence_repeats
         self.direction = direction
         self.joint_vocab = joint_vocab
         self.bpe_vocab_size = bpe_vocab_size
@@ -739,7 +746,11 @@ class TranslationDataModule(L.LightningDataModule):
         user files), the extraction and split rules."""
         if self._fingerprint_value is None:
             if self.corpus == "ding":
-                sources: dict = {"ding": sha256_of(self._ding_path()), "phrases": self.ding_phrases}
+                sources: dict = {
+                    "ding": sha256_of(self._ding_path()),
+                    "phrases": self.ding_phrases,
+                    "sentence_repeats": self.sentence_repeats if self.ding_phrases else 1,
+                }
             else:
                 sources = {split: self._split_files(split) for split in SPLITS}
                 sources = {
@@ -792,7 +803,7 @@ class TranslationDataModule(L.LightningDataModule):
             added = [pair for pair in phrases if pair[0] not in held_out]
             stats["train_phrase_pairs"] = len(added)
             stats["phrase_pairs_held_out"] = len(phrases) - len(added)
-            pairs["train"] += added
+            pairs["train"] = pairs["train"] * self.sentence_repeats + added
         return pairs, stats
 
     def _ding_path(self) -> Path:
@@ -825,7 +836,12 @@ class TranslationDataModule(L.LightningDataModule):
             return [], 0
         kept = [(src, tgt) for src, tgt in pairs if src and tgt]
         if files and not kept:
-            raise ValueError(f"no sentence pairs in {self._describe_source(split)}")
+            skipped = f" ({len(pairs)} lines with an empty side skipped)" if pairs else ""
+            layout = "'source<TAB>target' lines" if "tsv" in files else "line-aligned sentences"
+            raise ValueError(
+                f"no sentence pairs in {self._describe_source(split)}{skipped}; the files must hold {layout} "
+                "with both sides non-empty"
+            )
         return kept, len(pairs) - len(kept)
 
     def _describe_source(self, split: str) -> str:

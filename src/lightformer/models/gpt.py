@@ -19,6 +19,7 @@ from lightformer.nn import (
     absolute_position,
     make_norm,
 )
+from lightformer.nn.checks import check_heads
 
 
 class GPT(nn.Module):
@@ -46,6 +47,7 @@ class GPT(nn.Module):
         tie_weights: bool = True,
     ) -> None:
         super().__init__()
+        check_heads(d_model, n_heads)  # before the rotary table, whose head_dim assumes it
         self.vocab_size = vocab_size
         self.block_size = block_size
         self.embed = TokenEmbedding(vocab_size, d_model)

@@ -18,6 +18,7 @@ from lightformer.nn import (
     absolute_position,
     make_norm,
 )
+from lightformer.nn.checks import check_heads
 
 
 class EncoderDecoder(nn.Module):
@@ -50,6 +51,7 @@ class EncoderDecoder(nn.Module):
         pad_id: int = 0,
     ) -> None:
         super().__init__()
+        check_heads(d_model, n_heads)  # before the rotary table, whose head_dim assumes it
         if share_embeddings and src_vocab_size != tgt_vocab_size:
             raise ValueError(
                 f"share_embeddings needs one joint vocabulary, but src_vocab_size={src_vocab_size} and "

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightformer.nn.checks import check_heads
 from lightformer.nn.position import RotaryEmbedding
 
 
@@ -91,10 +92,7 @@ class MultiHeadAttention(nn.Module):
         rotary: RotaryEmbedding | None = None,
     ) -> None:
         super().__init__()
-        if d_model % n_heads != 0:
-            raise ValueError(
-                f"d_model={d_model} is not divisible by n_heads={n_heads}; choose n_heads among the divisors of d_model"
-            )
+        check_heads(d_model, n_heads)
         self.d_model = d_model
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads

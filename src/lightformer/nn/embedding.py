@@ -6,6 +6,8 @@ import math
 
 from torch import Tensor, nn
 
+from lightformer.nn.checks import check_patch_size
+
 
 class TokenEmbedding(nn.Embedding):
     """Token ids ``(batch, seq)`` → ``(batch, seq, d_model)``, optionally scaled by √d_model as in the paper.
@@ -35,11 +37,7 @@ class PatchEmbedding(nn.Module):
 
     def __init__(self, image_size: int, patch_size: int, in_channels: int, d_model: int) -> None:
         super().__init__()
-        if image_size % patch_size:
-            raise ValueError(
-                f"image_size={image_size} is not a multiple of patch_size={patch_size}; "
-                f"choose a patch_size that divides {image_size} or resize the images"
-            )
+        check_patch_size(image_size, patch_size)
         self.image_size = image_size
         self.patch_size = patch_size
         self.in_channels = in_channels
@@ -48,10 +46,12 @@ class PatchEmbedding(nn.Module):
         self.proj = nn.Conv2d(in_channels, d_model, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, images: Tensor) -> Tensor:
-        b, c, h, w = images.shape
-        if c != self.in_channels or h != self.image_size or w != self.image_size:
+        expected = (self.in_channels, self.image_size, self.image_size)
+        if images.ndim != 4 or tuple(images.shape[1:]) != expected:
+            hint = "add a batch dimension: images[None]" if images.ndim == 3 else "convert or resize the images"
             raise ValueError(
-                f"expected images of shape (batch, {self.in_channels}, {self.image_size}, {self.image_size}), "
-                f"got {tuple(images.shape)}"
+                f"expected images of shape (batch, {', '.join(map(str, expected))}), got {tuple(images.shape)}: "
+                f"the model takes (batch, channels, height, width) with in_channels={self.in_channels} and "
+                f"image_size={self.image_size}; {hint}"
             )
         return self.proj(images).flatten(2).transpose(1, 2)

@@ -6,6 +6,7 @@ validation) and the test confusion matrix, both as TensorBoard images rendered w
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from torchvision.utils import make_grid
 from lightformer.data.images import load_image
 from lightformer.models.vit import Pool, VisionTransformer, ViTPosition
 from lightformer.nn import Activation, NormKind, record_attention
+from lightformer.nn.checks import check_heads, check_patch_size
 from lightformer.tasks.optim import Schedule, configure_task_optimizer
 from lightformer.tasks.tensorboard import tensorboard_writer
 
@@ -65,6 +67,9 @@ class ImageClassificationTask(L.LightningModule):
         weight_decay: AdamW decay of the weight matrices (none on biases, norms, positions, class token).
         betas: AdamW betas.
         compile: torch.compile the model for training and evaluation.
+        test_time_flip: evaluate and predict on each image and its mirror image, averaging the two
+            probabilities (test-time augmentation; doubles the cost of evaluation). Only for data whose
+            mirrored images keep their labels (not digits), and training with flips.
         attention_images: how many fixed validation images get attention maps logged (0: none).
     """
 
@@ -96,9 +101,15 @@ class ImageClassificationTask(L.LightningModule):
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
         compile: bool = False,
+        test_time_flip: bool = False,
         attention_images: int = 4,
     ) -> None:
         super().__init__()
+        model_args = "model.init_args"
+        check_patch_size(
+            image_size, patch_size, f"{model_args}.image_size", f"{model_args}.patch_size", "data.init_args.image_size"
+        )
+        check_heads(d_model, n_heads, f"{model_args}.d_model", f"{model_args}.n_heads")
         self.save_hyperparameters()
         self.model = VisionTransformer(
             image_size=image_size,
@@ -201,9 +212,18 @@ class ImageClassificationTask(L.LightningModule):
         self.log("train/images_per_sec", len(batch[0]) * self.trainer.world_size / elapsed)
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
 
+    def evaluation_logits(self, images: Tensor) -> Tensor:
+        """Float32 logits for evaluation and prediction; with ``test_time_flip``, the log of the mean of the
+        image's and its mirror's probabilities (a log-probability vector: softmax, loss and top-k apply)."""
+        logits = self(images).float()
+        if not self.hparams.test_time_flip:
+            return logits
+        mirrored = self(images.flip(-1)).float()
+        return torch.stack([logits.log_softmax(-1), mirrored.log_softmax(-1)]).logsumexp(0) - math.log(2)
+
     def _evaluate(self, batch: tuple[Tensor, Tensor], loss: MeanMetric, acc: MulticlassAccuracy, top5) -> Tensor:
         images, labels = batch
-        logits = self(images).float()
+        logits = self.evaluation_logits(images)
         loss.update(F.cross_entropy(logits, labels), weight=len(labels))
         acc.update(logits, labels)
         if top5 is not None:
@@ -246,7 +266,7 @@ class ImageClassificationTask(L.LightningModule):
         """Preprocessed images ``(batch, C, H, W)`` (or a batch whose first element they are) → class
         ``probabilities`` ``(batch, num_classes)`` and ``predictions`` ``(batch,)``."""
         images = batch[0] if isinstance(batch, list | tuple) else batch
-        probabilities = self(images).float().softmax(dim=-1)
+        probabilities = self.evaluation_logits(images).softmax(dim=-1)
         return {"probabilities": probabilities, "predictions": probabilities.argmax(dim=-1)}
 
     def configure_optimizers(self) -> dict:

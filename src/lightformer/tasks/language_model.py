@@ -15,6 +15,7 @@ from lightformer.data.tokenizers import Tokenizer
 from lightformer.generation import generate
 from lightformer.models.gpt import GPT
 from lightformer.nn import Activation, NormKind, PositionKind
+from lightformer.nn.checks import check_heads
 from lightformer.tasks.optim import Schedule, configure_task_optimizer
 from lightformer.tasks.tensorboard import tensorboard_writer
 
@@ -53,6 +54,7 @@ class LanguageModelTask(L.LightningModule):
         sample_top_k: int | None = None,
     ) -> None:
         super().__init__()
+        check_heads(d_model, n_heads, "model.init_args.d_model", "model.init_args.n_heads")
         self.save_hyperparameters()
         self.model = GPT(
             vocab_size=vocab_size,
@@ -81,6 +83,13 @@ class LanguageModelTask(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
+        block_size = getattr(datamodule, "block_size", None)
+        if block_size is not None and block_size > self.hparams.block_size:
+            raise ValueError(
+                f"data.init_args.block_size={block_size} is larger than model.init_args.block_size="
+                f"{self.hparams.block_size}, the length of the model's position table; set the data's block_size "
+                f"to at most {self.hparams.block_size}, or build the model with block_size >= {block_size}"
+            )
         tokenizer = getattr(datamodule, "tokenizer", None)
         if tokenizer is not None:
             if tokenizer.vocab_size > self.hparams.vocab_size:
@@ -88,6 +97,8 @@ class LanguageModelTask(L.LightningModule):
                     f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size="
                     f"{self.hparams.vocab_size}; set vocab_size >= {tokenizer.vocab_size}"
                 )
+            if self.tokenizer is not None:  # loaded from a checkpoint, or set by an earlier run
+                _check_same_tokenizer(saved=self.tokenizer, data=tokenizer)
             self.tokenizer = tokenizer
 
     def on_fit_start(self) -> None:
@@ -100,7 +111,10 @@ class LanguageModelTask(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "tokenizer" in checkpoint:
-            self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])
+            saved = Tokenizer.from_str(checkpoint["tokenizer"], source="the checkpoint's tokenizer")
+            if self.tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
+                _check_same_tokenizer(saved=saved, data=self.tokenizer)
+            self.tokenizer = saved
 
     # --- training and evaluation --------------------------------------------------------------------------
 
@@ -187,3 +201,14 @@ class LanguageModelTask(L.LightningModule):
         # TensorBoard renders text as Markdown: keep line breaks by indenting as a code block.
         text = "    " + (hp.sample_prompt + sample[0]).replace("\n", "\n    ")
         writer.add_text("val/sample", text, self.global_step)
+
+
+def _check_same_tokenizer(saved: Tokenizer, data: Tokenizer) -> None:
+    """Refuse data encoded with another tokenizer than the one the model was trained with."""
+    difference = saved.difference(data)
+    if difference is not None:
+        raise ValueError(
+            f"the data module's tokenizer differs from the one saved in the checkpoint (checkpoint vs data: "
+            f"{difference}), so the model's ids would stand for other tokens; use the data and tokenizer the model "
+            "was trained with, e.g. data.init_args.tokenizer_file=<run dir>/tokenizer.json"
+        )

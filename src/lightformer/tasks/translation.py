@@ -12,9 +12,11 @@ from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
 from lightformer.data.tokenizers import Tokenizer
+from lightformer.data.translation import TranslationDataset
 from lightformer.generation import beam_search
 from lightformer.models.seq2seq import EncoderDecoder
 from lightformer.nn import Activation, NormKind, PositionKind, record_attention
+from lightformer.nn.checks import check_heads
 from lightformer.tasks.optim import Schedule, configure_task_optimizer
 from lightformer.tasks.tensorboard import heatmap_image, tensorboard_writer
 
@@ -64,6 +66,7 @@ class TranslationTask(L.LightningModule):
         compile: bool = False,
     ) -> None:
         super().__init__()
+        check_heads(d_model, n_heads, "model.init_args.d_model", "model.init_args.n_heads")
         self.save_hyperparameters()
         self.model = EncoderDecoder(
             src_vocab_size,
@@ -98,16 +101,29 @@ class TranslationTask(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
+        hp = self.hparams
+        longest = _longest_sequence(datamodule)
+        if longest > hp.max_len and hp.position != "none":
+            limit = getattr(datamodule, "max_sentence_tokens", "?")
+            raise ValueError(
+                f"the data has sequences of {longest} positions (data.init_args.max_sentence_tokens={limit}) but "
+                f"model.init_args.max_len={hp.max_len}, the length of the model's position table; set "
+                f"max_sentence_tokens <= {hp.max_len} (longer train pairs are dropped, val/test ids cut) or "
+                f"max_len >= {longest}"
+            )
         if getattr(datamodule, "src_tokenizer", None) is not None:
-            self.src_tokenizer, self.tgt_tokenizer = datamodule.src_tokenizer, datamodule.tgt_tokenizer
-            for side, tokenizer, size in (
-                ("src", self.src_tokenizer, self.hparams.src_vocab_size),
-                ("tgt", self.tgt_tokenizer, self.hparams.tgt_vocab_size),
-            ):
+            tokenizers = {"src": datamodule.src_tokenizer, "tgt": datamodule.tgt_tokenizer}
+            for side, tokenizer in tokenizers.items():
+                size = hp[f"{side}_vocab_size"]
                 if tokenizer.vocab_size > size:
                     raise ValueError(
-                        f"the {side} tokenizer has {tokenizer.vocab_size} tokens but model.{side}_vocab_size={size}"
+                        f"the data's {side} tokenizer has {tokenizer.vocab_size} tokens but model.init_args."
+                        f"{side}_vocab_size={size}; set {side}_vocab_size >= {tokenizer.vocab_size} (the CLI links "
+                        f"it from the data module)"
                     )
+            if self.src_tokenizer is not None:  # loaded from a checkpoint, or set by an earlier run
+                _check_same_tokenizers({"src": self.src_tokenizer, "tgt": self.tgt_tokenizer}, tokenizers)
+            self.src_tokenizer, self.tgt_tokenizer = tokenizers["src"], tokenizers["tgt"]
 
     def on_fit_start(self) -> None:
         if self.src_tokenizer is not None and self.trainer.is_global_zero and self.trainer.log_dir:
@@ -121,8 +137,13 @@ class TranslationTask(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "src_tokenizer" in checkpoint:
-            self.src_tokenizer = Tokenizer.from_str(checkpoint["src_tokenizer"])
-            self.tgt_tokenizer = Tokenizer.from_str(checkpoint["tgt_tokenizer"])
+            saved = {
+                side: Tokenizer.from_str(checkpoint[f"{side}_tokenizer"], source=f"the checkpoint's {side}_tokenizer")
+                for side in ("src", "tgt")
+            }
+            if self.src_tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
+                _check_same_tokenizers(saved, {"src": self.src_tokenizer, "tgt": self.tgt_tokenizer})
+            self.src_tokenizer, self.tgt_tokenizer = saved["src"], saved["tgt"]
 
     # --- training and evaluation ---------------------------------------------------------------------------
 
@@ -228,3 +249,25 @@ class TranslationTask(L.LightningModule):
             self.model(src, tgt[:, :-1])
         last = f"decoder.layers.{len(self.model.decoder.layers) - 1}.cross_attn"
         writer.add_image("val/cross_attention", heatmap_image(weights[last][0].mean(0)), self.global_step)
+
+
+def _check_same_tokenizers(saved: dict[str, Tokenizer], data: dict[str, Tokenizer]) -> None:
+    """Refuse data encoded with other tokenizers than the ones the model was trained with."""
+    for side in ("src", "tgt"):
+        difference = saved[side].difference(data[side])
+        if difference is not None:
+            raise ValueError(
+                f"the data module's {side} tokenizer differs from the one saved in the checkpoint (checkpoint vs "
+                f"data: {difference}), so the model's ids would stand for other tokens; use the data the model was "
+                "trained with (the same files, bpe_vocab_size and joint_vocab)"
+            )
+
+
+def _longest_sequence(datamodule: object) -> int:
+    """Positions the model needs for the data module's encoded splits: the longest source, and the longest
+    target less one (teacher forcing feeds ``tgt[:, :-1]``); 0 when it has none (yet)."""
+    longest = 0
+    for dataset in (getattr(datamodule, "datasets", None) or {}).values():
+        if isinstance(dataset, TranslationDataset) and len(dataset):
+            longest = max(longest, int(dataset.src.lengths.max()), int(dataset.tgt.lengths.max()) - 1)
+    return longest

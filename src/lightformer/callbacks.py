@@ -1,0 +1,151 @@
+"""What keeps a run safe: atomic checkpoint files, exact resume of random state, and a stop on a non-finite loss.
+
+``python -m lightformer fit`` installs all three (see ``lightformer.cli``); with the Python API, pass
+``plugins=[AtomicCheckpointIO()]`` and ``callbacks=[NonFiniteLossGuard(), RandomStateCheckpoint()]`` to the
+``Trainer``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from lightformer.data.sources import atomic_open
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written to a temporary file in the same folder, synced to disk, then renamed over the target.
+
+    A crash or ``kill -9`` in the middle of a save leaves the previous checkpoint intact (Lightning's own
+    writer stages the file in the system's temporary folder and moves it, which is a copy, not a rename, when
+    that folder is on another file system). Loading is always ``torch.load(weights_only=True)``: a checkpoint
+    can hold tensors, numbers, strings and containers of them, never objects whose unpickling runs code.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if not _is_local_file_protocol(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        with atomic_open(path) as f:
+            torch.save(checkpoint, f)
+        directory = os.open(Path(path).parent, os.O_RDONLY)  # make the rename itself durable
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
+        return super().load_checkpoint(path, map_location=map_location, weights_only=True)
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; the message names the step and the last good checkpoint."""
+
+
+def last_good_checkpoint(trainer: L.Trainer) -> str | None:
+    """The most recently written checkpoint of the trainer's ModelCheckpoint callbacks, if any exists."""
+    paths = set()
+    for callback in trainer.checkpoint_callbacks:
+        paths.update([callback.last_model_path, callback.best_model_path, *callback.best_k_models])
+    existing = [path for path in paths if path and os.path.isfile(path)]
+    return max(existing, key=os.path.getmtime) if existing else None
+
+
+class NonFiniteLossGuard(Callback):
+    """Stop training at the first NaN or infinite training loss, and never checkpoint non-finite weights.
+
+    The loss is checked before every backward pass, so a NaN loss never reaches the weights (a host sync:
+    negligible on CPU, a few percent on a fast GPU; raise ``check_every_n_steps`` there). Parameters are
+    checked before every checkpoint is written, so a good checkpoint is never overwritten by a broken model.
+    Either check raises ``NonFiniteLossError``.
+    """
+
+    def __init__(self, check_every_n_steps: int = 1) -> None:
+        if check_every_n_steps < 1:
+            raise ValueError(f"check_every_n_steps={check_every_n_steps} must be at least 1")
+        self.check_every_n_steps = check_every_n_steps
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        if trainer.global_step % self.check_every_n_steps:
+            return
+        finite = bool(torch.isfinite(loss.detach()).all())
+        if trainer.strategy.reduce_boolean_decision(not finite, all=False):  # any rank → every rank stops
+            value = "non-finite on another process" if finite else f"{loss.item()}"
+            raise NonFiniteLossError(
+                f"the training loss is {value} at global step {trainer.global_step} (epoch {trainer.current_epoch}) "
+                f"and training stopped before the update. {self._advice(trainer)}"
+            )
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        broken = [name for name, p in pl_module.named_parameters() if not torch.isfinite(p.detach()).all()]
+        if trainer.strategy.reduce_boolean_decision(bool(broken), all=False):
+            raise NonFiniteLossError(
+                f"parameters became non-finite at global step {trainer.global_step} "
+                f"({', '.join(broken[:3]) or 'on another process'}{', ...' if len(broken) > 3 else ''}); "
+                f"the checkpoint was not written and training stopped. {self._advice(trainer)}"
+            )
+
+    @staticmethod
+    def _advice(trainer: L.Trainer) -> str:
+        last = last_good_checkpoint(trainer)
+        where = f"The last good checkpoint is {last}" if last else "No checkpoint was written before this step"
+        return (
+            f"{where}. To continue, resume with --ckpt_path and lower model.init_args.lr, set "
+            "trainer.gradient_clip_val (e.g. 1.0), or train in bf16-mixed or 32-true instead of 16-mixed."
+        )
+
+
+def random_state() -> dict[str, Any]:
+    """The state of every random generator training draws from, as tensors and plain Python values only."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": _plain(random.getstate())}
+    kind, keys, position, has_gauss, cached_gauss = np.random.get_state()
+    state["numpy"] = {
+        "kind": kind,
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "position": position,
+        "has_gauss": has_gauss,
+        "cached_gauss": cached_gauss,
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_random_state(state: dict[str, Any]) -> None:
+    """Restore what ``random_state`` returned."""
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy = state["numpy"]
+    keys = numpy["keys"].numpy().astype(np.uint32)
+    np.random.set_state((numpy["kind"], keys, numpy["position"], numpy["has_gauss"], numpy["cached_gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _plain(value):
+    return [_plain(v) for v in value] if isinstance(value, tuple) else value
+
+
+class RandomStateCheckpoint(Callback):
+    """Save the random generators' state in every checkpoint and restore it on resume.
+
+    Lightning restores weights, optimizer, schedule and loop counters but not the generators, so a resumed
+    run would shuffle, augment and drop out differently from the run it continues. With this callback,
+    fit for 4 epochs equals fit for 2 then resume for 2 (from an end-of-epoch checkpoint) exactly.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        return random_state()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        set_random_state(state_dict)

@@ -1,0 +1,343 @@
+"""Nothing a user trained is lost: exact resume, kill -9 and resume, atomic checkpoints, a stop on NaN, safe
+loading, export to safetensors."""
+
+import glob
+import json
+import math
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from lightformer.callbacks import AtomicCheckpointIO, NonFiniteLossError, RandomStateCheckpoint
+from lightformer.cli import cli_main, main
+
+REPO = Path(__file__).resolve().parents[1]
+
+CORPUS = "It is a truth universally acknowledged, that a single man in possession of a good fortune.\n" * 30
+
+
+def task_args(task: str, tmp_path: Path) -> list[str]:
+    """A few-second configuration of each task, with dropout so that random state matters on resume."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    common = [
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        "--trainer.max_time=null",
+        "--trainer.precision=32-true",
+        "--trainer.check_val_every_n_epoch=1",
+    ]
+    if task == "vision":
+        return [
+            "--config=configs/vision/vit_digits.yaml",
+            "--model.dropout=0.1",
+            "--model.drop_path=0.1",
+            "--data.augment=flip_crop",
+            "--data.val_size=200",
+            *common,
+        ]
+    if task == "lm":
+        corpus = tmp_path / "corpus.txt"
+        corpus.write_text(CORPUS, encoding="utf-8")
+        return [
+            "--config=configs/lm/austen_char.yaml",
+            "--data.corpus=null",
+            f"--data.train_files=[{corpus}]",
+            f"--data.cache_dir={tmp_path / 'cache'}",
+            "--data.block_size=16",
+            "--data.batch_size=8",
+            "--data.samples_per_epoch=64",
+            "--model.n_layers=1",
+            "--model.d_model=32",
+            "--model.n_heads=2",
+            "--model.dropout=0.1",
+            "--model.warmup_steps=2",
+            "--model.sample_tokens=8",
+            "--trainer.max_steps=-1",
+            "--trainer.val_check_interval=null",
+            "--trainer.limit_val_batches=2",
+            *common,
+        ]
+    pairs = [(f"{a} {b} {c}", f"{c} {b} {a}") for a in "abcd" for b in "efgh" for c in "ijkl"]
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    return [
+        "--config=configs/translation/ding_de_en.yaml",
+        "--data.corpus=null",
+        "--data.ding_phrases=false",
+        f"--data.tsv_files=[{tsv}]",
+        f"--data.val_tsv_files=[{tsv}]",
+        "--data.bpe_vocab_size=270",
+        "--data.max_tokens=128",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        "--model.n_encoder_layers=1",
+        "--model.n_decoder_layers=1",
+        "--model.d_model=32",
+        "--model.n_heads=2",
+        "--model.d_ff=64",
+        "--model.dropout=0.1",
+        "--model.max_len=16",
+        "--model.warmup_steps=4",
+        "--trainer.max_steps=-1",
+        "--trainer.val_check_interval=null",
+        *common,
+    ]
+
+
+class StopAfterEpochs(Callback):
+    """An interruption: the run ends after `epochs` epochs although it was configured for more."""
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs = epochs
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.current_epoch + 1 >= self.epochs:
+            trainer.should_stop = True
+
+
+def build(args: list[str], *callbacks: Callback):
+    cli = cli_main(args, run=False)
+    cli.trainer.callbacks[:0] = list(callbacks)
+    return cli
+
+
+def last_checkpoint(tmp_path: Path, version: int = 0) -> str:
+    (path,) = glob.glob(str(tmp_path / "runs" / "*" / f"version_{version}" / "checkpoints" / "last.ckpt"))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["vision", "lm", "translation"])
+def test_fit_4_epochs_equals_fit_2_then_resume_2(task, tmp_path):
+    straight = build([*task_args(task, tmp_path / "straight"), "--trainer.max_epochs=4"])
+    straight.trainer.fit(straight.model, straight.datamodule)
+
+    args = [*task_args(task, tmp_path / "resumed"), "--trainer.max_epochs=4"]
+    interrupted = build(args, StopAfterEpochs(2))
+    interrupted.trainer.fit(interrupted.model, interrupted.datamodule)
+    assert interrupted.trainer.current_epoch == 2
+    resumed = build(args)
+    resumed.trainer.fit(resumed.model, resumed.datamodule, ckpt_path=last_checkpoint(tmp_path / "resumed"))
+
+    assert resumed.trainer.global_step == straight.trainer.global_step
+    lr = [group["lr"] for group in resumed.trainer.optimizers[0].param_groups]
+    assert lr == [group["lr"] for group in straight.trainer.optimizers[0].param_groups]
+    expected, actual = straight.model.state_dict(), resumed.model.state_dict()
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name], value, rtol=1e-6, atol=1e-7, msg=f"{task}: {name} differs")
+
+
+@pytest.mark.slow
+def test_without_the_random_state_a_resumed_run_diverges(tmp_path):
+    """The control for the test above: Lightning alone restores weights and counters, not the generators."""
+    straight = build([*task_args("vision", tmp_path / "straight"), "--trainer.max_epochs=3"])
+    straight.trainer.fit(straight.model, straight.datamodule)
+
+    args = [*task_args("vision", tmp_path / "resumed"), "--trainer.max_epochs=3"]
+    interrupted = build(args, StopAfterEpochs(1))
+    interrupted.trainer.fit(interrupted.model, interrupted.datamodule)
+    resumed = build(args)
+    resumed.trainer.callbacks = [c for c in resumed.trainer.callbacks if not isinstance(c, RandomStateCheckpoint)]
+    resumed.trainer.fit(resumed.model, resumed.datamodule, ckpt_path=last_checkpoint(tmp_path / "resumed"))
+    assert resumed.trainer.global_step == straight.trainer.global_step
+    differs = [
+        name
+        for name, value in straight.model.state_dict().items()
+        if not torch.allclose(resumed.model.state_dict()[name], value, rtol=1e-6, atol=1e-7)
+    ]
+    assert differs
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_resumes_and_finishes(tmp_path):
+    """SIGKILL mid-epoch; the resumed run starts from the last checkpoint's step and ends at max_steps."""
+    max_steps, every = 200, 10
+    overrides = tmp_path / "checkpoint_often.yaml"
+    overrides.write_text(
+        "trainer:\n"
+        "  callbacks:\n"
+        "    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        f"      init_args: {{every_n_train_steps: {every}, monitor: null, save_top_k: -1, filename: '{{step}}'}}\n"
+    )
+    args = [
+        *task_args("vision", tmp_path),
+        f"--config={overrides}",
+        f"--trainer.max_steps={max_steps}",
+        "--trainer.max_epochs=-1",
+        *("--model.dropout=0.0", "--model.drop_path=0.0", "--data.augment=none"),  # learn fast: a few epochs
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "lightformer", "fit", *args], cwd=REPO, env=env)
+    checkpoints = tmp_path / "runs" / "vit_digits" / "version_0" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not (checkpoints / "last.ckpt").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended (or failed) before it could be killed"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+
+    saved = torch.load(checkpoints / "last.ckpt", weights_only=True)  # complete, though the writer was killed
+    assert 0 < saved["global_step"] < max_steps and saved["global_step"] % every == 0
+    assert not [p for p in checkpoints.iterdir() if p.name.startswith(".")], "a temporary file was left behind"
+
+    resumed = build(args)
+    resumed.trainer.fit(resumed.model, resumed.datamodule, ckpt_path=checkpoints / "last.ckpt")
+    assert resumed.trainer.global_step == max_steps
+    metrics = resumed.trainer.callback_metrics
+    assert math.isfinite(metrics["val/loss"]) and metrics["val/acc"] > 0.6  # chance: 0.1
+
+
+class CorruptWeights(Callback):
+    """Make the model non-finite at a given step, before or after that step's loss is computed."""
+
+    def __init__(self, step: int, before_loss: bool) -> None:
+        self.step, self.before_loss = step, before_loss
+
+    def _corrupt(self, trainer, pl_module) -> None:
+        if trainer.global_step == self.step:
+            with torch.no_grad():
+                next(pl_module.parameters()).fill_(float("nan"))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.before_loss:
+            self._corrupt(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self.before_loss:
+            self._corrupt(trainer, pl_module)
+
+
+@pytest.mark.parametrize("before_loss", [True, False], ids=["nan-loss", "nan-weights-before-a-save"])
+def test_non_finite_training_stops_and_keeps_the_last_good_checkpoint(before_loss, tmp_path):
+    overrides = tmp_path / "checkpoint_often.yaml"
+    overrides.write_text(
+        "trainer:\n"
+        "  callbacks:\n"
+        "    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        "      init_args: {every_n_train_steps: 5, monitor: null, filename: '{step}'}\n"
+    )
+    args = [*task_args("vision", tmp_path), f"--config={overrides}", "--trainer.max_steps=30"]
+    # weights broken after step 10's update land in the checkpoint of step 10 unless it is refused
+    cli = build(args, CorruptWeights(step=7 if before_loss else 10, before_loss=before_loss))
+    with pytest.raises(NonFiniteLossError) as error:
+        cli.trainer.fit(cli.model, cli.datamodule)
+    last = last_checkpoint(tmp_path)
+    message = str(error.value)
+    assert f"last good checkpoint is {last}" in message
+    assert ("training loss is nan at global step 7" if before_loss else "global step 10") in message
+    checkpoint = torch.load(last, weights_only=True)
+    assert checkpoint["global_step"] == 5  # step 10's checkpoint of broken weights was refused
+    assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values())
+
+
+def test_the_cli_reports_a_non_finite_loss_without_a_traceback(tmp_path, capsys):
+    args = [*task_args("vision", tmp_path), "--model.lr=1e30", "--model.warmup_steps=0", "--trainer.max_steps=20"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args])
+    assert str(exit_info.value).startswith("lightformer: the training loss is")
+    assert "No checkpoint was written before this step" in str(exit_info.value)
+
+
+def test_an_interrupted_checkpoint_write_leaves_the_previous_file_intact(tmp_path, monkeypatch):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
+
+    def crash(obj, f, *args, **kwargs):
+        f.write(b"half a checkpoint")
+        raise KeyboardInterrupt  # a Ctrl-C (or a crash) in the middle of the write
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"step": 2, "w": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    assert io.load_checkpoint(path)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+class Exploit:
+    """A pickle that runs a shell command when it is unpickled."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_malicious_checkpoint_is_refused_everywhere(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": Exploit(marker), "global_step": 0}, evil)
+    with pytest.raises(pickle.UnpicklingError):
+        AtomicCheckpointIO().load_checkpoint(evil)
+    with pytest.raises(pickle.UnpicklingError):
+        main(["generate", f"--ckpt_path={evil}"])
+    cli = build([*task_args("vision", tmp_path), "--trainer.max_steps=2"])
+    with pytest.raises(pickle.UnpicklingError):
+        cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=evil)
+    assert not marker.exists()
+
+
+def test_lightning_module_checkpoints_hold_only_safe_types(tmp_path):
+    """Every checkpoint lightformer writes loads with weights_only=True (so refusing pickles costs nothing)."""
+    cli = build([*task_args("vision", tmp_path), "--trainer.max_steps=3"])
+    cli.trainer.fit(cli.model, cli.datamodule)
+    checkpoint = torch.load(last_checkpoint(tmp_path), weights_only=True)
+    assert "RandomStateCheckpoint" in checkpoint["callbacks"]
+    assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+def test_export_writes_safetensors_that_rebuild_the_model(tmp_path):
+    """LM (tied embeddings): the weights and the tokenizer come back from the safetensors file alone."""
+    from safetensors import safe_open
+    from safetensors.torch import load_model
+
+    from lightformer.data.tokenizers import Tokenizer
+    from lightformer.tasks import LanguageModelTask
+
+    cli = build([*task_args("lm", tmp_path), "--trainer.max_steps=3"])
+    cli.trainer.fit(cli.model, cli.datamodule)
+    output = tmp_path / "gpt.safetensors"
+    main(["export", f"--ckpt_path={last_checkpoint(tmp_path)}", f"--output={output}"])
+
+    with safe_open(output, "pt") as f:
+        metadata = f.metadata()
+    assert metadata["lightformer.task"] == "LanguageModelTask"
+    rebuilt = LanguageModelTask(**json.loads(metadata["lightformer.hyper_parameters"])).eval()
+    load_model(rebuilt.model, output)
+    ids = torch.randint(0, rebuilt.hparams.vocab_size, (2, 16))
+    torch.testing.assert_close(rebuilt(ids), cli.model.eval()(ids), rtol=0, atol=0)
+    tokenizer = Tokenizer.from_str(metadata["lightformer.tokenizer"])
+    assert tokenizer.difference(cli.model.tokenizer) is None
+
+
+def test_export_in_timm_layout_loads_into_timm(tmp_path):
+    from safetensors.torch import load_file
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    cli = build([*task_args("vision", tmp_path), "--trainer.max_steps=3"])
+    cli.trainer.fit(cli.model, cli.datamodule)
+    output = tmp_path / "vit.safetensors"
+    main(["export", f"--ckpt_path={last_checkpoint(tmp_path)}", f"--output={output}", "--layout=timm"])
+    hp = cli.model.hparams
+    timm = TimmViT(
+        img_size=hp.image_size, patch_size=hp.patch_size, in_chans=1, num_classes=10, embed_dim=hp.d_model,
+        depth=hp.n_layers, num_heads=hp.n_heads, mlp_ratio=hp.d_ff / hp.d_model, class_token=False, global_pool="avg",
+    ).eval()  # fmt: skip
+    timm.load_state_dict(load_file(output), strict=True)
+    images = torch.randn(4, 1, hp.image_size, hp.image_size)
+    torch.testing.assert_close(timm(images), cli.model.model.eval()(images), rtol=1e-5, atol=1e-5)
+    with pytest.raises(SystemExit, match="not to a LanguageModelTask"):
+        lm = build([*task_args("lm", tmp_path / "lm"), "--trainer.max_steps=1"])
+        lm.trainer.fit(lm.model, lm.datamodule)
+        main(["export", f"--ckpt_path={last_checkpoint(tmp_path / 'lm')}", f"--output={output}", "--layout=timm"])

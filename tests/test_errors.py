@@ -1,0 +1,261 @@
+"""Bad config and bad data fail early, with a message that names the offending field, file or value and says
+what would be valid. One test per kind of error (issue "Reliability"); each runs in a few seconds on tiny data."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lightformer.cli import cli_main, main
+from lightformer.data import ImageDataModule, TextDataModule, TranslationDataModule
+from lightformer.data.images import load_image
+from lightformer.data.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer
+from lightformer.models import GPT, VisionTransformer
+from lightformer.nn import MultiHeadAttention
+from lightformer.tasks import ImageClassificationTask, LanguageModelTask, TranslationTask
+
+TINY_LM = dict(n_layers=1, n_heads=2, d_model=16)
+TINY_TRANSLATOR = dict(n_encoder_layers=1, n_decoder_layers=1, d_model=16, n_heads=2, d_ff=32)
+TINY_VIT = dict(num_classes=10, image_size=8, in_channels=1, patch_size=2, d_model=16, n_layers=1, n_heads=2)
+
+
+def with_data(task, datamodule):
+    """Attach a data module the way `Trainer.fit(task, datamodule=...)` does, as far as `setup` can see."""
+    task._trainer = SimpleNamespace(datamodule=datamodule)
+    return task
+
+
+def write_pairs(path, n: int = 30, words: int = 3):
+    lines = []
+    for i in range(n):
+        lines.append(" ".join(f"w{i}x{j}" for j in range(words)) + "\t" + " ".join(f"v{i}y{j}" for j in range(words)))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def translation_data(tmp_path, tsv, **kwargs) -> TranslationDataModule:
+    return TranslationDataModule(
+        tsv_files=[str(tsv)], bpe_vocab_size=MIN_BPE_VOCAB_SIZE, cache_dir=str(tmp_path / "cache"), **kwargs
+    )
+
+
+# --- config errors: before training starts -------------------------------------------------------------------
+
+
+def test_1_unknown_config_key_and_wrong_type_are_named(tmp_path, capsys):
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("model:\n  init_args:\n    d_modle: 64\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", "--config=configs/vision/vit_digits.yaml", f"--config={typo}"], run=False)
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err
+    assert "d_modle" in err and "not accepted" in err
+
+    wrong_type = tmp_path / "wrong_type.yaml"
+    wrong_type.write_text("model:\n  init_args:\n    d_model: big\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", "--config=configs/vision/vit_digits.yaml", f"--config={wrong_type}"], run=False)
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err
+    assert '"d_model"' in err and "Expected a <class 'int'>" in err and "big" in err
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: LanguageModelTask(vocab_size=10, n_layers=1, d_model=30, n_heads=4),
+        lambda: TranslationTask(src_vocab_size=10, tgt_vocab_size=10, n_encoder_layers=1, d_model=30, n_heads=4),
+        lambda: ImageClassificationTask(image_size=8, patch_size=2, n_layers=1, d_model=30, n_heads=4),
+    ],
+    ids=["lm", "translation", "vision"],
+)
+def test_2_heads_must_divide_d_model(build):
+    with pytest.raises(ValueError, match="d_model=30 is not divisible by n_heads=4") as error:
+        MultiHeadAttention(30, 4)
+    assert "n_heads to a divisor of 30 such as 3 or 5, or d_model to a multiple of 4 such as 28 or 32" in str(
+        error.value
+    )
+    with pytest.raises(ValueError, match=r"model\.init_args\.d_model=30 is not divisible by model\.init_args\.n_heads"):
+        build()
+
+
+def test_3_sequences_longer_than_the_position_table(tmp_path):
+    gpt = GPT(vocab_size=10, block_size=8, **TINY_LM)
+    with pytest.raises(ValueError, match="sequence of 9 tokens is longer than block_size=8"):
+        gpt(torch.zeros(1, 9, dtype=torch.long))
+
+    lm = with_data(LanguageModelTask(vocab_size=10, block_size=8, **TINY_LM), SimpleNamespace(block_size=16))
+    with pytest.raises(ValueError, match=r"data\.init_args\.block_size=16 is larger than model\.init_args\.block_size"):
+        lm.setup("fit")
+
+    # Byte-level BPE without merges: "w0x0 w0x1 w0x2 w0x3" + EOS is 20 source tokens.
+    datamodule = translation_data(tmp_path, write_pairs(tmp_path / "long.tsv", words=4), max_sentence_tokens=32)
+    datamodule.setup("fit")
+    sizes = dict(src_vocab_size=datamodule.src_vocab_size, tgt_vocab_size=datamodule.tgt_vocab_size)
+    translator = with_data(TranslationTask(**sizes, max_len=8, **TINY_TRANSLATOR), datamodule)
+    with pytest.raises(ValueError, match=r"max_sentence_tokens=32\) but model\.init_args\.max_len=8") as error:
+        translator.setup("fit")
+    assert "set max_sentence_tokens <= 8" in str(error.value)
+    with_data(TranslationTask(**sizes, max_len=32, **TINY_TRANSLATOR), datamodule).setup("fit")  # fits: no error
+
+
+def test_4_image_size_must_be_a_multiple_of_the_patch_size():
+    with pytest.raises(ValueError) as error:
+        ImageClassificationTask(image_size=28, patch_size=5, n_layers=1, d_model=16, n_heads=2)
+    message = str(error.value)
+    assert "model.init_args.image_size=28 is not a multiple of model.init_args.patch_size=5" in message
+    assert "a divisor of 28 such as 4 or 7" in message
+    assert "a multiple of 5 such as 25 or 30 (data.init_args.image_size)" in message
+
+
+def test_5_vocabulary_smaller_than_the_tokenizer():
+    tokenizer = Tokenizer.train_char(["abcdefghijklmnop"])  # 4 special + 16 characters
+    lm = with_data(LanguageModelTask(vocab_size=5, block_size=8, **TINY_LM), SimpleNamespace(tokenizer=tokenizer))
+    with pytest.raises(ValueError, match="the tokenizer has 20 tokens but model.vocab_size=5; set vocab_size >= 20"):
+        lm.setup("fit")
+
+    data = SimpleNamespace(src_tokenizer=tokenizer, tgt_tokenizer=tokenizer)
+    translator = with_data(TranslationTask(src_vocab_size=10, tgt_vocab_size=10, **TINY_TRANSLATOR), data)
+    with pytest.raises(ValueError, match=r"src tokenizer has 20 tokens but model\.init_args\.src_vocab_size=10") as e:
+        translator.setup("fit")
+    assert "set src_vocab_size >= 20" in str(e.value)
+
+
+# --- data errors ------------------------------------------------------------------------------------------------
+
+
+def test_6_missing_paths_are_named(tmp_path, capsys):
+    missing = tmp_path / "missing.txt"
+    with pytest.raises(FileNotFoundError, match=r"train_files: the file '.*missing\.txt' does not exist"):
+        TextDataModule(train_files=[str(missing)], cache_dir=str(tmp_path / "cache")).prepare_data()
+    with pytest.raises(FileNotFoundError, match=r"tsv_files: the file '.*missing\.tsv' does not exist"):
+        translation_data(tmp_path, tmp_path / "missing.tsv").prepare_data()
+    present = write_pairs(tmp_path / "present.de")
+    absent = tmp_path / "absent.en"
+    parallel = TranslationDataModule(src_file=str(present), tgt_file=str(absent), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(FileNotFoundError, match=r"tgt_file: the file '.*absent\.en' does not exist"):
+        parallel.prepare_data()
+    with pytest.raises(FileNotFoundError, match=r"image_folder .*no-such-folder is not an existing directory"):
+        ImageDataModule(dataset="image_folder", image_folder=str(tmp_path / "no-such-folder"))
+
+    nope = str(tmp_path / "nope.ckpt")
+    for command in (["generate"], ["translate"], ["classify", f"--images={present}"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*command, f"--ckpt_path={nope}"])
+        assert exit_info.value.code == f"--ckpt_path: the checkpoint file {nope!r} does not exist"
+
+
+def test_7_empty_corpus(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"the training text is empty: .*empty\.txt; it needs at least block_size"):
+        TextDataModule(train_files=[str(empty)], cache_dir=str(tmp_path / "cache")).prepare_data()
+    blank = tmp_path / "blank.tsv"
+    blank.write_text("\n\n", encoding="utf-8")
+    for tsv in (tmp_path / "empty.txt", blank):
+        with pytest.raises(ValueError, match=rf"no sentence pairs in tsv .*{tsv.name}.*'source<TAB>target' lines"):
+            translation_data(tmp_path, tsv).prepare_data()
+
+
+def test_8_bytes_that_are_not_utf8_are_located(tmp_path):
+    latin1 = "ok line\nna\xefve caf\xe9\n".encode("latin-1")  # first bad byte: 0xef at offset 10, line 2
+    text = tmp_path / "latin1.txt"
+    text.write_bytes(latin1)
+    with pytest.raises(ValueError, match=r"latin1\.txt is not UTF-8 text: byte 0xef at byte offset 10"):
+        TextDataModule(train_files=[str(text)], cache_dir=str(tmp_path / "cache")).prepare_data()
+    tsv = tmp_path / "latin1.tsv"
+    tsv.write_bytes(b"a b c\tx y z\n" + latin1.replace(b"\n", b"\tq\n"))
+    with pytest.raises(ValueError, match=r"latin1\.tsv is not UTF-8 text: byte 0xef at byte offset 24 \(line 3"):
+        translation_data(tmp_path, tsv).prepare_data()
+    src = tmp_path / "latin1.de"
+    src.write_bytes(latin1)
+    tgt = tmp_path / "fine.en"
+    tgt.write_text("one\ntwo\n", encoding="utf-8")
+    parallel = TranslationDataModule(src_file=str(src), tgt_file=str(tgt), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=r"latin1\.de is not UTF-8 text: byte 0xef at byte offset 10 \(line 2"):
+        parallel.prepare_data()
+
+
+def test_9_parallel_files_with_different_line_counts(tmp_path):
+    src, tgt = tmp_path / "x.de", tmp_path / "x.en"
+    src.write_text("eins\nzwei\ndrei\n", encoding="utf-8")
+    tgt.write_text("one\ntwo\n", encoding="utf-8")
+    parallel = TranslationDataModule(src_file=str(src), tgt_file=str(tgt), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=r"x\.de has 3 lines, .*x\.en has 2; line i of one must translate line i"):
+        parallel.prepare_data()
+
+
+def test_10_images_of_the_wrong_mode_or_shape(tmp_path):
+    # 8-bit modes are converted: alpha dropped, palette and CMYK mapped, grey <-> RGB.
+    for mode in ("RGBA", "LA", "P", "CMYK", "1", "L", "RGB"):
+        path = tmp_path / f"{mode}.{'jpg' if mode == 'CMYK' else 'png'}"
+        Image.new(mode, (6, 4)).save(path)
+        assert load_image(path, in_channels=3).mode == "RGB" and load_image(path, in_channels=1).mode == "L"
+    # 16-bit grey keeps its most significant byte (PIL's convert would clip everything above 255 to white).
+    grey16 = tmp_path / "grey16.png"
+    Image.fromarray(np.array([[0, 256, 32768, 65535]], dtype=np.uint16)).save(grey16)
+    assert Image.open(grey16).mode == "I;16"
+    assert np.asarray(load_image(grey16, in_channels=1)).tolist() == [[0, 1, 128, 255]]
+    assert np.asarray(load_image(grey16, in_channels=3))[0, 3].tolist() == [255, 255, 255]
+    # 32-bit float pixels have no 8-bit range: refused, naming the file and its mode.
+    floats = tmp_path / "floats.tiff"
+    Image.fromarray(np.zeros((4, 4), dtype=np.float32)).save(floats)
+    with pytest.raises(ValueError, match=r"floats\.tiff has 32-bit float pixels \(PIL mode 'F'\)"):
+        load_image(floats, in_channels=3)
+    notes = tmp_path / "notes.png"
+    notes.write_text("not an image", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"notes\.png is not a readable image file"):
+        load_image(notes)
+
+    vit = VisionTransformer(**TINY_VIT)
+    for shape in ((2, 3, 8, 8), (2, 1, 16, 16), (1, 8, 8)):
+        with pytest.raises(ValueError, match=rf"expected images of shape \(batch, 1, 8, 8\), got {re_tuple(shape)}"):
+            vit(torch.zeros(shape))
+    with pytest.raises(ValueError, match=r"add a batch dimension"):
+        vit(torch.zeros(1, 8, 8))
+
+
+def re_tuple(shape: tuple[int, ...]) -> str:
+    return r"\(" + ", ".join(map(str, shape)) + r"\)"
+
+
+def test_11_tokenizer_that_does_not_match_the_checkpoint(tmp_path):
+    trained_with, other = Tokenizer.train_char(["abcdef"]), Tokenizer.train_char(["abcxyz"])  # same size, ids differ
+    task = LanguageModelTask(vocab_size=12, block_size=8, **TINY_LM)
+    task.tokenizer = trained_with
+    checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams)}
+    task.on_save_checkpoint(checkpoint)
+    path = tmp_path / "lm.ckpt"
+    torch.save(checkpoint | {"pytorch-lightning_version": "2.6.6"}, path)
+
+    # A checkpoint loaded, then trained or evaluated on other data.
+    loaded = with_data(LanguageModelTask.load_from_checkpoint(path), SimpleNamespace(tokenizer=other))
+    with pytest.raises(ValueError, match="tokenizer differs from the one saved in the checkpoint") as error:
+        loaded.setup("fit")
+    assert "id 7 is 'd' in the first, 'x' in the second" in str(error.value)
+    assert "tokenizer_file" in str(error.value)
+    # `fit --ckpt_path`: the data module's tokenizer comes first (setup), the checkpoint's after.
+    resumed = with_data(LanguageModelTask(vocab_size=12, block_size=8, **TINY_LM), SimpleNamespace(tokenizer=other))
+    resumed.setup("fit")
+    with pytest.raises(ValueError, match="tokenizer differs from the one saved in the checkpoint"):
+        resumed.on_load_checkpoint(checkpoint)
+    # The same tokenizer (rebuilt from the same text) is accepted.
+    same = SimpleNamespace(tokenizer=Tokenizer.train_char(["abcdef"]))
+    with_data(LanguageModelTask.load_from_checkpoint(path), same).setup("fit")
+
+    translator = TranslationTask(src_vocab_size=12, tgt_vocab_size=12, **TINY_TRANSLATOR)
+    translator.src_tokenizer = translator.tgt_tokenizer = trained_with
+    checkpoint = {}
+    translator.on_save_checkpoint(checkpoint)
+    resumed = with_data(
+        TranslationTask(src_vocab_size=12, tgt_vocab_size=12, **TINY_TRANSLATOR),
+        SimpleNamespace(src_tokenizer=trained_with, tgt_tokenizer=other),
+    )
+    resumed.setup("fit")
+    with pytest.raises(ValueError, match="data module's tgt tokenizer differs from the one saved in the checkpoint"):
+        resumed.on_load_checkpoint(checkpoint)
+    translator._trainer = SimpleNamespace(datamodule=SimpleNamespace(src_tokenizer=other, tgt_tokenizer=other))
+    with pytest.raises(ValueError, match="data module's src tokenizer differs"):
+        translator.setup("test")
