@@ -341,3 +341,34 @@ def test_export_in_timm_layout_loads_into_timm(tmp_path):
         lm = build([*task_args("lm", tmp_path / "lm"), "--trainer.max_steps=1"])
         lm.trainer.fit(lm.model, lm.datamodule)
         main(["export", f"--ckpt_path={last_checkpoint(tmp_path / 'lm')}", f"--output={output}", "--layout=timm"])
+
+
+def test_average_writes_the_mean_of_the_last_checkpoints(tmp_path, capsys):
+    overrides = tmp_path / "keep_all.yaml"
+    overrides.write_text(
+        "trainer:\n"
+        "  callbacks:\n"
+        "    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        "      init_args: {every_n_train_steps: 2, monitor: null, save_top_k: -1, filename: '{step}'}\n"
+    )
+    args = [*task_args("vision", tmp_path), f"--config={overrides}", "--trainer.max_steps=8"]
+    cli = build(args)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    folder = Path(last_checkpoint(tmp_path)).parent
+    output = tmp_path / "average.ckpt"
+    main(["average", f"--ckpt_paths={folder}/step=*.ckpt", "--last=3", f"--output={output}"])
+    assert "the mean of 3 checkpoints (global steps 4, 6, 8)" in capsys.readouterr().out
+
+    averaged = torch.load(output, weights_only=True)
+    states = [torch.load(folder / f"step={step}.ckpt", weights_only=True)["state_dict"] for step in (4, 6, 8)]
+    for name, value in averaged["state_dict"].items():
+        torch.testing.assert_close(value, sum(state[name] for state in states) / 3, msg=name)
+    assert "optimizer_states" not in averaged
+    tested = build([*task_args("vision", tmp_path), "--trainer.max_steps=8"])
+    (metrics,) = tested.trainer.test(tested.model, tested.datamodule, ckpt_path=output)
+    assert 0 <= metrics["test/acc"] <= 1
+
+    lm = build([*task_args("lm", tmp_path / "lm"), "--trainer.max_steps=1"])
+    lm.trainer.fit(lm.model, lm.datamodule)
+    with pytest.raises(SystemExit, match="does not hold the same model"):
+        main(["average", f"--ckpt_paths=[{output}, {last_checkpoint(tmp_path / 'lm')}]", f"--output={tmp_path / 'x'}"])

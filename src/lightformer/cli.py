@@ -1,6 +1,7 @@
 """The command line: ``python -m lightformer fit|validate|test|predict --config FILE`` through LightningCLI,
 plus commands that need a checkpoint alone: ``generate`` (continue a prompt), ``translate`` (a file or
-standard input), ``classify`` (image files) and ``export`` (model weights to safetensors).
+standard input), ``classify`` (image files), ``export`` (model weights to safetensors) and ``average``
+(the mean of a run's last checkpoints).
 
 Sizes that come from the data are linked into the model when both are instantiated: each attribute of
 the data module named in ``DATA_LINKS`` fills the task's argument of the same name, where the task has one.
@@ -217,7 +218,67 @@ def export(*, ckpt_path: str, output: str, layout: Literal["lightformer", "timm"
     print(f"wrote {output} ({class_name}, {sum(p.numel() for p in task.model.parameters()):,} parameters)")
 
 
-COMMANDS = {"generate": generate, "translate": translate, "classify": classify, "export": export}
+TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks", "loops")
+
+
+def average(*, ckpt_paths: list[str] | str, output: str, last: int | None = None) -> None:
+    """Average the model weights of checkpoints of one run, as "Attention Is All You Need" averages its last
+    checkpoints (fairseq's ``average_checkpoints.py``): the mean of nearby weights usually scores better than
+    each. The result evaluates, translates, generates and exports like any checkpoint (``test --ckpt_path``);
+    it has no optimizer state, so it cannot resume training.
+
+    Example: ``average --ckpt_paths "runs/ding_de_en/version_0/checkpoints/step=*.ckpt" --last 5 --output avg.ckpt``
+
+    Args:
+        ckpt_paths: checkpoint files or glob patterns (quote them), all of one model shape.
+        output: the averaged checkpoint to write (atomically).
+        last: average only the ``last`` checkpoints with the highest global step.
+    """
+    import glob
+
+    import torch
+
+    from lightformer.data.sources import atomic_open
+
+    patterns = [ckpt_paths] if isinstance(ckpt_paths, str) else ckpt_paths
+    paths = sorted({path for p in patterns for path in (glob.glob(p) if glob.has_magic(p) else [p])})
+    if not paths:
+        raise SystemExit(f"--ckpt_paths: no checkpoint file matches {patterns}")
+    for path in paths:
+        _require_file(path, "--ckpt_paths: the checkpoint file")
+    checkpoints = sorted(
+        ((path, torch.load(path, map_location="cpu", weights_only=True)) for path in paths),
+        key=lambda item: item[1].get("global_step", 0),
+    )
+    if last is not None:
+        if last < 1:
+            raise SystemExit(f"--last={last} must be at least 1")
+        checkpoints = checkpoints[-last:]
+    first_path, reference = checkpoints[0]
+    shapes = {name: tensor.shape for name, tensor in reference["state_dict"].items()}
+    for path, checkpoint in checkpoints[1:]:
+        other = {name: tensor.shape for name, tensor in checkpoint["state_dict"].items()}
+        if other != shapes:
+            differing = sorted(set(other.items()) ^ set(shapes.items()))[:3]
+            raise SystemExit(f"{path} does not hold the same model as {first_path}: {differing} differ")
+    averaged = dict(checkpoints[-1][1])  # the latest checkpoint's hyperparameters, tokenizers, step
+    averaged["state_dict"] = {}
+    for name, tensor in reference["state_dict"].items():
+        if tensor.is_floating_point():
+            total = sum(checkpoint["state_dict"][name].double() for _, checkpoint in checkpoints)
+            averaged["state_dict"][name] = (total / len(checkpoints)).to(tensor.dtype)
+        else:  # integer buffers (counters): the latest value
+            averaged["state_dict"][name] = checkpoints[-1][1]["state_dict"][name]
+    for key in TRAINING_STATE:
+        averaged.pop(key, None)
+    averaged["averaged_checkpoints"] = [path for path, _ in checkpoints]
+    with atomic_open(output) as f:
+        torch.save(averaged, f)
+    steps = [checkpoint.get("global_step", "?") for _, checkpoint in checkpoints]
+    print(f"wrote {output}: the mean of {len(checkpoints)} checkpoints (global steps {', '.join(map(str, steps))})")
+
+
+COMMANDS = {"generate": generate, "translate": translate, "classify": classify, "export": export, "average": average}
 
 
 def main(argv: list[str] | None = None) -> None:
