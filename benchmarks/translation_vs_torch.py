@@ -132,8 +132,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--max-tokens", type=int, default=2048)
-    parser.add_argument("--phrases", action=argparse.BooleanOptionalAction, default=True, help="add Ding phrases")
-    parser.add_argument("--sentence-repeats", type=int, default=8)
+    parser.add_argument("--phrases", action=argparse.BooleanOptionalAction, default=False, help="add Ding phrases")
+    parser.add_argument("--sentence-repeats", type=int, default=1)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     args = parser.parse_args()
     # nn.Transformer's inference fast path does not run under CPU bf16 autocast; decode on the regular path.
