@@ -22,6 +22,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lightformer.nn.checks import check_heads
 from lightformer.nn.position import RotaryEmbedding
@@ -162,7 +163,15 @@ class MultiHeadAttention(nn.Module):
             if self.on_weights is not None:
                 self.on_weights(weights.detach())
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_is_causal)
+            if mask is not None and q.device.type == "cpu":
+                # With an explicit mask on CPU, the fused kernel's backward is ~2x slower than the plain math
+                # kernel at translation shapes (short padded sequences): benchmarks/translation_vs_torch.py.
+                with sdpa_kernel(SDPBackend.MATH):
+                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            else:
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_is_causal
+                )
             weights = None
         out = self.proj(out.transpose(1, 2).reshape(x.shape[0], q_len, self.d_model))
         return (out, weights) if return_weights else out
