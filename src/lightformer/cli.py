@@ -9,6 +9,7 @@ the data module named in ``DATA_LINKS`` fills the task's argument of the same na
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 from pathlib import Path
@@ -60,6 +61,12 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightformerCLI:
         args=args,
         run=run,
     )
+
+
+def _expand_patterns(patterns: list[str] | str) -> list[str]:
+    """Paths and glob patterns (each pattern's matches sorted) → paths, in the order given."""
+    patterns = [patterns] if isinstance(patterns, str) else patterns
+    return [path for p in patterns for path in (sorted(glob.glob(p)) if glob.has_magic(p) else [p])]
 
 
 def _require_file(path: str, what: str) -> None:
@@ -153,14 +160,11 @@ def classify(
         top_k: how many classes to print per image, most likely first.
         device: "cpu", "cuda", "cuda:1", ...
     """
-    import glob
-
     from lightformer.tasks.image_classification import ImageClassificationTask
 
     if ckpt_path is None or not images:
         raise SystemExit("classify needs --ckpt_path CHECKPOINT and --images FILE (or a list or pattern of files)")
-    patterns = [images] if isinstance(images, str) else images
-    paths = [path for p in patterns for path in (sorted(glob.glob(p)) if glob.has_magic(p) else [p])]
+    paths = _expand_patterns(images)
     _require_file(ckpt_path, "--ckpt_path: the checkpoint file")
     for path in paths:
         _require_file(path, "--images: the image file")
@@ -234,16 +238,13 @@ def average(*, ckpt_paths: list[str] | str, output: str, last: int | None = None
         output: the averaged checkpoint to write (atomically).
         last: average only the ``last`` checkpoints with the highest global step.
     """
-    import glob
-
     import torch
 
     from lightformer.data.sources import atomic_open
 
-    patterns = [ckpt_paths] if isinstance(ckpt_paths, str) else ckpt_paths
-    paths = sorted({path for p in patterns for path in (glob.glob(p) if glob.has_magic(p) else [p])})
+    paths = sorted(set(_expand_patterns(ckpt_paths)))
     if not paths:
-        raise SystemExit(f"--ckpt_paths: no checkpoint file matches {patterns}")
+        raise SystemExit(f"--ckpt_paths: no checkpoint file matches {ckpt_paths}")
     for path in paths:
         _require_file(path, "--ckpt_paths: the checkpoint file")
     checkpoints = sorted(
