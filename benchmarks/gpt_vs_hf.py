@@ -20,15 +20,18 @@ import torch.nn.functional as F
 from lightformer.models import GPT
 
 
-def build_models(args: argparse.Namespace) -> dict[str, torch.nn.Module]:
+def build_models(
+    vocab_size: int, block_size: int, n_layers: int, n_heads: int, d_model: int
+) -> dict[str, torch.nn.Module]:
+    """Our GPT and Hugging Face's GPT-2 at one shape, without dropout."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        vocab_size=args.vocab_size,
-        n_positions=args.block_size,
-        n_embd=args.d_model,
-        n_layer=args.n_layers,
-        n_head=args.n_heads,
+        vocab_size=vocab_size,
+        n_positions=block_size,
+        n_embd=d_model,
+        n_layer=n_layers,
+        n_head=n_heads,
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
@@ -37,11 +40,11 @@ def build_models(args: argparse.Namespace) -> dict[str, torch.nn.Module]:
     )
     hf = GPT2LMHeadModel(config)
     ours = GPT(
-        args.vocab_size,
-        block_size=args.block_size,
-        n_layers=args.n_layers,
-        n_heads=args.n_heads,
-        d_model=args.d_model,
+        vocab_size,
+        block_size=block_size,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        d_model=d_model,
         activation="gelu_tanh",  # GPT-2's activation, so both compute the same function
     )
     return {"lightformer": ours, "huggingface": hf}
@@ -79,7 +82,8 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    models = {name: m.to(args.device).train() for name, m in build_models(args).items()}
+    built = build_models(args.vocab_size, args.block_size, args.n_layers, args.n_heads, args.d_model)
+    models = {name: m.to(args.device).train() for name, m in built.items()}
     optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-3) for name, m in models.items()}
     batches = [
         (

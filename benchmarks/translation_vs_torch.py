@@ -59,6 +59,27 @@ class TorchTransformer(nn.Module):
         return self.output(out)
 
 
+def build_model(
+    name: str, vocab_size: int, n_layers: int, d_model: int, n_heads: int, d_ff: int, dropout: float
+) -> nn.Module:
+    """``"lightformer"`` (the options of ding_de_en.yaml) or ``"torch.nn.Transformer"``, joint vocabulary."""
+    if name == "lightformer":
+        return EncoderDecoder(
+            vocab_size,
+            vocab_size,
+            256,
+            n_layers,
+            n_layers,
+            d_model,
+            n_heads,
+            d_ff,
+            dropout,
+            norm_first=True,
+            share_embeddings=True,
+        )
+    return TorchTransformer(vocab_size, d_model, n_heads, n_layers, d_ff, dropout)
+
+
 class Recompute:
     """A decoder for ``generate`` without a cache: reruns the whole target prefix each step."""
 
@@ -159,22 +180,7 @@ def main() -> None:
     results = {}
     for name in ("lightformer", "torch.nn.Transformer"):
         torch.manual_seed(0)
-        if name == "lightformer":
-            model = EncoderDecoder(
-                vocab,
-                vocab,
-                256,
-                args.layers,
-                args.layers,
-                args.d_model,
-                args.heads,
-                args.d_ff,
-                args.dropout,
-                norm_first=True,
-                share_embeddings=True,
-            )
-        else:
-            model = TorchTransformer(vocab, args.d_model, args.heads, args.layers, args.d_ff, args.dropout)
+        model = build_model(name, vocab, args.layers, args.d_model, args.heads, args.d_ff, args.dropout)
         seconds = train(model, batches(), args.steps, args.lr, args.warmup, autocast)
         results[name] = (bleu(model, data, autocast, cached=name == "lightformer"), seconds)
 

@@ -49,20 +49,18 @@ def read_config(path: Path) -> tuple[dict, dict, dict]:
     return config["model"]["init_args"], config["data"]["init_args"], config.get("trainer", {})
 
 
-def build_models(shape: dict, data: ImageDataModule) -> tuple[VisionTransformer, TimmViT]:
+def build_models(shape: dict, image_size: int, in_channels: int, num_classes: int) -> tuple[VisionTransformer, TimmViT]:
     """Our ViT, and timm's with the same architecture and the same initial weights."""
-    ours = VisionTransformer(
-        image_size=data.image_size, in_channels=data.in_channels, num_classes=data.num_classes, **shape
-    )
+    ours = VisionTransformer(image_size=image_size, in_channels=in_channels, num_classes=num_classes, **shape)
     if shape.get("norm", "layernorm") != "layernorm":
         raise ValueError("the timm side of this benchmark is built with LayerNorm only")
     pool = shape.get("pool", "cls")
     d_model = shape.get("d_model", 768)
     theirs = TimmViT(
-        img_size=data.image_size,
+        img_size=image_size,
         patch_size=shape.get("patch_size", 16),
-        in_chans=data.in_channels,
-        num_classes=data.num_classes,
+        in_chans=in_channels,
+        num_classes=num_classes,
         embed_dim=d_model,
         depth=shape.get("n_layers", 12),
         num_heads=shape.get("n_heads", 12),
@@ -155,7 +153,7 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     shape = {k: hp[k] for k in SHAPE_KEYS if k in hp}
-    ours, theirs = build_models(shape, data)
+    ours, theirs = build_models(shape, data.image_size, data.in_channels, data.num_classes)
     loader = data.train_dataloader()
     steps = round(args.epochs * len(loader)) if args.epochs else args.steps + args.warmup
     label_smoothing = hp.get("label_smoothing", 0.1)

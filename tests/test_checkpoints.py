@@ -1,7 +1,6 @@
 """Nothing a user trained is lost: exact resume, kill -9 and resume, atomic checkpoints, a stop on NaN, safe
 loading, export to safetensors."""
 
-import glob
 import json
 import math
 import os
@@ -17,79 +16,10 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lightformer.callbacks import AtomicCheckpointIO, NonFiniteLossError, RandomStateCheckpoint
-from lightformer.cli import cli_main, main
+from lightformer.cli import main
+from tiny_runs import build, last_checkpoint, task_args
 
 REPO = Path(__file__).resolve().parents[1]
-
-CORPUS = "It is a truth universally acknowledged, that a single man in possession of a good fortune.\n" * 30
-
-
-def task_args(task: str, tmp_path: Path) -> list[str]:
-    """A few-second configuration of each task, with dropout so that random state matters on resume."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    common = [
-        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        "--trainer.max_time=null",
-        "--trainer.precision=32-true",
-        "--trainer.check_val_every_n_epoch=1",
-    ]
-    if task == "vision":
-        return [
-            "--config=configs/vision/vit_digits.yaml",
-            "--model.dropout=0.1",
-            "--model.drop_path=0.1",
-            "--data.augment=flip_crop",
-            "--data.val_size=200",
-            *common,
-        ]
-    if task == "lm":
-        corpus = tmp_path / "corpus.txt"
-        corpus.write_text(CORPUS, encoding="utf-8")
-        return [
-            "--config=configs/lm/austen_char.yaml",
-            "--data.corpus=null",
-            f"--data.train_files=[{corpus}]",
-            f"--data.cache_dir={tmp_path / 'cache'}",
-            "--data.block_size=16",
-            "--data.batch_size=8",
-            "--data.samples_per_epoch=64",
-            "--model.n_layers=1",
-            "--model.d_model=32",
-            "--model.n_heads=2",
-            "--model.dropout=0.1",
-            "--model.warmup_steps=2",
-            "--model.sample_tokens=8",
-            "--trainer.max_steps=-1",
-            "--trainer.val_check_interval=null",
-            "--trainer.limit_val_batches=2",
-            *common,
-        ]
-    pairs = [(f"{a} {b} {c}", f"{c} {b} {a}") for a in "abcd" for b in "efgh" for c in "ijkl"]
-    tsv = tmp_path / "pairs.tsv"
-    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
-    return [
-        "--config=configs/translation/ding_de_en.yaml",
-        "--data.corpus=null",
-        "--data.ding_phrases=false",
-        f"--data.tsv_files=[{tsv}]",
-        f"--data.val_tsv_files=[{tsv}]",
-        "--data.bpe_vocab_size=270",
-        "--data.max_tokens=128",
-        f"--data.cache_dir={tmp_path / 'cache'}",
-        "--model.n_encoder_layers=1",
-        "--model.n_decoder_layers=1",
-        "--model.d_model=32",
-        "--model.n_heads=2",
-        "--model.d_ff=64",
-        "--model.dropout=0.1",
-        "--model.max_len=16",
-        "--model.warmup_steps=4",
-        "--trainer.max_steps=-1",
-        "--trainer.val_check_interval=null",
-        *common,
-    ]
 
 
 class StopAfterEpochs(Callback):
@@ -101,17 +31,6 @@ class StopAfterEpochs(Callback):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if trainer.current_epoch + 1 >= self.epochs:
             trainer.should_stop = True
-
-
-def build(args: list[str], *callbacks: Callback):
-    cli = cli_main(args, run=False)
-    cli.trainer.callbacks[:0] = list(callbacks)
-    return cli
-
-
-def last_checkpoint(tmp_path: Path, version: int = 0) -> str:
-    (path,) = glob.glob(str(tmp_path / "runs" / "*" / f"version_{version}" / "checkpoints" / "last.ckpt"))
-    return path
 
 
 @pytest.mark.slow

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 from torchvision.transforms import v2
 
-from lightformer.data.sampling import EpochShuffleSampler
+from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
 
 DatasetName = Literal["fashion_mnist", "mnist", "cifar10", "digits", "image_folder"]
 AugmentName = Literal["none", "flip", "flip_crop", "trivialaugment", "randaugment"]
@@ -576,7 +576,7 @@ class ImageDataModule(L.LightningDataModule):
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            sampler=EpochShuffleSampler(len(dataset), self.seed) if shuffle else None,
+            sampler=EpochShuffleSampler(len(dataset), self.seed) if shuffle else evaluation_sampler(dataset),
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,

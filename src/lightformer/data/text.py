@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightformer.data.sampling import EpochShuffleSampler
+from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
 from lightformer.data.sources import atomic_open, austen_text, download, sha256_of
 from lightformer.data.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer
 
@@ -297,10 +297,11 @@ class TextDataModule(L.LightningDataModule):
         return self.datasets[split]
 
     def _eval_dataloader(self, split: str) -> DataLoader:
+        dataset = self._dataset(split)
         return DataLoader(
-            self._dataset(split),
+            dataset,
             batch_size=self.batch_size,
-            shuffle=False,
+            sampler=evaluation_sampler(dataset),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),

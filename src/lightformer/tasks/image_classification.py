@@ -26,6 +26,7 @@ from lightformer.data.images import load_image
 from lightformer.models.vit import Pool, VisionTransformer, ViTPosition
 from lightformer.nn import Activation, NormKind, record_attention
 from lightformer.nn.checks import check_heads, check_patch_size
+from lightformer.tasks.forward import drop_legacy_alias, model_forward
 from lightformer.tasks.optim import Schedule, configure_task_optimizer
 from lightformer.tasks.tensorboard import tensorboard_writer
 
@@ -129,7 +130,7 @@ class ImageClassificationTask(L.LightningModule):
             activation=activation,
             qkv_bias=qkv_bias,
         )
-        self.forward_fn = torch.compile(self.model) if compile else self.model
+        self.forward_fn = model_forward(self.model, compile)
         self.mixup = None
         if mixup > 0 or cutmix > 0:
             self.mixup = Mixup(
@@ -183,6 +184,7 @@ class ImageClassificationTask(L.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        drop_legacy_alias(checkpoint)
         stored = checkpoint.get(CHECKPOINT_KEY, {})
         self.class_names = stored.get("class_names")
         self.normalize_mean = stored.get("normalize_mean")

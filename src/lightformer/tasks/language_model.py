@@ -16,6 +16,7 @@ from lightformer.generation import generate
 from lightformer.models.gpt import GPT
 from lightformer.nn import Activation, NormKind, PositionKind
 from lightformer.nn.checks import check_heads
+from lightformer.tasks.forward import drop_legacy_alias, model_forward
 from lightformer.tasks.optim import Schedule, configure_task_optimizer
 from lightformer.tasks.tensorboard import tensorboard_writer
 
@@ -70,7 +71,7 @@ class LanguageModelTask(L.LightningModule):
             bias=bias,
             tie_weights=tie_weights,
         )
-        self.forward_fn = torch.compile(self.model) if compile else self.model
+        self.forward_fn = model_forward(self.model, compile)
         self.tokenizer: Tokenizer | None = None
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
@@ -102,14 +103,16 @@ class LanguageModelTask(L.LightningModule):
             self.tokenizer = tokenizer
 
     def on_fit_start(self) -> None:
-        if self.tokenizer is not None and self.trainer.is_global_zero and self.trainer.log_dir:
-            self.tokenizer.save(Path(self.trainer.log_dir) / "tokenizer.json")
+        log_dir = self.trainer.log_dir  # a broadcast under DDP: every process must ask, or rank 0 waits forever
+        if self.tokenizer is not None and self.trainer.is_global_zero and log_dir:
+            self.tokenizer.save(Path(log_dir) / "tokenizer.json")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.tokenizer is not None:
             checkpoint["tokenizer"] = self.tokenizer.to_str()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        drop_legacy_alias(checkpoint)
         if "tokenizer" in checkpoint:
             saved = Tokenizer.from_str(checkpoint["tokenizer"], source="the checkpoint's tokenizer")
             if self.tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this

@@ -17,6 +17,7 @@ from lightformer.generation import beam_search
 from lightformer.models.seq2seq import EncoderDecoder
 from lightformer.nn import Activation, NormKind, PositionKind, record_attention
 from lightformer.nn.checks import check_heads
+from lightformer.tasks.forward import drop_legacy_alias, model_forward
 from lightformer.tasks.optim import Schedule, configure_task_optimizer
 from lightformer.tasks.tensorboard import heatmap_image, tensorboard_writer
 
@@ -87,7 +88,7 @@ class TranslationTask(L.LightningModule):
             tie_output=tie_output,
             pad_id=pad_id,
         )
-        self.forward_fn = torch.compile(self.model) if compile else self.model
+        self.forward_fn = model_forward(self.model, compile)
         self.src_tokenizer: Tokenizer | None = None
         self.tgt_tokenizer: Tokenizer | None = None
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
@@ -126,9 +127,10 @@ class TranslationTask(L.LightningModule):
             self.src_tokenizer, self.tgt_tokenizer = tokenizers["src"], tokenizers["tgt"]
 
     def on_fit_start(self) -> None:
-        if self.src_tokenizer is not None and self.trainer.is_global_zero and self.trainer.log_dir:
-            self.src_tokenizer.save(Path(self.trainer.log_dir) / "src_tokenizer.json")
-            self.tgt_tokenizer.save(Path(self.trainer.log_dir) / "tgt_tokenizer.json")
+        log_dir = self.trainer.log_dir  # a broadcast under DDP: every process must ask, or rank 0 waits forever
+        if self.src_tokenizer is not None and self.trainer.is_global_zero and log_dir:
+            self.src_tokenizer.save(Path(log_dir) / "src_tokenizer.json")
+            self.tgt_tokenizer.save(Path(log_dir) / "tgt_tokenizer.json")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.src_tokenizer is not None:
@@ -136,6 +138,7 @@ class TranslationTask(L.LightningModule):
             checkpoint["tgt_tokenizer"] = self.tgt_tokenizer.to_str()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        drop_legacy_alias(checkpoint)
         if "src_tokenizer" in checkpoint:
             saved = {
                 side: Tokenizer.from_str(checkpoint[f"{side}_tokenizer"], source=f"the checkpoint's {side}_tokenizer")

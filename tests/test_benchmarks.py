@@ -1,0 +1,29 @@
+"""benchmarks/peers.py end to end on a tiny budget: the real code path, no timing assertions."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+PEERS = Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
+
+
+def run_peers(*args: str) -> str:
+    return subprocess.run([sys.executable, str(PEERS), *args], stdout=subprocess.PIPE, text=True, check=True).stdout
+
+
+def test_peers_prints_ratio_table_and_probes_memory():
+    cell = ["--tasks", "lm", "--precisions", "fp32", "--compile", "off"]
+    budget = ["--steps", "2", "--rounds", "1", "--warmup", "1", "--threads", "1", "--no-memory"]
+    lines = run_peers(*cell, *budget).splitlines()
+    header = next(i for i, line in enumerate(lines) if "speed ours/peer" in line)
+    columns = [c.strip() for c in lines[header].strip("|").split("|")]
+    row = [c.strip() for c in lines[header + 2].strip("|").split("|")]
+    assert row[:3] == ["lm", "fp32", "off"]
+    speed = float(row[columns.index("speed ours/peer")])
+    assert math.isfinite(speed) and speed > 0
+
+    probe = run_peers("--memory-probe", "lm", "ours", "fp32", "--threads", "1")  # what the CPU run does per model
+    mib = json.loads(probe.splitlines()[-1])["mib"]
+    assert math.isfinite(mib) and mib > 0

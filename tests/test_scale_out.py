@@ -1,0 +1,332 @@
+"""Scale-out: trainer presets compose with every task config; DDP on 2 CPU processes (gloo) shards the data
+and synchronises the metrics; bf16-mixed on CPU; torch.compile; the training options a YAML can set.
+GPU-only checks (FSDP, 16-mixed) skip where no GPU is present."""
+
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from jsonargparse import ArgumentParser
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import Strategy
+
+from lightformer.cli import cli_main
+from lightformer.nn import DecoderLayer, EncoderLayer
+from lightformer.tasks import ImageClassificationTask, LanguageModelTask, TranslationTask
+from tiny_runs import ShardProbe, build, last_checkpoint, task_args
+
+REPO = Path(__file__).resolve().parents[1]
+TASK_CONFIGS = sorted(c for c in glob.glob("configs/*/*.yaml") if not c.startswith("configs/trainer/"))
+PRESETS = sorted(glob.glob("configs/trainer/*.yaml"))
+TASKS = ["vision", "lm", "translation"]
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def resolved_config(capsys, *configs: str) -> dict:
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", *(f"--config={c}" for c in configs), "--print_config"])
+    assert exit_info.value.code == 0
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def assert_contains(resolved, expected, where: str) -> None:
+    """Every value of ``expected`` (a nested dict) is in ``resolved``; other keys may hold defaults."""
+    if isinstance(expected, dict):
+        for key, value in expected.items():
+            assert key in resolved, f"{where}.{key} missing"
+            assert_contains(resolved[key], value, f"{where}.{key}")
+    elif isinstance(expected, list):  # the presets' lists are sets of layer classes, printed in any order
+        assert sorted(resolved) == sorted(expected), f"{where}: {resolved!r} != {expected!r}"
+    else:
+        assert resolved == expected, f"{where}: {resolved!r} != {expected!r}"
+
+
+# --- presets ---------------------------------------------------------------------------------------------
+
+
+def test_there_is_a_preset_per_rung():
+    names = {Path(p).stem for p in PRESETS}
+    assert {"cpu", "gpu", "ddp", "ddp_cpu", "fsdp", "multinode"} <= names
+
+
+@pytest.mark.parametrize("task_config", TASK_CONFIGS)
+def test_each_preset_composes_with_each_task_config(task_config, capsys):
+    alone = resolved_config(capsys, task_config)
+    for preset in PRESETS:
+        composed = resolved_config(capsys, task_config, preset)
+        assert_contains(composed["trainer"], yaml.safe_load(Path(preset).read_text())["trainer"], preset)
+        assert composed["model"] == alone["model"], preset
+        assert composed["data"] == alone["data"], preset
+        for key in ("max_epochs", "max_steps", "callbacks", "logger"):  # the task's own trainer settings stay
+            assert composed["trainer"][key] == alone["trainer"][key], f"{preset} changed trainer.{key}"
+
+
+def test_multinode_adds_nodes_to_the_strategy_before_it(capsys):
+    presets = ["configs/trainer/fsdp.yaml", "configs/trainer/multinode.yaml"]
+    trainer = resolved_config(capsys, "configs/lm/austen_char.yaml", *presets)["trainer"]
+    assert trainer["num_nodes"] == 2 and trainer["devices"] == 8
+    assert trainer["strategy"]["class_path"] == "lightning.pytorch.strategies.FSDPStrategy"
+
+
+def fsdp_strategy(**init_args):
+    """The FSDP strategy of ``configs/trainer/fsdp.yaml``, parsed and built as the CLI does."""
+    strategy = yaml.safe_load(Path("configs/trainer/fsdp.yaml").read_text())["trainer"]["strategy"]
+    strategy["init_args"].update(init_args)
+    parser = ArgumentParser()
+    parser.add_argument("--strategy", type=str | Strategy)
+    return parser.instantiate_classes(parser.parse_object({"strategy": strategy})).strategy
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_fsdp_preset_wraps_every_layer_of_every_model(task):
+    model = {
+        "vision": lambda: ImageClassificationTask(num_classes=10, image_size=8, patch_size=2, n_layers=3),
+        "lm": lambda: LanguageModelTask(vocab_size=50, n_layers=3, d_model=32, n_heads=2),
+        "translation": lambda: TranslationTask(src_vocab_size=60, tgt_vocab_size=60, d_model=32, n_heads=2),
+    }[task]().model
+    layers = {m for m in model.modules() if isinstance(m, (EncoderLayer, DecoderLayer))}
+    strategy = fsdp_strategy(activation_checkpointing_policy=["lightformer.nn.EncoderLayer"])
+    wrapped = strategy.kwargs["auto_wrap_policy"]._run_policy(model, set(), {})
+    assert set(wrapped) - {model} == layers and len(layers) >= 3
+    layer_params = sum(p.numel() for layer in layers for p in layer.parameters())
+    assert layer_params > 0.5 * sum(p.numel() for p in model.parameters())
+    checkpointed = strategy._activation_checkpointing_kwargs["auto_wrap_policy"]
+    assert set(checkpointed._run_policy(model, set(), {})) - {model} == {
+        m for m in layers if isinstance(m, EncoderLayer)
+    }
+
+
+# --- DDP on 2 CPU processes ------------------------------------------------------------------------------
+
+
+def run_cli(args: list[str], tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-m", "lightformer", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def probe(out_dir: Path) -> str:
+    callback = {"class_path": "tiny_runs.ShardProbe", "init_args": {"out_dir": str(out_dir)}}
+    return f"--trainer.callbacks+={json.dumps(callback)}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", TASKS)
+def test_ddp_on_two_cpu_processes_shards_the_data_and_matches_one_process(task, tmp_path):
+    args = [
+        *task_args(task, tmp_path),
+        "--config=configs/trainer/ddp_cpu.yaml",
+        "--trainer.max_epochs=2",
+        "--trainer.limit_val_batches=1.0",  # the whole validation set: DDP splits it, one process takes all
+    ]
+    run_cli(["fit", *args, probe(tmp_path / "ddp")], tmp_path)
+    ranks = [json.loads((tmp_path / "ddp" / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    shards = [set(r["train_indices"]) for r in ranks]
+    # DistributedSampler repeats at most one example (world size - 1) so that both get as many batches
+    assert shards[0] and shards[1] and len(shards[0] & shards[1]) <= 1, "the processes trained on the same examples"
+    assert [r["train_examples"] for r in ranks] == [len(r["train_indices"]) for r in ranks]
+    assert ranks[0]["metrics"] == ranks[1]["metrics"], "validation metrics differ between the processes"
+
+    # One process validating the same weights on the same data gets the same numbers.
+    single = build([*task_args(task, tmp_path / "single"), "--trainer.limit_val_batches=1.0"], ShardProbe(tmp_path))
+    single.trainer.validate(single.model, single.datamodule, ckpt_path=last_checkpoint(tmp_path))
+    one = json.loads((tmp_path / "rank0.json").read_text())["metrics"]
+    assert one.keys() == ranks[0]["metrics"].keys() and one
+    for name, value in one.items():
+        assert ranks[0]["metrics"][name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    # and the shards together are the whole training set
+    if task == "vision":
+        single.datamodule.setup("fit")
+        assert len(shards[0] | shards[1]) == len(single.datamodule.train_dataloader().dataset)
+
+
+# --- precision -------------------------------------------------------------------------------------------
+
+
+class RecordSteps(Callback):
+    """Losses of the training steps and the dtype of the model's output."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+        self.output_dtypes: set[torch.dtype] = set()
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        pl_module.model.register_forward_hook(lambda module, args, out: self.output_dtypes.add(out.dtype))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self.losses.append(float(outputs["loss"]))
+
+
+def train_a_few_steps(task: str, tmp_path: Path, precision: str, accelerator: str = "cpu") -> RecordSteps:
+    record = RecordSteps()
+    args = [
+        *task_args(task, tmp_path),
+        f"--trainer.precision={precision}",
+        f"--trainer.accelerator={accelerator}",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=3",
+        "--trainer.limit_val_batches=0",
+    ]
+    cli = build(args, record)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    return record
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_bf16_mixed_on_cpu_trains_each_task_with_finite_loss(task, tmp_path):
+    record = train_a_few_steps(task, tmp_path, "bf16-mixed")
+    assert len(record.losses) == 3 and all(math.isfinite(loss) for loss in record.losses)
+    assert record.output_dtypes == {torch.bfloat16}, "the forward pass did not run in bfloat16"
+
+
+@gpu
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
+@pytest.mark.parametrize("task", TASKS)
+def test_mixed_precision_on_gpu_trains_each_task_with_finite_loss(task, precision, tmp_path):
+    record = train_a_few_steps(task, tmp_path, precision, accelerator="gpu")
+    assert len(record.losses) == 3 and all(math.isfinite(loss) for loss in record.losses)
+    assert record.output_dtypes == {torch.float16 if precision == "16-mixed" else torch.bfloat16}
+
+
+@gpu
+@pytest.mark.parametrize("task", TASKS)
+def test_fsdp_preset_trains_and_writes_a_checkpoint_that_loads(task, tmp_path):
+    args = [*task_args(task, tmp_path), "--config=configs/trainer/fsdp.yaml", "--trainer.devices=1"]
+    run_cli(["fit", *args, "--trainer.max_epochs=1"], tmp_path)
+    checkpoint = torch.load(last_checkpoint(tmp_path), weights_only=True)
+    assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values() if v.is_floating_point())
+
+
+# --- torch.compile ---------------------------------------------------------------------------------------
+
+
+def compiled_and_eager(task_class, **kwargs):
+    eager = task_class(**kwargs)
+    compiled = task_class(**kwargs, compile=True)
+    compiled.load_state_dict(eager.state_dict())
+    return eager, compiled
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", TASKS)
+def test_compiled_and_eager_models_agree(task):
+    """Training mode without dropout (compiled dropout draws other random numbers): outputs and gradients."""
+    torch.manual_seed(0)
+    if task == "vision":
+        shape = {"num_classes": 10, "image_size": 8, "patch_size": 2, "n_layers": 2, "drop_path": 0.0}
+        pair = compiled_and_eager(ImageClassificationTask, **shape, dropout=0.0)
+        inputs = (torch.randn(4, 1, 8, 8),)
+    elif task == "lm":
+        pair = compiled_and_eager(LanguageModelTask, vocab_size=50, block_size=16, n_layers=2, d_model=32, n_heads=2)
+        inputs = (torch.randint(0, 50, (4, 16)),)
+    else:
+        shape = {"src_vocab_size": 60, "tgt_vocab_size": 60, "d_model": 32, "n_heads": 2}
+        pair = compiled_and_eager(TranslationTask, **shape, dropout=0.0)
+        src = torch.randint(1, 60, (4, 10))
+        src[0, 7:] = 0  # padding, so the mask path is compiled too
+        inputs = (src, torch.randint(1, 60, (4, 9)))
+    outputs, grads = [], []
+    for task_module in pair:
+        task_module.train()
+        out = task_module(*inputs)
+        out.float().square().mean().backward()
+        outputs.append(out.detach())
+        grads.append([p.grad for p in task_module.parameters()])
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=1e-4, atol=1e-5)
+    for compiled_grad, eager_grad in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-3, atol=1e-5)
+
+
+def test_a_compiled_task_saves_the_eager_task_keys_and_old_aliased_checkpoints_load(tmp_path):
+    shape = {"vocab_size": 50, "block_size": 8, "n_layers": 1, "d_model": 32, "n_heads": 2}
+    eager, compiled = compiled_and_eager(LanguageModelTask, **shape)
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    assert all(key.startswith(("model.", "val_", "test_")) for key in eager.state_dict())
+    # checkpoints of earlier versions also stored every weight under `forward_fn.`: they still load
+    path = tmp_path / "old.ckpt"
+    state = eager.state_dict()
+    state |= {f"forward_fn._orig_mod.{k.removeprefix('model.')}": v for k, v in state.items()}
+    torch.save({"state_dict": state, "hyper_parameters": dict(eager.hparams), "pytorch-lightning_version": "2.6"}, path)
+    loaded = LanguageModelTask.load_from_checkpoint(path, weights_only=True)
+    torch.testing.assert_close(loaded.model.embed.weight, eager.model.embed.weight)
+
+
+# --- training options from YAML --------------------------------------------------------------------------
+
+
+class ClipProbe(Callback):
+    """Gradient norms the optimizer stepped with (after Lightning's clipping), and the batches seen."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+        self.batches = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        def record(optimizer, args, kwargs) -> None:
+            grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            self.norms.append(float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))))
+
+        trainer.optimizers[0].register_step_post_hook(record)  # the step runs the closure, clipping included
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self.batches += 1
+
+
+def test_accumulation_clipping_checkpoints_and_lr_monitor_come_from_yaml(tmp_path):
+    overrides = tmp_path / "options.yaml"
+    overrides.write_text(
+        yaml.safe_dump(
+            {
+                "trainer": {
+                    "max_epochs": 1,
+                    "accumulate_grad_batches": 2,
+                    "gradient_clip_val": 0.01,
+                    "gradient_clip_algorithm": "norm",
+                    "callbacks": [
+                        {
+                            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                            "init_args": {"every_n_train_steps": 2, "save_top_k": -1, "filename": "{step}"},
+                        },
+                        {
+                            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                            "init_args": {"monitor": "val/acc", "mode": "max", "filename": "best", "save_last": True},
+                        },
+                        {
+                            "class_path": "lightning.pytorch.callbacks.LearningRateMonitor",
+                            "init_args": {"logging_interval": "step"},
+                        },
+                    ],
+                }
+            }
+        )
+    )
+    probe = ClipProbe()
+    cli = build([*task_args("vision", tmp_path), f"--config={overrides}", "--trainer.log_every_n_steps=1"], probe)
+    cli.trainer.fit(cli.model, cli.datamodule)
+
+    assert cli.trainer.global_step == probe.batches // 2  # an optimizer step every 2 batches
+    assert len(probe.norms) == cli.trainer.global_step and max(probe.norms) <= 0.01 * 1.001
+    folder = Path(last_checkpoint(tmp_path)).parent
+    steps = sorted(int(p.stem.split("=")[1]) for p in folder.glob("step=*.ckpt"))
+    assert steps == list(range(2, cli.trainer.global_step + 1, 2))
+    assert (folder / "best.ckpt").is_file() and (folder / "last.ckpt").is_file()
+    best = [c for c in cli.trainer.checkpoint_callbacks if c.monitor == "val/acc"][0]
+    assert best.best_model_path.endswith("best.ckpt") and best.best_model_score is not None
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = glob.glob(str(Path(cli.trainer.log_dir) / "events.out.tfevents.*"))
+    accumulator = EventAccumulator(events)
+    accumulator.Reload()
+    learning_rates = [e.value for e in accumulator.Scalars("lr-AdamW/pg1")]  # pg1: decayed, pg2: not
+    assert len(learning_rates) >= cli.trainer.global_step - 1 and len(set(learning_rates)) > 1  # warm-up

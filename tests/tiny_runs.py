@@ -1,0 +1,119 @@
+"""Few-second configurations of each task, built from the shipped configs, for tests that run real training."""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+from lightformer.cli import cli_main
+
+CORPUS = "It is a truth universally acknowledged, that a single man in possession of a good fortune.\n" * 30
+
+
+def task_args(task: str, tmp_path: Path) -> list[str]:
+    """A few-second configuration of each task, with dropout so that random state matters on resume."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    common = [
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        "--trainer.max_time=null",
+        "--trainer.precision=32-true",
+        "--trainer.check_val_every_n_epoch=1",
+    ]
+    if task == "vision":
+        return [
+            "--config=configs/vision/vit_digits.yaml",
+            "--model.dropout=0.1",
+            "--model.drop_path=0.1",
+            "--data.augment=flip_crop",
+            "--data.val_size=200",
+            *common,
+        ]
+    if task == "lm":
+        corpus = tmp_path / "corpus.txt"
+        corpus.write_text(CORPUS, encoding="utf-8")
+        return [
+            "--config=configs/lm/austen_char.yaml",
+            "--data.corpus=null",
+            f"--data.train_files=[{corpus}]",
+            f"--data.cache_dir={tmp_path / 'cache'}",
+            "--data.block_size=16",
+            "--data.batch_size=8",
+            "--data.samples_per_epoch=64",
+            "--model.n_layers=1",
+            "--model.d_model=32",
+            "--model.n_heads=2",
+            "--model.dropout=0.1",
+            "--model.warmup_steps=2",
+            "--model.sample_tokens=8",
+            "--trainer.max_steps=-1",
+            "--trainer.val_check_interval=null",
+            "--trainer.limit_val_batches=2",
+            *common,
+        ]
+    pairs = [(f"{a} {b} {c}", f"{c} {b} {a}") for a in "abcd" for b in "efgh" for c in "ijkl"]
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    return [
+        "--config=configs/translation/ding_de_en.yaml",
+        "--data.corpus=null",
+        "--data.ding_phrases=false",
+        f"--data.tsv_files=[{tsv}]",
+        f"--data.val_tsv_files=[{tsv}]",
+        "--data.bpe_vocab_size=270",
+        "--data.max_tokens=128",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        "--model.n_encoder_layers=1",
+        "--model.n_decoder_layers=1",
+        "--model.d_model=32",
+        "--model.n_heads=2",
+        "--model.d_ff=64",
+        "--model.dropout=0.1",
+        "--model.max_len=16",
+        "--model.warmup_steps=4",
+        "--trainer.max_steps=-1",
+        "--trainer.val_check_interval=null",
+        *common,
+    ]
+
+
+def build(args: list[str], *callbacks: Callback):
+    cli = cli_main(args, run=False)
+    cli.trainer.callbacks[:0] = list(callbacks)
+    return cli
+
+
+def last_checkpoint(tmp_path: Path, version: int = 0) -> str:
+    (path,) = glob.glob(str(tmp_path / "runs" / "*" / f"version_{version}" / "checkpoints" / "last.ckpt"))
+    return path
+
+
+class ShardProbe(Callback):
+    """Writes, per process, what that process trained on and the validation metrics it ended with:
+    ``{out_dir}/rank{global_rank}.json`` with ``world_size``, ``train_indices`` (the example indices of the
+    first training epoch, as this process's loader yields them), ``train_examples`` (examples in the
+    batches it trained on) and ``metrics`` (every ``val/`` metric after the last validation)."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+        self.record: dict = {"train_indices": [], "train_examples": 0, "metrics": {}}
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if trainer.current_epoch == 0:
+            loader = trainer.train_dataloader
+            self.record["train_indices"] = [int(i) for batch in loader.batch_sampler for i in batch]
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if trainer.current_epoch == 0:
+            first = batch["src"] if isinstance(batch, dict) else batch[0]
+            self.record["train_examples"] += len(first)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        self.record.update(world_size=trainer.world_size, metrics=metrics)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.record))
