@@ -37,6 +37,7 @@ import ctypes
 import gc
 import itertools
 import json
+import math
 import re
 import statistics
 import subprocess
@@ -57,7 +58,7 @@ ROLES = ("ours", "peer")
 SEED = 0
 PROBE_STEPS = 3  # training steps of a CPU memory probe: the first allocates AdamW's state
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-MATMUL_SIZE = {"cpu": 2048, "cuda": 8192}  # n of the n × n matrix multiply that measures the peak
+MATMUL_SIZES = {"cpu": (1024, 2048, 4096), "cuda": (4096, 8192)}  # n × n matrix multiplies; the fastest is the peak
 Batch = tuple[tuple[Tensor, ...], Tensor]  # (model inputs, targets)
 
 
@@ -246,12 +247,13 @@ def measure_cell(task: Task, precision: str, compile: str, batches: list[Batch],
     torch._dynamo.reset()  # each cell compiles afresh
     trainees = {role: Trainee(task, role, precision, compile == "on", args.device) for role in ROLES}
     warmup = list(itertools.islice(itertools.cycle(batches), args.warmup))
-    for trainee in trainees.values():
-        trainee.run(warmup)
+    step_seconds = max(trainee.run(warmup) for trainee in trainees.values())
+    steps = max(args.steps, math.ceil(args.round_seconds / step_seconds))  # short steps: more of them per round
+    timed = list(itertools.islice(itertools.cycle(batches), steps))
     seconds = {role: [] for role in ROLES}
     for round_ in range(args.rounds):
         for role in ROLES if round_ % 2 == 0 else ROLES[::-1]:
-            seconds[role].append(trainees[role].run(batches))
+            seconds[role].append(trainees[role].run(timed))
     memory = {role: trainees[role].peak_bytes / 2**20 or None for role in ROLES}
     return Cell(task, precision, compile, {role: statistics.median(s) for role, s in seconds.items()}, memory)
 
@@ -282,8 +284,11 @@ def training_flops(task: Task, device: torch.device) -> int:
 
 
 def matmul_peak(precision: str, device: torch.device, seconds: float = 1.0) -> float:
-    """FLOP/s of one square matrix multiply (``MATMUL_SIZE``) repeated for ``seconds`` after a warm-up."""
-    n, dtype = MATMUL_SIZE[device.type], DTYPES[precision]
+    """FLOP/s of the fastest of the square matrix multiplies ``MATMUL_SIZES``, each repeated for ``seconds``."""
+    return max(matmul_rate(n, DTYPES[precision], device, seconds) for n in MATMUL_SIZES[device.type])
+
+
+def matmul_rate(n: int, dtype: torch.dtype, device: torch.device, seconds: float) -> float:
     a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
     for _ in range(3):
         a @ b
@@ -393,8 +398,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
     parser.add_argument("--precisions", nargs="+", choices=list(DTYPES), default=list(DTYPES))
     parser.add_argument("--compile", nargs="+", choices=["off", "on"], default=["off", "on"])
-    parser.add_argument("--steps", type=int, default=10, help="timed training steps per round")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per model (median kept)")
+    parser.add_argument("--steps", type=int, default=5, help="timed training steps per round, at least")
+    parser.add_argument("--round-seconds", type=float, default=2.0, help="more steps per round until it lasts this")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per model (median kept)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per model (compilation happens here)")
     parser.add_argument("--device", type=torch.device, default=torch.device("cpu"))
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
@@ -417,10 +423,12 @@ def main(argv: list[str] | None = None) -> None:
 
     cpu = args.device.type == "cpu"
     peaks = {precision: matmul_peak(precision, args.device) for precision in args.precisions}
-    n = MATMUL_SIZE[args.device.type]
+    sizes = "/".join(str(n) for n in MATMUL_SIZES[args.device.type])
     print(f"machine: {machine(args.device)}")
-    print(f"matrix-multiply peak ({n}×{n}, measured now): {', '.join(f'{p} {flop_rate(r)}' for p, r in peaks.items())}")
-    print(f"{args.steps} steps × {args.rounds} rounds per model after {args.warmup} warm-up steps, AdamW")
+    measured = ", ".join(f"{p} {flop_rate(r)}" for p, r in peaks.items())
+    print(f"matrix-multiply peak (fastest of n × n, n = {sizes}, measured now): {measured}")
+    rounds = f"{args.rounds} rounds per model of ≥ {args.steps} steps and ≥ {args.round_seconds} s"
+    print(f"{rounds}, after {args.warmup} warm-up steps; AdamW")
     cells, flops = [], {}
     for name in args.tasks:
         task = make_task(name, args.shape)

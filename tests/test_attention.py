@@ -149,3 +149,21 @@ def test_rotary_cached_decoding_matches_full_pass():
 def test_heads_must_divide_d_model():
     with pytest.raises(ValueError, match="d_model=30 is not divisible by n_heads=4"):
         MultiHeadAttention(30, 4)
+
+
+@pytest.mark.parametrize("length", [16, 200])  # 16: attention written out in bf16 on CPU; 200: SDPA
+@pytest.mark.parametrize("causal", [False, True])
+def test_bf16_autocast_on_cpu_matches_fp32(length, causal):
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(64, 4)
+    x = torch.randn(2, length, 64, requires_grad=True)
+    key_mask = torch.ones(2, length, dtype=torch.bool)
+    key_mask[1, length - 5 :] = False
+    reference = attn(x, key_mask=key_mask, causal=causal)
+    (reference_grad,) = torch.autograd.grad(reference.square().sum(), x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attn(x, key_mask=key_mask, causal=causal)
+    (grad,) = torch.autograd.grad(out.float().square().sum(), x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), reference, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(grad, reference_grad, atol=5e-2, rtol=5e-2)

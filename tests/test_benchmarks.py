@@ -15,7 +15,7 @@ def run_peers(*args: str) -> str:
 
 def test_peers_prints_ratio_table_and_probes_memory():
     cell = ["--tasks", "lm", "--precisions", "fp32", "--compile", "off"]
-    budget = ["--steps", "2", "--rounds", "1", "--warmup", "1", "--threads", "1", "--no-memory"]
+    budget = ["--steps", "2", "--round-seconds", "0", "--rounds", "1", "--warmup", "1", "--threads", "1", "--no-memory"]
     lines = run_peers(*cell, *budget).splitlines()
     header = next(i for i, line in enumerate(lines) if "speed ours/peer" in line)
     columns = [c.strip() for c in lines[header].strip("|").split("|")]
