@@ -151,14 +151,17 @@ def test_heads_must_divide_d_model():
         MultiHeadAttention(30, 4)
 
 
-@pytest.mark.parametrize("length", [16, 200])  # 16: attention written out in bf16 on CPU; 200: SDPA
+# (16, unpadded): attention written out in bf16 on CPU; (16, padded): SDPA's math kernel; (200, ...): SDPA
+@pytest.mark.parametrize(("length", "padded"), [(16, False), (16, True), (200, False), (200, True)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_bf16_autocast_on_cpu_matches_fp32(length, causal):
+def test_bf16_autocast_on_cpu_matches_fp32(length, padded, causal):
     torch.manual_seed(0)
     attn = MultiHeadAttention(64, 4)
     x = torch.randn(2, length, 64, requires_grad=True)
-    key_mask = torch.ones(2, length, dtype=torch.bool)
-    key_mask[1, length - 5 :] = False
+    key_mask = None
+    if padded:
+        key_mask = torch.ones(2, length, dtype=torch.bool)
+        key_mask[1, length - 5 :] = False
     reference = attn(x, key_mask=key_mask, causal=causal)
     (reference_grad,) = torch.autograd.grad(reference.square().sum(), x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
