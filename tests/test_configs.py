@@ -3,9 +3,9 @@
 import glob
 
 import pytest
-import yaml
 
 from lightformer.cli import cli_main
+from tiny_runs import resolved_config
 
 CONFIGS = sorted(glob.glob("configs/*/*.yaml"))
 
@@ -16,10 +16,7 @@ def test_there_is_a_config_per_task():
 
 @pytest.mark.parametrize("config", [c for c in CONFIGS if "trainer/" not in c])
 def test_config_parses(config, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        cli_main(["fit", f"--config={config}", "--print_config"])
-    assert exit_info.value.code == 0
-    resolved = yaml.safe_load(capsys.readouterr().out)
+    resolved = resolved_config(capsys, config)
     assert resolved["model"]["class_path"].startswith("lightformer.tasks.")
     assert resolved["data"]["class_path"].startswith("lightformer.data.")
 

@@ -44,21 +44,21 @@ def translation_data(tmp_path, tsv, **kwargs) -> TranslationDataModule:
 # --- config errors: before training starts -------------------------------------------------------------------
 
 
-def test_1_unknown_config_key_and_wrong_type_are_named(tmp_path, capsys):
-    typo = tmp_path / "typo.yaml"
-    typo.write_text("model:\n  init_args:\n    d_modle: 64\n", encoding="utf-8")
+def refused_override(tmp_path, capsys, name: str, override: str) -> str:
+    """Standard error of ``fit`` with the digits config plus the YAML ``override``, which must be refused."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(override, encoding="utf-8")
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["fit", "--config=configs/vision/vit_digits.yaml", f"--config={typo}"], run=False)
+        cli_main(["fit", "--config=configs/vision/vit_digits.yaml", f"--config={path}"], run=False)
     assert exit_info.value.code != 0
-    err = capsys.readouterr().err
+    return capsys.readouterr().err
+
+
+def test_1_unknown_config_key_and_wrong_type_are_named(tmp_path, capsys):
+    err = refused_override(tmp_path, capsys, "typo", "model:\n  init_args:\n    d_modle: 64\n")
     assert "d_modle" in err and "not accepted" in err
 
-    wrong_type = tmp_path / "wrong_type.yaml"
-    wrong_type.write_text("model:\n  init_args:\n    d_model: big\n", encoding="utf-8")
-    with pytest.raises(SystemExit) as exit_info:
-        cli_main(["fit", "--config=configs/vision/vit_digits.yaml", f"--config={wrong_type}"], run=False)
-    assert exit_info.value.code != 0
-    err = capsys.readouterr().err
+    err = refused_override(tmp_path, capsys, "wrong_type", "model:\n  init_args:\n    d_model: big\n")
     assert '"d_model"' in err and "Expected a <class 'int'>" in err and "big" in err
 
 

@@ -17,23 +17,15 @@ from jsonargparse import ArgumentParser
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import Strategy
 
-from lightformer.cli import cli_main
 from lightformer.nn import DecoderLayer, EncoderLayer
 from lightformer.tasks import ImageClassificationTask, LanguageModelTask, TranslationTask
-from tiny_runs import ShardProbe, build, last_checkpoint, task_args
+from tiny_runs import ShardProbe, build, last_checkpoint, resolved_config, task_args
 
 REPO = Path(__file__).resolve().parents[1]
 TASK_CONFIGS = sorted(c for c in glob.glob("configs/*/*.yaml") if not c.startswith("configs/trainer/"))
 PRESETS = sorted(glob.glob("configs/trainer/*.yaml"))
 TASKS = ["vision", "lm", "translation"]
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def resolved_config(capsys, *configs: str) -> dict:
-    with pytest.raises(SystemExit) as exit_info:
-        cli_main(["fit", *(f"--config={c}" for c in configs), "--print_config"])
-    assert exit_info.value.code == 0
-    return yaml.safe_load(capsys.readouterr().out)
 
 
 def assert_contains(resolved, expected, where: str) -> None:

@@ -6,6 +6,8 @@ import glob
 import json
 from pathlib import Path
 
+import pytest
+import yaml
 from lightning.pytorch.callbacks import Callback
 
 from lightformer.cli import cli_main
@@ -79,6 +81,14 @@ def task_args(task: str, tmp_path: Path) -> list[str]:
         "--trainer.val_check_interval=null",
         *common,
     ]
+
+
+def resolved_config(capsys, *configs: str) -> dict:
+    """The config ``fit --config A --config B ...`` resolves to (``--print_config``), as a dict."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", *(f"--config={c}" for c in configs), "--print_config"])
+    assert exit_info.value.code == 0
+    return yaml.safe_load(capsys.readouterr().out)
 
 
 def build(args: list[str], *callbacks: Callback):
