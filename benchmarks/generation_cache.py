@@ -13,7 +13,7 @@ import time
 import torch
 
 from lightformer.generation import generate
-from lightformer.models import GPT
+from lightformer.models import GPT, GPTConfig
 
 
 def main() -> None:
@@ -31,7 +31,8 @@ def main() -> None:
 
         model = LanguageModelTask.load_from_checkpoint(args.ckpt, map_location="cpu").model
     else:  # austen_char.yaml's shape, with room for the prompt and all new tokens in one block
-        model = GPT(85, block_size=args.prompt_tokens + args.new_tokens, n_layers=4, n_heads=4, d_model=128)
+        block_size = args.prompt_tokens + args.new_tokens
+        model = GPT(GPTConfig(vocab_size=85, block_size=block_size, n_layers=4, n_heads=4, d_model=128))
     model.eval()
     prompt = torch.randint(4, model.vocab_size, (args.batch_size, args.prompt_tokens))
 

@@ -17,7 +17,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from lightformer.models import GPT
+from lightformer.models import GPT, GPTConfig
 
 
 def build_models(
@@ -40,12 +40,14 @@ def build_models(
     )
     hf = GPT2LMHeadModel(config)
     ours = GPT(
-        vocab_size,
-        block_size=block_size,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        d_model=d_model,
-        activation="gelu_tanh",  # GPT-2's activation, so both compute the same function
+        GPTConfig(
+            vocab_size=vocab_size,
+            block_size=block_size,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            d_model=d_model,
+            activation="gelu_tanh",  # GPT-2's activation, so both compute the same function
+        )
     )
     return {"lightformer": ours, "huggingface": hf}
 

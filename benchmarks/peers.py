@@ -81,9 +81,9 @@ class Task:
 
 
 def config_args(name: str) -> tuple[dict, dict]:
-    """(model init_args, data init_args) of a config under configs/."""
+    """(model shape, data init_args) of a config under configs/: its ``model.net`` and ``data`` settings."""
     config = yaml.safe_load((CONFIGS / name).read_text())
-    return config["model"]["init_args"], config["data"]["init_args"]
+    return config["model"]["init_args"]["net"], config["data"]["init_args"]
 
 
 def lm_task(shape: str) -> Task:

@@ -25,9 +25,9 @@ from torchmetrics.text import SacreBLEUScore
 
 from lightformer.data import TranslationDataModule
 from lightformer.generation import generate
-from lightformer.models import EncoderDecoder
+from lightformer.models import EncoderDecoder, EncoderDecoderConfig
 from lightformer.nn import SinusoidalPositionalEmbedding, TokenEmbedding, causal_mask
-from lightformer.tasks.optim import configure_adamw
+from lightformer.tasks.optim import OptimizerConfig, configure_adamw
 
 
 class TorchTransformer(nn.Module):
@@ -65,17 +65,19 @@ def build_model(
     """``"lightformer"`` (the options of ding_de_en.yaml) or ``"torch.nn.Transformer"``, joint vocabulary."""
     if name == "lightformer":
         return EncoderDecoder(
-            vocab_size,
-            vocab_size,
-            256,
-            n_layers,
-            n_layers,
-            d_model,
-            n_heads,
-            d_ff,
-            dropout,
-            norm_first=True,
-            share_embeddings=True,
+            EncoderDecoderConfig(
+                src_vocab_size=vocab_size,
+                tgt_vocab_size=vocab_size,
+                max_len=256,
+                n_encoder_layers=n_layers,
+                n_decoder_layers=n_layers,
+                d_model=d_model,
+                n_heads=n_heads,
+                d_ff=d_ff,
+                dropout=dropout,
+                norm_first=True,
+                share_embeddings=True,
+            )
         )
     return TorchTransformer(vocab_size, d_model, n_heads, n_layers, d_ff, dropout)
 
@@ -95,7 +97,10 @@ class Recompute:
 
 def train(model, batches, steps, lr, warmup, autocast) -> float:
     """Train for ``steps`` batches; returns the median seconds per step."""
-    config = configure_adamw(model, lr, 0.0, (0.9, 0.98), "inverse_sqrt", warmup, steps)
+    optimizer = OptimizerConfig(
+        lr=lr, weight_decay=0.0, betas=(0.9, 0.98), schedule="inverse_sqrt", warmup_steps=warmup
+    )
+    config = configure_adamw(model, optimizer, steps)
     optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
     model.train()
     times = []

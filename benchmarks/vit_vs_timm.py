@@ -22,8 +22,8 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 from torch import nn
 
 from lightformer.data import ImageDataModule
-from lightformer.models import VisionTransformer, lightformer_to_timm
-from lightformer.tasks.optim import configure_adamw
+from lightformer.models import VisionTransformer, ViTConfig, lightformer_to_timm
+from lightformer.tasks.optim import OptimizerConfig, configure_adamw
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "vision" / "vit_fashion_mnist.yaml"
 SHAPE_KEYS = (
@@ -51,7 +51,9 @@ def read_config(path: Path) -> tuple[dict, dict, dict]:
 
 def build_models(shape: dict, image_size: int, in_channels: int, num_classes: int) -> tuple[VisionTransformer, TimmViT]:
     """Our ViT, and timm's with the same architecture and the same initial weights."""
-    ours = VisionTransformer(image_size=image_size, in_channels=in_channels, num_classes=num_classes, **shape)
+    ours = VisionTransformer(
+        ViTConfig(image_size=image_size, in_channels=in_channels, num_classes=num_classes, **shape)
+    )
     if shape.get("norm", "layernorm") != "layernorm":
         raise ValueError("the timm side of this benchmark is built with LayerNorm only")
     pool = shape.get("pool", "cls")
@@ -86,16 +88,9 @@ class Trainee:
 
     def __init__(self, name: str, model: nn.Module, hp: dict, total_steps: int, label_smoothing: float) -> None:
         self.name, self.model, self.label_smoothing = name, model.train(), label_smoothing
-        optim = configure_adamw(
-            model,
-            lr=hp.get("lr", 1e-3),
-            weight_decay=hp.get("weight_decay", 0.05),
-            betas=tuple(hp.get("betas", (0.9, 0.999))),
-            schedule=hp.get("schedule", "cosine"),
-            warmup_steps=hp.get("warmup_steps", 500),
-            total_steps=total_steps,
-            min_lr=hp.get("min_lr", 1e-5),
-        )
+        optimizer = hp.get("optimizer", {})
+        optimizer = OptimizerConfig(**optimizer | {"betas": tuple(optimizer.get("betas", (0.9, 0.999)))})
+        optim = configure_adamw(model, optimizer, total_steps)
         self.optimizer, self.scheduler = optim["optimizer"], optim["lr_scheduler"]["scheduler"]
         self.seconds, self.images, self.last_loss = 0.0, 0, float("nan")
 
@@ -152,7 +147,7 @@ def main() -> None:
     bf16 = "bf16" in str(precision)
 
     torch.manual_seed(args.seed)
-    shape = {k: hp[k] for k in SHAPE_KEYS if k in hp}
+    shape = {k: hp["net"][k] for k in SHAPE_KEYS if k in hp["net"]}
     ours, theirs = build_models(shape, data.image_size, data.in_channels, data.num_classes)
     loader = data.train_dataloader()
     steps = round(args.epochs * len(loader)) if args.epochs else args.steps + args.warmup

@@ -91,7 +91,7 @@ def test_a_run_killed_with_sigkill_resumes_and_finishes(tmp_path):
         f"--config={overrides}",
         f"--trainer.max_steps={max_steps}",
         "--trainer.max_epochs=-1",
-        *("--model.dropout=0.0", "--model.drop_path=0.0", "--data.augment=none"),  # learn fast: a few epochs
+        *("--model.net.dropout=0.0", "--model.net.drop_path=0.0", "--data.augment=none"),  # learn fast: a few epochs
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen([sys.executable, "-m", "lightformer", "fit", *args], cwd=REPO, env=env)
@@ -159,7 +159,12 @@ def test_non_finite_training_stops_and_keeps_the_last_good_checkpoint(before_los
 
 
 def test_the_cli_reports_a_non_finite_loss_without_a_traceback(tmp_path, capsys):
-    args = [*task_args("vision", tmp_path), "--model.lr=1e30", "--model.warmup_steps=0", "--trainer.max_steps=20"]
+    args = [
+        *task_args("vision", tmp_path),
+        "--model.optimizer.lr=1e30",
+        "--model.optimizer.warmup_steps=0",
+        "--trainer.max_steps=20",
+    ]
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", *args])
     assert str(exit_info.value).startswith("lightformer: the training loss is")
@@ -234,7 +239,7 @@ def test_export_writes_safetensors_that_rebuild_the_model(tmp_path):
     assert metadata["lightformer.task"] == "LanguageModelTask"
     rebuilt = LanguageModelTask(**json.loads(metadata["lightformer.hyper_parameters"])).eval()
     load_model(rebuilt.model, output)
-    ids = torch.randint(0, rebuilt.hparams.vocab_size, (2, 16))
+    ids = torch.randint(0, rebuilt.model.vocab_size, (2, 16))
     torch.testing.assert_close(rebuilt(ids), cli.model.eval()(ids), rtol=0, atol=0)
     tokenizer = Tokenizer.from_str(metadata["lightformer.tokenizer"])
     assert tokenizer.difference(cli.model.tokenizer) is None
@@ -248,7 +253,7 @@ def test_export_in_timm_layout_loads_into_timm(tmp_path):
     cli.trainer.fit(cli.model, cli.datamodule)
     output = tmp_path / "vit.safetensors"
     main(["export", f"--ckpt_path={last_checkpoint(tmp_path)}", f"--output={output}", "--layout=timm"])
-    hp = cli.model.hparams
+    hp = cli.model.model.config
     timm = TimmViT(
         img_size=hp.image_size, patch_size=hp.patch_size, in_chans=1, num_classes=10, embed_dim=hp.d_model,
         depth=hp.n_layers, num_heads=hp.n_heads, mlp_ratio=hp.d_ff / hp.d_model, class_token=False, global_pool="avg",

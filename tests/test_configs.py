@@ -23,6 +23,6 @@ def test_config_parses(config, capsys):
 
 def test_unknown_key_is_refused_with_its_name(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["fit", "--config=configs/lm/austen_char.yaml", "--model.init_args.n_layer=4"])
+        cli_main(["fit", "--config=configs/lm/austen_char.yaml", "--model.net.n_layerz=4"])
     assert exit_info.value.code != 0
-    assert "n_layer" in capsys.readouterr().err
+    assert "n_layerz" in capsys.readouterr().err

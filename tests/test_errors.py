@@ -12,13 +12,21 @@ from lightformer.cli import cli_main, main
 from lightformer.data import ImageDataModule, TextDataModule, TranslationDataModule
 from lightformer.data.images import load_image
 from lightformer.data.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer
-from lightformer.models import GPT, VisionTransformer
+from lightformer.models import GPT, EncoderDecoderConfig, GPTConfig, VisionTransformer, ViTConfig
 from lightformer.nn import MultiHeadAttention
-from lightformer.tasks import ImageClassificationTask, LanguageModelTask, TranslationTask
+from lightformer.tasks import LanguageModelTask, TranslationTask
 
 TINY_LM = dict(n_layers=1, n_heads=2, d_model=16)
 TINY_TRANSLATOR = dict(n_encoder_layers=1, n_decoder_layers=1, d_model=16, n_heads=2, d_ff=32)
 TINY_VIT = dict(num_classes=10, image_size=8, in_channels=1, patch_size=2, d_model=16, n_layers=1, n_heads=2)
+
+
+def lm(**net) -> LanguageModelTask:
+    return LanguageModelTask(net=GPTConfig(**(TINY_LM | net)))
+
+
+def translator(**net) -> TranslationTask:
+    return TranslationTask(net=EncoderDecoderConfig(**(TINY_TRANSLATOR | net)))
 
 
 def with_data(task, datamodule):
@@ -55,19 +63,19 @@ def refused_override(tmp_path, capsys, name: str, override: str) -> str:
 
 
 def test_1_unknown_config_key_and_wrong_type_are_named(tmp_path, capsys):
-    err = refused_override(tmp_path, capsys, "typo", "model:\n  init_args:\n    d_modle: 64\n")
-    assert "d_modle" in err and "not accepted" in err
+    err = refused_override(tmp_path, capsys, "typo", "model:\n  init_args:\n    net:\n      d_modle: 64\n")
+    assert "Group 'net' does not accept option 'd_modle'" in err
 
-    err = refused_override(tmp_path, capsys, "wrong_type", "model:\n  init_args:\n    d_model: big\n")
-    assert '"d_model"' in err and "Expected a <class 'int'>" in err and "big" in err
+    err = refused_override(tmp_path, capsys, "wrong_type", "model:\n  init_args:\n    net:\n      d_model: big\n")
+    assert "d_model" in err and "Expected a <class 'int'>" in err and "big" in err
 
 
 @pytest.mark.parametrize(
     "build",
     [
-        lambda: LanguageModelTask(vocab_size=10, n_layers=1, d_model=30, n_heads=4),
-        lambda: TranslationTask(src_vocab_size=10, tgt_vocab_size=10, n_encoder_layers=1, d_model=30, n_heads=4),
-        lambda: ImageClassificationTask(image_size=8, patch_size=2, n_layers=1, d_model=30, n_heads=4),
+        lambda: GPTConfig(vocab_size=10, n_layers=1, d_model=30, n_heads=4),
+        lambda: EncoderDecoderConfig(src_vocab_size=10, tgt_vocab_size=10, n_encoder_layers=1, d_model=30, n_heads=4),
+        lambda: ViTConfig(image_size=8, patch_size=2, n_layers=1, d_model=30, n_heads=4),
     ],
     ids=["lm", "translation", "vision"],
 )
@@ -77,50 +85,49 @@ def test_2_heads_must_divide_d_model(build):
     assert "n_heads to a divisor of 30 such as 3 or 5, or d_model to a multiple of 4 such as 28 or 32" in str(
         error.value
     )
-    with pytest.raises(ValueError, match=r"model\.init_args\.d_model=30 is not divisible by model\.init_args\.n_heads"):
+    with pytest.raises(ValueError, match=r"d_model=30 is not divisible by n_heads=4"):
         build()
 
 
 def test_3_sequences_longer_than_the_position_table(tmp_path):
-    gpt = GPT(vocab_size=10, block_size=8, **TINY_LM)
+    gpt = GPT(GPTConfig(vocab_size=10, block_size=8, **TINY_LM))
     with pytest.raises(ValueError, match="sequence of 9 tokens is longer than block_size=8"):
         gpt(torch.zeros(1, 9, dtype=torch.long))
 
-    lm = with_data(LanguageModelTask(vocab_size=10, block_size=8, **TINY_LM), SimpleNamespace(block_size=16))
-    with pytest.raises(ValueError, match=r"data\.init_args\.block_size=16 is larger than model\.init_args\.block_size"):
-        lm.setup("fit")
+    task = with_data(lm(vocab_size=10, block_size=8), SimpleNamespace(block_size=16))
+    with pytest.raises(ValueError, match=r"data\.block_size=16 is larger than model\.net\.block_size=8"):
+        task.setup("fit")
 
     # Byte-level BPE without merges: "w0x0 w0x1 w0x2 w0x3" + EOS is 20 source tokens.
     datamodule = translation_data(tmp_path, write_pairs(tmp_path / "long.tsv", words=4), max_sentence_tokens=32)
     datamodule.setup("fit")
     sizes = dict(src_vocab_size=datamodule.src_vocab_size, tgt_vocab_size=datamodule.tgt_vocab_size)
-    translator = with_data(TranslationTask(**sizes, max_len=8, **TINY_TRANSLATOR), datamodule)
-    with pytest.raises(ValueError, match=r"max_sentence_tokens=32\) but model\.init_args\.max_len=8") as error:
-        translator.setup("fit")
+    task = with_data(translator(**sizes, max_len=8), datamodule)
+    with pytest.raises(ValueError, match=r"max_sentence_tokens=32\) but model\.net\.max_len=8") as error:
+        task.setup("fit")
     assert "set max_sentence_tokens <= 8" in str(error.value)
-    with_data(TranslationTask(**sizes, max_len=32, **TINY_TRANSLATOR), datamodule).setup("fit")  # fits: no error
+    with_data(translator(**sizes, max_len=32), datamodule).setup("fit")  # fits: no error
 
 
 def test_4_image_size_must_be_a_multiple_of_the_patch_size():
     with pytest.raises(ValueError) as error:
-        ImageClassificationTask(image_size=28, patch_size=5, n_layers=1, d_model=16, n_heads=2)
+        ViTConfig(image_size=28, patch_size=5, n_layers=1, d_model=16, n_heads=2)
     message = str(error.value)
-    assert "model.init_args.image_size=28 is not a multiple of model.init_args.patch_size=5" in message
+    assert "image_size=28 is not a multiple of patch_size=5" in message
     assert "a divisor of 28 such as 4 or 7" in message
-    assert "a multiple of 5 such as 25 or 30 (data.init_args.image_size)" in message
+    assert "(the data's image_size) to a multiple of 5 such as 25 or 30" in message
 
 
 def test_5_vocabulary_smaller_than_the_tokenizer():
     tokenizer = Tokenizer.train_char(["abcdefghijklmnop"])  # 4 special + 16 characters
-    lm = with_data(LanguageModelTask(vocab_size=5, block_size=8, **TINY_LM), SimpleNamespace(tokenizer=tokenizer))
-    with pytest.raises(ValueError, match="the tokenizer has 20 tokens but model.vocab_size=5; set vocab_size >= 20"):
-        lm.setup("fit")
+    task = with_data(lm(vocab_size=5, block_size=8), SimpleNamespace(tokenizer=tokenizer))
+    with pytest.raises(ValueError, match=r"the tokenizer has 20 tokens but model\.net\.vocab_size=5"):
+        task.setup("fit")
 
     data = SimpleNamespace(src_tokenizer=tokenizer, tgt_tokenizer=tokenizer)
-    translator = with_data(TranslationTask(src_vocab_size=10, tgt_vocab_size=10, **TINY_TRANSLATOR), data)
-    with pytest.raises(ValueError, match=r"src tokenizer has 20 tokens but model\.init_args\.src_vocab_size=10") as e:
-        translator.setup("fit")
-    assert "set src_vocab_size >= 20" in str(e.value)
+    task = with_data(translator(src_vocab_size=10, tgt_vocab_size=10), data)
+    with pytest.raises(ValueError, match=r"src tokenizer has 20 tokens but model\.net\.src_vocab_size=10"):
+        task.setup("fit")
 
 
 # --- data errors ------------------------------------------------------------------------------------------------
@@ -209,7 +216,7 @@ def test_10_images_of_the_wrong_mode_or_shape(tmp_path):
     with pytest.raises(ValueError, match=r"notes\.png is not a readable image file"):
         load_image(notes)
 
-    vit = VisionTransformer(**TINY_VIT)
+    vit = VisionTransformer(ViTConfig(**TINY_VIT))
     for shape in ((2, 3, 8, 8), (2, 1, 16, 16), (1, 8, 8)):
         with pytest.raises(ValueError, match=rf"expected images of shape \(batch, 1, 8, 8\), got {re_tuple(shape)}"):
             vit(torch.zeros(shape))
@@ -223,7 +230,7 @@ def re_tuple(shape: tuple[int, ...]) -> str:
 
 def test_11_tokenizer_that_does_not_match_the_checkpoint(tmp_path):
     trained_with, other = Tokenizer.train_char(["abcdef"]), Tokenizer.train_char(["abcxyz"])  # same size, ids differ
-    task = LanguageModelTask(vocab_size=12, block_size=8, **TINY_LM)
+    task = lm(vocab_size=12, block_size=8)
     task.tokenizer = trained_with
     checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams)}
     task.on_save_checkpoint(checkpoint)
@@ -237,7 +244,7 @@ def test_11_tokenizer_that_does_not_match_the_checkpoint(tmp_path):
     assert "id 7 is 'd' in the first, 'x' in the second" in str(error.value)
     assert "tokenizer_file" in str(error.value)
     # `fit --ckpt_path`: the data module's tokenizer comes first (setup), the checkpoint's after.
-    resumed = with_data(LanguageModelTask(vocab_size=12, block_size=8, **TINY_LM), SimpleNamespace(tokenizer=other))
+    resumed = with_data(lm(vocab_size=12, block_size=8), SimpleNamespace(tokenizer=other))
     resumed.setup("fit")
     with pytest.raises(ValueError, match="tokenizer differs from the one saved in the checkpoint"):
         resumed.on_load_checkpoint(checkpoint)
@@ -245,17 +252,17 @@ def test_11_tokenizer_that_does_not_match_the_checkpoint(tmp_path):
     same = SimpleNamespace(tokenizer=Tokenizer.train_char(["abcdef"]))
     with_data(LanguageModelTask.load_from_checkpoint(path), same).setup("fit")
 
-    translator = TranslationTask(src_vocab_size=12, tgt_vocab_size=12, **TINY_TRANSLATOR)
-    translator.src_tokenizer = translator.tgt_tokenizer = trained_with
+    trained = translator(src_vocab_size=12, tgt_vocab_size=12)
+    trained.src_tokenizer = trained.tgt_tokenizer = trained_with
     checkpoint = {}
-    translator.on_save_checkpoint(checkpoint)
+    trained.on_save_checkpoint(checkpoint)
     resumed = with_data(
-        TranslationTask(src_vocab_size=12, tgt_vocab_size=12, **TINY_TRANSLATOR),
+        translator(src_vocab_size=12, tgt_vocab_size=12),
         SimpleNamespace(src_tokenizer=trained_with, tgt_tokenizer=other),
     )
     resumed.setup("fit")
     with pytest.raises(ValueError, match="data module's tgt tokenizer differs from the one saved in the checkpoint"):
         resumed.on_load_checkpoint(checkpoint)
-    translator._trainer = SimpleNamespace(datamodule=SimpleNamespace(src_tokenizer=other, tgt_tokenizer=other))
+    trained._trainer = SimpleNamespace(datamodule=SimpleNamespace(src_tokenizer=other, tgt_tokenizer=other))
     with pytest.raises(ValueError, match="data module's src tokenizer differs"):
-        translator.setup("test")
+        trained.setup("test")

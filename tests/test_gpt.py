@@ -7,13 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from lightformer.generation import filter_logits, generate, next_token
-from lightformer.models import GPT, load_gpt2_weights
+from lightformer.models import GPT, GPTConfig, load_gpt2_weights
 
 
 def small_gpt(**kwargs) -> GPT:
     torch.manual_seed(0)
     args = dict(vocab_size=50, block_size=32, n_layers=2, n_heads=4, d_model=32) | kwargs
-    return GPT(**args).eval()
+    return GPT(GPTConfig(**args)).eval()
 
 
 @pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope"])
@@ -71,7 +71,8 @@ def test_matches_hugging_face_gpt2():
     )
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(config).eval()
-    ours = GPT(97, block_size=40, n_layers=3, n_heads=4, d_model=48, activation="gelu_tanh").eval()
+    ours = GPT(GPTConfig(vocab_size=97, block_size=40, n_layers=3, n_heads=4, d_model=48, activation="gelu_tanh"))
+    ours.eval()
     load_gpt2_weights(ours, hf.state_dict())
     ids = torch.randint(0, 97, (2, 40))
     with torch.no_grad():
@@ -85,7 +86,8 @@ def test_load_gpt2_from_safetensors(tmp_path):
     config = transformers.GPT2Config(vocab_size=31, n_positions=16, n_embd=32, n_layer=2, n_head=2)
     hf = transformers.GPT2LMHeadModel(config).eval()
     hf.save_pretrained(tmp_path)  # writes model.safetensors
-    ours = GPT(31, block_size=16, n_layers=2, n_heads=2, d_model=32, activation="gelu_tanh").eval()
+    ours = GPT(GPTConfig(vocab_size=31, block_size=16, n_layers=2, n_heads=2, d_model=32, activation="gelu_tanh"))
+    ours.eval()
     load_gpt2_weights(ours, load_file(tmp_path / "model.safetensors"))
     ids = torch.randint(0, 31, (1, 16))
     with torch.no_grad():

@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lightformer.cli import cli_main, main
 from lightformer.data import ImageDataModule
+from lightformer.models import ViTConfig
 from lightformer.tasks import ImageClassificationTask
 from lightformer.tasks.image_classification import colormap, render_attention_maps, render_confusion_matrix
 
@@ -115,17 +116,8 @@ def test_classify_prints_the_classes_of_image_files(fitted, tmp_path, capsys):
 def test_mixup_and_cutmix_train_on_odd_batches():
     torch.manual_seed(0)
     datamodule = ImageDataModule(dataset="digits", batch_size=33, image_size=8)
-    task = ImageClassificationTask(
-        num_classes=10,
-        image_size=8,
-        in_channels=1,
-        patch_size=2,
-        d_model=32,
-        n_layers=1,
-        n_heads=2,
-        mixup=0.8,
-        cutmix=1.0,
-    )
+    net = ViTConfig(num_classes=10, image_size=8, in_channels=1, patch_size=2, d_model=32, n_layers=1, n_heads=2)
+    task = ImageClassificationTask(net=net, mixup=0.8, cutmix=1.0)
     trainer = L.Trainer(
         fast_dev_run=3, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
     )
@@ -134,10 +126,10 @@ def test_mixup_and_cutmix_train_on_odd_batches():
 
 
 def test_test_time_flip_averages_the_probabilities_of_an_image_and_its_mirror():
-    shape = dict(num_classes=10, image_size=8, in_channels=1, patch_size=2, d_model=32, n_layers=1, n_heads=2)
+    net = ViTConfig(num_classes=10, image_size=8, in_channels=1, patch_size=2, d_model=32, n_layers=1, n_heads=2)
     torch.manual_seed(0)
-    plain = ImageClassificationTask(**shape).eval()
-    flipping = ImageClassificationTask(**shape, test_time_flip=True).eval()
+    plain = ImageClassificationTask(net=net).eval()
+    flipping = ImageClassificationTask(net=net, test_time_flip=True).eval()
     flipping.load_state_dict(plain.state_dict())
     images = torch.randn(5, 1, 8, 8)
     with torch.no_grad():
@@ -150,18 +142,17 @@ def test_test_time_flip_averages_the_probabilities_of_an_image_and_its_mirror():
 
 def test_mismatched_data_is_refused():
     datamodule = ImageDataModule(dataset="digits", image_size=8)
-    task = ImageClassificationTask(
-        num_classes=10, image_size=16, in_channels=1, patch_size=4, d_model=32, n_layers=1, n_heads=2
-    )
+    net = ViTConfig(num_classes=10, image_size=16, in_channels=1, patch_size=4, d_model=32, n_layers=1, n_heads=2)
+    task = ImageClassificationTask(net=net)
     trainer = L.Trainer(fast_dev_run=1, logger=False, enable_progress_bar=False, enable_model_summary=False)
-    with pytest.raises(ValueError, match="image_size=8 but model.image_size=16"):
+    with pytest.raises(ValueError, match="image_size=8 but model.net.image_size=16"):
         trainer.fit(task, datamodule=datamodule)
 
 
 @pytest.mark.parametrize("pool", ["cls", "mean"])
 def test_attention_rollout_and_rendering(pool):
     task = ImageClassificationTask(
-        num_classes=10, image_size=8, in_channels=1, patch_size=2, d_model=32, n_heads=4, pool=pool
+        net=ViTConfig(num_classes=10, image_size=8, in_channels=1, patch_size=2, d_model=32, n_heads=4, pool=pool)
     )
     images = torch.randn(3, 1, 8, 8)
     maps = task.attention_rollout(images)

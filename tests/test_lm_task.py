@@ -8,6 +8,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightformer.cli import cli_main, main
+from lightformer.models import GPTConfig
 from lightformer.tasks import LanguageModelTask
 
 CORPUS = (
@@ -28,9 +29,9 @@ def fit_tiny(tmp_path, *extra: str) -> str:
             f"--data.cache_dir={tmp_path / 'cache'}",
             "--data.block_size=32",
             "--data.batch_size=8",
-            "--model.n_layers=2",
-            "--model.d_model=32",
-            "--model.warmup_steps=2",
+            "--model.net.n_layers=2",
+            "--model.net.d_model=32",
+            "--model.optimizer.warmup_steps=2",
             "--model.sample_tokens=20",
             "--trainer.max_steps=6",
             "--trainer.val_check_interval=3",
@@ -76,7 +77,7 @@ def test_loaded_checkpoint_keeps_tokenizer_and_weights(tmp_path):
     torch.manual_seed(0)
     from lightformer.data.tokenizers import Tokenizer
 
-    task = LanguageModelTask(vocab_size=20, block_size=16, n_layers=1, n_heads=2, d_model=16)
+    task = LanguageModelTask(net=GPTConfig(vocab_size=20, block_size=16, n_layers=1, n_heads=2, d_model=16))
     task.tokenizer = Tokenizer.train_char(["abcdef \n"])
     checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams)}
     task.on_save_checkpoint(checkpoint)
@@ -96,10 +97,10 @@ def test_tokenizer_larger_than_model_vocabulary_is_refused(tmp_path):
 
     from lightformer.data.tokenizers import Tokenizer
 
-    task = LanguageModelTask(vocab_size=5, block_size=8, n_layers=1, n_heads=1, d_model=8)
+    task = LanguageModelTask(net=GPTConfig(vocab_size=5, block_size=8, n_layers=1, n_heads=1, d_model=8))
     datamodule = SimpleNamespace(tokenizer=Tokenizer.train_char(["abcdef"]))
     task._trainer = SimpleNamespace(datamodule=datamodule)
-    with pytest.raises(ValueError, match="the tokenizer has 10 tokens but model.vocab_size=5"):
+    with pytest.raises(ValueError, match="the tokenizer has 10 tokens but model.net.vocab_size=5"):
         task.setup("fit")
 
 

@@ -1,34 +1,46 @@
-"""Parameter groups and learning-rate schedules shared by the tasks."""
+"""The optimizer every task shares: decay groups, the schedules, and the schedule a resumed run keeps."""
 
 import math
 
 import pytest
 import torch
 
-from lightformer.models import GPT
-from lightformer.tasks.optim import configure_adamw, inverse_sqrt, parameter_groups, warmup_cosine
+from lightformer.models import GPT, GPTConfig
+from lightformer.tasks.optim import OptimizerConfig, WarmupSchedule, configure_adamw
+
+
+def groups(model, weight_decay=0.1):
+    optimizer = configure_adamw(model, OptimizerConfig(weight_decay=weight_decay), total_steps=10)["optimizer"]
+    decay = [p for g in optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]]
+    no_decay = [p for g in optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"]]
+    return decay, no_decay
 
 
 def test_matrices_decay_and_biases_norms_do_not():
-    model = GPT(50, block_size=8, n_layers=2, n_heads=2, d_model=16)
-    decay, no_decay = parameter_groups(model, 0.1)
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
+    model = GPT(GPTConfig(vocab_size=50, block_size=8, n_layers=2, n_heads=2, d_model=16))
+    decay, no_decay = groups(model)
+    assert all(p.ndim >= 2 for p in decay) and all(p.ndim == 1 for p in no_decay)
     # the tied embedding / LM head appears once, and every parameter is in exactly one group
-    ids = [id(p) for group in (decay, no_decay) for p in group["params"]]
+    ids = [id(p) for p in decay + no_decay]
     assert len(ids) == len(set(ids)) == len(list(model.parameters()))
 
 
 def test_no_weight_decay_names_are_respected():
-    model = GPT(50, block_size=8, n_layers=1, n_heads=2, d_model=16)
+    model = GPT(GPTConfig(vocab_size=50, block_size=8, n_layers=1, n_heads=2, d_model=16))
     model.no_weight_decay = lambda: {"position.weight"}
-    decay, no_decay = parameter_groups(model, 0.1)
-    assert any(p is model.position.weight for p in no_decay["params"])
-    assert not any(p is model.position.weight for p in decay["params"])
+    decay, no_decay = groups(model)
+    assert any(p is model.position.weight for p in no_decay)
+    assert not any(p is model.position.weight for p in decay)
+
+
+def test_the_optimizer_is_fused_on_the_cpu_too():
+    optimizer = configure_adamw(torch.nn.Linear(4, 4), OptimizerConfig(), total_steps=10)["optimizer"]
+    assert optimizer.defaults["fused"] is True
 
 
 def test_warmup_cosine_schedule():
-    factors = [warmup_cosine(s, warmup_steps=10, total_steps=110, min_ratio=0.1) for s in range(120)]
+    schedule = WarmupSchedule("cosine", warmup_steps=10, total_steps=110, min_ratio=0.1)
+    factors = [schedule(s) for s in range(120)]
     assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
     assert factors[60] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert factors[110] == pytest.approx(0.1) and factors[119] == pytest.approx(0.1)
@@ -36,14 +48,15 @@ def test_warmup_cosine_schedule():
 
 
 def test_inverse_sqrt_schedule_peaks_after_warmup():
-    factors = [inverse_sqrt(s, warmup_steps=100) for s in range(400)]
+    schedule = WarmupSchedule("inverse_sqrt", warmup_steps=100, total_steps=0, min_ratio=0.0)
+    factors = [schedule(s) for s in range(400)]
     assert max(factors) == pytest.approx(1.0) and factors.index(max(factors)) == 99
     assert factors[399] == pytest.approx(math.sqrt(100 / 400))
 
 
 def test_configure_adamw_steps_the_schedule():
     model = torch.nn.Linear(4, 4)
-    config = configure_adamw(model, 1e-3, 0.0, (0.9, 0.99), "cosine", 2, 10, min_lr=1e-4)
+    config = configure_adamw(model, OptimizerConfig(lr=1e-3, min_lr=1e-4, warmup_steps=2, weight_decay=0.0), 10)
     optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
     assert config["lr_scheduler"]["interval"] == "step"
     lrs = []
@@ -53,5 +66,27 @@ def test_configure_adamw_steps_the_schedule():
         scheduler.step()
     assert lrs[0] == pytest.approx(5e-4) and lrs[1] == pytest.approx(1e-3)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)
-    with pytest.raises(ValueError, match="'cosine', 'inverse_sqrt', 'constant'"):
-        configure_adamw(model, 1e-3, 0.0, (0.9, 0.99), "linear", 2, 10)
+
+
+def test_a_resumed_scheduler_keeps_the_schedule_it_was_planned_with():
+    model = torch.nn.Linear(4, 4)
+    first = configure_adamw(model, OptimizerConfig(warmup_steps=2), total_steps=10)["lr_scheduler"]["scheduler"]
+    resumed = configure_adamw(model, OptimizerConfig(warmup_steps=2), total_steps=40)["lr_scheduler"]["scheduler"]
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.lr_lambdas[0].total_steps == 10
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("lr", -1.0, "lr=-1.0 must be positive"),
+        ("min_lr", 0.1, r"min_lr=0.1 must be in \[0, lr=0.001\]"),
+        ("warmup_steps", -5, "warmup_steps=-5 must be at least 0"),
+        ("schedule", "linear", "schedule='linear' is not valid; valid: 'cosine', 'inverse_sqrt', 'constant'"),
+        ("weight_decay", -0.1, "weight_decay=-0.1 must be at least 0"),
+        ("betas", (0.9, 1.0), r"betas\[1\]=1.0 must be in \[0, 1\)"),
+    ],
+)
+def test_invalid_optimizer_settings_are_named(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        OptimizerConfig(**{field: value})

@@ -17,6 +17,7 @@ from jsonargparse import ArgumentParser
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import Strategy
 
+from lightformer.models import EncoderDecoderConfig, GPTConfig, ViTConfig
 from lightformer.nn import DecoderLayer, EncoderLayer
 from lightformer.tasks import ImageClassificationTask, LanguageModelTask, TranslationTask
 from tiny_runs import ShardProbe, build, last_checkpoint, resolved_config, task_args
@@ -26,6 +27,7 @@ TASK_CONFIGS = sorted(c for c in glob.glob("configs/*/*.yaml") if not c.startswi
 PRESETS = sorted(glob.glob("configs/trainer/*.yaml"))
 TASKS = ["vision", "lm", "translation"]
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+LIGHTNING = {"pytorch-lightning_version": "2.6.6"}
 
 
 def assert_contains(resolved, expected, where: str) -> None:
@@ -79,9 +81,13 @@ def fsdp_strategy(**init_args):
 @pytest.mark.parametrize("task", TASKS)
 def test_the_fsdp_preset_wraps_every_layer_of_every_model(task):
     model = {
-        "vision": lambda: ImageClassificationTask(num_classes=10, image_size=8, patch_size=2, n_layers=3),
-        "lm": lambda: LanguageModelTask(vocab_size=50, n_layers=3, d_model=32, n_heads=2),
-        "translation": lambda: TranslationTask(src_vocab_size=60, tgt_vocab_size=60, d_model=32, n_heads=2),
+        "vision": lambda: ImageClassificationTask(
+            net=ViTConfig(num_classes=10, image_size=8, patch_size=2, n_layers=3)
+        ),
+        "lm": lambda: LanguageModelTask(net=GPTConfig(vocab_size=50, n_layers=3, d_model=32, n_heads=2)),
+        "translation": lambda: TranslationTask(
+            net=EncoderDecoderConfig(src_vocab_size=60, tgt_vocab_size=60, d_model=32, n_heads=2)
+        ),
     }[task]().model
     layers = {m for m in model.modules() if isinstance(m, (EncoderLayer, DecoderLayer))}
     strategy = fsdp_strategy(activation_checkpointing_policy=["lightformer.nn.EncoderLayer"])
@@ -203,9 +209,9 @@ def test_fsdp_preset_trains_and_writes_a_checkpoint_that_loads(task, tmp_path):
 # --- torch.compile ---------------------------------------------------------------------------------------
 
 
-def compiled_and_eager(task_class, **kwargs):
-    eager = task_class(**kwargs)
-    compiled = task_class(**kwargs, compile=True)
+def compiled_and_eager(task_class, net):
+    eager = task_class(net=net)
+    compiled = task_class(net=net, compile=True)
     compiled.load_state_dict(eager.state_dict())
     return eager, compiled
 
@@ -216,15 +222,16 @@ def test_compiled_and_eager_models_agree(task):
     """Training mode without dropout (compiled dropout draws other random numbers): outputs and gradients."""
     torch.manual_seed(0)
     if task == "vision":
-        shape = {"num_classes": 10, "image_size": 8, "patch_size": 2, "n_layers": 2, "drop_path": 0.0}
-        pair = compiled_and_eager(ImageClassificationTask, **shape, dropout=0.0)
+        net = ViTConfig(num_classes=10, image_size=8, patch_size=2, n_layers=2, in_channels=1)
+        pair = compiled_and_eager(ImageClassificationTask, net)
         inputs = (torch.randn(4, 1, 8, 8),)
     elif task == "lm":
-        pair = compiled_and_eager(LanguageModelTask, vocab_size=50, block_size=16, n_layers=2, d_model=32, n_heads=2)
+        net = GPTConfig(vocab_size=50, block_size=16, n_layers=2, d_model=32, n_heads=2)
+        pair = compiled_and_eager(LanguageModelTask, net)
         inputs = (torch.randint(0, 50, (4, 16)),)
     else:
-        shape = {"src_vocab_size": 60, "tgt_vocab_size": 60, "d_model": 32, "n_heads": 2}
-        pair = compiled_and_eager(TranslationTask, **shape, dropout=0.0)
+        net = EncoderDecoderConfig(src_vocab_size=60, tgt_vocab_size=60, d_model=32, n_heads=2, dropout=0.0)
+        pair = compiled_and_eager(TranslationTask, net)
         src = torch.randint(1, 60, (4, 10))
         src[0, 7:] = 0  # padding, so the mask path is compiled too
         inputs = (src, torch.randint(1, 60, (4, 9)))
@@ -240,18 +247,17 @@ def test_compiled_and_eager_models_agree(task):
         torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-3, atol=1e-5)
 
 
-def test_a_compiled_task_saves_the_eager_task_keys_and_old_aliased_checkpoints_load(tmp_path):
-    shape = {"vocab_size": 50, "block_size": 8, "n_layers": 1, "d_model": 32, "n_heads": 2}
-    eager, compiled = compiled_and_eager(LanguageModelTask, **shape)
+def test_a_compiled_task_saves_the_eager_task_keys(tmp_path):
+    net = GPTConfig(vocab_size=50, block_size=8, n_layers=1, d_model=32, n_heads=2)
+    eager, compiled = compiled_and_eager(LanguageModelTask, net)
+    compiled(torch.randint(0, 50, (2, 8)))  # the compiled forward exists now
     assert list(compiled.state_dict()) == list(eager.state_dict())
     assert all(key.startswith(("model.", "val_", "test_")) for key in eager.state_dict())
-    # checkpoints of earlier versions also stored every weight under `forward_fn.`: they still load
-    path = tmp_path / "old.ckpt"
-    state = eager.state_dict()
-    state |= {f"forward_fn._orig_mod.{k.removeprefix('model.')}": v for k, v in state.items()}
-    torch.save({"state_dict": state, "hyper_parameters": dict(eager.hparams), "pytorch-lightning_version": "2.6"}, path)
+    path = tmp_path / "compiled.ckpt"
+    torch.save({"state_dict": compiled.state_dict(), "hyper_parameters": dict(compiled.hparams)} | LIGHTNING, path)
     loaded = LanguageModelTask.load_from_checkpoint(path, weights_only=True)
-    torch.testing.assert_close(loaded.model.embed.weight, eager.model.embed.weight)
+    torch.testing.assert_close(loaded.model.embed.weight, compiled.model.embed.weight)
+    assert loaded.compile
 
 
 # --- training options from YAML --------------------------------------------------------------------------

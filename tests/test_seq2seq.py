@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from lightformer.generation import beam_search, generate, sequence_score
-from lightformer.models import EncoderDecoder
+from lightformer.models import EncoderDecoder, EncoderDecoderConfig
 
 BOS, EOS, PAD = 1, 2, 0
 
@@ -17,7 +17,7 @@ def small_model(**kwargs) -> EncoderDecoder:
     args = dict(
         src_vocab_size=20, tgt_vocab_size=20, max_len=40, n_encoder_layers=2, n_decoder_layers=2, d_model=32, n_heads=4
     )
-    return EncoderDecoder(**(args | dict(d_ff=64) | kwargs)).eval()
+    return EncoderDecoder(EncoderDecoderConfig(**(args | dict(d_ff=64) | kwargs))).eval()
 
 
 def greedy(model, src, max_new_tokens=15, use_cache=True):

@@ -4,10 +4,9 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
-from lightformer.models import VisionTransformer, lightformer_to_timm, load_timm_weights, timm_to_lightformer
-from lightformer.models.vit import sincos_2d_table
+from lightformer.models import VisionTransformer, ViTConfig, lightformer_to_timm, load_timm_weights, timm_to_lightformer
 from lightformer.nn import record_attention
-from lightformer.tasks.optim import parameter_groups
+from lightformer.tasks.optim import OptimizerConfig, configure_adamw
 
 SHAPE = dict(image_size=28, patch_size=4, in_channels=1, num_classes=10, d_model=64, n_layers=2, n_heads=4, d_ff=128)
 TIMM_SHAPE = dict(
@@ -16,9 +15,15 @@ TIMM_SHAPE = dict(
 POOLS = {"cls": dict(class_token=True, global_pool="token"), "mean": dict(class_token=False, global_pool="avg")}
 
 
+def decayed(model) -> set[int]:
+    """Ids of the parameters the tasks' AdamW decays."""
+    optimizer = configure_adamw(model, OptimizerConfig(weight_decay=0.05), total_steps=10)["optimizer"]
+    return {id(p) for group in optimizer.param_groups if group["weight_decay"] > 0 for p in group["params"]}
+
+
 def small_vit(**kwargs) -> VisionTransformer:
     torch.manual_seed(0)
-    return VisionTransformer(**(SHAPE | kwargs)).eval()
+    return VisionTransformer(ViTConfig(**(SHAPE | kwargs))).eval()
 
 
 def timm_vit(pool: str, seed: int = 1) -> TimmViT:
@@ -70,13 +75,13 @@ def test_shapes(pool, prefix):
     assert model.forward_features(images).shape == (5, prefix + 49, 64)
     assert model.forward_head(model.forward_features(images), pre_logits=True).shape == (5, 64)
     assert model(images).shape == (5, 10)
-    rectangular = VisionTransformer(**(SHAPE | dict(image_size=32, patch_size=8, in_channels=3, num_classes=0)))
+    rectangular = small_vit(image_size=32, patch_size=8, in_channels=3, num_classes=0)
     assert rectangular(torch.randn(2, 3, 32, 32)).shape == (2, 64)  # no head: pooled features
 
 
 def test_image_size_must_be_a_multiple_of_the_patch_size():
     with pytest.raises(ValueError, match="image_size=28 is not a multiple of patch_size=5"):
-        VisionTransformer(**(SHAPE | dict(patch_size=5)))
+        ViTConfig(**(SHAPE | dict(patch_size=5)))
     with pytest.raises(ValueError, match=r"expected images of shape \(batch, 1, 28, 28\)"):
         small_vit()(torch.randn(1, 1, 32, 32))
 
@@ -85,18 +90,20 @@ def test_sincos_table_is_fixed_and_two_dimensional():
     model = small_vit(position="sincos", pool="mean")
     table = model.pos_embed.weight
     assert not table.requires_grad
-    torch.testing.assert_close(table, sincos_2d_table(7, 64))
-    grid = table.view(7, 7, 64)
-    torch.testing.assert_close(grid[:, 0, :32], grid[:, 5, :32])  # first half: row only
-    torch.testing.assert_close(grid[0, :, 32:], grid[4, :, 32:])  # second half: column only
-    groups = parameter_groups(model, weight_decay=0.05)
-    assert all(p is not table for group in groups for p in group["params"])
+    grid = table.view(7, 7, 4, 16)  # (row, column, [sin x, sin y, cos x, cos y], frequency)
+    for quarter, varies_along_rows in ((0, False), (1, True), (2, False), (3, True)):
+        other_row_or_column = grid[3] if varies_along_rows else grid[:, 3]
+        same_row_or_column = grid[:, 0] if varies_along_rows else grid[0]
+        assert not torch.allclose(other_row_or_column[:, quarter], grid[0, 0, quarter].expand(7, 16))
+        torch.testing.assert_close(same_row_or_column[:, quarter], grid[0, 0, quarter].expand(7, 16))
+    torch.testing.assert_close(grid[2, 5, 0] ** 2 + grid[2, 5, 2] ** 2, torch.ones(16))  # sin² + cos² = 1
+    assert id(table) not in decayed(model)
     with pytest.raises(ValueError, match="divisible by 4"):
-        sincos_2d_table(7, 66)
+        ViTConfig(**(SHAPE | dict(position="sincos", d_model=66, n_heads=2)))
 
 
 def test_init_and_weight_decay_groups_follow_timm():
-    model = VisionTransformer(**(SHAPE | dict(d_model=192, n_heads=3, d_ff=384)))
+    model = small_vit(d_model=192, n_heads=3, d_ff=384)
     assert model.pos_embed.weight.std().item() == pytest.approx(0.02, rel=0.1)
     assert model.pos_embed.weight.abs().max().item() < 0.15  # timm truncates at ±2 absolute: in effect N(0, .02)
     assert model.cls_token.abs().max().item() < 1e-4
@@ -104,15 +111,14 @@ def test_init_and_weight_decay_groups_follow_timm():
     assert qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
     assert qkv.bias.abs().max().item() == 0
     assert model.no_weight_decay() == {"pos_embed.weight", "cls_token"}
-    decay, no_decay = parameter_groups(model, weight_decay=0.05)
-    decayed = {id(p) for p in decay["params"]}
-    assert id(model.pos_embed.weight) not in decayed and id(model.cls_token) not in decayed
-    assert id(qkv.weight) in decayed and id(model.patch_embed.proj.weight) in decayed
-    assert id(qkv.bias) not in decayed
+    decayed_ids = decayed(model)
+    assert id(model.pos_embed.weight) not in decayed_ids and id(model.cls_token) not in decayed_ids
+    assert id(qkv.weight) in decayed_ids and id(model.patch_embed.proj.weight) in decayed_ids
+    assert id(qkv.bias) not in decayed_ids
 
 
 def test_drop_path_increases_linearly_over_depth():
-    model = VisionTransformer(**(SHAPE | dict(n_layers=5, drop_path=0.2)))
+    model = small_vit(n_layers=5, drop_path=0.2)
     rates = [getattr(layer.drop_path, "drop_prob", 0.0) for layer in model.encoder.layers]
     assert rates == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2])
     model.train()

@@ -9,9 +9,12 @@ the data module named in ``DATA_LINKS`` fills the task's argument of the same na
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import importlib
 import os
 import sys
+import typing
 from pathlib import Path
 from typing import Literal
 
@@ -36,17 +39,60 @@ DATA_LINKS = (
 class LightformerCLI(LightningCLI):
     """LightningCLI with the data→model links, and every run protected by ``lightformer.callbacks``: atomic
     checkpoint files loaded with ``weights_only=True``, random state saved for exact resume, and a stop at the
-    first non-finite loss."""
+    first non-finite loss.
+
+    Each attribute of the data module named in ``DATA_LINKS`` fills the field of the same name of the task's
+    model config (``model.net``), where it has one. Those fields come from the data, so setting them in a
+    config or on the command line is refused.
+    """
 
     def add_arguments_to_parser(self, parser) -> None:
         for name in DATA_LINKS:
-            parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+            parser.link_arguments(f"data.{name}", f"model.init_args.net.{name}", apply_on="instantiate")
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        # Before LightningCLI merges the hyperparameters of a --ckpt_path checkpoint (linked values included).
+        subcommand = self.config.get("subcommand")
+        check_model_config(self.config[subcommand] if subcommand else self.config)
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         trainer = super().instantiate_trainer(**kwargs)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # keep a user's own CheckpointIO plugin
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         return trainer
+
+
+class ConfigError(ValueError):
+    """A value in the config files or on the command line is invalid; the message names it and what is valid."""
+
+
+def check_model_config(config) -> None:
+    """Validate ``model.net`` and ``model.optimizer`` before the data is prepared (which can take minutes), and
+    refuse the fields of ``model.net`` that the CLI links from the data."""
+    model = config.get("model")
+    init_args = model.get("init_args") if model is not None else None
+    if not init_args:
+        return
+    module, _, name = model["class_path"].rpartition(".")
+    hints = typing.get_type_hints(getattr(importlib.import_module(module), name).__init__)
+    for group in ("net", "optimizer"):
+        config_class, values = hints.get(group), init_args.get(group)
+        if values is None or not dataclasses.is_dataclass(config_class):
+            continue
+        values = dict(values)
+        defaults = {field.name: field.default for field in dataclasses.fields(config_class)}
+        for link in DATA_LINKS:
+            if link in values and values.pop(link) != defaults.get(link):
+                raise ConfigError(
+                    f"model.{group}.{link}={init_args[group][link]} is set, but it comes from the data: the command "
+                    f"line links it from data.{link} (what the data module reads from its files); remove "
+                    f"model.{group}.{link} from the config files and the command line"
+                )
+        try:
+            config_class(**values)
+        except ValueError as error:
+            raise ConfigError(f"model.{group}: {error}") from None
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> LightformerCLI:
@@ -58,6 +104,7 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightformerCLI:
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
         trainer_defaults={"callbacks": [NonFiniteLossGuard(), RandomStateCheckpoint()]},
+        auto_configure_optimizers=False,  # every task configures its own (model.optimizer)
         args=args,
         run=run,
     )
@@ -291,5 +338,5 @@ def main(argv: list[str] | None = None) -> None:
     else:
         try:
             cli_main(argv)
-        except NonFiniteLossError as error:
+        except (ConfigError, NonFiniteLossError) as error:
             raise SystemExit(f"lightformer: {error}") from None

@@ -1,16 +1,28 @@
-"""Architectures assembled from ``lightformer.nn``: plain PyTorch, usable in any training loop."""
+"""Architectures assembled from ``lightformer.nn``: plain PyTorch, usable in any training loop.
 
-from lightformer.models.gpt import GPT, gpt2_state_dict_to_lightformer, load_gpt2_weights
-from lightformer.models.seq2seq import EncoderDecoder
-from lightformer.models.vit import VisionTransformer, lightformer_to_timm, load_timm_weights, timm_to_lightformer
+Each model is built from one config dataclass (``GPT(GPTConfig(...))``) that declares its shape and defaults.
+"""
+
+from lightformer.models.gpt import GPT, GPTConfig, gpt2_state_dict_to_lightformer, load_gpt2_weights
+from lightformer.models.seq2seq import EncoderDecoder, EncoderDecoderConfig
+from lightformer.models.vit import (
+    VisionTransformer,
+    ViTConfig,
+    lightformer_to_timm,
+    load_timm_weights,
+    timm_to_lightformer,
+)
 
 __all__ = [
-    "EncoderDecoder",
     "GPT",
-    "gpt2_state_dict_to_lightformer",
-    "load_gpt2_weights",
+    "EncoderDecoder",
+    "EncoderDecoderConfig",
+    "GPTConfig",
+    "ViTConfig",
     "VisionTransformer",
+    "gpt2_state_dict_to_lightformer",
     "lightformer_to_timm",
+    "load_gpt2_weights",
     "load_timm_weights",
     "timm_to_lightformer",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -19,7 +20,53 @@ from lightformer.nn import (
     absolute_position,
     make_norm,
 )
-from lightformer.nn.checks import check_heads
+from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_heads
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The shape of a GPT: every hyperparameter and its default, declared once.
+
+    Args:
+        vocab_size: token ids 0..vocab_size-1 (the command line links it from the data's tokenizer).
+        block_size: the longest sequence, the size of the position table (linked from the data's block_size).
+        n_layers: decoder layers.
+        n_heads: attention heads; must divide d_model.
+        d_model: width of the residual stream.
+        d_ff: hidden width of the feed-forward networks; None: 4·d_model (SwiGLU: the same width per branch).
+        dropout: dropout on the embeddings, the attention weights and each sublayer's output.
+        position: "learned" absolute positions (GPT-2), "rope" rotary embeddings, "sinusoidal" or "none".
+        activation: feed-forward activation: "gelu", "gelu_tanh" (GPT-2's), "relu" or "swiglu".
+        norm: "layernorm" or "rmsnorm".
+        norm_eps: epsilon of every norm.
+        bias: biases in the linear layers and norms (GPT-2: yes; LLaMA-style: no).
+        tie_weights: the output layer shares the token embedding's weight.
+    """
+
+    vocab_size: int | None = None
+    block_size: int = 256
+    n_layers: int = 6
+    n_heads: int = 6
+    d_model: int = 384
+    d_ff: int | None = None
+    dropout: float = 0.0
+    position: PositionKind = "learned"
+    activation: Activation = "gelu"
+    norm: NormKind = "layernorm"
+    norm_eps: float = 1e-5
+    bias: bool = True
+    tie_weights: bool = True
+
+    def __post_init__(self) -> None:
+        check_at_least("vocab_size", self.vocab_size, 1)
+        check_at_least("block_size", self.block_size, 1)
+        check_at_least("n_layers", self.n_layers, 1)
+        check_heads(self.d_model, self.n_heads)
+        check_at_least("d_ff", self.d_ff, 1)
+        check_fraction("dropout", self.dropout)
+        check_choice("position", self.position, ("learned", "rope", "sinusoidal", "none"))
+        check_choice("activation", self.activation, ("gelu", "gelu_tanh", "relu", "swiglu"))
+        check_choice("norm", self.norm, ("layernorm", "rmsnorm"))
 
 
 class GPT(nn.Module):
@@ -30,55 +77,45 @@ class GPT(nn.Module):
     residual stream.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        block_size: int = 256,
-        n_layers: int = 6,
-        n_heads: int = 6,
-        d_model: int = 384,
-        d_ff: int | None = None,
-        dropout: float = 0.0,
-        position: PositionKind = "learned",
-        activation: Activation = "gelu",
-        norm: NormKind = "layernorm",
-        norm_eps: float = 1e-5,
-        bias: bool = True,
-        tie_weights: bool = True,
-    ) -> None:
+    def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        check_heads(d_model, n_heads)  # before the rotary table, whose head_dim assumes it
-        self.vocab_size = vocab_size
-        self.block_size = block_size
-        self.embed = TokenEmbedding(vocab_size, d_model)
-        self.position = absolute_position(position, d_model, block_size)
-        rotary = RotaryEmbedding(d_model // n_heads, block_size) if position == "rope" else None
-        self.dropout = nn.Dropout(dropout)
+        if config.vocab_size is None:
+            raise ValueError(
+                "GPTConfig.vocab_size is not set: give the vocabulary size (the CLI links it from the data)"
+            )
+        self.config = config
+        c = config
+        self.vocab_size = c.vocab_size
+        self.block_size = c.block_size
+        self.embed = TokenEmbedding(c.vocab_size, c.d_model)
+        self.position = absolute_position(c.position, c.d_model, c.block_size)
+        rotary = RotaryEmbedding(c.d_model // c.n_heads, c.block_size) if c.position == "rope" else None
+        self.dropout = nn.Dropout(c.dropout)
         layers = [
             DecoderLayer(
-                d_model,
-                n_heads,
-                d_ff,
-                dropout=dropout,
-                attn_dropout=dropout,
-                activation=activation,
-                norm=norm,
+                c.d_model,
+                c.n_heads,
+                c.d_ff,
+                dropout=c.dropout,
+                attn_dropout=c.dropout,
+                activation=c.activation,
+                norm=c.norm,
                 norm_first=True,
-                norm_eps=norm_eps,
-                bias=bias,
+                norm_eps=c.norm_eps,
+                bias=c.bias,
                 rotary=rotary,
                 cross_attention=False,
             )
-            for _ in range(n_layers)
+            for _ in range(c.n_layers)
         ]
-        self.decoder = Decoder(layers, make_norm(norm, d_model, norm_eps, bias))
-        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
-        if tie_weights:
+        self.decoder = Decoder(layers, make_norm(c.norm, c.d_model, c.norm_eps, c.bias))
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_weights:
             self.lm_head.weight = self.embed.weight
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith(("self_attn.proj.weight", "ffn.fc2.weight")):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * n_layers))
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * c.n_layers))
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -108,19 +145,12 @@ class GPT(nn.Module):
         x = self.decoder(self.dropout(x), cache=cache)
         return self.lm_head(x)
 
-    def num_parameters(self, exclude_embeddings: bool = True) -> int:
-        """Parameter count; by default without position and (untied) token embeddings, as nanoGPT reports."""
-        n = sum(p.numel() for p in self.parameters())
-        if exclude_embeddings and isinstance(self.position, nn.Module):
-            n -= sum(p.numel() for p in self.position.parameters())
-        return n
-
 
 def gpt2_state_dict_to_lightformer(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     """Map a Hugging Face ``GPT2LMHeadModel`` state dict to our ``GPT`` layout.
 
     HF stores its projections as ``Conv1D`` with ``(in, out)`` weights, so they are transposed. Build the
-    ``GPT`` with ``activation="gelu_tanh"``, ``position="learned"`` and ``norm_eps`` = HF's layer_norm_epsilon.
+    ``GPT`` with ``GPTConfig(activation="gelu_tanh", position="learned", norm_eps=<HF's layer_norm_epsilon>)``.
     """
     sd = {k.removeprefix("transformer."): v for k, v in state_dict.items()}
     out = {"embed.weight": sd["wte.weight"], "position.weight": sd["wpe.weight"]}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import Tensor, nn
 
 from lightformer.nn import (
@@ -18,74 +20,123 @@ from lightformer.nn import (
     absolute_position,
     make_norm,
 )
-from lightformer.nn.checks import check_heads
+from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_heads
+
+
+@dataclass(frozen=True)
+class EncoderDecoderConfig:
+    """The shape of an encoder-decoder transformer: every hyperparameter and its default, declared once.
+
+    Defaults follow the paper's base model: 6 + 6 post-norm layers, d_model 512, 8 heads, d_ff 2048, ReLU,
+    dropout 0.1, sinusoidal positions, embeddings scaled by √d_model, one joint vocabulary whose embedding is
+    shared by the source, the target and the output layer.
+
+    Args:
+        src_vocab_size: source token ids 0..src_vocab_size-1 (the command line links it from the data).
+        tgt_vocab_size: target token ids (linked from the data).
+        pad_id: the padding id, masked out of attention (linked from the data).
+        max_len: the longest source or target sequence, the size of the position table.
+        n_encoder_layers: encoder layers.
+        n_decoder_layers: decoder layers.
+        d_model: width of the residual stream.
+        n_heads: attention heads; must divide d_model.
+        d_ff: hidden width of the feed-forward networks; None: 4·d_model.
+        dropout: dropout on the embeddings and on each sublayer's output.
+        attn_dropout: dropout on the attention weights.
+        activation: feed-forward activation: "relu" (the paper), "gelu", "gelu_tanh" or "swiglu".
+        norm: "layernorm" or "rmsnorm".
+        norm_first: pre-norm (x + f(norm(x))), more stable for deep or short-warm-up training; False is the
+            paper's post-norm.
+        norm_eps: epsilon of every norm.
+        position: "sinusoidal" (the paper), "learned", "rope" or "none".
+        share_embeddings: one embedding for source and target (needs a joint vocabulary).
+        tie_output: the output layer shares the target embedding's weight.
+    """
+
+    src_vocab_size: int | None = None
+    tgt_vocab_size: int | None = None
+    pad_id: int = 0
+    max_len: int = 256
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int | None = 2048
+    dropout: float = 0.1
+    attn_dropout: float = 0.0
+    activation: Activation = "relu"
+    norm: NormKind = "layernorm"
+    norm_first: bool = False
+    norm_eps: float = 1e-5
+    position: PositionKind = "sinusoidal"
+    share_embeddings: bool = True
+    tie_output: bool = True
+
+    def __post_init__(self) -> None:
+        check_at_least("src_vocab_size", self.src_vocab_size, 1)
+        check_at_least("tgt_vocab_size", self.tgt_vocab_size, 1)
+        check_at_least("pad_id", self.pad_id, 0)
+        check_at_least("max_len", self.max_len, 2)
+        check_at_least("n_encoder_layers", self.n_encoder_layers, 1)
+        check_at_least("n_decoder_layers", self.n_decoder_layers, 1)
+        check_heads(self.d_model, self.n_heads)
+        check_at_least("d_ff", self.d_ff, 1)
+        check_fraction("dropout", self.dropout)
+        check_fraction("attn_dropout", self.attn_dropout)
+        check_choice("activation", self.activation, ("relu", "gelu", "gelu_tanh", "swiglu"))
+        check_choice("norm", self.norm, ("layernorm", "rmsnorm"))
+        check_choice("position", self.position, ("sinusoidal", "learned", "rope", "none"))
+        sizes = (self.src_vocab_size, self.tgt_vocab_size)
+        if self.share_embeddings and None not in sizes and sizes[0] != sizes[1]:
+            raise ValueError(
+                f"share_embeddings needs one joint vocabulary, but src_vocab_size={sizes[0]} and "
+                f"tgt_vocab_size={sizes[1]}; use a joint vocabulary (the data's joint_vocab) or share_embeddings=false"
+            )
 
 
 class EncoderDecoder(nn.Module):
     """Encoder stack over the source; decoder stack with masked self-attention and cross-attention to the
-    encoder's final output; a linear output layer over the target vocabulary.
-
-    Defaults follow the paper: post-norm, sinusoidal positions, embeddings scaled by √d_model, ReLU FFN, and
-    the output layer sharing the target embedding's weight. ``share_embeddings`` also shares source and
-    target embeddings (a joint vocabulary). Token ``pad_id`` in the source is masked out of attention.
+    encoder's final output; a linear output layer over the target vocabulary. Token ``pad_id`` in the source
+    is masked out of attention.
     """
 
-    def __init__(
-        self,
-        src_vocab_size: int,
-        tgt_vocab_size: int,
-        max_len: int = 256,
-        n_encoder_layers: int = 6,
-        n_decoder_layers: int = 6,
-        d_model: int = 512,
-        n_heads: int = 8,
-        d_ff: int | None = 2048,
-        dropout: float = 0.1,
-        attn_dropout: float = 0.0,
-        activation: Activation = "relu",
-        norm: NormKind = "layernorm",
-        norm_first: bool = False,
-        position: PositionKind = "sinusoidal",
-        share_embeddings: bool = False,
-        tie_output: bool = True,
-        pad_id: int = 0,
-    ) -> None:
+    def __init__(self, config: EncoderDecoderConfig) -> None:
         super().__init__()
-        check_heads(d_model, n_heads)  # before the rotary table, whose head_dim assumes it
-        if share_embeddings and src_vocab_size != tgt_vocab_size:
+        c = config
+        if c.src_vocab_size is None or c.tgt_vocab_size is None:
             raise ValueError(
-                f"share_embeddings needs one joint vocabulary, but src_vocab_size={src_vocab_size} and "
-                f"tgt_vocab_size={tgt_vocab_size}; use a joint vocabulary or share_embeddings=false"
+                "EncoderDecoderConfig.src_vocab_size and tgt_vocab_size must be set (the CLI links them from the data)"
             )
-        self.pad_id = pad_id
-        self.max_len = max_len
-        self.src_embed = TokenEmbedding(src_vocab_size, d_model, scale=True, padding_idx=pad_id)
-        self.tgt_embed = self.src_embed if share_embeddings else TokenEmbedding(tgt_vocab_size, d_model, True, pad_id)
-        self.position = absolute_position(position, d_model, max_len)
-        rotary = RotaryEmbedding(d_model // n_heads, max_len) if position == "rope" else None
-        self.dropout = nn.Dropout(dropout)
+        self.config = config
+        self.pad_id = c.pad_id
+        self.max_len = c.max_len
+        self.src_embed = TokenEmbedding(c.src_vocab_size, c.d_model, scale=True, padding_idx=c.pad_id)
+        self.tgt_embed = (
+            self.src_embed
+            if c.share_embeddings
+            else TokenEmbedding(c.tgt_vocab_size, c.d_model, scale=True, padding_idx=c.pad_id)
+        )
+        self.position = absolute_position(c.position, c.d_model, c.max_len)
+        rotary = RotaryEmbedding(c.d_model // c.n_heads, c.max_len) if c.position == "rope" else None
+        self.dropout = nn.Dropout(c.dropout)
         layer_args = dict(
-            d_model=d_model,
-            n_heads=n_heads,
-            d_ff=d_ff,
-            dropout=dropout,
-            attn_dropout=attn_dropout,
-            activation=activation,
-            norm=norm,
-            norm_first=norm_first,
+            d_model=c.d_model,
+            n_heads=c.n_heads,
+            d_ff=c.d_ff,
+            dropout=c.dropout,
+            attn_dropout=c.attn_dropout,
+            activation=c.activation,
+            norm=c.norm,
+            norm_first=c.norm_first,
+            norm_eps=c.norm_eps,
             rotary=rotary,
         )
-        self.encoder = Encoder(
-            [EncoderLayer(**layer_args) for _ in range(n_encoder_layers)],
-            make_norm(norm, d_model) if norm_first else None,
-        )
-        self.decoder = Decoder(
-            [DecoderLayer(**layer_args) for _ in range(n_decoder_layers)],
-            make_norm(norm, d_model) if norm_first else None,
-        )
-        self.output = nn.Linear(d_model, tgt_vocab_size, bias=False)
+        final_norm = (lambda: make_norm(c.norm, c.d_model, c.norm_eps)) if c.norm_first else (lambda: None)
+        self.encoder = Encoder([EncoderLayer(**layer_args) for _ in range(c.n_encoder_layers)], final_norm())
+        self.decoder = Decoder([DecoderLayer(**layer_args) for _ in range(c.n_decoder_layers)], final_norm())
+        self.output = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         self._init_weights()
-        if tie_output:
+        if c.tie_output:
             self.output.weight = self.tgt_embed.weight
 
     def _init_weights(self) -> None:

@@ -7,10 +7,11 @@ Parameter layout and initialisation follow timm's ``VisionTransformer``, so weig
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from timm.layers import trunc_normal_
+from timm.layers import build_sincos2d_pos_embed, trunc_normal_
 from torch import Tensor, nn
 
 from lightformer.nn import (
@@ -21,112 +22,127 @@ from lightformer.nn import (
     NormKind,
     PatchEmbedding,
     make_norm,
-    sinusoidal_table,
 )
+from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_heads, check_patch_size
 
 Pool = Literal["cls", "mean"]
 ViTPosition = Literal["learned", "sincos"]
 
 
-def sincos_2d_table(grid_size: int, d_model: int) -> Tensor:
-    """Fixed 2-D sin-cos positions ``(grid_size², d_model)`` in row-major patch order.
+@dataclass(frozen=True)
+class ViTConfig:
+    """The shape of a Vision Transformer: every hyperparameter and its default, declared once.
 
-    The first half of the channels encodes the patch row with the 1-D sinusoidal table, the second half
-    the column (as MAE and big_vision do), so the table needs ``d_model`` divisible by 4.
+    Args:
+        image_size: side of the (square) input images; a multiple of patch_size (linked from the data).
+        in_channels: image channels, 1 grey or 3 RGB (linked from the data).
+        num_classes: classifier outputs (linked from the data); 0 gives no head (the model returns features).
+        patch_size: side of the square patches; the encoder sees (image_size / patch_size)² tokens.
+        d_model: token width.
+        n_layers: encoder layers.
+        n_heads: attention heads; must divide d_model.
+        d_ff: hidden width of the feed-forward networks (timm's mlp_ratio · d_model); None: 4·d_model.
+        dropout: dropout on the embeddings and on each sublayer's output.
+        attn_dropout: dropout on the attention weights.
+        drop_path: stochastic depth rate of the last layer; layer i gets drop_path · i / (n_layers - 1).
+        pool: "cls" classifies from a class token (final norm before pooling, timm's global_pool='token');
+            "mean" averages the patch tokens, then normalises (timm's global_pool='avg' with fc_norm).
+        position: "learned" absolute positions, or "sincos" fixed 2-D sin-cos positions (timm's
+            ``build_sincos2d_pos_embed``: a quarter of the channels each for sin and cos of the patch's column and
+            row; zero for the class token).
+        norm: "layernorm" or "rmsnorm".
+        norm_eps: epsilon of every norm (timm uses 1e-6).
+        activation: feed-forward activation.
+        qkv_bias: biases in the attention and feed-forward projections.
     """
-    if d_model % 4:
-        raise ValueError(f"2-D sin-cos positions need d_model divisible by 4, got d_model={d_model}")
-    axis = sinusoidal_table(grid_size, d_model // 2)  # (grid, d/2)
-    rows = axis[:, None, :].expand(grid_size, grid_size, -1)
-    cols = axis[None, :, :].expand(grid_size, grid_size, -1)
-    return torch.cat([rows, cols], dim=-1).reshape(grid_size * grid_size, d_model)
+
+    image_size: int | None = None
+    in_channels: int = 3
+    num_classes: int | None = None
+    patch_size: int = 4
+    d_model: int = 192
+    n_layers: int = 6
+    n_heads: int = 3
+    d_ff: int | None = None
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    drop_path: float = 0.0
+    pool: Pool = "cls"
+    position: ViTPosition = "learned"
+    norm: NormKind = "layernorm"
+    norm_eps: float = 1e-6
+    activation: Activation = "gelu"
+    qkv_bias: bool = True
+
+    def __post_init__(self) -> None:
+        check_choice("in_channels", self.in_channels, (1, 3))
+        check_at_least("num_classes", self.num_classes, 0)
+        check_at_least("patch_size", self.patch_size, 1)
+        if self.image_size is not None:
+            check_patch_size(self.image_size, self.patch_size)
+        check_at_least("n_layers", self.n_layers, 1)
+        check_heads(self.d_model, self.n_heads)
+        check_at_least("d_ff", self.d_ff, 1)
+        check_fraction("dropout", self.dropout)
+        check_fraction("attn_dropout", self.attn_dropout)
+        check_fraction("drop_path", self.drop_path)
+        check_choice("pool", self.pool, ("cls", "mean"))
+        check_choice("position", self.position, ("learned", "sincos"))
+        check_choice("norm", self.norm, ("layernorm", "rmsnorm"))
+        check_choice("activation", self.activation, ("gelu", "gelu_tanh", "relu", "swiglu"))
+        if self.position == "sincos" and self.d_model % 4:
+            raise ValueError(
+                f"position='sincos' needs d_model divisible by 4 (rows and columns, sin and cos); "
+                f"got d_model={self.d_model}"
+            )
 
 
 class VisionTransformer(nn.Module):
-    """ViT image classifier: ``(batch, in_channels, image_size, image_size)`` → logits ``(batch, num_classes)``.
+    """ViT image classifier: ``(batch, in_channels, image_size, image_size)`` → logits ``(batch, num_classes)``."""
 
-    Args:
-        image_size: side of the (square) input images; must be a multiple of ``patch_size``.
-        patch_size: side of the square patches; the encoder sees ``(image_size / patch_size)²`` tokens.
-        in_channels: image channels (1 grey, 3 RGB).
-        num_classes: classifier outputs; 0 gives no head (``forward`` returns pooled features).
-        d_model: token width.
-        n_layers: encoder layers.
-        n_heads: attention heads (must divide ``d_model``).
-        d_ff: hidden width of the feed-forward networks (timm's ``mlp_ratio · d_model``); None: 4·d_model.
-        dropout: dropout on the embeddings and on each sublayer's output.
-        attn_dropout: dropout on the attention weights.
-        drop_path: stochastic depth rate of the last layer; layer i gets ``drop_path · i / (n_layers - 1)``.
-        pool: "cls" classifies from a class token (final norm before pooling, timm's ``global_pool='token'``);
-            "mean" averages the patch tokens, then normalises (timm's ``global_pool='avg'`` with ``fc_norm``).
-        position: "learned" absolute positions, or "sincos" fixed 2-D sin-cos positions (zero for the class token).
-        norm: "layernorm" or "rmsnorm".
-        activation: feed-forward activation.
-        qkv_bias: biases in the attention and feed-forward projections.
-        norm_eps: epsilon of every norm (timm uses 1e-6).
-    """
-
-    def __init__(
-        self,
-        image_size: int = 224,
-        patch_size: int = 16,
-        in_channels: int = 3,
-        num_classes: int = 1000,
-        d_model: int = 768,
-        n_layers: int = 12,
-        n_heads: int = 12,
-        d_ff: int | None = None,
-        dropout: float = 0.0,
-        attn_dropout: float = 0.0,
-        drop_path: float = 0.0,
-        pool: Pool = "cls",
-        position: ViTPosition = "learned",
-        norm: NormKind = "layernorm",
-        activation: Activation = "gelu",
-        qkv_bias: bool = True,
-        norm_eps: float = 1e-6,
-    ) -> None:
+    def __init__(self, config: ViTConfig) -> None:
         super().__init__()
-        if pool not in ("cls", "mean"):
-            raise ValueError(f"unknown pool {pool!r}; valid: 'cls', 'mean'")
-        if position not in ("learned", "sincos"):
-            raise ValueError(f"unknown position {position!r}; valid: 'learned', 'sincos'")
-        self.num_classes = num_classes
-        self.pool = pool
-        self.d_model = d_model
-        self.patch_embed = PatchEmbedding(image_size, patch_size, in_channels, d_model)
-        self.num_prefix_tokens = 1 if pool == "cls" else 0
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, d_model)) if pool == "cls" else None
+        c = config
+        if c.image_size is None or c.num_classes is None:
+            raise ValueError("ViTConfig.image_size and num_classes must be set (the CLI links them from the data)")
+        self.config = config
+        self.num_classes = c.num_classes
+        self.pool = c.pool
+        self.d_model = c.d_model
+        self.patch_embed = PatchEmbedding(c.image_size, c.patch_size, c.in_channels, c.d_model)
+        self.num_prefix_tokens = 1 if c.pool == "cls" else 0
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model)) if c.pool == "cls" else None
         num_tokens = self.patch_embed.num_patches + self.num_prefix_tokens
-        self.pos_embed = LearnedPositionalEmbedding(d_model, num_tokens)  # (tokens, d_model), class token first
-        if position == "sincos":  # fixed: a frozen table, so it still travels in the state dict (as in MAE)
+        self.pos_embed = LearnedPositionalEmbedding(c.d_model, num_tokens)  # (tokens, d_model), class token first
+        if c.position == "sincos":  # fixed: a frozen table, so it still travels in the state dict (as in MAE)
             with torch.no_grad():
                 self.pos_embed.weight.zero_()
-                self.pos_embed.weight[self.num_prefix_tokens :] = sincos_2d_table(self.patch_embed.grid_size, d_model)
+                grid = [self.patch_embed.grid_size] * 2
+                self.pos_embed.weight[self.num_prefix_tokens :] = build_sincos2d_pos_embed(grid, c.d_model)
             self.pos_embed.weight.requires_grad_(False)
-        self.pos_drop = nn.Dropout(dropout)
-        rates = torch.linspace(0, drop_path, n_layers).tolist() if n_layers > 1 else [drop_path] * n_layers
+        self.pos_drop = nn.Dropout(c.dropout)
+        rates = torch.linspace(0, c.drop_path, c.n_layers).tolist() if c.n_layers > 1 else [c.drop_path] * c.n_layers
         layers = [
             EncoderLayer(
-                d_model,
-                n_heads,
-                d_ff,
-                dropout=dropout,
-                attn_dropout=attn_dropout,
-                activation=activation,
-                norm=norm,
+                c.d_model,
+                c.n_heads,
+                c.d_ff,
+                dropout=c.dropout,
+                attn_dropout=c.attn_dropout,
+                activation=c.activation,
+                norm=c.norm,
                 norm_first=True,
-                norm_eps=norm_eps,
-                bias=qkv_bias,
+                norm_eps=c.norm_eps,
+                bias=c.qkv_bias,
                 drop_path=rate,
             )
             for rate in rates
         ]
         # timm normalises the tokens before class-token pooling, but the pooled mean after average pooling.
-        self.encoder = Encoder(layers, make_norm(norm, d_model, norm_eps) if pool == "cls" else None)
-        self.fc_norm = make_norm(norm, d_model, norm_eps) if pool == "mean" else nn.Identity()
-        self.head = nn.Linear(d_model, num_classes) if num_classes > 0 else nn.Identity()
-        self._init_weights(position == "learned")
+        self.encoder = Encoder(layers, make_norm(c.norm, c.d_model, c.norm_eps) if c.pool == "cls" else None)
+        self.fc_norm = make_norm(c.norm, c.d_model, c.norm_eps) if c.pool == "mean" else nn.Identity()
+        self.head = nn.Linear(c.d_model, c.num_classes) if c.num_classes > 0 else nn.Identity()
+        self._init_weights(c.position == "learned")
 
     def _init_weights(self, learned_positions: bool) -> None:
         """timm's default ("original timm") init: truncated N(0, 0.02) for positions and Linear weights, zero biases."""

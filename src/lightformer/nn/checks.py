@@ -1,10 +1,12 @@
-"""Shape checks shared by the blocks and the tasks: errors that name the fields and suggest valid values.
+"""Checks shared by the model configs and the blocks: errors that name the field, its value and what is valid.
 
-Each check takes the names of its fields as the caller's user writes them: plain ``d_model`` for the
-PyTorch modules, ``model.init_args.d_model`` for a task built from a LightningCLI config.
+Each check takes the name of its field as the user writes it (``d_model`` in a model config, ``lr`` in the
+optimizer config); the command line adds where the field lives (``model.net.d_model``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 
 def nearest_divisors(n: int, k: int) -> list[int]:
@@ -25,37 +27,45 @@ def _either(values: list[int]) -> str:
     return " or ".join(map(str, values))
 
 
-def check_heads(d_model: int, n_heads: int, d_model_name: str = "d_model", n_heads_name: str = "n_heads") -> None:
+def check_at_least(name: str, value: float | None, minimum: float) -> None:
+    """Raise ValueError unless ``value >= minimum`` (None passes: a size the data will fill in)."""
+    if value is not None and value < minimum:
+        raise ValueError(f"{name}={value} must be at least {minimum}")
+
+
+def check_fraction(name: str, value: float, upper_inclusive: bool = False) -> None:
+    """Raise ValueError unless ``0 <= value < 1`` (``<= 1`` with ``upper_inclusive``): a rate or probability."""
+    if not (0 <= value <= 1 if upper_inclusive else 0 <= value < 1):
+        raise ValueError(f"{name}={value} must be in [0, 1{']' if upper_inclusive else ')'}")
+
+
+def check_choice(name: str, value: object, choices: Iterable[object]) -> None:
+    """Raise ValueError unless ``value`` is one of ``choices``."""
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not valid; valid: {', '.join(map(repr, choices))}")
+
+
+def check_heads(d_model: int, n_heads: int) -> None:
     """Raise ValueError unless ``n_heads`` divides ``d_model`` (each head gets ``d_model / n_heads`` dimensions)."""
-    if n_heads < 1:
-        raise ValueError(f"{n_heads_name}={n_heads} must be at least 1")
+    check_at_least("d_model", d_model, 1)
+    check_at_least("n_heads", n_heads, 1)
     if d_model % n_heads:
         raise ValueError(
-            f"{d_model_name}={d_model} is not divisible by {n_heads_name}={n_heads}: each head gets "
-            f"d_model / n_heads dimensions; set {n_heads_name} to a divisor of {d_model} such as "
-            f"{_either(nearest_divisors(d_model, n_heads))}, or {d_model_name} to a multiple of {n_heads} such as "
-            f"{_either(nearest_multiples(d_model, n_heads))}"
+            f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets d_model / n_heads "
+            f"dimensions; set n_heads to a divisor of {d_model} such as {_either(nearest_divisors(d_model, n_heads))}, "
+            f"or d_model to a multiple of {n_heads} such as {_either(nearest_multiples(d_model, n_heads))}"
         )
 
 
-def check_patch_size(
-    image_size: int,
-    patch_size: int,
-    image_size_name: str = "image_size",
-    patch_size_name: str = "patch_size",
-    resize_with: str | None = None,
-) -> None:
-    """Raise ValueError unless ``patch_size`` divides ``image_size`` (the patches must tile the image).
-
-    ``resize_with`` names the setting that resizes the images, when there is one (the data module's).
-    """
-    if patch_size < 1:
-        raise ValueError(f"{patch_size_name}={patch_size} must be at least 1")
+def check_patch_size(image_size: int, patch_size: int) -> None:
+    """Raise ValueError unless ``patch_size`` divides ``image_size`` (the patches must tile the image)."""
+    check_at_least("image_size", image_size, 1)
+    check_at_least("patch_size", patch_size, 1)
     if image_size % patch_size:
         raise ValueError(
-            f"{image_size_name}={image_size} is not a multiple of {patch_size_name}={patch_size}: the patches must "
-            f"tile the image; set {patch_size_name} to a divisor of {image_size} such as "
-            f"{_either(nearest_divisors(image_size, patch_size))}, or resize the images to a multiple of "
-            f"{patch_size} such as {_either(nearest_multiples(image_size, patch_size))}"
-            + (f" ({resize_with})" if resize_with else "")
+            f"image_size={image_size} is not a multiple of patch_size={patch_size}: the patches must tile the image; "
+            f"set patch_size to a divisor of {image_size} such as {_either(nearest_divisors(image_size, patch_size))}, "
+            f"or resize the images (the data's image_size) to a multiple of {patch_size} such as "
+            f"{_either(nearest_multiples(image_size, patch_size))}"
         )

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from timm.layers import DropPath
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from lightformer.nn.attention import KVCache, MultiHeadAttention
 from lightformer.nn.feedforward import Activation, FeedForward
@@ -125,16 +126,24 @@ class DecoderLayer(_ResidualLayer):
 
 
 class Encoder(nn.Module):
-    """A stack of encoder layers, with the final norm that pre-norm stacks need (``final_norm``)."""
+    """A stack of encoder layers, with the final norm that pre-norm stacks need (``final_norm``).
+
+    With ``activation_checkpointing`` set, training recomputes each layer's activations in the backward pass
+    instead of storing them (``torch.utils.checkpoint``, dropout replayed with the same random numbers).
+    """
 
     def __init__(self, layers: Iterable[EncoderLayer], final_norm: nn.Module | None = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.norm = final_norm if final_norm is not None else nn.Identity()
+        self.activation_checkpointing = False
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None, causal: bool = False) -> Tensor:
         for layer in self.layers:
-            x = layer(x, key_mask=key_mask, causal=causal)
+            if self.activation_checkpointing and self.training:
+                x = checkpoint(layer, x, key_mask=key_mask, causal=causal, use_reentrant=False)
+            else:
+                x = layer(x, key_mask=key_mask, causal=causal)
         return self.norm(x)
 
 
@@ -157,12 +166,16 @@ class DecoderCache:
 
 
 class Decoder(nn.Module):
-    """A stack of decoder layers, with the final norm that pre-norm stacks need (``final_norm``)."""
+    """A stack of decoder layers, with the final norm that pre-norm stacks need (``final_norm``).
+
+    ``activation_checkpointing`` as in ``Encoder`` (never with a cache: incremental decoding stores nothing).
+    """
 
     def __init__(self, layers: Iterable[DecoderLayer], final_norm: nn.Module | None = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.norm = final_norm if final_norm is not None else nn.Identity()
+        self.activation_checkpointing = False
 
     def new_cache(self, max_length: int | None = None) -> DecoderCache:
         return DecoderCache(len(self.layers), max_length)
@@ -177,6 +190,11 @@ class Decoder(nn.Module):
         cache: DecoderCache | None = None,
     ) -> Tensor:
         for i, layer in enumerate(self.layers):
+            if self.activation_checkpointing and self.training and cache is None:
+                x = checkpoint(
+                    layer, x, memory, key_mask=key_mask, memory_key_mask=memory_key_mask, use_reentrant=False
+                )
+                continue
             x = layer(
                 x,
                 memory,

@@ -10,7 +10,6 @@ import math
 import time
 from pathlib import Path
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
@@ -23,51 +22,31 @@ from torchvision.transforms import v2
 from torchvision.utils import make_grid
 
 from lightformer.data.images import load_image
-from lightformer.models.vit import Pool, VisionTransformer, ViTPosition
-from lightformer.nn import Activation, NormKind, record_attention
-from lightformer.nn.checks import check_heads, check_patch_size
-from lightformer.tasks.forward import drop_legacy_alias, model_forward
-from lightformer.tasks.optim import Schedule, configure_task_optimizer
+from lightformer.models.vit import VisionTransformer, ViTConfig
+from lightformer.nn import record_attention
+from lightformer.tasks.base import Task, as_config
+from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tasks.tensorboard import tensorboard_writer
 
 CHECKPOINT_KEY = "image_classification"  # preprocessing and class names, as plain lists (weights_only-safe)
 
 
-class ImageClassificationTask(L.LightningModule):
+class ImageClassificationTask(Task):
     """Cross-entropy on a ViT; the data module's class names and normalisation travel inside the checkpoint.
 
-    ``num_classes``, ``image_size`` and ``in_channels`` are linked from the data module by the CLI, so a
-    checkpoint alone is enough to classify image files (``classify_files``, ``python -m lightformer classify``).
+    The model's ``num_classes``, ``image_size`` and ``in_channels`` are linked from the data module by the CLI,
+    so a checkpoint alone is enough to classify image files (``classify_files``, ``lightformer classify``).
 
     Args:
-        num_classes: classes of the data (linked from the data module).
-        image_size: side of the square input images (linked).
-        in_channels: image channels (linked).
-        patch_size: side of the square patches; must divide image_size.
-        d_model: token width.
-        n_layers: encoder layers.
-        n_heads: attention heads; must divide d_model.
-        d_ff: feed-forward hidden width (timm's mlp_ratio · d_model); None: 4 · d_model.
-        dropout: dropout on the embeddings and on each sublayer's output.
-        attn_dropout: dropout on the attention weights.
-        drop_path: stochastic depth rate of the last layer, rising linearly from 0 at the first.
-        pool: "cls" (class token) or "mean" (average of the patch tokens).
-        position: "learned" or "sincos" (fixed 2-D sin-cos) positions.
-        norm: "layernorm" or "rmsnorm".
-        activation: feed-forward activation.
-        qkv_bias: biases in the attention and feed-forward projections.
+        net: the ViT's shape (``ViTConfig``).
+        optimizer: AdamW and its learning-rate schedule.
+        compile: run the training and evaluation forward pass through ``torch.compile``.
+        activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
         label_smoothing: of the training targets (also inside mixup/cutmix targets); validation and test
             losses are plain cross-entropy.
         mixup: alpha of timm's mixup; 0 disables it. With mixup or cutmix on, each batch is mixed with its
             reverse (an odd last batch loses one image) and trained on soft targets.
         cutmix: alpha of timm's cutmix; 0 disables it.
-        lr: peak learning rate of AdamW.
-        min_lr: learning rate at the end of the cosine decay.
-        warmup_steps: steps of linear warmup from 0 to lr.
-        schedule: "cosine", "inverse_sqrt" or "constant" after the warmup (per step).
-        weight_decay: AdamW decay of the weight matrices (none on biases, norms, positions, class token).
-        betas: AdamW betas.
-        compile: torch.compile the model for training and evaluation.
         test_time_flip: evaluate and predict on each image and its mirror image, averaging the two
             probabilities (test-time augmentation; doubles the cost of evaluation). Only for data whose
             mirrored images keep their labels (not digits), and training with flips.
@@ -76,61 +55,20 @@ class ImageClassificationTask(L.LightningModule):
 
     def __init__(
         self,
-        num_classes: int = 10,
-        image_size: int = 28,
-        in_channels: int = 1,
-        patch_size: int = 4,
-        d_model: int = 192,
-        n_layers: int = 6,
-        n_heads: int = 3,
-        d_ff: int | None = None,
-        dropout: float = 0.0,
-        attn_dropout: float = 0.0,
-        drop_path: float = 0.1,
-        pool: Pool = "cls",
-        position: ViTPosition = "learned",
-        norm: NormKind = "layernorm",
-        activation: Activation = "gelu",
-        qkv_bias: bool = True,
+        net: ViTConfig = ViTConfig(),
+        optimizer: OptimizerConfig = OptimizerConfig(),
+        compile: bool = False,
+        activation_checkpointing: bool = False,
         label_smoothing: float = 0.1,
         mixup: float = 0.0,
         cutmix: float = 0.0,
-        lr: float = 1e-3,
-        min_lr: float = 1e-5,
-        warmup_steps: int = 500,
-        schedule: Schedule = "cosine",
-        weight_decay: float = 0.05,
-        betas: tuple[float, float] = (0.9, 0.999),
-        compile: bool = False,
         test_time_flip: bool = False,
         attention_images: int = 4,
     ) -> None:
-        super().__init__()
-        model_args = "model.init_args"
-        check_patch_size(
-            image_size, patch_size, f"{model_args}.image_size", f"{model_args}.patch_size", "data.init_args.image_size"
-        )
-        check_heads(d_model, n_heads, f"{model_args}.d_model", f"{model_args}.n_heads")
+        super().__init__(optimizer, compile, activation_checkpointing)
         self.save_hyperparameters()
-        self.model = VisionTransformer(
-            image_size=image_size,
-            patch_size=patch_size,
-            in_channels=in_channels,
-            num_classes=num_classes,
-            d_model=d_model,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            d_ff=d_ff,
-            dropout=dropout,
-            attn_dropout=attn_dropout,
-            drop_path=drop_path,
-            pool=pool,
-            position=position,
-            norm=norm,
-            activation=activation,
-            qkv_bias=qkv_bias,
-        )
-        self.forward_fn = model_forward(self.model, compile)
+        self.model = VisionTransformer(as_config(ViTConfig, net))
+        num_classes = self.model.num_classes
         self.mixup = None
         if mixup > 0 or cutmix > 0:
             self.mixup = Mixup(
@@ -152,21 +90,16 @@ class ImageClassificationTask(L.LightningModule):
         self._attention_batch: Tensor | None = None
         self._batch_start = 0.0
 
-    def forward(self, images: Tensor) -> Tensor:
-        """Images ``(batch, in_channels, image_size, image_size)`` → logits ``(batch, num_classes)``."""
-        return self.forward_fn(images)
-
     # --- class names and preprocessing, carried from the data module into the checkpoint --------------------
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is None:
             return
-        hp = self.hparams
         for name in ("num_classes", "image_size", "in_channels"):
-            value = getattr(datamodule, name, None)
-            if value is not None and value != hp[name]:
-                raise ValueError(f"the data has {name}={value} but model.{name}={hp[name]}; set model.{name}={value}")
+            value, expected = getattr(datamodule, name, None), getattr(self.model.config, name)
+            if value is not None and value != expected:
+                raise ValueError(f"the data has {name}={value} but model.net.{name}={expected}; they must be equal")
         class_names = getattr(datamodule, "class_names", None)
         if class_names:
             self.class_names = [str(name) for name in class_names]
@@ -179,12 +112,11 @@ class ImageClassificationTask(L.LightningModule):
             "class_names": self.class_names,
             "normalize_mean": self.normalize_mean,
             "normalize_std": self.normalize_std,
-            "in_channels": int(self.hparams.in_channels),
-            "image_size": int(self.hparams.image_size),
+            "in_channels": int(self.model.config.in_channels),
+            "image_size": int(self.model.config.image_size),
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        drop_legacy_alias(checkpoint)
         stored = checkpoint.get(CHECKPOINT_KEY, {})
         self.class_names = stored.get("class_names")
         self.normalize_mean = stored.get("normalize_mean")
@@ -261,7 +193,7 @@ class ImageClassificationTask(L.LightningModule):
         self.test_confusion.reset()
         writer = tensorboard_writer(self)
         if writer is not None:
-            names = self.class_names or [str(i) for i in range(self.hparams.num_classes)]
+            names = self.class_names or [str(i) for i in range(self.model.num_classes)]
             writer.add_image("test/confusion_matrix", render_confusion_matrix(confusion, names), self.global_step)
 
     def predict_step(self, batch: Tensor | tuple[Tensor, ...], batch_idx: int = 0) -> dict[str, Tensor]:
@@ -270,9 +202,6 @@ class ImageClassificationTask(L.LightningModule):
         images = batch[0] if isinstance(batch, list | tuple) else batch
         probabilities = self.evaluation_logits(images).softmax(dim=-1)
         return {"probabilities": probabilities, "predictions": probabilities.argmax(dim=-1)}
-
-    def configure_optimizers(self) -> dict:
-        return configure_task_optimizer(self)
 
     # --- attention maps -----------------------------------------------------------------------------------
 
@@ -318,11 +247,11 @@ class ImageClassificationTask(L.LightningModule):
                 "this model does not know its input normalisation: train it with an ImageDataModule "
                 "(or load a checkpoint written by one), or set normalize_mean and normalize_std"
             )
-        hp = self.hparams
+        config = self.model.config
         transform = v2.Compose(
             [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.normalize_mean, self.normalize_std)]
         )
-        return torch.stack([transform(load_image(path, hp.in_channels, hp.image_size)) for path in paths])
+        return torch.stack([transform(load_image(path, config.in_channels, config.image_size)) for path in paths])
 
     @torch.no_grad()
     def classify_files(self, paths: list[str | Path], top_k: int = 3) -> list[list[tuple[str, float]]]:
@@ -331,7 +260,7 @@ class ImageClassificationTask(L.LightningModule):
         self.eval()
         probabilities = self.predict_step(self.preprocess_files(paths).to(self.device))["probabilities"]
         self.train(was_training)
-        names = self.class_names or [str(i) for i in range(self.hparams.num_classes)]
+        names = self.class_names or [str(i) for i in range(self.model.num_classes)]
         values, indices = probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1)
         return [
             [(names[i], p) for i, p in zip(row_indices.tolist(), row_values.tolist(), strict=True)]

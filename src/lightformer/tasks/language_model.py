@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -13,90 +12,64 @@ from torchmetrics import MeanMetric
 
 from lightformer.data.tokenizers import Tokenizer
 from lightformer.generation import generate
-from lightformer.models.gpt import GPT
-from lightformer.nn import Activation, NormKind, PositionKind
-from lightformer.nn.checks import check_heads
-from lightformer.tasks.forward import drop_legacy_alias, model_forward
-from lightformer.tasks.optim import Schedule, configure_task_optimizer
+from lightformer.models.gpt import GPT, GPTConfig
+from lightformer.tasks.base import Task, as_config
+from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tasks.tensorboard import tensorboard_writer
 
 
-class LanguageModelTask(L.LightningModule):
-    """Next-token cross-entropy on a GPT; logs loss, perplexity, learning rate, tokens/s and generated samples.
+class LanguageModelTask(Task):
+    """Next-token cross-entropy on a GPT; logs loss, perplexity and generated samples.
 
-    ``vocab_size`` and ``block_size`` are linked from the data module by the CLI. The tokenizer travels
-    inside the checkpoint, so a checkpoint alone is enough to generate.
+    The model's ``vocab_size`` and ``block_size`` are linked from the data module by the CLI. The tokenizer
+    travels inside the checkpoint, so a checkpoint alone is enough to generate.
+
+    Args:
+        net: the GPT's shape (``GPTConfig``).
+        optimizer: AdamW and its learning-rate schedule.
+        compile: run the training and evaluation forward pass through ``torch.compile``.
+        activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
+        sample_prompt: the text the validation samples logged to TensorBoard continue.
+        sample_tokens: length of each logged sample, in tokens.
+        sample_temperature: sampling temperature of the logged samples.
+        sample_top_k: sample among the k most likely tokens only (None: all).
     """
 
     def __init__(
         self,
-        vocab_size: int,
-        block_size: int = 256,
-        n_layers: int = 6,
-        n_heads: int = 6,
-        d_model: int = 384,
-        d_ff: int | None = None,
-        dropout: float = 0.0,
-        position: PositionKind = "learned",
-        activation: Activation = "gelu",
-        norm: NormKind = "layernorm",
-        bias: bool = True,
-        tie_weights: bool = True,
-        lr: float = 1e-3,
-        min_lr: float = 1e-4,
-        warmup_steps: int = 100,
-        schedule: Schedule = "cosine",
-        weight_decay: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.99),
+        net: GPTConfig = GPTConfig(),
+        optimizer: OptimizerConfig = OptimizerConfig(),
         compile: bool = False,
+        activation_checkpointing: bool = False,
         sample_prompt: str = "\n",
         sample_tokens: int = 200,
         sample_temperature: float = 0.8,
         sample_top_k: int | None = None,
     ) -> None:
-        super().__init__()
-        check_heads(d_model, n_heads, "model.init_args.d_model", "model.init_args.n_heads")
+        super().__init__(optimizer, compile, activation_checkpointing)
         self.save_hyperparameters()
-        self.model = GPT(
-            vocab_size=vocab_size,
-            block_size=block_size,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            d_model=d_model,
-            d_ff=d_ff,
-            dropout=dropout,
-            position=position,
-            activation=activation,
-            norm=norm,
-            bias=bias,
-            tie_weights=tie_weights,
-        )
-        self.forward_fn = model_forward(self.model, compile)
+        self.model = GPT(as_config(GPTConfig, net))
         self.tokenizer: Tokenizer | None = None
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
         self._batch_start = 0.0
-
-    def forward(self, ids: Tensor) -> Tensor:
-        return self.forward_fn(ids)
 
     # --- tokenizer, carried from the data module into the checkpoint -------------------------------------
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
         block_size = getattr(datamodule, "block_size", None)
-        if block_size is not None and block_size > self.hparams.block_size:
+        if block_size is not None and block_size > self.model.block_size:
             raise ValueError(
-                f"data.init_args.block_size={block_size} is larger than model.init_args.block_size="
-                f"{self.hparams.block_size}, the length of the model's position table; set the data's block_size "
-                f"to at most {self.hparams.block_size}, or build the model with block_size >= {block_size}"
+                f"data.block_size={block_size} is larger than model.net.block_size={self.model.block_size}, the "
+                f"length of the model's position table; set the data's block_size to at most {self.model.block_size}"
             )
         tokenizer = getattr(datamodule, "tokenizer", None)
         if tokenizer is not None:
-            if tokenizer.vocab_size > self.hparams.vocab_size:
+            if tokenizer.vocab_size > self.model.vocab_size:
                 raise ValueError(
-                    f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size="
-                    f"{self.hparams.vocab_size}; set vocab_size >= {tokenizer.vocab_size}"
+                    f"the tokenizer has {tokenizer.vocab_size} tokens but model.net.vocab_size="
+                    f"{self.model.vocab_size}; the model's vocabulary must hold every token id"
                 )
             if self.tokenizer is not None:  # loaded from a checkpoint, or set by an earlier run
                 _check_same_tokenizer(saved=self.tokenizer, data=tokenizer)
@@ -112,7 +85,6 @@ class LanguageModelTask(L.LightningModule):
             checkpoint["tokenizer"] = self.tokenizer.to_str()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        drop_legacy_alias(checkpoint)
         if "tokenizer" in checkpoint:
             saved = Tokenizer.from_str(checkpoint["tokenizer"], source="the checkpoint's tokenizer")
             if self.tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
@@ -157,9 +129,6 @@ class LanguageModelTask(L.LightningModule):
         loss = self.test_loss.compute()
         self.test_loss.reset()
         self.log_dict({"test/loss": loss, "test/ppl": torch.exp(loss)})
-
-    def configure_optimizers(self) -> dict:
-        return configure_task_optimizer(self)
 
     # --- generation ---------------------------------------------------------------------------------------
 

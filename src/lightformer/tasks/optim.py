@@ -1,85 +1,89 @@
-"""AdamW with decay/no-decay parameter groups and the learning-rate schedules the tasks share."""
+"""The optimizer every task uses: AdamW (fused, on every device) with a per-step learning-rate schedule."""
 
 from __future__ import annotations
 
 import math
-from functools import partial
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from timm.optim import param_groups_weight_decay
 from torch import nn
+
+from lightformer.nn.checks import check_at_least, check_choice, check_fraction
 
 Schedule = Literal["cosine", "inverse_sqrt", "constant"]
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices (Linear, Embedding, Conv weights); none on biases and norm gains.
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW and its learning-rate schedule, the same for every task (``model.optimizer`` in a config).
 
-    Names listed by ``model.no_weight_decay()`` (timm's convention: class token, position table) are
-    never decayed. Tied weights appear once.
+    Args:
+        lr: peak learning rate, reached at the end of the warm-up.
+        min_lr: learning rate at the end of the cosine decay (schedule "cosine").
+        warmup_steps: optimizer steps of linear warm-up from 0 to lr.
+        schedule: after the warm-up, per optimizer step: "cosine" decays to min_lr at the run's last step,
+            "inverse_sqrt" decays ∝ 1/√step (the Transformer paper's), "constant" stays at lr.
+        weight_decay: AdamW's decoupled weight decay of the weight matrices and embeddings (never of biases,
+            norm gains, position tables or class tokens).
+        betas: AdamW's running-average coefficients.
     """
-    skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():  # yields shared (tied) parameters once
-        if not p.requires_grad:
-            continue
-        (decay if p.ndim >= 2 and name not in skip else no_decay).append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+
+    lr: float = 1e-3
+    min_lr: float = 0.0
+    warmup_steps: int = 0
+    schedule: Schedule = "cosine"
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"lr={self.lr} must be positive")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"min_lr={self.min_lr} must be in [0, lr={self.lr}]")
+        check_at_least("warmup_steps", self.warmup_steps, 0)
+        check_choice("schedule", self.schedule, ("cosine", "inverse_sqrt", "constant"))
+        check_at_least("weight_decay", self.weight_decay, 0)
+        for i, beta in enumerate(self.betas):
+            check_fraction(f"betas[{i}]", beta)
 
 
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
-    """Linear warmup from 0 to 1 over ``warmup_steps``, then cosine decay to ``min_ratio`` at ``total_steps``."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+class WarmupSchedule:
+    """The learning-rate factor (of ``lr``) at each optimizer step: linear warm-up, then the chosen decay.
+
+    A callable object rather than a function so that ``LambdaLR.state_dict`` stores its fields: a resumed run
+    keeps the schedule it was planned with (``total_steps`` included), even if the new run is longer.
+    """
+
+    def __init__(self, schedule: Schedule, warmup_steps: int, total_steps: int, min_ratio: float) -> None:
+        check_choice("schedule", schedule, ("cosine", "inverse_sqrt", "constant"))
+        self.schedule = schedule
+        self.warmup_steps = warmup_steps
+        self.total_steps = total_steps
+        self.min_ratio = min_ratio
+
+    def __call__(self, step: int) -> float:
+        if self.schedule == "inverse_sqrt":  # the paper's, normalised to peak at 1 at the end of the warm-up
+            warmup = max(1, self.warmup_steps)
+            return min((step + 1) / warmup, math.sqrt(warmup / (step + 1)))
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def inverse_sqrt(step: int, warmup_steps: int) -> float:
-    """The paper's schedule, normalised to peak at 1: linear warmup, then decay ∝ 1/√step."""
-    step = step + 1
-    return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+def configure_adamw(model: nn.Module, config: OptimizerConfig, total_steps: int) -> dict:
+    """What ``LightningModule.configure_optimizers`` returns: AdamW over ``model`` and its per-step schedule.
 
-
-def configure_adamw(
-    model: nn.Module,
-    lr: float,
-    weight_decay: float,
-    betas: tuple[float, float],
-    schedule: Schedule,
-    warmup_steps: int,
-    total_steps: int,
-    min_lr: float = 0.0,
-) -> dict:
-    """What ``LightningModule.configure_optimizers`` returns: AdamW and a per-step LambdaLR schedule."""
-    fused = {"fused": True} if all(p.is_cuda for p in model.parameters()) else {}
-    optimizer = torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr, betas=betas, **fused)
-    if schedule == "cosine":
-        factor = partial(warmup_cosine, warmup_steps=warmup_steps, total_steps=total_steps, min_ratio=min_lr / lr)
-    elif schedule == "inverse_sqrt":
-        factor = partial(inverse_sqrt, warmup_steps=max(1, warmup_steps))
-    elif schedule == "constant":  # after the warmup
-        factor = partial(warmup_cosine, warmup_steps=warmup_steps, total_steps=total_steps, min_ratio=1.0)
-    else:
-        raise ValueError(f"unknown schedule {schedule!r}; valid: 'cosine', 'inverse_sqrt', 'constant'")
+    The optimizer is fused (one kernel for all parameters) on every device, CPU included, so the CPU tests run
+    the optimizer a GPU run uses; ``Task.configure_gradient_clipping`` makes clipping work with it.
+    """
+    no_decay = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()
+    groups = param_groups_weight_decay(model, config.weight_decay, no_weight_decay_list=no_decay)
+    optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, fused=True)
+    factor = WarmupSchedule(config.schedule, config.warmup_steps, total_steps, config.min_lr / config.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-def configure_task_optimizer(task) -> dict:
-    """``configure_adamw`` for a task whose hparams hold lr, min_lr, weight_decay, betas, schedule and
-    warmup_steps, over ``task.model``, for as many steps as the trainer will take."""
-    hp = task.hparams
-    return configure_adamw(
-        task.model,
-        lr=hp.lr,
-        weight_decay=hp.weight_decay,
-        betas=hp.betas,
-        schedule=hp.schedule,
-        warmup_steps=hp.warmup_steps,
-        total_steps=task.trainer.estimated_stepping_batches,
-        min_lr=hp.min_lr,
-    )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -14,113 +13,82 @@ from torchmetrics.text import SacreBLEUScore
 from lightformer.data.tokenizers import Tokenizer
 from lightformer.data.translation import TranslationDataset
 from lightformer.generation import beam_search
-from lightformer.models.seq2seq import EncoderDecoder
-from lightformer.nn import Activation, NormKind, PositionKind, record_attention
-from lightformer.nn.checks import check_heads
-from lightformer.tasks.forward import drop_legacy_alias, model_forward
-from lightformer.tasks.optim import Schedule, configure_task_optimizer
+from lightformer.models.seq2seq import EncoderDecoder, EncoderDecoderConfig
+from lightformer.nn import record_attention
+from lightformer.tasks.base import Task, as_config
+from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tasks.tensorboard import heatmap_image, tensorboard_writer
 
 Batch = dict[str, Tensor | list[str]]
 
 
-class TranslationTask(L.LightningModule):
+class TranslationTask(Task):
     """Label-smoothed cross-entropy on shifted targets; BLEU of greedy or beam-search translations.
 
-    ``src_vocab_size``, ``tgt_vocab_size`` and ``pad_id`` are linked from the data module by the CLI; its
-    tokenizers travel inside the checkpoint, so a checkpoint alone can translate. Validation decodes with
-    ``val_beam_size`` (1 = greedy, cheap), test with ``beam_size``.
+    The model's ``src_vocab_size``, ``tgt_vocab_size`` and ``pad_id`` are linked from the data module by the
+    CLI; its tokenizers travel inside the checkpoint, so a checkpoint alone can translate. Validation decodes
+    with ``val_beam_size`` (1 = greedy, cheap), test with ``beam_size``.
+
+    Args:
+        net: the encoder-decoder's shape (``EncoderDecoderConfig``).
+        optimizer: AdamW and its learning-rate schedule.
+        compile: run the training and evaluation forward pass through ``torch.compile``.
+        activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
+        label_smoothing: of the training targets.
+        beam_size: beam width at test time and for ``translate`` (1 = greedy).
+        val_beam_size: beam width of the validation BLEU.
+        length_penalty: hypotheses are ranked by log p / length^length_penalty (fairseq's convention).
+        max_len_a: a translation has at most max_len_a · source length + max_len_b tokens.
+        max_len_b: see max_len_a.
+        num_logged_samples: validation translations shown in TensorBoard.
     """
 
     def __init__(
         self,
-        src_vocab_size: int,
-        tgt_vocab_size: int,
-        pad_id: int = 0,
-        max_len: int = 256,
-        n_encoder_layers: int = 6,
-        n_decoder_layers: int = 6,
-        d_model: int = 512,
-        n_heads: int = 8,
-        d_ff: int | None = 2048,
-        dropout: float = 0.1,
-        attn_dropout: float = 0.0,
-        activation: Activation = "relu",
-        norm: NormKind = "layernorm",
-        norm_first: bool = False,
-        position: PositionKind = "sinusoidal",
-        share_embeddings: bool = True,
-        tie_output: bool = True,
+        net: EncoderDecoderConfig = EncoderDecoderConfig(),
+        optimizer: OptimizerConfig = OptimizerConfig(),
+        compile: bool = False,
+        activation_checkpointing: bool = False,
         label_smoothing: float = 0.1,
-        lr: float = 7e-4,
-        min_lr: float = 0.0,
-        schedule: Schedule = "inverse_sqrt",
-        warmup_steps: int = 4000,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.98),
         beam_size: int = 4,
         val_beam_size: int = 1,
         length_penalty: float = 1.0,
         max_len_a: float = 1.5,
         max_len_b: int = 10,
         num_logged_samples: int = 4,
-        compile: bool = False,
     ) -> None:
-        super().__init__()
-        check_heads(d_model, n_heads, "model.init_args.d_model", "model.init_args.n_heads")
+        super().__init__(optimizer, compile, activation_checkpointing)
         self.save_hyperparameters()
-        self.model = EncoderDecoder(
-            src_vocab_size,
-            tgt_vocab_size,
-            max_len=max_len,
-            n_encoder_layers=n_encoder_layers,
-            n_decoder_layers=n_decoder_layers,
-            d_model=d_model,
-            n_heads=n_heads,
-            d_ff=d_ff,
-            dropout=dropout,
-            attn_dropout=attn_dropout,
-            activation=activation,
-            norm=norm,
-            norm_first=norm_first,
-            position=position,
-            share_embeddings=share_embeddings,
-            tie_output=tie_output,
-            pad_id=pad_id,
-        )
-        self.forward_fn = model_forward(self.model, compile)
+        self.model = EncoderDecoder(as_config(EncoderDecoderConfig, net))
+        self.pad_id = self.model.pad_id
         self.src_tokenizer: Tokenizer | None = None
         self.tgt_tokenizer: Tokenizer | None = None
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_bleu, self.test_bleu = SacreBLEUScore(tokenize="13a"), SacreBLEUScore(tokenize="13a")
         self._samples: list[tuple[str, str, str]] = []
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        return self.forward_fn(src, tgt_in)
-
     # --- tokenizers, carried from the data module into the checkpoint --------------------------------------
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
-        hp = self.hparams
         longest = _longest_sequence(datamodule)
-        if longest > hp.max_len and hp.position != "none":
+        max_len = self.model.max_len
+        if longest > max_len and self.model.config.position != "none":
             limit = getattr(datamodule, "max_sentence_tokens", "?")
             raise ValueError(
-                f"the data has sequences of {longest} positions (data.init_args.max_sentence_tokens={limit}) but "
-                f"model.init_args.max_len={hp.max_len}, the length of the model's position table; set "
-                f"max_sentence_tokens <= {hp.max_len} (longer train pairs are dropped, val/test ids cut) or "
+                f"the data has sequences of {longest} positions (data.max_sentence_tokens={limit}) but "
+                f"model.net.max_len={max_len}, the length of the model's position table; set "
+                f"max_sentence_tokens <= {max_len} (longer train pairs are dropped, val/test ids cut) or "
                 f"max_len >= {longest}"
             )
         if getattr(datamodule, "src_tokenizer", None) is not None:
             tokenizers = {"src": datamodule.src_tokenizer, "tgt": datamodule.tgt_tokenizer}
             for side, tokenizer in tokenizers.items():
-                size = hp[f"{side}_vocab_size"]
+                size = getattr(self.model.config, f"{side}_vocab_size")
                 if tokenizer.vocab_size > size:
                     raise ValueError(
-                        f"the data's {side} tokenizer has {tokenizer.vocab_size} tokens but model.init_args."
-                        f"{side}_vocab_size={size}; set {side}_vocab_size >= {tokenizer.vocab_size} (the CLI links "
-                        f"it from the data module)"
+                        f"the data's {side} tokenizer has {tokenizer.vocab_size} tokens but model.net."
+                        f"{side}_vocab_size={size}; the model's vocabulary must hold every token id"
                     )
             if self.src_tokenizer is not None:  # loaded from a checkpoint, or set by an earlier run
                 _check_same_tokenizers({"src": self.src_tokenizer, "tgt": self.tgt_tokenizer}, tokenizers)
@@ -138,7 +106,6 @@ class TranslationTask(L.LightningModule):
             checkpoint["tgt_tokenizer"] = self.tgt_tokenizer.to_str()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        drop_legacy_alias(checkpoint)
         if "src_tokenizer" in checkpoint:
             saved = {
                 side: Tokenizer.from_str(checkpoint[f"{side}_tokenizer"], source=f"the checkpoint's {side}_tokenizer")
@@ -157,10 +124,10 @@ class TranslationTask(L.LightningModule):
         loss = F.cross_entropy(
             logits.flatten(0, 1).float(),
             target.flatten(),
-            ignore_index=self.hparams.pad_id,
+            ignore_index=self.pad_id,
             label_smoothing=self.hparams.label_smoothing,
         )
-        return loss, int((target != self.hparams.pad_id).sum())
+        return loss, int((target != self.pad_id).sum())
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss, n_tokens = self._loss(batch)
@@ -201,9 +168,6 @@ class TranslationTask(L.LightningModule):
         self.test_loss.reset()
         self.test_bleu.reset()
 
-    def configure_optimizers(self) -> dict:
-        return configure_task_optimizer(self)
-
     # --- decoding ------------------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -215,8 +179,8 @@ class TranslationTask(L.LightningModule):
             )
         hp = self.hparams
         beam_size = beam_size or hp.beam_size
-        src_len = int((src != hp.pad_id).sum(1).max())
-        max_new_tokens = min(int(hp.max_len_a * src_len + hp.max_len_b), hp.max_len - 1)
+        src_len = int((src != self.pad_id).sum(1).max())
+        max_new_tokens = min(int(hp.max_len_a * src_len + hp.max_len_b), self.model.max_len - 1)
         was_training = self.model.training
         self.model.eval()
         decoder = self.model.incremental_decoder(src, beam_size)
@@ -234,9 +198,9 @@ class TranslationTask(L.LightningModule):
             raise RuntimeError(
                 "this model has no tokenizer: train it with a translation data module or load a checkpoint"
             )
-        eos, limit = self.src_tokenizer.eos_id, self.hparams.max_len - 1
+        eos, limit = self.src_tokenizer.eos_id, self.model.max_len - 1
         ids = [self.src_tokenizer.encode(s.strip())[:limit] + [eos] for s in sentences]  # as in training: ... EOS
-        src = torch.full((len(ids), max(map(len, ids))), self.hparams.pad_id, dtype=torch.long, device=self.device)
+        src = torch.full((len(ids), max(map(len, ids))), self.pad_id, dtype=torch.long, device=self.device)
         for i, row in enumerate(ids):
             src[i, : len(row)] = torch.tensor(row)
         return self.translate_ids(src, beam_size)
@@ -247,7 +211,7 @@ class TranslationTask(L.LightningModule):
         if writer is None or self.trainer.sanity_checking:
             return
         src, tgt = batch["src"][:1], batch["tgt"][:1]
-        src, tgt = src[:, : int((src != self.hparams.pad_id).sum())], tgt[:, : int((tgt != self.hparams.pad_id).sum())]
+        src, tgt = src[:, : int((src != self.pad_id).sum())], tgt[:, : int((tgt != self.pad_id).sum())]
         with record_attention(self.model) as weights:
             self.model(src, tgt[:, :-1])
         last = f"decoder.layers.{len(self.model.decoder.layers) - 1}.cross_attn"

@@ -1,0 +1,141 @@
+"""What every task shares: the optimizer and its schedule, gradient clipping, sharding, compilation, plain hparams.
+
+A task (``LanguageModelTask``, ``TranslationTask``, ...) is a ``Task`` that builds its model from a model config
+(``GPTConfig``, ...) and adds its loss, metrics and logging. Everything here is one code path for every device,
+precision and strategy, so the CPU tests run what a GPU run does:
+
+- AdamW is fused everywhere (``tasks.optim``). Lightning's mixed-precision plugins refuse to clip gradients for
+  a fused optimizer (it would unscale fp16 gradients inside its step, after the clipping); ``clip_gradients``
+  unscales first and then clips, under 32-true, bf16-mixed and 16-mixed alike.
+- Under ``configs/trainer/fsdp.yaml`` (Lightning's ``ModelParallelStrategy``) each encoder/decoder layer and
+  then the whole model are sharded with FSDP2's ``fully_shard``; their gradients are DTensors, whose global norm
+  ``torch.nn.utils.clip_grad_norm_`` computes across the shards, so clipping is the same code there too.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import asdict, is_dataclass
+from typing import Any, TypeVar
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from lightformer.nn import Decoder, DecoderLayer, Encoder, EncoderLayer
+from lightformer.tasks.optim import OptimizerConfig, configure_adamw
+
+ConfigT = TypeVar("ConfigT")
+
+
+def as_config(config_class: type[ConfigT], value: ConfigT | dict[str, Any]) -> ConfigT:
+    """A model or optimizer config from itself or from the plain dict a checkpoint stores."""
+    return value if isinstance(value, config_class) else config_class(**value)
+
+
+class Task(L.LightningModule):
+    """A LightningModule around ``self.model`` (built by the subclass) with the shared optimizer and set-up.
+
+    Args of every task:
+        optimizer: AdamW and its learning-rate schedule (``OptimizerConfig``).
+        compile: run the training and evaluation forward pass through ``torch.compile``.
+        activation_checkpointing: recompute each layer's activations in the backward pass instead of storing
+            them: less memory for about a third more compute.
+    """
+
+    model: nn.Module
+
+    def __init__(self, optimizer: OptimizerConfig | dict, compile: bool, activation_checkpointing: bool) -> None:
+        super().__init__()
+        self.optimizer_config = as_config(OptimizerConfig, optimizer)
+        self.compile = compile
+        self.activation_checkpointing = activation_checkpointing
+        self._forward = None  # the model's __call__, compiled or not; a method, never a registered module
+
+    def save_hyperparameters(self, *args: Any, **kwargs: Any) -> None:
+        """Lightning's, from the calling ``__init__``, with every config stored as a plain dict: checkpoints then
+        load with ``torch.load(weights_only=True)`` and TensorBoard lists each field."""
+        kwargs.setdefault("frame", inspect.currentframe().f_back)
+        super().save_hyperparameters(*args, **kwargs)
+        for key, value in self.hparams.items():
+            if is_dataclass(value):
+                self.hparams[key] = asdict(value)
+
+    def forward(self, *inputs: Tensor) -> Tensor:
+        """The model's forward pass, compiled on first use when ``compile`` (see the model for the shapes).
+
+        The compiled function is kept as a bound method, not a module: a second registered module would store
+        every weight twice in checkpoints, under keys an eager model cannot load. Generation and beam search
+        (growing lengths, a cache) call ``self.model`` eagerly.
+        """
+        if self._forward is None:
+            self._forward = torch.compile(self.model).__call__ if self.compile else self.model.__call__
+        return self._forward(*inputs)
+
+    # --- set-up shared by every device, precision and strategy --------------------------------------------
+
+    def configure_model(self) -> None:
+        """Turn on activation checkpointing; under ``ModelParallelStrategy`` shard each layer, then the model."""
+        for module in self.model.modules():
+            if isinstance(module, Encoder | Decoder):
+                module.activation_checkpointing = self.activation_checkpointing
+        if self.device_mesh is None:
+            return
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        for module in self.model.modules():
+            if isinstance(module, EncoderLayer | DecoderLayer):
+                fully_shard(module, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
+    def configure_optimizers(self) -> dict:
+        return configure_adamw(self.model, self.optimizer_config, self.trainer.estimated_stepping_batches)
+
+    def configure_gradient_clipping(
+        self, optimizer: Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
+    ) -> None:
+        clip_gradients(self.trainer, optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def on_train_start(self) -> None:
+        scheduler = self.lr_schedulers()
+        planned = getattr(scheduler.lr_lambdas[0], "total_steps", None) if scheduler is not None else None
+        total = self.trainer.estimated_stepping_batches
+        if planned is not None and planned != total and self.optimizer_config.schedule == "cosine":
+            rank_zero_warn(
+                f"the learning-rate schedule was planned for {planned} steps by the run this checkpoint comes from, "
+                f"and it is kept (resuming is exact); this run goes to {total} steps, so "
+                + (
+                    f"steps {planned}..{total} run at min_lr={self.optimizer_config.min_lr}"
+                    if total > planned
+                    else f"it stops at step {total}, before the decay ends"
+                )
+                + ". To plan a new schedule, start a new run from the checkpoint's weights instead of resuming."
+            )
+
+
+def clip_gradients(trainer: L.Trainer, optimizer: Optimizer, value: float | None, algorithm: str | None) -> None:
+    """Clip the gradients of ``optimizer``'s parameters to norm (or per value) ``value``, in true units.
+
+    Under 16-mixed the gradients are still multiplied by the loss scale when a fused optimizer is used (Lightning
+    leaves unscaling to its step), so they are unscaled here first; the step then knows they are (PyTorch's
+    ``GradScaler`` tracks it) and still skips steps with infinite gradients.
+    """
+    if not value:
+        return
+    if isinstance(trainer.strategy, FSDPStrategy):
+        raise ValueError(
+            "gradient clipping is not supported with Lightning's FSDPStrategy (FSDP1) in lightformer: use "
+            "configs/trainer/fsdp.yaml (FSDP2 through ModelParallelStrategy), where it works like everywhere else"
+        )
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+        scaler.unscale_(optimizer)
+    parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if algorithm == "value":
+        torch.nn.utils.clip_grad_value_(parameters, value)
+    else:
+        torch.nn.utils.clip_grad_norm_(parameters, value)
