@@ -1,0 +1,305 @@
+"""Data-side transforms of the self-supervised text objectives: BERT masking, T5 span corruption, NSP pairs.
+
+An objective is data plus a loss (see DESIGN.md): these functions turn a plain sequence of token ids into the
+(inputs, labels) a shared model is trained on, so masked-language modelling and span corruption need no model or
+task of their own. Each is a pure function of 1-D integer arrays whose only randomness is the
+`numpy.random.Generator` passed in; a caller that seeds it from (seed, epoch, example index) gets the same
+corruption of the same example on every run, so a resumed training run sees exactly the batches it would have seen.
+Outputs are always fresh int64 arrays (what torch's embeddings and `cross_entropy` take); inputs are never modified.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+# The label of positions that carry no loss: the default `ignore_index` of torch.nn.functional.cross_entropy.
+IGNORE_INDEX = -100
+
+
+def mask_tokens(
+    ids: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    mask_id: int,
+    vocab_size: int,
+    maskable: np.ndarray,
+    probability: float = 0.15,
+    mask_fraction: float = 0.8,
+    random_fraction: float = 0.1,
+    word_starts: np.ndarray | None = None,
+    random_low: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """BERT's masked-language-model corruption of one sequence: (inputs, labels), both int64 of `ids`' length.
+
+    As `create_instances_from_document` / `create_masked_lm_predictions` in Google's BERT
+    `create_pretraining_data.py` (Devlin et al. 2018, "BERT", section 3.1 and appendix A.1):
+
+    1. Exactly `num = max(1, round(probability * maskable.sum()))` positions are selected (none if nothing is
+       maskable), uniformly without replacement among the positions where `maskable` is True, so the rate is
+       exactly `probability` up to rounding rather than a Bernoulli draw per token. Special tokens ([CLS], [SEP],
+       padding) are marked False in `maskable` and are never selected or changed.
+    2. Each selected token independently draws u ~ U(0, 1): u < `mask_fraction` puts `mask_id` in its place;
+       u < `mask_fraction + random_fraction` puts a token drawn uniformly from [`random_low`, `vocab_size`)
+       (which may by chance be the original token, as in BERT); otherwise the token is left unchanged.
+
+    `labels` holds the original id at the selected positions and `IGNORE_INDEX` everywhere else.
+
+    Whole-word masking (BERT's `--do_whole_word_mask`): with `word_starts` (True where a token begins a word),
+    the candidates are whole words: a maskable token starts a word where `word_starts` is True or where the
+    token before it is not maskable (a word never runs across a special token), and the word continues over the
+    following maskable non-start tokens. The words are shuffled and taken in that order while the number of
+    selected tokens stays at most `num`; a word that would overshoot is skipped and the next one tried. So fewer
+    than `num` tokens are selected only when no remaining word fits (e.g. a single 3-token word and `num` = 1).
+    The 80/10/10 choice is still made per token, as in BERT's implementation.
+
+    Args:
+        ids: `(seq,)` integer token ids, all in [0, `vocab_size`).
+        rng: the only source of randomness.
+        mask_id: the [MASK] token id, in [0, `vocab_size`).
+        vocab_size: number of token ids; random replacements are below it.
+        maskable: `(seq,)` bool, False at special tokens that must never be selected.
+        probability: share of maskable tokens selected for prediction, in (0, 1].
+        mask_fraction: share of the selected tokens replaced by `mask_id`.
+        random_fraction: share of the selected tokens replaced by a random token; the rest stays unchanged.
+        word_starts: `(seq,)` bool, True where a token begins a new word; None masks single tokens.
+        random_low: smallest id a random replacement may take (e.g. the number of special tokens, so that no
+            [CLS] or [PAD] is ever put into the text), in [0, `vocab_size`).
+    """
+    ids = _as_ids(ids, "ids")
+    maskable = _as_flags(maskable, "maskable", len(ids))
+    if word_starts is not None:
+        word_starts = _as_flags(word_starts, "word_starts", len(ids))
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be at least 1, got {vocab_size}")
+    if not 0 <= mask_id < vocab_size:
+        raise ValueError(f"mask_id={mask_id} is out of range: it must lie in [0, vocab_size={vocab_size})")
+    if not 0 <= random_low < vocab_size:
+        raise ValueError(f"random_low={random_low} is out of range: it must lie in [0, vocab_size={vocab_size})")
+    if not 0 < probability <= 1:
+        raise ValueError(f"probability must lie in (0, 1], got {probability}")
+    if mask_fraction < 0 or random_fraction < 0 or mask_fraction + random_fraction > 1 + 1e-9:
+        raise ValueError(
+            f"mask_fraction={mask_fraction} and random_fraction={random_fraction} must both be >= 0 "
+            "with a sum of at most 1 (the rest of the selected tokens stays unchanged)"
+        )
+    if len(ids) and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"ids must lie in [0, vocab_size={vocab_size}), found [{ids.min()}, {ids.max()}]")
+
+    num_maskable = int(maskable.sum())
+    num_to_select = max(1, round(probability * num_maskable)) if num_maskable else 0
+    selected = np.zeros(len(ids), dtype=bool)
+    if word_starts is None:
+        selected[rng.choice(np.flatnonzero(maskable), size=num_to_select, replace=False)] = True
+    elif num_maskable:
+        after_special = np.concatenate(([True], ~maskable[:-1]))
+        begins_word = maskable & (word_starts | after_special)
+        word_of_token = (np.cumsum(begins_word) - 1)[maskable]  # the word of each maskable token
+        word_lengths = np.bincount(word_of_token).tolist()
+        chosen = np.zeros(len(word_lengths), dtype=bool)
+        total = 0
+        for word in rng.permutation(len(word_lengths)).tolist():
+            if total >= num_to_select:
+                break
+            if total + word_lengths[word] <= num_to_select:
+                chosen[word] = True
+                total += word_lengths[word]
+        selected[maskable] = chosen[word_of_token]
+
+    positions = np.flatnonzero(selected)
+    inputs = ids.astype(np.int64)  # a copy: `ids` itself is never modified
+    labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int64)
+    labels[positions] = inputs[positions]
+    u = rng.random(len(positions))
+    inputs[positions[u < mask_fraction]] = mask_id
+    replaced = positions[(u >= mask_fraction) & (u < mask_fraction + random_fraction)]
+    inputs[replaced] = rng.integers(random_low, vocab_size, size=len(replaced))
+    return inputs, labels
+
+
+def random_spans_noise_mask(
+    length: int, rng: np.random.Generator, noise_density: float = 0.15, mean_span_length: float = 3.0
+) -> np.ndarray:
+    """`(length,)` bool mask, True on noise: T5's `random_spans_noise_mask`, with a numpy generator.
+
+    As in google-research/text-to-text-transfer-transformer `t5/data/preprocessors.py` (Raffel et al. 2020,
+    section 3.1.4) and Hugging Face's `run_t5_mlm_flax.py`: the counts are fixed by the length,
+
+        num_noise_tokens = round(length * noise_density), clipped to [1, length - 1]
+        num_noise_spans = max(1, round(num_noise_tokens / mean_span_length)),
+
+    (here also at most `num_noise_tokens` and the number of non-noise tokens, so that every span is non-empty),
+    and only the layout is random: the noise tokens and the non-noise tokens are each split into
+    `num_noise_spans` positive lengths uniformly at random (`_random_segmentation`), and the spans alternate
+    non-noise, noise, non-noise, noise, ... So the mask always starts with a non-noise token and, as in T5, ends
+    with a noise span. Rounding is numpy's (half to even), as `tf.round`.
+    """
+    num_noise_tokens, num_noise_spans = _noise_span_counts(length, noise_density, mean_span_length, "length")
+    noise_lengths = _random_segmentation(num_noise_tokens, num_noise_spans, rng)
+    nonnoise_lengths = _random_segmentation(length - num_noise_tokens, num_noise_spans, rng)
+    interleaved = np.stack([nonnoise_lengths, noise_lengths], axis=1).reshape(-1)
+    span_starts = np.zeros(length, dtype=np.int64)
+    span_starts[np.cumsum(interleaved)[:-1]] = 1
+    return np.cumsum(span_starts) % 2 == 1  # spans 0, 2, 4, ... are non-noise, 1, 3, 5, ... noise
+
+
+def span_corruption(
+    ids: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    sentinel_ids: Sequence[int] | np.ndarray,
+    noise_density: float = 0.15,
+    mean_span_length: float = 3.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """T5's span corruption of one sequence: (inputs, targets), int64.
+
+    The noise spans come from `random_spans_noise_mask`. `inputs` is `ids` with each noise span replaced by one
+    sentinel, the i-th span (from the left) by `sentinel_ids[i]`; `targets` is, for each span i in order,
+    `sentinel_ids[i]` followed by the span's tokens (T5's `noise_span_to_unique_sentinel` and
+    `nonnoise_span_to_unique_sentinel`). Example, with sentinels X, Y:
+    `a b c d e f g` → inputs `a X d e Y`, targets `X b c Y f g`. No EOS is appended: the caller adds the
+    special tokens. T5 takes its sentinels from the top of the vocabulary downwards (`sentinel_ids` =
+    32099, 32098, ...); any distinct ids that never occur in `ids` will do. `reconstruct_from_spans` inverts it.
+
+    Args:
+        ids: `(seq,)` integer token ids, at least 2 of them (one noise and one kept token).
+        rng: the only source of randomness.
+        sentinel_ids: distinct ids, at least as many as the sequence has noise spans
+            (`max(1, round(round(seq * noise_density) / mean_span_length))`).
+        noise_density: share of the tokens that are noise, in (0, 1).
+        mean_span_length: mean number of tokens in a noise span, at least 1.
+    """
+    ids = _as_ids(ids, "ids")
+    sentinels = _as_sentinels(sentinel_ids)
+    _, num_noise_spans = _noise_span_counts(len(ids), noise_density, mean_span_length, "ids")
+    if num_noise_spans > len(sentinels):
+        raise ValueError(
+            f"sentinel_ids has {len(sentinels)} ids, but a sequence of {len(ids)} tokens with "
+            f"noise_density={noise_density} and mean_span_length={mean_span_length} has {num_noise_spans} noise "
+            "spans, each needing its own sentinel: pass more sentinel_ids"
+        )
+    if np.isin(ids, sentinels).any():
+        raise ValueError("ids contains some of sentinel_ids: the targets could not be told apart from the spans")
+    noise = random_spans_noise_mask(len(ids), rng, noise_density, mean_span_length)
+    span_starts = noise & ~np.concatenate(([False], noise[:-1]))
+    inputs = ids.astype(np.int64)
+    inputs[span_starts] = sentinels[: int(span_starts.sum())]
+    targets = np.insert(ids[noise].astype(np.int64), np.flatnonzero(span_starts[noise]), inputs[span_starts])
+    return inputs[~noise | span_starts], targets
+
+
+def reconstruct_from_spans(
+    inputs: np.ndarray, targets: np.ndarray, sentinel_ids: Sequence[int] | np.ndarray
+) -> np.ndarray:
+    """The sequence that `span_corruption` corrupted into (inputs, targets): int64.
+
+    Each sentinel in `inputs` is replaced by the tokens that follow the same sentinel in `targets`, up to the next
+    sentinel or the end. Meant also for showing a model's denoising samples, so it is lenient with imperfect
+    `targets`: tokens before the first sentinel are ignored, a sentinel missing from `targets` is filled with
+    nothing, and of a sentinel repeated in `targets` the first occurrence counts. Strip EOS and padding from
+    `targets` first, or they end up in the last span.
+    """
+    inputs = _as_ids(inputs, "inputs")
+    targets = _as_ids(targets, "targets")
+    sentinels = _as_sentinels(sentinel_ids)
+    starts = np.flatnonzero(np.isin(targets, sentinels))
+    ends = np.append(starts[1:], len(targets))
+    fills: dict[int, np.ndarray] = {}
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        fills.setdefault(int(targets[start]), targets[start + 1 : end])
+    pieces, previous = [], 0
+    for position in np.flatnonzero(np.isin(inputs, sentinels)).tolist():
+        pieces += [inputs[previous:position], fills.get(int(inputs[position]), targets[:0])]
+        previous = position + 1
+    pieces.append(inputs[previous:])
+    return np.concatenate(pieces).astype(np.int64)
+
+
+def nsp_pair(
+    segment_a: np.ndarray,
+    segment_b: np.ndarray,
+    *,
+    cls_id: int,
+    sep_id: int,
+    max_length: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:
+    """BERT's next-sentence-prediction input `[CLS] A [SEP] B [SEP]`, at most `max_length` long: (ids, segment_ids).
+
+    Both are int64; `segment_ids` is 0 for [CLS], A and the first [SEP], and 1 for B and the last [SEP]. A pair
+    longer than `max_length` is cut as `truncate_seq_pair` in Google's BERT `create_pretraining_data.py`: one token at a
+    time is removed from the longer of A and B (from B when they are equally long), from its front or its back
+    with probability 1/2 each, until the pair fits; [CLS] and [SEP] are never removed. Whether B truly follows A
+    is the caller's choice. `max_length` must be at least 5, so that both segments keep a token.
+    """
+    segment_a = _as_ids(segment_a, "segment_a")
+    segment_b = _as_ids(segment_b, "segment_b")
+    if max_length < 5:
+        raise ValueError(
+            f"max_length must be at least 5 ([CLS], [SEP], [SEP] and a token of each segment), got {max_length}"
+        )
+    a_start, a_end, b_start, b_end = 0, len(segment_a), 0, len(segment_b)
+    excess = len(segment_a) + len(segment_b) - (max_length - 3)
+    for from_front in (rng.random(max(excess, 0)) < 0.5).tolist():
+        if a_end - a_start > b_end - b_start:
+            a_start, a_end = (a_start + 1, a_end) if from_front else (a_start, a_end - 1)
+        else:
+            b_start, b_end = (b_start + 1, b_end) if from_front else (b_start, b_end - 1)
+    ids = np.concatenate(
+        ([cls_id], segment_a[a_start:a_end], [sep_id], segment_b[b_start:b_end], [sep_id]), dtype=np.int64
+    )
+    segment_ids = np.zeros(len(ids), dtype=np.int64)
+    segment_ids[a_end - a_start + 2 :] = 1
+    return ids, segment_ids
+
+
+def _noise_span_counts(length: int, noise_density: float, mean_span_length: float, name: str) -> tuple[int, int]:
+    """(num_noise_tokens, num_noise_spans) of T5's span corruption; `name` is what error messages call the length."""
+    if not 0 < noise_density < 1:
+        raise ValueError(f"noise_density must lie in (0, 1), got {noise_density}")
+    if not mean_span_length >= 1:
+        raise ValueError(f"mean_span_length must be at least 1, got {mean_span_length}")
+    if length < 2:
+        what = "length is" if name == "length" else f"{name} has length"
+        raise ValueError(f"{what} {length}: span corruption needs at least 2 tokens (one noise, one kept)")
+    num_noise_tokens = min(max(int(np.round(length * noise_density)), 1), length - 1)
+    num_noise_spans = max(1, int(np.round(num_noise_tokens / mean_span_length)))
+    return num_noise_tokens, min(num_noise_spans, num_noise_tokens, length - num_noise_tokens)
+
+
+def _random_segmentation(num_items: int, num_segments: int, rng: np.random.Generator) -> np.ndarray:
+    """`(num_segments,)` positive lengths summing to `num_items`, every such split equally likely (T5's)."""
+    first_in_segment = np.zeros(num_items, dtype=np.int64)
+    first_in_segment[1:] = rng.permutation(np.arange(num_items - 1) < num_segments - 1)
+    return np.bincount(np.cumsum(first_in_segment), minlength=num_segments)
+
+
+def _as_ids(ids: np.ndarray | Sequence[int], name: str) -> np.ndarray:
+    """`ids` as a 1-D integer array (an empty list counts as integers), or a ValueError naming `name`."""
+    array = np.asarray(ids)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of token ids, got shape {array.shape}")
+    if array.size == 0:
+        return array.astype(np.int64)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{name} must hold integer token ids, got dtype {array.dtype}")
+    return array
+
+
+def _as_flags(flags: np.ndarray, name: str, length: int) -> np.ndarray:
+    """`flags` as a 1-D bool array of `length`, or a ValueError naming `name`."""
+    array = np.asarray(flags)
+    if array.shape != (length,):
+        raise ValueError(f"{name} must have the shape of ids, ({length},), got {array.shape}")
+    if array.dtype != np.bool_:
+        raise ValueError(f"{name} must be a bool array, got dtype {array.dtype}")
+    return array
+
+
+def _as_sentinels(sentinel_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """`sentinel_ids` as a 1-D int64 array of distinct ids, or a ValueError naming sentinel_ids."""
+    sentinels = _as_ids(sentinel_ids, "sentinel_ids").astype(np.int64)
+    if len(np.unique(sentinels)) != len(sentinels):
+        raise ValueError("sentinel_ids must be distinct: each noise span needs its own sentinel")
+    return sentinels
