@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from lightning.pytorch.strategies import Strategy
 from lightformer.models import EncoderDecoderConfig, GPTConfig, ViTConfig
 from lightformer.nn import DecoderLayer, EncoderLayer
 from lightformer.tasks import ImageClassificationTask, LanguageModelTask, TranslationTask
+from lightformer.tasks.base import clip_gradients
 from tiny_runs import ShardProbe, build, last_checkpoint, resolved_config, task_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,6 +126,7 @@ def test_ddp_on_two_cpu_processes_shards_the_data_and_matches_one_process(task, 
         *task_args(task, tmp_path),
         "--config=configs/trainer/ddp_cpu.yaml",
         "--trainer.max_epochs=2",
+        "--trainer.gradient_clip_val=0.5",
         "--trainer.limit_val_batches=1.0",  # the whole validation set: DDP splits it, one process takes all
     ]
     run_cli(["fit", *args, probe(tmp_path / "ddp")], tmp_path)
@@ -147,6 +150,29 @@ def test_ddp_on_two_cpu_processes_shards_the_data_and_matches_one_process(task, 
     if task == "vision":
         single.datamodule.setup("fit")
         assert len(shards[0] | shards[1]) == len(single.datamodule.train_dataloader().dataset)
+
+    # FSDP2 on the same 2 processes, same data and clipping: every layer sharded (DTensor gradients, their global
+    # norm clipped, the fused AdamW stepping shards), the checkpoint gathered into one file: the same weights.
+    fsdp_dir = tmp_path / "fsdp"
+    fsdp_args = [*task_args(task, fsdp_dir), *args[len(task_args(task, tmp_path)) :]]
+    fsdp_args[fsdp_args.index("--config=configs/trainer/ddp_cpu.yaml")] = "--config=configs/trainer/fsdp_cpu.yaml"
+    run_cli(["fit", *fsdp_args, probe(fsdp_dir / "probe")], tmp_path)
+    sharded = torch.load(last_checkpoint(fsdp_dir), weights_only=True)["state_dict"]
+    replicated = torch.load(last_checkpoint(tmp_path), weights_only=True)["state_dict"]
+    assert sharded.keys() == replicated.keys()
+    for name, value in replicated.items():
+        if name.endswith("qkv.bias"):
+            # The key bias shifts every score of a query equally, which softmax ignores: its true gradient is 0, so
+            # Adam amplifies rounding noise (which differs between all-reduce and reduce-scatter) into its updates.
+            d = value.shape[0] // 3
+            value, sharded[name] = (
+                torch.cat([value[:d], value[2 * d :]]),
+                torch.cat([sharded[name][:d], sharded[name][2 * d :]]),
+            )
+        torch.testing.assert_close(sharded[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    fsdp_metrics = json.loads((fsdp_dir / "probe" / "rank0.json").read_text())["metrics"]
+    for name, value in ranks[0]["metrics"].items():
+        assert fsdp_metrics[name] == pytest.approx(value, rel=1e-4, abs=1e-5), name
 
 
 # --- precision -------------------------------------------------------------------------------------------
@@ -188,6 +214,66 @@ def test_bf16_mixed_on_cpu_trains_each_task_with_finite_loss(task, tmp_path):
     assert record.output_dtypes == {torch.bfloat16}, "the forward pass did not run in bfloat16"
 
 
+# On a CPU Lightning turns "16-mixed" into bf16-mixed; this plugin runs fp16 autocast with a loss scaler instead,
+# the code path of 16-mixed on a GPU.
+CPU_FP16 = {
+    "class_path": "lightning.pytorch.plugins.MixedPrecision",
+    "init_args": {
+        "precision": "16-mixed",
+        "device": "cpu",
+        "scaler": {"class_path": "torch.amp.GradScaler", "init_args": {"device": "cpu", "init_scale": 1024.0}},
+    },
+}
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])
+def test_the_fused_adamw_clips_gradients_under_every_precision(precision, tmp_path):
+    """Lightning's mixed-precision plugins refuse to clip for a fused optimizer; every task uses one, on every
+    device, and clips through ``Task.configure_gradient_clipping``."""
+    args = [*task_args("vision", tmp_path), "--trainer.max_steps=8", "--trainer.gradient_clip_val=0.01"]
+    if precision == "16-mixed":
+        args += ["--trainer.precision=null", f"--trainer.plugins=[{json.dumps(CPU_FP16)}]"]
+    else:
+        args.append(f"--trainer.precision={precision}")
+    clipped = ClipProbe()
+    cli = build(args, clipped)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert cli.trainer.global_step == 8 and cli.trainer.optimizers[0].defaults["fused"] is True
+    finite = [norm for norm in clipped.norms if math.isfinite(norm)]  # fp16: the scaler skips overflowing steps
+    assert len(finite) >= 4
+    assert all(norm <= 0.01 * 1.001 for norm in finite) and max(finite) >= 0.0099  # the true norm is far above
+
+
+def test_clipping_under_loss_scaling_clips_the_true_gradients():
+    """16-mixed with a fused optimizer: ``clip_gradients`` unscales before clipping, so the step equals that of the
+    true gradients clipped; clipping the scaled gradients (what Lightning leaves to a fused optimizer) does not."""
+    torch.manual_seed(0)
+    x, initial = torch.randn(16, 8), torch.nn.Linear(8, 8).state_dict()
+    trainer = SimpleNamespace(strategy=None, precision_plugin=SimpleNamespace(scaler=None))
+    results = []
+    for unscale_first in (True, False, None):  # None: the reference, fp32 without a scaler
+        model = torch.nn.Linear(8, 8)
+        model.load_state_dict(initial)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0, fused=True)
+        loss = model(x).square().mean()
+        if unscale_first is None:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+            optimizer.step()
+        else:
+            scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+            scaler.scale(loss).backward()
+            if unscale_first:
+                trainer.precision_plugin.scaler = scaler
+                clip_gradients(trainer, optimizer, 0.01, "norm")
+            else:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+            scaler.step(optimizer)
+        results.append(model.weight.detach().clone())
+    torch.testing.assert_close(results[0], results[2])
+    assert not torch.allclose(results[1], results[2], atol=1e-4)
+
+
 @gpu
 @pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
 @pytest.mark.parametrize("task", TASKS)
@@ -201,6 +287,7 @@ def test_mixed_precision_on_gpu_trains_each_task_with_finite_loss(task, precisio
 @pytest.mark.parametrize("task", TASKS)
 def test_fsdp_preset_trains_and_writes_a_checkpoint_that_loads(task, tmp_path):
     args = [*task_args(task, tmp_path), "--config=configs/trainer/fsdp.yaml", "--trainer.devices=1"]
+    args.append("--trainer.gradient_clip_val=1.0")
     run_cli(["fit", *args, "--trainer.max_epochs=1"], tmp_path)
     checkpoint = torch.load(last_checkpoint(tmp_path), weights_only=True)
     assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values() if v.is_floating_point())

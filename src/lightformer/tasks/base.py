@@ -7,7 +7,7 @@ precision and strategy, so the CPU tests run what a GPU run does:
 - AdamW is fused everywhere (``tasks.optim``). Lightning's mixed-precision plugins refuse to clip gradients for
   a fused optimizer (it would unscale fp16 gradients inside its step, after the clipping); ``clip_gradients``
   unscales first and then clips, under 32-true, bf16-mixed and 16-mixed alike.
-- Under ``configs/trainer/fsdp.yaml`` (Lightning's ``ModelParallelStrategy``) each encoder/decoder layer and
+- Under ``configs/trainer/fsdp.yaml`` (``lightformer.distributed.FSDP2Strategy``) each encoder/decoder layer and
   then the whole model are sharded with FSDP2's ``fully_shard``; their gradients are DTensors, whose global norm
   ``torch.nn.utils.clip_grad_norm_`` computes across the shards, so clipping is the same code there too.
 """
@@ -25,7 +25,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from lightformer.nn import Decoder, DecoderLayer, Encoder, EncoderLayer
+from lightformer.distributed import set_gathered, shard_model
+from lightformer.nn import Decoder, Encoder
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw
 
 ConfigT = TypeVar("ConfigT")
@@ -78,19 +79,31 @@ class Task(L.LightningModule):
     # --- set-up shared by every device, precision and strategy --------------------------------------------
 
     def configure_model(self) -> None:
-        """Turn on activation checkpointing; under ``ModelParallelStrategy`` shard each layer, then the model."""
+        """Turn on activation checkpointing; under ``FSDP2Strategy`` shard each layer, then the model."""
         for module in self.model.modules():
             if isinstance(module, Encoder | Decoder):
                 module.activation_checkpointing = self.activation_checkpointing
-        if self.device_mesh is None:
-            return
-        from torch.distributed.fsdp import fully_shard
+        if self.device_mesh is not None:
+            shard_model(self.model, self.device_mesh["data_parallel"], str(self.trainer.precision))
 
-        mesh = self.device_mesh["data_parallel"]
-        for module in self.model.modules():
-            if isinstance(module, EncoderLayer | DecoderLayer):
-                fully_shard(module, mesh=mesh)
-        fully_shard(self.model, mesh=mesh)
+    # Under FSDP2 evaluation runs on whole (gathered) parameters: see ``lightformer.distributed.set_gathered``.
+    def on_validation_start(self) -> None:
+        set_gathered(self.model, True)
+
+    def on_validation_end(self) -> None:
+        set_gathered(self.model, False)
+
+    def on_test_start(self) -> None:
+        set_gathered(self.model, True)
+
+    def on_test_end(self) -> None:
+        set_gathered(self.model, False)
+
+    def on_predict_start(self) -> None:
+        set_gathered(self.model, True)
+
+    def on_predict_end(self) -> None:
+        set_gathered(self.model, False)
 
     def configure_optimizers(self) -> dict:
         return configure_adamw(self.model, self.optimizer_config, self.trainer.estimated_stepping_batches)
