@@ -10,7 +10,7 @@ from PIL import Image
 
 from lightformer.cli import cli_main, main
 from lightformer.data import ImageDataModule, TextDataModule, TranslationDataModule
-from lightformer.data.images import load_image
+from lightformer.data.image_files import load_image
 from lightformer.data.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer
 from lightformer.models import GPT, EncoderDecoderConfig, GPTConfig, VisionTransformer, ViTConfig
 from lightformer.nn import MultiHeadAttention

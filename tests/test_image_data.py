@@ -1,4 +1,5 @@
-"""Tests for lightformer.data.images: digits, Fashion-MNIST from Debian's files, image folders, errors."""
+"""Tests for lightformer.data.images: digits, Fashion-MNIST from Debian's files, image folders, batch augmentation
+on the device, errors."""
 
 from pathlib import Path
 
@@ -9,7 +10,8 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from lightformer.data import images
-from lightformer.data.images import ImageDataModule, load_image
+from lightformer.data.image_files import load_image
+from lightformer.data.images import ImageDataModule
 
 HAS_DEBIAN_FASHION_MNIST = images.DEBIAN_FASHION_MNIST_DIR.is_dir()
 
@@ -42,7 +44,9 @@ def test_digits_shapes_sizes_and_labels():
     assert sorted(all_indices) == list(range(1797))
 
     for loader in (datamodule.train_dataloader(), datamodule.val_dataloader(), datamodule.test_dataloader()):
-        batch_images, labels = next(iter(loader))
+        batch = next(iter(loader))
+        assert batch[0].shape == (32, 1, 8, 8) and batch[0].dtype == torch.uint8  # 4x less to copy to a GPU
+        batch_images, labels = datamodule.transform_batch(batch, train=False)
         assert batch_images.shape == (32, 1, 8, 8)
         assert batch_images.dtype == torch.float32
         assert labels.shape == (32,) and labels.dtype == torch.int64
@@ -66,20 +70,22 @@ def test_digits_split_is_deterministic_for_a_seed():
 def test_digits_normalisation_uses_train_statistics():
     datamodule = ImageDataModule(dataset="digits", augment="none", batch_size=2000)
     datamodule.setup()
-    train_images, _ = next(iter(datamodule.train_dataloader()))
+    train_images, _ = datamodule.transform_batch(next(iter(datamodule.train_dataloader())), train=True)
     assert train_images.mean().abs() < 1e-4
     assert (train_images.std() - 1).abs() < 1e-3
 
 
-def test_val_size_accepts_counts_and_fractions():
+def test_val_size_is_a_count_and_val_fraction_a_fraction():
     by_count = ImageDataModule(dataset="digits", val_size=100)
-    by_fraction = ImageDataModule(dataset="digits", val_size=0.5)
+    by_fraction = ImageDataModule(dataset="digits", val_fraction=0.5)
     no_validation = ImageDataModule(dataset="digits", val_size=0)
     for datamodule in (by_count, by_fraction, no_validation):
         datamodule.setup()
     assert len(by_count.val_dataset) == 100
     assert len(by_fraction.val_dataset) == round(0.5 * (1797 - 270))
     assert len(no_validation.val_dataset) == 0 and len(no_validation.train_dataset) == 1797 - 270
+    with pytest.raises(ValueError, match=r"give val_size \(a count, here 100\) or val_fraction \(here 0.5\), not both"):
+        ImageDataModule(dataset="digits", val_size=100, val_fraction=0.5)
 
 
 def test_dataloader_options():
@@ -87,51 +93,68 @@ def test_dataloader_options():
     datamodule.setup()
     loader = datamodule.train_dataloader()
     assert loader.persistent_workers and loader.pin_memory and loader.num_workers == 1
-    with pytest.raises(NotImplementedError, match="eval_transform"):
-        datamodule.predict_dataloader()
+    assert len(datamodule.predict_dataloader().dataset) == len(datamodule.test_dataset)  # predict: the test set
     with pytest.raises(RuntimeError, match="setup"):
-        ImageDataModule(dataset="digits").train_dataloader()
+        ImageDataModule(dataset="fashion_mnist").train_dataloader()
 
 
 # ---------------------------------------------------------------- augmentation and transforms
 
 
-@pytest.mark.parametrize("augment", ["flip", "flip_crop", "trivialaugment", "randaugment"])
-def test_training_augmentation_varies_and_eval_transform_is_deterministic(augment):
-    datamodule = ImageDataModule(dataset="fashion_mnist", augment=augment)  # no data is read
-    image = Image.fromarray(torch.randint(0, 256, (28, 28), dtype=torch.uint8).numpy(), mode="L")
+def windows(image: torch.Tensor, padding: int) -> list[torch.Tensor]:
+    """Every (S × S) window of ``image`` (C, S, S) zero-padded by ``padding``: the possible random crops."""
+    size = image.shape[-1]
+    padded = torch.nn.functional.pad(image, (padding,) * 4)
+    return [padded[:, y : y + size, x : x + size] for y in range(2 * padding + 1) for x in range(2 * padding + 1)]
+
+
+@pytest.mark.parametrize(("dataset", "flips"), [("fashion_mnist", True), ("mnist", False)])
+def test_flip_crop_crops_and_flips_each_image_on_its_own(dataset, flips):
+    datamodule = ImageDataModule(dataset=dataset, augment="flip_crop")  # no data is read
     torch.manual_seed(0)
-    train_transform = datamodule.train_transform()
-    first = train_transform(image)
-    assert first.shape == (1, 28, 28) and first.dtype == torch.float32
-    assert any(not torch.equal(first, train_transform(image)) for _ in range(5))
+    image = torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8)  # asymmetric: its mirror is another image
+    batch = image.expand(64, -1, -1, -1).contiguous()
+    out, _ = datamodule.transform_batch((batch, torch.zeros(64, dtype=torch.long)), train=True)
+    pixels = (out * 0.3530 + 0.2860) * 255 if dataset == "fashion_mnist" else (out * 0.3081 + 0.1307) * 255
+    pixels = pixels.round().to(torch.uint8)
+    plain, mirrored = windows(image, 4), windows(image.flip(-1), 4)  # padding: 28 // 7
+    is_plain = [any(torch.equal(x, w) for w in plain) for x in pixels]
+    is_mirrored = [any(torch.equal(x, w) for w in mirrored) for x in pixels]
+    assert all(p or m for p, m in zip(is_plain, is_mirrored, strict=True))  # every output is a crop of the image
+    assert any(is_mirrored) == flips and (not flips or any(is_plain))  # flips only where they keep the label
+    assert len({x.numpy().tobytes() for x in pixels}) > 20  # each image drew its own crop (and flip)
+    evaluated, _ = datamodule.transform_batch((batch, torch.zeros(64, dtype=torch.long)), train=False)
+    torch.testing.assert_close(evaluated, images.normalize(batch, datamodule.normalize_mean, datamodule.normalize_std))
 
-    eval_transform = datamodule.eval_transform()
-    assert torch.equal(eval_transform(image), eval_transform(image))
-    expected = (v2.functional.pil_to_tensor(image).float() / 255 - 0.2860) / 0.3530
-    torch.testing.assert_close(eval_transform(image), expected)
 
-
-def test_flip_crop_flips_only_where_flips_keep_the_label():
-    def has_flip(dataset: str) -> bool:
-        transform = ImageDataModule(dataset=dataset, augment="flip_crop").train_transform()
-        return any(isinstance(step, v2.RandomHorizontalFlip) for step in transform.transforms)
-
-    assert has_flip("fashion_mnist") and has_flip("cifar10")
-    assert not has_flip("mnist") and not has_flip("digits")
+def test_flip_and_none_augment_and_refusals():
+    datamodule = ImageDataModule(dataset="fashion_mnist", augment="flip")
+    torch.manual_seed(0)
+    batch = torch.randint(0, 256, (64, 1, 28, 28), dtype=torch.uint8)
+    out, _ = datamodule.transform_batch((batch, torch.zeros(64)), train=True)
+    plain = images.normalize(batch, datamodule.normalize_mean, datamodule.normalize_std)
+    same = (out == plain).flatten(1).all(1)
+    mirrored = (out == plain.flip(-1)).flatten(1).all(1)
+    assert (same | mirrored).all() and 15 < mirrored.sum() < 49  # about half, each image on its own
+    unaugmented = ImageDataModule(dataset="digits", augment="none")
+    digits_batch = torch.randint(0, 256, (8, 1, 8, 8), dtype=torch.uint8)
+    torch.testing.assert_close(
+        unaugmented.transform_batch((digits_batch, torch.zeros(8)), train=True)[0],
+        unaugmented.transform_batch((digits_batch, torch.zeros(8)), train=False)[0],
+    )
     with pytest.raises(ValueError, match="augment='flip' does not suit dataset='mnist'"):
         ImageDataModule(dataset="mnist", augment="flip")
-    none_transform = ImageDataModule(dataset="digits", augment="none").train_transform()
-    random_steps = (v2.RandomCrop, v2.RandomHorizontalFlip)
-    assert not any(isinstance(step, random_steps) for step in none_transform.transforms)
 
 
-def test_augmented_digits_batches_keep_their_shape():
+def test_per_image_augmentation_runs_in_the_loader():
     for augment in ("trivialaugment", "randaugment"):
         datamodule = ImageDataModule(dataset="digits", augment=augment, image_size=16, batch_size=16)
         datamodule.setup()
-        batch_images, _ = next(iter(datamodule.train_dataloader()))
-        assert batch_images.shape == (16, 1, 16, 16) and torch.isfinite(batch_images).all()
+        batch = next(iter(datamodule.train_dataloader()))
+        assert batch[0].shape == (16, 1, 16, 16) and batch[0].dtype == torch.uint8
+        plain = datamodule.train_dataset.source.tensors[0][datamodule.train_dataset.indices[:1]]
+        assert datamodule.transform_batch(batch, train=True)[0].isfinite().all()
+    assert plain.shape == (1, 1, 16, 16)  # resized once, at setup
 
 
 # ---------------------------------------------------------------- Fashion-MNIST from Debian's package
@@ -161,7 +184,7 @@ def test_fashion_mnist_splits(fashion_mnist):
 
 
 def test_fashion_mnist_batches_are_normalised(fashion_mnist):
-    batch_images, labels = next(iter(fashion_mnist.train_dataloader()))
+    batch_images, labels = fashion_mnist.transform_batch(next(iter(fashion_mnist.train_dataloader())), train=True)
     assert batch_images.shape == (512, 1, 28, 28)
     assert batch_images.mean().abs() < 0.1
     assert (batch_images.std() - 1).abs() < 0.1
@@ -196,7 +219,7 @@ def test_image_folder_with_one_folder(tmp_path):
     sizes = [len(datamodule.train_dataset), len(datamodule.val_dataset), len(datamodule.test_dataset)]
     assert sizes == [8, 2, 2]
     for loader in (datamodule.train_dataloader(), datamodule.test_dataloader()):
-        batch_images, labels = next(iter(loader))
+        batch_images, labels = datamodule.transform_batch(next(iter(loader)), train=False)
         assert batch_images.shape[1:] == (3, 16, 16) and batch_images.dtype == torch.float32
         assert labels.min() >= 0 and labels.max() < 3
 
@@ -205,7 +228,7 @@ def test_image_folder_with_split_folders(tmp_path):
     write_image_folder(tmp_path / "train", ["cat", "dog", "bird"], images_per_class=3)
     write_image_folder(tmp_path / "val", ["dog"], images_per_class=2)  # a class missing from val is fine
     write_image_folder(tmp_path / "test", ["bird", "cat", "dog"], images_per_class=1)
-    datamodule = ImageDataModule(dataset="image_folder", image_folder=str(tmp_path), val_size=0.5)
+    datamodule = ImageDataModule(dataset="image_folder", image_folder=str(tmp_path), val_fraction=0.5)
     assert datamodule.image_size == 224
     datamodule.setup()
     # val/ and test/ are used as they are; nothing is carved from train/.
@@ -246,14 +269,14 @@ def test_image_folder_errors(tmp_path):
 @pytest.mark.parametrize(
     ("val_size", "message"),
     [
-        (5000, r"val_size=5000 .* has 1527 images"),
-        (-1, r"val_size=-1 .* has 1527"),
-        (1.5, r"val_size=1.5 .* \[0, 1\)"),
+        (dict(val_size=5000), r"val_size=5000 .* has 1527 images"),
+        (dict(val_size=-1), r"val_size=-1 .* has 1527"),
+        (dict(val_fraction=1.5), r"val_fraction=1.5 .* \[0, 1\)"),
     ],
 )
 def test_invalid_val_size_names_value_and_train_size(val_size, message):
     with pytest.raises(ValueError, match=message):
-        ImageDataModule(dataset="digits", val_size=val_size)
+        ImageDataModule(dataset="digits", **val_size)
 
 
 def test_invalid_val_size_fails_at_construction_for_known_sizes():
@@ -274,7 +297,7 @@ def test_load_image_converts_modes_and_resizes(tmp_path):
     assert load_image(path, in_channels=3).mode == "RGB"
     grey = load_image(path, in_channels=1, image_size=12)
     assert grey.mode == "L" and grey.size == (12, 12)
-    write_image_folder(tmp_path / "folder", ["cat"], images_per_class=1)
+    write_image_folder(tmp_path / "folder", ["cat", "dog"], images_per_class=1)
     datamodule = ImageDataModule(dataset="image_folder", image_folder=str(tmp_path / "folder"), image_size=12)
     tensor = datamodule.eval_transform()(load_image(path, datamodule.in_channels, datamodule.image_size))
     assert tensor.shape == (3, 12, 12)
@@ -295,8 +318,12 @@ def test_cli_parses_the_constructor_arguments():
     jsonargparse = pytest.importorskip("jsonargparse")
     parser = jsonargparse.ArgumentParser()
     parser.add_class_arguments(ImageDataModule, "data")
-    config = parser.parse_args(["--data.dataset=digits", "--data.val_size=0.2", "--data.augment=none"])
-    assert config.data.val_size == 0.2 and isinstance(config.data.val_size, float)
-    assert parser.parse_args(["--data.val_size=300"]).data.val_size == 300
+    config = parser.parse_args(["--data.dataset=digits", "--data.val_fraction=0.2", "--data.augment=none"])
+    assert config.data.val_fraction == 0.2 and isinstance(config.data.val_fraction, float)
+    parsed = parser.parse_args(["--data.val_size=200"]).data.val_size
+    assert parsed == 200 and isinstance(parsed, int)  # a count: never a fraction, whatever the parser's version
+    for not_a_count in ("0.2", "200.0"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([f"--data.val_size={not_a_count}"])  # a fraction is val_fraction's
     with pytest.raises(SystemExit):
         parser.parse_args(["--data.dataset=imagenet"])

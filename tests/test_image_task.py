@@ -77,7 +77,7 @@ def test_checkpoint_is_self_contained(fitted):
     assert task.class_names == stored["class_names"]
     datamodule = ImageDataModule(dataset="digits", batch_size=64)
     datamodule.setup()
-    images, labels = next(iter(datamodule.test_dataloader()))
+    images, labels = datamodule.transform_batch(next(iter(datamodule.test_dataloader())), train=False)
     with torch.no_grad():
         out = task.predict_step((images, labels), 0)
     assert out["probabilities"].shape == (64, 10) and out["predictions"].shape == (64,)

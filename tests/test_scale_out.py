@@ -14,9 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from jsonargparse import ArgumentParser
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.strategies import Strategy
 
 from lightformer.models import EncoderDecoderConfig, GPTConfig, ViTConfig
 from lightformer.nn import DecoderLayer, EncoderLayer
@@ -68,39 +66,63 @@ def test_multinode_adds_nodes_to_the_strategy_before_it(capsys):
     presets = ["configs/trainer/fsdp.yaml", "configs/trainer/multinode.yaml"]
     trainer = resolved_config(capsys, "configs/lm/austen_char.yaml", *presets)["trainer"]
     assert trainer["num_nodes"] == 2 and trainer["devices"] == 8
-    assert trainer["strategy"]["class_path"] == "lightning.pytorch.strategies.FSDPStrategy"
+    assert trainer["strategy"]["class_path"] == "lightformer.distributed.FSDP2Strategy"
 
 
-def fsdp_strategy(**init_args):
-    """The FSDP strategy of ``configs/trainer/fsdp.yaml``, parsed and built as the CLI does."""
-    strategy = yaml.safe_load(Path("configs/trainer/fsdp.yaml").read_text())["trainer"]["strategy"]
-    strategy["init_args"].update(init_args)
-    parser = ArgumentParser()
-    parser.add_argument("--strategy", type=str | Strategy)
-    return parser.instantiate_classes(parser.parse_object({"strategy": strategy})).strategy
+@pytest.fixture
+def one_process_group():
+    """A gloo process group of one: enough for FSDP2 to shard (over one process) in this process."""
+    torch.distributed.init_process_group("gloo", init_method="tcp://127.0.0.1:29541", rank=0, world_size=1)
+    yield torch.distributed.device_mesh.init_device_mesh("cpu", (1,))
+    torch.distributed.destroy_process_group()
 
 
 @pytest.mark.parametrize("task", TASKS)
-def test_the_fsdp_preset_wraps_every_layer_of_every_model(task):
-    model = {
-        "vision": lambda: ImageClassificationTask(
-            net=ViTConfig(num_classes=10, image_size=8, patch_size=2, n_layers=3)
+def test_fsdp2_makes_each_layer_and_the_model_a_unit_and_activation_checkpointing_changes_no_gradient(
+    task, one_process_group
+):
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    from lightformer.distributed import shard_model
+
+    torch.manual_seed(0)
+    build_task, inputs = {
+        "vision": (
+            lambda: ImageClassificationTask(net=ViTConfig(num_classes=10, image_size=8, patch_size=2, n_layers=3)),
+            (torch.randn(4, 3, 8, 8),),
         ),
-        "lm": lambda: LanguageModelTask(net=GPTConfig(vocab_size=50, n_layers=3, d_model=32, n_heads=2)),
-        "translation": lambda: TranslationTask(
-            net=EncoderDecoderConfig(src_vocab_size=60, tgt_vocab_size=60, d_model=32, n_heads=2)
+        "lm": (
+            lambda: LanguageModelTask(net=GPTConfig(vocab_size=50, n_layers=3, d_model=32, n_heads=2, dropout=0.1)),
+            (torch.randint(0, 50, (4, 16)),),
         ),
-    }[task]().model
-    layers = {m for m in model.modules() if isinstance(m, (EncoderLayer, DecoderLayer))}
-    strategy = fsdp_strategy(activation_checkpointing_policy=["lightformer.nn.EncoderLayer"])
-    wrapped = strategy.kwargs["auto_wrap_policy"]._run_policy(model, set(), {})
-    assert set(wrapped) - {model} == layers and len(layers) >= 3
-    layer_params = sum(p.numel() for layer in layers for p in layer.parameters())
-    assert layer_params > 0.5 * sum(p.numel() for p in model.parameters())
-    checkpointed = strategy._activation_checkpointing_kwargs["auto_wrap_policy"]
-    assert set(checkpointed._run_policy(model, set(), {})) - {model} == {
-        m for m in layers if isinstance(m, EncoderLayer)
-    }
+        "translation": (
+            lambda: TranslationTask(
+                net=EncoderDecoderConfig(src_vocab_size=60, tgt_vocab_size=60, d_model=32, n_heads=2)
+            ),
+            (torch.randint(1, 60, (4, 10)), torch.randint(1, 60, (4, 9))),
+        ),
+    }[task]
+    plain, checkpointed = build_task(), build_task()
+    checkpointed.load_state_dict(plain.state_dict())
+    checkpointed.activation_checkpointing = True
+    checkpointed.configure_model()  # what Lightning calls: without a device mesh it only turns checkpointing on
+    gradients = []
+    for module in (plain, checkpointed):
+        torch.manual_seed(1)  # the same dropout masks: checkpointing replays them in the backward pass
+        module.train()(*inputs).float().square().mean().backward()
+        gradients.append([p.grad for p in module.model.parameters() if p.grad is not None])
+    for with_checkpoints, without in zip(gradients[1], gradients[0], strict=True):
+        torch.testing.assert_close(with_checkpoints, without)
+
+    model = plain.model
+    layers = [m for m in model.modules() if isinstance(m, EncoderLayer | DecoderLayer)]
+    shard_model(model, one_process_group, "bf16-mixed")
+    assert len(layers) >= 3 and all(isinstance(m, FSDPModule) for m in [model, *layers])
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    shard_model(model, one_process_group, "bf16-mixed")  # idempotent: Lightning calls configure_model per stage
+    with pytest.raises(ValueError, match="16-mixed' is not supported with FSDP2"):
+        shard_model(build_task().model, one_process_group, "16-mixed")
 
 
 # --- DDP on 2 CPU processes ------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from torchvision.transforms import v2
 from torchvision.utils import make_grid
 
-from lightformer.data.images import load_image
+from lightformer.data.image_files import load_image
 from lightformer.models.vit import VisionTransformer, ViTConfig
 from lightformer.nn import record_attention
 from lightformer.tasks.base import Task, as_config

@@ -1,0 +1,157 @@
+"""Image files: reading any PIL-readable file as grey or RGB, and the class-folder layout of image datasets.
+
+A folder dataset follows torchvision's ``ImageFolder`` layout: ``<folder>/train/<class>/<files>`` with optional
+``val/`` and ``test/`` beside it, or ``<folder>/<class>/<files>`` directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+from torch.utils.data import Dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+from torchvision.transforms import v2
+
+
+def load_image(path: str | Path, in_channels: int = 3, image_size: int | None = None) -> Image.Image:
+    """Open an image file as a PIL image in mode "L" (in_channels=1) or "RGB" (in_channels=3).
+
+    Any PIL mode with 8-bit channels (RGBA, LA, P, CMYK, 1, ...) is converted; an alpha channel is dropped.
+    16-bit greyscale keeps its 8 most significant bits (PIL's own conversion would clip it at 255). 32-bit
+    integer or float pixels (PIL modes "I", "F") have no standard range and are refused. With `image_size`,
+    the image is resized to image_size × image_size (aspect ratio not kept), as `ImageDataModule` does.
+    Raises FileNotFoundError or ValueError naming the file when it is missing, not a readable image, or of
+    such a mode.
+    """
+    modes = {1: "L", 3: "RGB"}
+    if in_channels not in modes:
+        raise ValueError(f"load_image: in_channels={in_channels} is not supported; use 1 (grey) or 3 (RGB)")
+    try:
+        with Image.open(path) as opened:
+            # Cameras store the orientation in EXIF instead of rotating pixels; apply it.
+            image = ImageOps.exif_transpose(opened)
+            if image.mode.startswith("I;16"):
+                image = Image.fromarray((np.asarray(image) >> 8).astype(np.uint8))
+            elif image.mode in ("I", "F"):
+                raise ValueError(
+                    f"{path} has 32-bit {'integer' if image.mode == 'I' else 'float'} pixels (PIL mode "
+                    f"{image.mode!r}), which have no standard 8-bit range; save it with 8-bit channels (greyscale "
+                    f"or RGB, also with alpha) or as 16-bit greyscale"
+                )
+            image = image.convert(modes[in_channels])
+    except FileNotFoundError:
+        raise FileNotFoundError(f"Image file not found: {path}") from None
+    except (UnidentifiedImageError, OSError) as error:
+        raise ValueError(f"{path} is not a readable image file ({error})") from error
+    if image_size is not None:
+        image = v2.functional.resize(image, [image_size, image_size], antialias=True)
+    return image
+
+
+@dataclass(frozen=True)
+class ImageFolderLayout:
+    """Where an image folder keeps its splits; a split dir of None is carved from `train_dir`."""
+
+    train_dir: Path
+    val_dir: Path | None
+    test_dir: Path | None
+    class_names: list[str]
+
+
+def class_folder_names(directory: Path) -> list[str]:
+    """Sorted names of the subfolders of `directory`, skipping hidden ones such as `.ipynb_checkpoints`."""
+    names = [entry.name for entry in directory.iterdir() if entry.is_dir()]
+    return sorted(name for name in names if not name.startswith("."))
+
+
+def read_image_folder_layout(image_folder: str | None) -> ImageFolderLayout:
+    """Find the splits and class names of an image folder (torchvision ImageFolder layout).
+
+    Either `image_folder/train/<class>/<files>` with optional `val/` and `test/` alongside, or
+    `image_folder/<class>/<files>` directly, from which validation and test sets are carved.
+    """
+    expected = (
+        "a folder holding train/ (and optionally val/ and test/), each with one subfolder of images per "
+        "class, or holding the class subfolders directly"
+    )
+    if image_folder is None:
+        raise ValueError(f"dataset='image_folder' needs image_folder: {expected}")
+    folder = Path(image_folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image_folder {folder} is not an existing directory; expected {expected}")
+    has_split_dirs = (folder / "train").is_dir()
+    train_dir = folder / "train" if has_split_dirs else folder
+    class_names = class_folder_names(train_dir)
+    if not class_names:
+        raise ValueError(f"image_folder: {train_dir} has no class subfolders; expected {expected}")
+    split_dirs = {}
+    for split in ("val", "test"):
+        split_dir = folder / split
+        if not (has_split_dirs and split_dir.is_dir()):
+            split_dirs[split] = None
+            continue
+        unknown = sorted(set(class_folder_names(split_dir)) - set(class_names))
+        if unknown:
+            raise ValueError(
+                f"image_folder: {split_dir} has class folders {unknown} that {train_dir} lacks; "
+                f"the training classes are {class_names}"
+            )
+        split_dirs[split] = split_dir
+    return ImageFolderLayout(train_dir, split_dirs["val"], split_dirs["test"], class_names)
+
+
+class ImageFileDataset(Dataset):
+    """Labelled image files: item i is (uint8 image ``(C, S, S)`` resized to ``image_size``, class index)."""
+
+    def __init__(self, samples: list[tuple[str, int]], in_channels: int, image_size: int) -> None:
+        self.samples = samples
+        self.in_channels = in_channels
+        self.image_size = image_size
+
+    @classmethod
+    def from_class_folders(
+        cls, directory: Path, class_names: list[str], in_channels: int, image_size: int, require_every_class: bool
+    ) -> ImageFileDataset:
+        """Collect the image files under ``directory/<class name>/`` (searched recursively)."""
+        class_to_index = {name: index for index, name in enumerate(class_names)}
+        samples = make_dataset(str(directory), class_to_index, extensions=IMG_EXTENSIONS, allow_empty=True)
+        if not samples:
+            extensions = ", ".join(IMG_EXTENSIONS)
+            raise ValueError(f"image_folder: no image files ({extensions}) found in {directory}")
+        found = {label for _, label in samples}
+        empty = [name for name in class_names if class_to_index[name] not in found]
+        if require_every_class and empty:
+            raise ValueError(f"image_folder: class folders without image files in {directory}: {empty}")
+        return cls(samples, in_channels, image_size)
+
+    def check_readable(self, description: str) -> None:
+        """Open every file's header (cheap: no pixels are decoded) and raise ValueError naming the files that are
+        not readable images, before any training; a progress bar shows the pass over a large folder."""
+        from tqdm.auto import tqdm
+
+        unreadable = []
+        paths = tqdm(self.samples, desc=f"checking {description}", unit="file", disable=len(self.samples) < 2000)
+        for path, _ in paths:
+            try:
+                with Image.open(path):
+                    pass
+            except (UnidentifiedImageError, OSError) as error:
+                unreadable.append(f"{path} ({error.__class__.__name__})")
+        if unreadable:
+            shown = "; ".join(unreadable[:5]) + (f"; and {len(unreadable) - 5} more" if len(unreadable) > 5 else "")
+            raise ValueError(
+                f"image_folder: {len(unreadable)} of {len(self.samples)} files in {description} are not readable "
+                f"images: {shown}. Remove or replace them."
+            )
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.samples[index]
+        image = load_image(path, self.in_channels, self.image_size)
+        return v2.functional.pil_to_tensor(image), label
