@@ -1,6 +1,7 @@
 """The language-model task end to end through the CLI: TensorBoard events, checkpoint, generation."""
 
 import glob
+import json
 import math
 
 import pytest
@@ -46,11 +47,20 @@ def fit_tiny(tmp_path, *extra: str) -> str:
 
 @pytest.mark.slow
 def test_fit_writes_tensorboard_scalars_and_samples_and_a_checkpoint_that_generates(tmp_path, capsys):
-    log_dir = fit_tiny(tmp_path)
+    throughput = {"class_path": "lightformer.callbacks.Throughput", "init_args": {"window_size": 2, "peak_flops": 1e12}}
+    log_dir = fit_tiny(tmp_path, f"--trainer.callbacks+={json.dumps(throughput)}")
     events = EventAccumulator(log_dir)
     events.Reload()
     scalars = set(events.Tags()["scalars"])
-    assert {"train/loss", "train/ppl", "train/lr", "train/tokens_per_sec", "val/loss", "val/ppl"} <= scalars
+    assert {"train/loss", "train/ppl", "train/lr/decayed", "train/lr/not_decayed", "val/loss", "val/ppl"} <= scalars
+    # throughput: tokens (8 windows of 32 per batch) and FLOPs per second, and MFU against the given peak
+    last = {tag: events.Scalars(tag)[-1].value for tag in scalars if tag.startswith("train/device/")}
+    assert last["train/device/items_per_sec"] == pytest.approx(8 * 32 * last["train/device/batches_per_sec"])
+    assert last["train/device/mfu"] == pytest.approx(last["train/device/flops_per_sec"] / 1e12)
+    flops_per_batch = last["train/device/flops_per_sec"] / last["train/device/batches_per_sec"]
+    n_params = 2 * 12 * 32 * 32 + 85 * 32  # 2 layers of 12·d² (attention 4d², feed-forward 8d²) and the tied head
+    estimate = 6 * n_params * 8 * 32  # forward + backward ≈ 6 FLOPs per parameter per token (Kaplan et al.)
+    assert 1.0 < flops_per_batch / estimate < 1.5  # plus attention scores, which the estimate leaves out
     losses = [e.value for e in events.Scalars("train/loss")]
     assert all(math.isfinite(v) for v in losses) and len(losses) == 6
     val = events.Scalars("val/loss")

@@ -435,5 +435,5 @@ def test_accumulation_clipping_checkpoints_and_lr_monitor_come_from_yaml(tmp_pat
     (events,) = glob.glob(str(Path(cli.trainer.log_dir) / "events.out.tfevents.*"))
     accumulator = EventAccumulator(events)
     accumulator.Reload()
-    learning_rates = [e.value for e in accumulator.Scalars("lr-AdamW/pg1")]  # pg1: decayed, pg2: not
+    learning_rates = [e.value for e in accumulator.Scalars("train/lr/decayed")]
     assert len(learning_rates) >= cli.trainer.global_step - 1 and len(set(learning_rates)) > 1  # warm-up

@@ -1,8 +1,9 @@
-"""What keeps a run safe: atomic checkpoint files, exact resume of random state, and a stop on a non-finite loss.
+"""Callbacks of every run: what keeps it safe (atomic checkpoint files, exact resume of random state, a stop on a
+non-finite loss) and what shows its speed (throughput and model FLOPs utilisation).
 
-``python -m lightformer fit`` installs all three (see ``lightformer.cli``); with the Python API, pass
-``plugins=[AtomicCheckpointIO()]`` and ``callbacks=[NonFiniteLossGuard(), RandomStateCheckpoint()]`` to the
-``Trainer``.
+``python -m lightformer fit`` installs them all (see ``lightformer.cli``); with the Python API, pass
+``plugins=[AtomicCheckpointIO()]`` and ``callbacks=[NonFiniteLossGuard(), RandomStateCheckpoint(), Throughput()]``
+to the ``Trainer``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ThroughputMonitor
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lightformer.data.sources import atomic_open
@@ -149,3 +150,38 @@ class RandomStateCheckpoint(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         set_random_state(state_dict)
+
+
+class Throughput(ThroughputMonitor):
+    """Lightning's ``ThroughputMonitor`` for every lightformer task: samples, items (tokens or images) and FLOPs per
+    second, and MFU (model FLOPs utilisation: achieved / peak FLOP/s), each a TensorBoard curve under ``train/``
+    (``train/device/...`` per process, and for the whole job when there are several) and ``validate/``.
+
+    The task says what a batch holds (``Task.throughput_counts``) and what it costs (``Task.batch_flops``: counted by
+    PyTorch on the model's own operations, backward included in training). MFU needs the device's peak: Lightning
+    knows the dense tensor-core peak of common GPUs at the run's precision; give ``peak_flops`` for others, or to
+    measure against a peak you measured (a CPU has none in Lightning's table, so no MFU is logged there without it).
+
+    Args:
+        window_size: batches per throughput reading (a moving window).
+        peak_flops: peak FLOP/s of one device for MFU; None: Lightning's table for the device and precision.
+    """
+
+    def __init__(self, window_size: int = 20, peak_flops: float | None = None) -> None:
+        super().__init__(batch_size_fn=self._samples, length_fn=self._items, window_size=window_size)
+        self.peak_flops = peak_flops
+        self._task: L.LightningModule | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._task = pl_module
+        super().setup(trainer, pl_module, stage)
+        if self.peak_flops is not None:
+            self.available_flops = self.peak_flops
+            for throughput in self._throughputs.values():
+                throughput.available_flops = self.peak_flops
+
+    def _samples(self, batch: Any) -> int:
+        return self._task.throughput_counts(batch)[0]
+
+    def _items(self, batch: Any) -> int:
+        return self._task.throughput_counts(batch)[1]

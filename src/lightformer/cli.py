@@ -19,10 +19,17 @@ from pathlib import Path
 from typing import Literal
 
 import lightning as L
+from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from lightformer.callbacks import AtomicCheckpointIO, NonFiniteLossError, NonFiniteLossGuard, RandomStateCheckpoint
+from lightformer.callbacks import (
+    AtomicCheckpointIO,
+    NonFiniteLossError,
+    NonFiniteLossGuard,
+    RandomStateCheckpoint,
+    Throughput,
+)
 
 DATA_LINKS = (
     "vocab_size",
@@ -60,6 +67,13 @@ class LightformerCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # keep a user's own CheckpointIO plugin
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if trainer.loggers:  # the same learning-rate and throughput curves for every task, unless configured
+            for kind, default in (
+                (LearningRateMonitor, LearningRateMonitor("step")),
+                (ThroughputMonitor, Throughput()),
+            ):
+                if not any(isinstance(callback, kind) for callback in trainer.callbacks):
+                    trainer.callbacks.append(default)
         return trainer
 
 

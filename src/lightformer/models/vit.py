@@ -121,7 +121,9 @@ class VisionTransformer(nn.Module):
                 self.pos_embed.weight[self.num_prefix_tokens :] = build_sincos2d_pos_embed(grid, c.d_model)
             self.pos_embed.weight.requires_grad_(False)
         self.pos_drop = nn.Dropout(c.dropout)
-        rates = torch.linspace(0, c.drop_path, c.n_layers).tolist() if c.n_layers > 1 else [c.drop_path] * c.n_layers
+        rates = (
+            [c.drop_path * i / max(1, c.n_layers - 1) for i in range(c.n_layers)] if c.n_layers > 1 else [c.drop_path]
+        )
         layers = [
             EncoderLayer(
                 c.d_model,

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
@@ -55,6 +56,8 @@ class Task(L.LightningModule):
         self.compile = compile
         self.activation_checkpointing = activation_checkpointing
         self._forward = None  # the model's __call__, compiled or not; a method, never a registered module
+        self._flops_per_example: dict[tuple, int] = {}
+        self.flops_per_batch: int | None = None  # of the current batch, read by lightformer.callbacks.Throughput
 
     def save_hyperparameters(self, *args: Any, **kwargs: Any) -> None:
         """Lightning's, from the calling ``__init__``, with every config stored as a plain dict: checkpoints then
@@ -75,6 +78,37 @@ class Task(L.LightningModule):
         if self._forward is None:
             self._forward = torch.compile(self.model).__call__ if self.compile else self.model.__call__
         return self._forward(*inputs)
+
+    # --- throughput: what a batch holds and costs ----------------------------------------------------------
+
+    def model_inputs(self, batch: Any) -> tuple[Tensor, ...]:
+        """The tensors of ``batch`` that ``forward`` takes, batch dimension first."""
+        raise NotImplementedError
+
+    def throughput_counts(self, batch: Any) -> tuple[int, int]:
+        """(samples, items) in ``batch``: items are what the task's throughput counts (tokens or images)."""
+        raise NotImplementedError
+
+    def batch_flops(self, batch: Any, backward: bool) -> int:
+        """Floating-point operations of the model on ``batch``: the forward pass, and the backward pass if
+        ``backward``. Counted by PyTorch's ``FlopCounterMode`` on a copy of the model on the meta device (no
+        compute), once per example shape (batches of one shape cost the count of one example times their size)."""
+        inputs = self.model_inputs(batch)
+        key = (backward, *(tuple(x.shape[1:]) for x in inputs))
+        if key not in self._flops_per_example:
+            model_class = next(c for c in type(self.model).__mro__ if "FSDP" not in c.__name__)  # FSDP2 subclasses
+            with torch.device("meta"):
+                twin = model_class(self.model.config)
+                example = [torch.zeros(1, *x.shape[1:], dtype=x.dtype) for x in inputs]
+            loss = (lambda out: out.float().sum()) if backward else None
+            self._flops_per_example[key] = measure_flops(twin, lambda: twin(*example), loss)
+        return self._flops_per_example[key] * len(inputs[0])
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.flops_per_batch = self.batch_flops(batch, backward=True)
+
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.flops_per_batch = self.batch_flops(batch, backward=False)
 
     # --- set-up shared by every device, precision and strategy --------------------------------------------
 

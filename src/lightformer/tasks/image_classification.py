@@ -7,7 +7,6 @@ validation) and the test confusion matrix, both as TensorBoard images rendered w
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import torch
@@ -88,7 +87,6 @@ class ImageClassificationTask(Task):
         self.normalize_mean: list[float] | None = None
         self.normalize_std: list[float] | None = None
         self._attention_batch: Tensor | None = None
-        self._batch_start = 0.0
 
     # --- class names and preprocessing, carried from the data module into the checkpoint --------------------
 
@@ -124,9 +122,6 @@ class ImageClassificationTask(Task):
 
     # --- training and evaluation --------------------------------------------------------------------------
 
-    def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        self._batch_start = time.perf_counter()
-
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, labels = batch
         if self.mixup is None:
@@ -141,10 +136,11 @@ class ImageClassificationTask(Task):
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        elapsed = time.perf_counter() - self._batch_start
-        self.log("train/images_per_sec", len(batch[0]) * self.trainer.world_size / elapsed)
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+    def model_inputs(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor]:
+        return (batch[0],)
+
+    def throughput_counts(self, batch: tuple[Tensor, Tensor]) -> tuple[int, int]:
+        return len(batch[0]), len(batch[0])  # items: images
 
     def evaluation_logits(self, images: Tensor) -> Tensor:
         """Float32 logits for evaluation and prediction; with ``test_time_flip``, the log of the mean of the

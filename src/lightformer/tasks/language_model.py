@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
@@ -52,7 +51,6 @@ class LanguageModelTask(Task):
         self.tokenizer: Tokenizer | None = None
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
-        self._batch_start = 0.0
 
     # --- tokenizer, carried from the data module into the checkpoint -------------------------------------
 
@@ -98,20 +96,17 @@ class LanguageModelTask(Task):
         logits = self(x)
         return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
 
-    def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        self._batch_start = time.perf_counter()
-
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/ppl", torch.exp(loss.detach()))
         return loss
 
-    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        elapsed = time.perf_counter() - self._batch_start
-        tokens = batch[0].numel() * self.trainer.world_size
-        self.log("train/tokens_per_sec", tokens / elapsed)
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+    def model_inputs(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor]:
+        return (batch[0],)
+
+    def throughput_counts(self, batch: tuple[Tensor, Tensor]) -> tuple[int, int]:
+        return len(batch[0]), batch[0].numel()  # items: tokens
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self.val_loss.update(self._loss(batch), weight=batch[1].numel())

@@ -83,7 +83,9 @@ def configure_adamw(model: nn.Module, config: OptimizerConfig, total_steps: int)
     """
     no_decay = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()
     groups = param_groups_weight_decay(model, config.weight_decay, no_weight_decay_list=no_decay)
+    for group in groups:  # LearningRateMonitor logs each group under its name: train/lr/decayed, train/lr/not_decayed
+        group["name"] = "decayed" if group["weight_decay"] else "not_decayed"
     optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, fused=True)
     factor = WarmupSchedule(config.schedule, config.warmup_steps, total_steps, config.min_lr / config.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"}}

@@ -130,10 +130,15 @@ class TranslationTask(Task):
         return loss, int((target != self.pad_id).sum())
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        loss, n_tokens = self._loss(batch)
+        loss, _ = self._loss(batch)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["src"].shape[0])
-        self.log("train/tokens", float(n_tokens), reduce_fx="sum", batch_size=batch["src"].shape[0])
         return loss
+
+    def model_inputs(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        return batch["src"], batch["tgt"][:, :-1]
+
+    def throughput_counts(self, batch: Batch) -> tuple[int, int]:
+        return len(batch["src"]), int((batch["tgt"][:, 1:] != self.pad_id).sum())  # items: target tokens
 
     def _evaluate(self, batch: Batch, loss_metric: MeanMetric, bleu: SacreBLEUScore, beam_size: int) -> list[str]:
         loss, n_tokens = self._loss(batch)
