@@ -7,13 +7,12 @@ import pytest
 import torch
 import torchvision
 from PIL import Image
-from torchvision.transforms import v2
 
-from lightformer.data import images
+from lightformer.data import corpora, images
 from lightformer.data.image_files import load_image
 from lightformer.data.images import ImageDataModule
 
-HAS_DEBIAN_FASHION_MNIST = images.DEBIAN_FASHION_MNIST_DIR.is_dir()
+HAS_DEBIAN_FASHION_MNIST = corpora.DEBIAN_FASHION_MNIST_DIR.is_dir()
 
 
 def write_image_folder(folder: Path, class_names: list[str], images_per_class: int) -> None:
@@ -163,7 +162,7 @@ def test_per_image_augmentation_runs_in_the_loader():
 @pytest.fixture(scope="module")
 def fashion_mnist(tmp_path_factory) -> ImageDataModule:
     if not HAS_DEBIAN_FASHION_MNIST:
-        pytest.skip(f"{images.DEBIAN_FASHION_MNIST_DIR} absent: `apt-get install dataset-fashion-mnist`")
+        pytest.skip(f"{corpora.DEBIAN_FASHION_MNIST_DIR} absent: `apt-get install dataset-fashion-mnist`")
     datamodule = ImageDataModule(
         dataset="fashion_mnist", root=str(tmp_path_factory.mktemp("data")), augment="none", batch_size=512
     )
@@ -180,7 +179,7 @@ def test_fashion_mnist_splits(fashion_mnist):
     assert sizes == (10, 1, 28)
     assert fashion_mnist.class_names == torchvision.datasets.FashionMNIST.classes
     raw_dir = Path(fashion_mnist.root) / "FashionMNIST" / "raw"
-    assert sorted(path.name for path in raw_dir.iterdir()) == sorted(images.MNIST_RAW_FILES)
+    assert sorted(path.name for path in raw_dir.iterdir()) == sorted(corpora.MNIST_RAW_FILES)
 
 
 def test_fashion_mnist_batches_are_normalised(fashion_mnist):
@@ -194,7 +193,7 @@ def test_fashion_mnist_batches_are_normalised(fashion_mnist):
 
 
 def test_fashion_mnist_without_files_or_internet_says_how_to_get_them(tmp_path, monkeypatch):
-    monkeypatch.setattr(images, "DEBIAN_FASHION_MNIST_DIR", tmp_path / "no-debian-files")
+    monkeypatch.setattr(corpora, "DEBIAN_FASHION_MNIST_DIR", tmp_path / "no-debian-files")
     datamodule = ImageDataModule(dataset="fashion_mnist", root=str(tmp_path / "data"), download=False)
     with pytest.raises(RuntimeError, match="apt-get install dataset-fashion-mnist"):
         datamodule.setup()

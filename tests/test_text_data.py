@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from lightformer.data import sources
-from lightformer.data.sources import CorpusUnavailableError, austen_text, download
+from lightformer.data import corpora
+from lightformer.data.corpora import CorpusUnavailableError, austen_text, download
 from lightformer.data.text import ContiguousWindowDataset, RandomWindowDataset, TextDataModule
 from lightformer.data.tokenizers import Tokenizer
 
@@ -291,9 +291,9 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 def test_austen_corpus(tmp_path):
     root = tmp_path / "austen"
-    system_data = sources.AUSTEN_SYSTEM_DATA_DIR
+    system_data = corpora.AUSTEN_SYSTEM_DATA_DIR
     if not (system_data / "Rdata.rdx").exists() and shutil.which("apt-get") is None:
-        pytest.skip(f"needs {system_data} or apt-get to fetch {sources.AUSTEN_DEB_PACKAGE}")
+        pytest.skip(f"needs {system_data} or apt-get to fetch {corpora.AUSTEN_DEB_PACKAGE}")
     try:
         path = austen_text(root)
     except CorpusUnavailableError as error:
@@ -308,7 +308,7 @@ def test_austen_corpus(tmp_path):
 
 
 def test_austen_without_apt_get_says_what_to_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(sources, "AUSTEN_SYSTEM_DATA_DIR", tmp_path / "no-system-r")
-    monkeypatch.setattr(sources.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(corpora, "AUSTEN_SYSTEM_DATA_DIR", tmp_path / "no-system-r")
+    monkeypatch.setattr(corpora.shutil, "which", lambda tool: None)
     with pytest.raises(CorpusUnavailableError, match=r"apt-get download r-cran-janeaustenr && dpkg-deb -x"):
         austen_text(tmp_path / "austen")

@@ -16,19 +16,19 @@ from lightning.pytorch.utilities.data import _update_dataloader
 from torch.utils.data import BatchSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from lightformer.data.sources import CorpusUnavailableError
-from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from lightformer.data.translation import (
+from lightformer.data.corpora import (
     DING_FILE,
-    PadCollator,
-    TokenBudgetBatchSampler,
-    TranslationDataModule,
+    CorpusUnavailableError,
     clean_ding_entry,
     extract_ding_pairs,
     is_sentence,
     split_bucket,
     split_of,
 )
+from lightformer.data.sampling import TokenBudgetBatchSampler
+from lightformer.data.sequences import collate_pairs
+from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from lightformer.data.translation import TranslationDataModule
 
 needs_ding = pytest.mark.skipif(
     not Path(DING_FILE).is_file(), reason=f"the Ding dictionary {DING_FILE} is absent (apt-get install trans-de-en)"
@@ -371,7 +371,7 @@ def test_pad_collator_pads_and_keeps_texts():
         },
         {"src": np.array([8, EOS_ID]), "tgt": np.array([BOS_ID, 9, 10, 11, EOS_ID]), "src_text": "c", "tgt_text": "d"},
     ]
-    batch = PadCollator(pad_id=PAD_ID)(items)
+    batch = collate_pairs(items, pad_id=PAD_ID)
     assert batch["src"].dtype == batch["tgt"].dtype == torch.int64
     assert batch["src"].tolist() == [[5, 6, EOS_ID], [8, EOS_ID, PAD_ID]]
     assert batch["tgt"].tolist() == [[BOS_ID, 7, EOS_ID, PAD_ID, PAD_ID], [BOS_ID, 9, 10, 11, EOS_ID]]

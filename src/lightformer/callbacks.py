@@ -20,7 +20,7 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import Callback, ThroughputMonitor
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from lightformer.data.sources import atomic_open
+from lightformer.files import atomic_open
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -253,7 +253,7 @@ def export(*, ckpt_path: str, output: str, layout: Literal["lightformer", "timm"
     from safetensors.torch import save, save_model
 
     from lightformer import tasks
-    from lightformer.data.sources import atomic_write_bytes
+    from lightformer.files import atomic_write_bytes
     from lightformer.models.vit import lightformer_to_timm
 
     _require_file(ckpt_path, "--ckpt_path: the checkpoint file")
@@ -301,7 +301,7 @@ def average(*, ckpt_paths: list[str] | str, output: str, last: int | None = None
     """
     import torch
 
-    from lightformer.data.sources import atomic_open
+    from lightformer.files import atomic_open
 
     paths = sorted(set(_expand_patterns(ckpt_paths)))
     if not paths:

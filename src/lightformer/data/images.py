@@ -15,13 +15,13 @@ slicing it; image folders are decoded file by file in the loader's workers. Eith
 uint8 and are flipped, cropped and normalised on the device the model trains on (``data.augment``), in
 ``on_after_batch_transfer``; outside Lightning call ``transform_batch``. TrivialAugment and RandAugment, which need
 per-image operations on uint8 images, run in the loader.
+
+Its length is the table of the datasets it knows (sizes, statistics, class names) and one data module with its
+options and their checks.
 """
 
 from __future__ import annotations
 
-import gzip
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
 from lightformer.data.augment import normalize, random_crop, random_horizontal_flip
+from lightformer.data.corpora import DEBIAN_FASHION_MNIST_DIR, install_debian_fashion_mnist
 from lightformer.data.image_files import ImageFileDataset, read_image_folder_layout
 from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
 
@@ -46,15 +47,6 @@ AugmentName = Literal["none", "flip", "flip_crop", "trivialaugment", "randaugmen
 # constant seed of that carve: the test set must not change with `seed`.
 CARVED_TEST_FRACTION = 0.15
 CARVED_TEST_SEED = 0
-
-# Debian's `dataset-fashion-mnist` package installs the original gzip files here.
-DEBIAN_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-MNIST_RAW_FILES = (
-    "train-images-idx3-ubyte",
-    "train-labels-idx1-ubyte",
-    "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte",
-)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -136,32 +128,6 @@ TORCHVISION_DATASETS = {
 }
 # Where torchvision looks for each dataset's files, under `root`.
 TORCHVISION_FOLDERS = {"fashion_mnist": "FashionMNIST/raw", "mnist": "MNIST/raw", "cifar10": "cifar-10-batches-py"}
-
-
-def install_debian_fashion_mnist(root: str | Path) -> bool:
-    """Decompress Debian's Fashion-MNIST files into ``<root>/FashionMNIST/raw/``, where torchvision reads them.
-
-    torchvision looks for the decompressed files; its own download step would not accept Debian's ``.gz`` files,
-    which are recompressed and so fail its checksums. Writes each file under a temporary name and renames it, so
-    concurrent processes never read half a file. Returns whether all four files are there.
-    """
-    raw_dir = Path(root) / "FashionMNIST" / "raw"
-    missing = [name for name in MNIST_RAW_FILES if not (raw_dir / name).is_file()]
-    if not missing:
-        return True
-    sources = [DEBIAN_FASHION_MNIST_DIR / f"{name}.gz" for name in missing]
-    if not all(source.is_file() for source in sources):
-        return False
-    raw_dir.mkdir(parents=True, exist_ok=True)
-    for name, source in zip(missing, sources, strict=True):
-        partial_file = raw_dir / f".{name}.partial-{os.getpid()}"
-        try:
-            with gzip.open(source, "rb") as compressed, open(partial_file, "wb") as decompressed:
-                shutil.copyfileobj(compressed, decompressed)
-            os.replace(partial_file, raw_dir / name)
-        finally:
-            partial_file.unlink(missing_ok=True)
-    return True
 
 
 def load_digits_as_images() -> TensorDataset:

@@ -1,11 +1,14 @@
-"""Samplers: shuffling that a resumed run repeats exactly, and evaluation that sees every example once under DDP."""
+"""Samplers: shuffling that a resumed run repeats exactly, evaluation that sees every example once under DDP, and
+batches of sentence pairs under a token budget."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
-from torch.utils.data import Dataset, DistributedSampler, Sampler
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch.utils.data import BatchSampler, Dataset, Sampler
 
 
 class EpochShuffleSampler(Sampler[int]):
@@ -31,25 +34,153 @@ class EpochShuffleSampler(Sampler[int]):
         return self.size
 
 
-class EvaluationShardSampler(DistributedSampler):
-    """Under DDP, rank r evaluates examples r, r + n, r + 2n, ... of n ranks: every example exactly once.
+def evaluation_sampler(dataset: Dataset) -> Sampler | None:
+    """Under DDP, Lightning's ``UnrepeatedDistributedSampler``: rank r of n evaluates examples r, r + n, ... (every
+    example exactly once); else None (the loader's order).
 
-    Lightning's default for evaluation, ``DistributedSampler``, repeats a few examples so that every rank gets
-    as many, which skews validation and test metrics (the metrics are synchronised sums, so uneven shards are
-    exact). Being a ``DistributedSampler``, Lightning keeps it instead of injecting its own.
+    Lightning's default for evaluation, ``DistributedSampler``, repeats a few examples so that every rank gets as
+    many, which skews validation and test metrics (torchmetrics synchronises sums, so uneven shards are exact).
+    Being a ``DistributedSampler``, this one is kept by Lightning instead of replaced.
+    """
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    several = distributed and torch.distributed.get_world_size() > 1
+    return UnrepeatedDistributedSampler(dataset, shuffle=False) if several else None
+
+
+class _EpochCounter:
+    """Holds the epoch. Lightning's loops call `set_epoch` on `batch_sampler.sampler`, not on the batch sampler."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+class TokenBudgetBatchSampler(BatchSampler):
+    """Batches of indices whose padded size, rows × max(source, target length), stays within `max_tokens`.
+
+    As fairseq's `max_tokens`: examples are sorted by length (ties broken at random per epoch when `shuffle`,
+    by index otherwise), consecutive examples are grouped while `(batch size) × (longest in batch) <= max_tokens`,
+    and with `shuffle` the batches are put in a random order. The randomness depends only on (seed, epoch): call
+    `set_epoch` each epoch (Lightning does). An example longer than `max_tokens` gets a batch of its own.
+
+    **Distributed.** The batches are divided among `num_replicas` ranks (rank r takes batches r, r + n, ...);
+    when their count is not a multiple of n, the batches with the most examples are halved until it is, so
+    every rank gets the same number of batches and each example goes to exactly one rank (only a corpus with
+    fewer examples than ranks repeats batches). The ranks come, in this order of precedence, from a
+    `DistributedSampler` passed as `sampler` (what Lightning injects when `use_distributed_sampler=True`; only its
+    `num_replicas`, `rank` and `epoch` are used), from `num_replicas` / `rank`, or from `torch.distributed` when
+    it is initialized. Every rank must build the sampler with the same lengths, seed and budget.
+
+    Args:
+        lengths: per example, the longer of its source and target length in tokens.
+        max_tokens: budget of one batch in padded tokens (per side).
+        shuffle: random tie-breaking and batch order (training); False gives the same batches every time.
+        seed: seed of the shuffling; the same on every rank.
+        num_replicas: number of distributed ranks; default: from `sampler`, else `torch.distributed`, else 1.
+        rank: this process's rank; default: from `sampler`, else `torch.distributed`, else 0.
+        sampler: a `DistributedSampler` to take the ranks and epoch from (see above); its order is not used.
     """
 
-    def __init__(self, dataset: Dataset) -> None:
-        super().__init__(dataset, shuffle=False)  # the rank and world size come from torch.distributed
+    def __init__(
+        self,
+        lengths: Sequence[int] | np.ndarray,
+        max_tokens: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        sampler: Sampler | None = None,
+    ) -> None:
+        # BatchSampler.__init__ is not called: it wants a fixed batch size. Subclassing lets Lightning inject a
+        # DistributedSampler through `sampler` instead of failing on an unknown batch sampler.
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens} must be at least 1")
+        if (num_replicas is None) != (rank is None):
+            raise ValueError(
+                f"give both num_replicas and rank or neither; got num_replicas={num_replicas}, rank={rank}"
+            )
+        if num_replicas is not None and not 0 <= rank < num_replicas:
+            raise ValueError(f"rank={rank} must be in [0, num_replicas={num_replicas})")
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.max_tokens = max_tokens
+        self.shuffle = shuffle
+        self.seed = seed
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.sampler = sampler if sampler is not None else _EpochCounter()
+        self._num_batches: dict[int, int] = {}
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, len(self.dataset), self.num_replicas))
+    @property
+    def epoch(self) -> int:
+        return int(getattr(self.sampler, "epoch", 0))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration use this epoch's shuffle."""
+        self.sampler.set_epoch(epoch)
+
+    def replicas(self) -> tuple[int, int]:
+        """(num_replicas, rank) in use now."""
+        if hasattr(self.sampler, "num_replicas") and hasattr(self.sampler, "rank"):
+            return int(self.sampler.num_replicas), int(self.sampler.rank)
+        if self.num_replicas is not None:
+            return self.num_replicas, self.rank
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_world_size(), torch.distributed.get_rank()
+        return 1, 0
+
+    def all_batches(self, epoch: int | None = None) -> list[list[int]]:
+        """Every rank's batches of `epoch` (default: the current one); this rank's are `[rank::num_replicas]`."""
+        epoch = self.epoch if epoch is None else epoch
+        if self.shuffle:
+            rng = np.random.default_rng((self.seed, epoch))
+            order = np.lexsort((rng.random(len(self.lengths)), self.lengths))
+        else:
+            order = np.argsort(self.lengths, kind="stable")
+        batches = _group_by_budget(order.tolist(), self.lengths.tolist(), self.max_tokens)
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return _divisible_by(batches, self.replicas()[0])
+
+    def __iter__(self) -> Iterator[list[int]]:
+        num_replicas, rank = self.replicas()
+        yield from self.all_batches()[rank::num_replicas]
 
     def __len__(self) -> int:
-        return len(range(self.rank, len(self.dataset), self.num_replicas))
+        num_replicas, _ = self.replicas()
+        if num_replicas not in self._num_batches:
+            # The count depends only on the sorted lengths, not on the tie-breaking or the batch order.
+            self._num_batches[num_replicas] = len(self.all_batches(epoch=0)) // num_replicas
+        return self._num_batches[num_replicas]
 
 
-def evaluation_sampler(dataset: Dataset) -> Sampler | None:
-    """An ``EvaluationShardSampler`` when several processes are running, else None (the loader's order)."""
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    return EvaluationShardSampler(dataset) if distributed and torch.distributed.get_world_size() > 1 else None
+def _group_by_budget(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Consecutive runs of `order` with len(run) × max(lengths in run) <= max_tokens (at least one each)."""
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    longest = 0
+    for index in order:
+        new_longest = max(longest, lengths[index])
+        if batch and (len(batch) + 1) * new_longest > max_tokens:
+            batches.append(batch)
+            batch, new_longest = [], lengths[index]
+        batch.append(index)
+        longest = new_longest
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def _divisible_by(batches: list[list[int]], num_replicas: int) -> list[list[int]]:
+    """Halve the batches with the most examples until the count is a multiple of `num_replicas`; if too few
+    examples for that, repeat batches from the start."""
+    batches = list(batches)
+    while (shortfall := -len(batches) % num_replicas) and any(len(batch) > 1 for batch in batches):
+        largest = sorted(range(len(batches)), key=lambda i: -len(batches[i]))[:shortfall]
+        for i in sorted((i for i in largest if len(batches[i]) > 1), reverse=True):
+            half = len(batches[i]) // 2
+            batches[i : i + 1] = [batches[i][:half], batches[i][half:]]
+    if batches and (shortfall := -len(batches) % num_replicas):
+        batches += [batches[i % len(batches)] for i in range(shortfall)]
+    return batches

@@ -9,14 +9,13 @@ build the same cache at once are safe):
 Splits are taken in characters from the END of the corpus, nanoGPT-style, in the order train | val | test,
 unless `val_files` / `test_files` give them explicitly. For a character tokenizer this is exactly a split of
 the token stream; for BPE the cut falls between characters, each side encoded separately.
+
+Its length is one data module (three sources of text, two tokenizers, cached splits) with its checks.
 """
 
 from __future__ import annotations
 
-import glob
-import hashlib
 import io
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -26,9 +25,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from lightformer.data.caching import content_hash, file_stamp
+from lightformer.data.corpora import austen_text, download
 from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
-from lightformer.data.sources import atomic_open, austen_text, download, sha256_of
 from lightformer.data.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer
+from lightformer.files import as_list, atomic_open, expand_patterns, read_utf8, sha256_of
 
 SPLITS = ("train", "val", "test")
 # Bump when the cached files' meaning changes, so old caches are not reused.
@@ -201,7 +202,7 @@ class TextDataModule(L.LightningDataModule):
                 "would have no full batch"
             )
         self.save_hyperparameters()
-        self.file_patterns = {"train": _as_list(train_files), "val": _as_list(val_files), "test": _as_list(test_files)}
+        self.file_patterns = {"train": as_list(train_files), "val": as_list(val_files), "test": as_list(test_files)}
         self.corpus = corpus
         self.url = url
         self.sha256 = sha256
@@ -315,7 +316,9 @@ class TextDataModule(L.LightningDataModule):
     def _source_files(self) -> dict[str, list[Path]]:
         """The text files of each split (train: the corpus), fetching a built-in or downloaded corpus."""
         if self._files is None:
-            files = {split: _expand(patterns, f"{split}_files") for split, patterns in self.file_patterns.items()}
+            files = {
+                split: expand_patterns(patterns, f"{split}_files") for split, patterns in self.file_patterns.items()
+            }
             if self.corpus == "austen":
                 files["train"] = [austen_text(self.data_root / "austen")]
             elif self.url is not None:
@@ -332,8 +335,8 @@ class TextDataModule(L.LightningDataModule):
             if self.corpus is not None or self.url is not None:
                 sources = {"train": [sha256_of(files["train"][0])]}
             else:
-                sources = {"train": [_file_stamp(path) for path in files["train"]]}
-            sources.update({split: [_file_stamp(path) for path in files[split]] for split in ("val", "test")})
+                sources = {"train": [file_stamp(path) for path in files["train"]]}
+            sources.update({split: [file_stamp(path) for path in files[split]] for split in ("val", "test")})
             self._fingerprint_value = {
                 "format": _CACHE_FORMAT_VERSION,
                 "sources": sources,
@@ -373,7 +376,7 @@ class TextDataModule(L.LightningDataModule):
         key = {"fingerprint": self._fingerprint(), "kind": self.tokenizer_kind}
         if self.tokenizer_kind == "bpe":
             key["vocab_size"] = self.bpe_vocab_size
-        path = self.cache_dir / f"tokenizer-{self.tokenizer_kind}-{_hash(key)}.json"
+        path = self.cache_dir / f"tokenizer-{self.tokenizer_kind}-{content_hash(key)}.json"
         if path.exists():
             return Tokenizer.from_file(path)
         texts = self._split_texts()
@@ -392,7 +395,7 @@ class TextDataModule(L.LightningDataModule):
             "val": bool(files["val"]) or self.val_fraction > 0,
             "test": bool(files["test"]) or self.test_fraction > 0,
         }
-        key = _hash({"fingerprint": self._fingerprint(), "tokenizer": _hash(self.tokenizer.to_str())})
+        key = content_hash({"fingerprint": self._fingerprint(), "tokenizer": content_hash(self.tokenizer.to_str())})
         return {split: self.cache_dir / f"tokens-{key}-{split}.npy" if has_text[split] else None for split in SPLITS}
 
     def _write_token_caches(self) -> dict[str, Path | None]:
@@ -407,54 +410,12 @@ class TextDataModule(L.LightningDataModule):
         return paths
 
 
-def _as_list(patterns: list[str] | str | None) -> list[str]:
-    if patterns is None:
-        return []
-    return [patterns] if isinstance(patterns, str) else list(patterns)
-
-
-def _expand(patterns: list[str], field: str) -> list[Path]:
-    """Paths named by `patterns` (plain paths or globs), each glob sorted; errors name the pattern."""
-    paths = []
-    for pattern in patterns:
-        if glob.has_magic(pattern):
-            matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
-            if not matches:
-                raise FileNotFoundError(f"{field}: the pattern {pattern!r} matches no file")
-            paths.extend(matches)
-        elif Path(pattern).is_file():
-            paths.append(Path(pattern))
-        elif Path(pattern).is_dir():
-            raise IsADirectoryError(f"{field}: {pattern!r} is a folder; name files or a glob like '{pattern}/*.txt'")
-        else:
-            raise FileNotFoundError(f"{field}: the file {pattern!r} does not exist")
-    return paths
-
-
 def _read_texts(paths: list[Path]) -> str:
     """The files' UTF-8 text, joined in order with a newline between files that lack a final one."""
     texts = []
     for path in paths:
-        data = path.read_bytes()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise ValueError(
-                f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at byte offset {error.start} "
-                f"({error.reason}); convert it, e.g. `iconv -f latin1 -t utf-8`"
-            ) from error
+        text = read_utf8(path)
         if texts and not texts[-1].endswith("\n"):
             texts.append("\n")
         texts.append(text)
     return "".join(texts)
-
-
-def _file_stamp(path: Path) -> list:
-    stat = path.stat()
-    return [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
-
-
-def _hash(value: object) -> str:
-    """Short stable hash of a JSON-serializable value (or a string), for cache file names."""
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]

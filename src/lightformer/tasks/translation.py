@@ -10,8 +10,8 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
+from lightformer.data.sequences import TranslationDataset
 from lightformer.data.tokenizers import Tokenizer
-from lightformer.data.translation import TranslationDataset
 from lightformer.generation import beam_search
 from lightformer.models.seq2seq import EncoderDecoder, EncoderDecoderConfig
 from lightformer.nn import record_attention

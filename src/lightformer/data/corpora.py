@@ -1,0 +1,362 @@
+"""Where the offline corpora come from and how they are read: Jane Austen's novels and the Ding German–English
+dictionary (Debian packages), Fashion-MNIST's files (Debian package), sentence-pair files (TSV, line-aligned), and
+downloads with a checksum for machines with internet access.
+
+Everything written here is written atomically (``lightformer.files.atomic_open``), so several processes (DDP ranks,
+parallel tests) can prepare the same corpus at once.
+
+**Splits.** Unless val/test files are given, a pair's split depends only on its first side (German for Ding,
+the source for files): `bucket = int(md5(first.encode("utf-8")).hexdigest(), 16) % 100`; test if bucket < 5,
+val if bucket < 10, else train. A sentence therefore never appears in two splits, and the split does not change
+when the corpus grows.
+
+**Ding extraction** (Debian's `trans-de-en`, `/usr/share/trans/de-en`: lines `German :: English`):
+
+1. `#` lines are comments. `|` separates aligned sub-entries on both sides: the i-th German sub-entry is
+   paired with the i-th English one; a line whose two sides have different counts is skipped.
+2. Each sub-entry is cleaned: annotations are removed, namely `{...}` (gender, word class, irregular
+   forms), `[...]` (usage and region labels: `[ugs.]`, `[Br.]`), `<...>` (search keywords, variant
+   spellings), `/ABC/` abbreviation markers, and `(...)` (optional words and explanations: "Er scheint (sehr)
+   krank zu sein." becomes "Er scheint krank zu sein."); whitespace is then collapsed and spaces before
+   `. , ! ? ; :` removed.
+3. `;` separates synonyms (alternative translations); the FIRST synonym of each side is kept: the
+   dictionary lists the main translation first, and the alternatives on the two sides are not aligned.
+4. A pair is a sentence pair when both sides start with a capital letter, end in `.`, `!` or `?`, have three
+   words or more, and contain no dictionary notation: no `/` (word alternatives: "zu dumm/bunt"), no elision
+   (`…`, `...`) and no placeholder (`etw.`, `jdn.`, `jdm.`, `jds.`, `sth.`, `sb.`).
+5. Sentence pairs are deduplicated (first occurrence kept) and split by the bucket of the German side.
+
+With the 2023-01-30 dictionary this gives 17,231 pairs: 15,462 train, 890 val, 879 test, of 7.5 German and
+7.8 English words on average (`TranslationDataModule.stats` has the counts of the file in use).
+`ding_phrases=True` adds the other cleaned sub-entry pairs (words and phrases: "Aalsuppe" → "eel soup") to
+the train split only, leaving out any whose German side is a val or test German sentence: 371,141 pairs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import urllib.error
+import urllib.request
+import warnings
+import zlib
+from pathlib import Path
+
+from lightformer.files import atomic_open, atomic_write_bytes, read_lines, read_utf8, sha256_of
+
+Pair = tuple[str, str]
+
+AUSTEN_DEB_PACKAGE = "r-cran-janeaustenr"
+# The package's own order (janeaustenr::austen_books()); `austen_text` writes the novels in this order.
+AUSTEN_NOVELS = (
+    ("sensesensibility", "Sense and Sensibility"),
+    ("prideprejudice", "Pride and Prejudice"),
+    ("mansfieldpark", "Mansfield Park"),
+    ("emma", "Emma"),
+    ("northangerabbey", "Northanger Abbey"),
+    ("persuasion", "Persuasion"),
+)
+# Inside the extracted .deb (and inside an installed R site library): the lazy-load database of the data.
+AUSTEN_DATA_DIR = Path("usr/lib/R/site-library/janeaustenr/data")
+AUSTEN_SYSTEM_DATA_DIR = Path("/") / AUSTEN_DATA_DIR
+
+
+# Debian's `dataset-fashion-mnist` package installs the original gzip files here.
+DEBIAN_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+MNIST_RAW_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+DING_FILE = "/usr/share/trans/de-en"
+DING_DEB_PACKAGE = "trans-de-en"
+
+
+class CorpusUnavailableError(RuntimeError):
+    """A built-in corpus is not on this machine and cannot be fetched (no apt-get, or it failed)."""
+
+
+def download(url: str, dest: str | Path, sha256: str | None = None) -> Path:
+    """Download `url` to `dest` and check its SHA-256 (hex) when `sha256` is given.
+
+    Skips the download when `dest` already exists with the right hash (or exists at all, when `sha256`
+    is None). The body is streamed to a temporary file next to `dest` and renamed only once verified.
+    """
+    dest = Path(dest)
+    expected = sha256.lower() if sha256 else None
+    if dest.exists() and (expected is None or sha256_of(dest) == expected):
+        return dest
+    digest = hashlib.sha256()
+    try:
+        with atomic_open(dest) as f, urllib.request.urlopen(url, timeout=60) as response:
+            for chunk in iter(lambda: response.read(1 << 20), b""):
+                digest.update(chunk)
+                f.write(chunk)
+            actual = digest.hexdigest()
+            if expected is not None and actual != expected:
+                raise ValueError(
+                    f"download of {url} failed its checksum: expected sha256 {expected}, got {actual}. "
+                    "The file has changed upstream or the transfer was corrupted; nothing was written "
+                    f"to {dest}."
+                )
+    except urllib.error.URLError as error:
+        raise OSError(f"could not download {url}: {error}") from error
+    return dest
+
+
+def austen_text(root: str | Path = "data/austen") -> Path:
+    """Path of `<root>/austen.txt`: Jane Austen's six novels as one UTF-8 text file, created if missing.
+
+    The text comes from Debian's `r-cran-janeaustenr` package. Its data files are looked up in
+    `<root>/deb/usr/lib/R/site-library/janeaustenr/data/`, then in the system R library; if neither has
+    them, the package is fetched with `apt-get download` and unpacked with `dpkg-deb -x` into
+    `<root>/deb` (neither needs root, and R is not installed).
+
+    Layout: each novel's lines joined by "\\n", novels separated by one blank line, no final newline,
+    in the package's order: Sense and Sensibility, Pride and Prejudice, Mansfield Park, Emma,
+    Northanger Abbey, Persuasion (4,025,032 characters, 81 distinct).
+    """
+    root = Path(root)
+    target = root / "austen.txt"
+    if target.exists():
+        return target
+    data_dir = _find_austen_data(root) or _fetch_austen_deb(root)
+    novels = read_austen_novels(data_dir)
+    text = "\n\n".join(novels[name] for name, _ in AUSTEN_NOVELS)
+    return atomic_write_bytes(target, text.encode("utf-8"))
+
+
+def read_austen_novels(data_dir: str | Path) -> dict[str, str]:
+    """Read the six novels from janeaustenr's R lazy-load database `Rdata.rdx` / `Rdata.rdb`.
+
+    The `.rdx` is gzip'ed R serialization holding, under `variables`, each object's (offset, length)
+    in the `.rdb`; an `.rdb` entry is a 4-byte big-endian uncompressed length followed by a zlib
+    stream of the R serialization of a character vector with one element per line ("" or NA: blank).
+    Returns {package name of the novel: its lines joined with "\\n"}.
+    """
+    import rdata  # here, not at the top: it takes ~0.3 s to import and is needed once, to build austen.txt
+
+    data_dir = Path(data_dir)
+    rdx_path, rdb_path = data_dir / "Rdata.rdx", data_dir / "Rdata.rdb"
+    with warnings.catch_warnings():
+        # rdata cannot tell a bare serialization stream from a file type and says it "assumed RDS".
+        warnings.filterwarnings("ignore", message=".*assumed RDS.*")
+        index = rdata.conversion.convert(rdata.parser.parse_data(gzip.decompress(rdx_path.read_bytes())))
+        database = rdb_path.read_bytes()
+        novels = {}
+        for name, _ in AUSTEN_NOVELS:
+            if name not in index["variables"]:
+                raise ValueError(
+                    f"{rdx_path} lists no object named {name!r}; it has {sorted(index['variables'])}. "
+                    f"Is this the data of the {AUSTEN_DEB_PACKAGE} package?"
+                )
+            offset, length = (int(v) for v in index["variables"][name])
+            entry = database[offset : offset + length]
+            try:
+                serialized = zlib.decompress(entry[4:])
+            except zlib.error as error:
+                raise ValueError(
+                    f"{rdb_path}: entry {name!r} at byte {offset} (length {length}) is not zlib data "
+                    f"({error}); only zlib-compressed lazy-load databases are supported"
+                ) from error
+            lines = rdata.conversion.convert(rdata.parser.parse_data(serialized))
+            novels[name] = "\n".join("" if line is None else str(line) for line in lines)
+    return novels
+
+
+def _find_austen_data(root: Path) -> Path | None:
+    """The janeaustenr data folder under `<root>/deb` or in the system R library, if one has the files."""
+    for data_dir in (root / "deb" / AUSTEN_DATA_DIR, AUSTEN_SYSTEM_DATA_DIR):
+        if (data_dir / "Rdata.rdx").is_file() and (data_dir / "Rdata.rdb").is_file():
+            return data_dir
+    return None
+
+
+def _fetch_austen_deb(root: Path) -> Path:
+    """`apt-get download` the package into a temporary folder and unpack it into `<root>/deb`."""
+    root = root.resolve()
+    commands = (
+        f"cd {root} && apt-get download {AUSTEN_DEB_PACKAGE} && dpkg-deb -x {AUSTEN_DEB_PACKAGE}_*.deb {root / 'deb'}"
+    )
+    for tool in ("apt-get", "dpkg-deb"):
+        if shutil.which(tool) is None:
+            raise CorpusUnavailableError(
+                f"Jane Austen's novels are not under {root / 'deb'} and `{tool}` is not available to fetch "
+                f"them. On a Debian/Ubuntu machine run:\n    {commands}\nor pass the text as train_files."
+            )
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as tmp:
+        tmp_dir = Path(tmp)
+        result = subprocess.run(
+            ["apt-get", "download", AUSTEN_DEB_PACKAGE], cwd=tmp_dir, capture_output=True, text=True
+        )
+        debs = sorted(tmp_dir.glob(f"{AUSTEN_DEB_PACKAGE}_*.deb"))
+        if result.returncode != 0 or not debs:
+            raise CorpusUnavailableError(
+                f"`apt-get download {AUSTEN_DEB_PACKAGE}` failed (exit code {result.returncode}):\n"
+                f"{result.stderr.strip()}\nIf the package is unknown, run `apt-get update` first; then:\n"
+                f"    {commands}"
+            )
+        # Unpack beside the target and rename, so a concurrent process never reads a half-unpacked tree.
+        unpacked = tmp_dir / "deb"
+        subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(unpacked)], check=True)
+        try:
+            os.rename(unpacked, root / "deb")
+        except OSError:
+            if not (root / "deb").exists():
+                raise  # not a lost race with another process: a real error
+    data_dir = _find_austen_data(root)
+    if data_dir is None:
+        raise RuntimeError(
+            f"{AUSTEN_DEB_PACKAGE} was unpacked into {root / 'deb'} but has no {AUSTEN_DATA_DIR}/Rdata.rdx"
+        )
+    return data_dir
+
+
+def install_debian_fashion_mnist(root: str | Path) -> bool:
+    """Decompress Debian's Fashion-MNIST files into ``<root>/FashionMNIST/raw/``, where torchvision reads them.
+
+    torchvision looks for the decompressed files; its own download step would not accept Debian's ``.gz`` files,
+    which are recompressed and so fail its checksums. Writes each file under a temporary name and renames it, so
+    concurrent processes never read half a file. Returns whether all four files are there.
+    """
+    raw_dir = Path(root) / "FashionMNIST" / "raw"
+    missing = [name for name in MNIST_RAW_FILES if not (raw_dir / name).is_file()]
+    if not missing:
+        return True
+    sources = [DEBIAN_FASHION_MNIST_DIR / f"{name}.gz" for name in missing]
+    if not all(source.is_file() for source in sources):
+        return False
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    for name, source in zip(missing, sources, strict=True):
+        partial_file = raw_dir / f".{name}.partial-{os.getpid()}"
+        try:
+            with gzip.open(source, "rb") as compressed, open(partial_file, "wb") as decompressed:
+                shutil.copyfileobj(compressed, decompressed)
+            os.replace(partial_file, raw_dir / name)
+        finally:
+            partial_file.unlink(missing_ok=True)
+    return True
+
+
+# --- the md5 bucket split ------------------------------------------------------------------------------------
+
+TEST_BUCKETS = 5  # buckets 0..4 are test
+VAL_BUCKETS = 10  # buckets 5..9 are val; 10..99 train
+
+
+def split_bucket(sentence: str) -> int:
+    """The sentence's bucket in 0..99: `int(md5(sentence as UTF-8).hexdigest(), 16) % 100`."""
+    return int(hashlib.md5(sentence.encode("utf-8")).hexdigest(), 16) % 100
+
+
+def split_of(sentence: str) -> str:
+    """The split of a sentence: "test" for buckets 0..4, "val" for 5..9, "train" for 10..99."""
+    bucket = split_bucket(sentence)
+    return "test" if bucket < TEST_BUCKETS else "val" if bucket < VAL_BUCKETS else "train"
+
+
+# --- Ding dictionary extraction --------------------------------------------------------------------------------
+
+# Innermost bracketed annotations ({m}, [ugs.], <Variante>, (optional words)); removed repeatedly so nested ones go.
+_ANNOTATION = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|<[^<>]*>|\([^()]*\)")
+# Abbreviation markers such as "Entschuldigung, ich verstehe nicht. /SIDU/": a whole word between slashes.
+_ABBREVIATION_MARKER = re.compile(r"(?<!\S)/[^/\s]+/(?!\S)")
+_SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+([.,!?;:])")
+# Dictionary notation that makes a sub-entry a template rather than a sentence.
+_NOTATION = re.compile(r"/|…|\.\.\.|\b(?:etw|jdn|jdm|jds|sth|sb)\.")
+
+
+def clean_ding_entry(entry: str) -> str:
+    """The first synonym of one Ding sub-entry, annotations removed (see the module docstring, steps 2 and 3)."""
+    removed = 1
+    while removed:  # innermost brackets first, until none are left
+        entry, removed = _ANNOTATION.subn(" ", entry)
+    if "/" in entry:
+        entry = _ABBREVIATION_MARKER.sub(" ", entry)
+    for synonym in entry.split(";"):
+        synonym = " ".join(synonym.split())
+        if synonym:
+            return _SPACE_BEFORE_PUNCTUATION.sub(r"\1", synonym)
+    return ""
+
+
+def is_sentence(text: str) -> bool:
+    """A capital first letter, a final `.`, `!` or `?`, three words or more, and no dictionary notation."""
+    return (
+        len(text) > 0
+        and text[0].isupper()
+        and text[-1] in ".!?"
+        and len(text.split()) >= 3
+        and _NOTATION.search(text) is None
+    )
+
+
+def extract_ding_pairs(path: str | Path) -> tuple[list[Pair], list[Pair], dict[str, int]]:
+    """(sentence pairs, other word/phrase pairs, counts) of a Ding dictionary file, both lists deduplicated.
+
+    Pairs are (German, English) in file order; the counts say how many lines, sub-entries and skipped
+    lines (different `|` counts on the two sides, or no " :: ") were seen.
+    """
+    path = Path(path)
+    text = read_utf8(path)
+    sentences: dict[Pair, None] = {}  # dicts keep the first occurrence's order
+    phrases: dict[Pair, None] = {}
+    counts = {"entry_lines": 0, "sub_entries": 0, "misaligned_lines": 0, "malformed_lines": 0}
+    for line in text.split("\n"):
+        if not line.strip() or line.startswith("#"):
+            continue
+        counts["entry_lines"] += 1
+        german, separator, english = line.partition("::")
+        if not separator:
+            counts["malformed_lines"] += 1
+            continue
+        german_entries, english_entries = german.split("|"), english.split("|")
+        if len(german_entries) != len(english_entries):
+            counts["misaligned_lines"] += 1
+            continue
+        for german_entry, english_entry in zip(german_entries, english_entries, strict=True):
+            counts["sub_entries"] += 1
+            pair = (clean_ding_entry(german_entry), clean_ding_entry(english_entry))
+            if is_sentence(pair[0]) and is_sentence(pair[1]):
+                sentences[pair] = None
+            elif pair[0] and pair[1]:
+                phrases[pair] = None
+    phrase_list = [pair for pair in phrases if pair not in sentences]
+    return list(sentences), phrase_list, counts
+
+
+# --- sentence-pair files ---------------------------------------------------------------------------------------
+
+
+def read_tsv_pairs(path: Path) -> list[Pair]:
+    """(first column, second column) of each non-blank line of a TSV file; a line without a tab is an error."""
+    pairs = []
+    for number, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if len(fields) < 2:
+            raise ValueError(
+                f"{path}, line {number}: no tab; each line must be 'source<TAB>target' (line starts {line[:60]!r})"
+            )
+        pairs.append((fields[0].strip(), fields[1].strip()))
+    return pairs
+
+
+def read_parallel_pairs(src_path: Path, tgt_path: Path) -> list[Pair]:
+    """(line i of src_path, line i of tgt_path) for every i; files of different lengths are an error."""
+    src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
+    if len(src_lines) != len(tgt_lines):
+        raise ValueError(
+            f"the line-aligned files differ in length: {src_path} has {len(src_lines)} lines, {tgt_path} has "
+            f"{len(tgt_lines)}; line i of one must translate line i of the other"
+        )
+    return [(src.strip(), tgt.strip()) for src, tgt in zip(src_lines, tgt_lines, strict=True)]

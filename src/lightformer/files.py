@@ -1,0 +1,118 @@
+"""File helpers every part of lightformer shares: atomic writes, UTF-8 reading with errors that name the place,
+file patterns, and the clean-up of what an interrupted atomic write leaves behind.
+
+Every file lightformer writes (checkpoints, caches, tokenizers, exports) goes through ``atomic_open``: a temporary
+file in the same folder, flushed and synced, then renamed over the target. Readers never see half a file, several
+processes (DDP ranks, parallel tests) may write the same file at once, and a crash leaves the previous file intact.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+TEMPORARY_SUFFIX = ".tmp"
+
+
+@contextmanager
+def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
+    """Open a temporary file beside ``path`` for binary writing; it becomes ``path`` when the block ends.
+
+    An exception inside the block (a full disk included) leaves ``path`` untouched and removes the temporary file;
+    only a process killed mid-write leaves one (``.<name>.<random>.tmp``), which ``remove_orphaned_temporary_files``
+    deletes at the next start.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them visible
+        os.chmod(tmp_name, 0o644)  # mkstemp creates 0600; give the file the usual permissions
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (see ``atomic_open``)."""
+    with atomic_open(path) as f:
+        f.write(data)
+    return Path(path)
+
+
+def remove_orphaned_temporary_files(folder: str | Path) -> list[Path]:
+    """Delete the temporary files that writes into ``folder`` interrupted by a kill left behind; returns them."""
+    folder = Path(folder)
+    orphans = [p for p in folder.glob(f".*{TEMPORARY_SUFFIX}") if p.is_file()] if folder.is_dir() else []
+    for orphan in orphans:
+        orphan.unlink(missing_ok=True)
+    return orphans
+
+
+def sha256_of(path: str | Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_utf8(path: str | Path, what: str | None = None) -> str:
+    """A file's UTF-8 text, a leading byte-order mark dropped; a file that is not UTF-8 raises ValueError naming
+    the file (``what`` says which option gave it), the byte, its offset and line, and how to convert it."""
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ValueError(
+            f"{what + ': ' if what else ''}{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at byte offset "
+            f"{error.start} (line {line}: {error.reason}); convert it, e.g. `iconv -f latin1 -t utf-8`"
+        ) from None
+    return text.removeprefix("\ufeff")
+
+
+def read_lines(path: str | Path, what: str | None = None) -> list[str]:
+    """The file's lines, split on "\\n" only (other Unicode line breaks stay inside a line), "\\r" dropped."""
+    lines = read_utf8(path, what).split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline ends the last line; it does not start another
+    return [line.removesuffix("\r") for line in lines]
+
+
+def as_list(patterns: list[str] | str | None) -> list[str]:
+    """``None`` → [], a string → [it], a list → itself."""
+    if patterns is None:
+        return []
+    return [patterns] if isinstance(patterns, str) else list(patterns)
+
+
+def expand_patterns(patterns: list[str], field: str) -> list[Path]:
+    """Paths named by ``patterns`` (plain paths or globs, ``**`` allowed), each glob's matches sorted; a missing
+    file, a folder or a pattern without matches raises an error that names ``field`` and the pattern."""
+    paths = []
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
+            if not matches:
+                raise FileNotFoundError(f"{field}: the pattern {pattern!r} matches no file")
+            paths.extend(matches)
+        elif Path(pattern).is_file():
+            paths.append(Path(pattern))
+        elif Path(pattern).is_dir():
+            raise IsADirectoryError(f"{field}: {pattern!r} is a folder; name files or a glob like '{pattern}/*.txt'")
+        else:
+            raise FileNotFoundError(f"{field}: the file {pattern!r} does not exist")
+    return paths
