@@ -204,7 +204,7 @@ def test_a_malicious_checkpoint_is_refused_everywhere(tmp_path):
     torch.save({"state_dict": {}, "hyper_parameters": Exploit(marker), "global_step": 0}, evil)
     with pytest.raises(pickle.UnpicklingError):
         AtomicCheckpointIO().load_checkpoint(evil)
-    with pytest.raises(pickle.UnpicklingError):
+    with pytest.raises(SystemExit, match=r"evil\.ckpt is not a readable lightformer checkpoint \(Weights only load"):
         main(["generate", f"--ckpt_path={evil}"])
     cli = build([*task_args("vision", tmp_path), "--trainer.max_steps=2"])
     with pytest.raises(pickle.UnpicklingError):

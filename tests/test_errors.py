@@ -151,7 +151,7 @@ def test_6_missing_paths_are_named(tmp_path, capsys):
     for command in (["generate"], ["translate"], ["classify", f"--images={present}"]):
         with pytest.raises(SystemExit) as exit_info:
             main([*command, f"--ckpt_path={nope}"])
-        assert exit_info.value.code == f"--ckpt_path: the checkpoint file {nope!r} does not exist"
+        assert exit_info.value.code == f"lightformer: --ckpt_path: the checkpoint file {nope!r} does not exist"
 
 
 def test_7_empty_corpus(tmp_path):

@@ -1,15 +1,17 @@
-"""Callbacks of every run: what keeps it safe (atomic checkpoint files, exact resume of random state, a stop on a
-non-finite loss) and what shows its speed (throughput and model FLOPs utilisation).
+"""Callbacks of every run: what keeps it safe (atomic checkpoint files, a ``last.ckpt`` that is really the last,
+exact resume of random state, a stop on non-finite values) and what shows its speed (throughput and MFU).
 
 ``python -m lightformer fit`` installs them all (see ``lightformer.cli``); with the Python API, pass
-``plugins=[AtomicCheckpointIO()]`` and ``callbacks=[NonFiniteLossGuard(), RandomStateCheckpoint(), Throughput()]``
-to the ``Trainer``.
+``plugins=[AtomicCheckpointIO()]`` and ``callbacks=[ModelCheckpoint(save_last=True), NonFiniteLossGuard(),
+RandomStateCheckpoint(), Throughput()]`` to the ``Trainer``.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +19,14 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from lightning.pytorch import callbacks
 from lightning.pytorch.callbacks import Callback, ThroughputMonitor
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_info
 
-from lightformer.files import atomic_open
+from lightformer.files import atomic_open, remove_orphaned_temporary_files
+
+MIB = 2**20
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -36,8 +42,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if not _is_local_file_protocol(path):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
-        with atomic_open(path) as f:
-            torch.save(checkpoint, f)
+        try:
+            with atomic_open(path) as f:
+                torch.save(checkpoint, f)
+        except (OSError, RuntimeError) as error:  # torch's zip writer reports a full disk as a RuntimeError
+            full = getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error)
+            if not full and shutil.disk_usage(Path(path).parent).free > 16 * MIB:
+                raise
+            free = shutil.disk_usage(Path(path).parent).free / MIB
+            raise OSError(
+                errno.ENOSPC,
+                f"disk full: the checkpoint {path} could not be written ({free:.0f} MiB free in {Path(path).parent}); "
+                "the previous checkpoint there is intact. Free some space, or write checkpoints elsewhere "
+                "(trainer.logger.init_args.save_dir, or the checkpoint callback's dirpath), then resume with "
+                "--ckpt_path <the last checkpoint>",
+            ) from None
         directory = os.open(Path(path).parent, os.O_RDONLY)  # make the rename itself durable
         try:
             os.fsync(directory)
@@ -48,8 +67,78 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return super().load_checkpoint(path, map_location=map_location, weights_only=True)
 
 
+class ModelCheckpoint(callbacks.ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` with a ``last.ckpt`` that always holds the latest state, and checks at start.
+
+    With ``save_last``, Lightning 2.6 rewrites ``last.ckpt`` only when a top-k checkpoint is saved, that is when the
+    monitored metric improves: a run whose metric stopped improving kept a stale ``last.ckpt``, and resuming "from
+    the last checkpoint" silently threw work away. Here every checkpoint event of this callback (each validation, or
+    each epoch end when saving per epoch, every ``every_n_train_steps``) and the end of training write it.
+
+    Before training it also removes the temporary files that a run killed mid-save left in its folder, and refuses
+    to start when the folder is not writable or lacks the space for two checkpoints (the new file is written beside
+    the old one). The arguments are Lightning's.
+    """
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit" and trainer.is_global_zero and self.dirpath and _is_local_file_protocol(self.dirpath):
+            for orphan in remove_orphaned_temporary_files(self.dirpath):
+                rank_zero_info(f"removed {orphan}, the unfinished write of an interrupted run")
+            check_checkpoint_folder(Path(self.dirpath), pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0:
+            self._write_last(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._write_last(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._write_last(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        self._write_last(trainer)
+
+    def _write_last(self, trainer: L.Trainer) -> None:
+        """Write ``last.ckpt`` unless nothing is asked or this step was saved already (top-k saves write it too)."""
+        if not self.save_last or self._should_skip_saving_checkpoint(trainer):
+            return
+        if self._last_global_step_saved == trainer.global_step and self.last_model_path:
+            return
+        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+def check_checkpoint_folder(folder: Path, pl_module: L.LightningModule) -> None:
+    """Raise OSError when ``folder`` cannot take checkpoints: not writable, or short of the space for two of them
+    (a checkpoint holds the weights and AdamW's two moments: about 3 × the parameters' bytes)."""
+    existing = next((p for p in [folder, *folder.parents] if p.exists()), folder)
+    if not os.access(existing, os.W_OK):
+        raise OSError(
+            errno.EACCES,
+            f"cannot write checkpoints to {folder}: {existing} is not writable; set trainer.logger.init_args.save_dir "
+            "(or the checkpoint callback's dirpath) to a writable folder",
+        )
+    parameter_bytes = sum(p.numel() * p.element_size() for p in pl_module.parameters())
+    needed = 2 * 3 * parameter_bytes + 16 * MIB
+    free = shutil.disk_usage(existing).free
+    if free < needed:
+        raise OSError(
+            errno.ENOSPC,
+            f"disk full: {existing} has {free / MIB:.0f} MiB free, and checkpoints of this model need about "
+            f"{needed / MIB:.0f} MiB (the new file is written beside the previous one); free some space or write "
+            "checkpoints elsewhere (trainer.logger.init_args.save_dir)",
+        )
+
+
 class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite; the message names the step and the last good checkpoint."""
+    """A loss, metric or parameter became NaN or infinite; the message names the step and the last good checkpoint."""
 
 
 def last_good_checkpoint(trainer: L.Trainer) -> str | None:
@@ -62,12 +151,13 @@ def last_good_checkpoint(trainer: L.Trainer) -> str | None:
 
 
 class NonFiniteLossGuard(Callback):
-    """Stop training at the first NaN or infinite training loss, and never checkpoint non-finite weights.
+    """Stop training at the first NaN or infinite value, and never checkpoint non-finite weights.
 
     The loss is checked before every backward pass, so a NaN loss never reaches the weights (a host sync:
-    negligible on CPU, a few percent on a fast GPU; raise ``check_every_n_steps`` there). Parameters are
-    checked before every checkpoint is written, so a good checkpoint is never overwritten by a broken model.
-    Either check raises ``NonFiniteLossError``.
+    negligible on CPU, a few percent on a fast GPU; raise ``check_every_n_steps`` there). Parameters are checked
+    before every validation (a finite loss can still have overflowing gradients) and before every checkpoint is
+    written, so a good checkpoint is never overwritten by a broken model; tasks check their validation metrics with
+    ``raise_if_non_finite``. Every check raises ``NonFiniteLossError`` naming the step and the last good checkpoint.
     """
 
     def __init__(self, check_every_n_steps: int = 1) -> None:
@@ -83,25 +173,46 @@ class NonFiniteLossGuard(Callback):
             value = "non-finite on another process" if finite else f"{loss.item()}"
             raise NonFiniteLossError(
                 f"the training loss is {value} at global step {trainer.global_step} (epoch {trainer.current_epoch}) "
-                f"and training stopped before the update. {self._advice(trainer)}"
+                f"and training stopped before the update. {non_finite_advice(trainer)}"
             )
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self._check_parameters(trainer, pl_module, "the checkpoint was not written")
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit":
+            self._check_parameters(trainer, pl_module, "validation did not start")
+
+    @staticmethod
+    def _check_parameters(trainer: L.Trainer, pl_module: L.LightningModule, consequence: str) -> None:
         broken = [name for name, p in pl_module.named_parameters() if not torch.isfinite(p.detach()).all()]
         if trainer.strategy.reduce_boolean_decision(bool(broken), all=False):
             raise NonFiniteLossError(
-                f"parameters became non-finite at global step {trainer.global_step} "
-                f"({', '.join(broken[:3]) or 'on another process'}{', ...' if len(broken) > 3 else ''}); "
-                f"the checkpoint was not written and training stopped. {self._advice(trainer)}"
+                f"parameters became non-finite by global step {trainer.global_step} "
+                f"({', '.join(broken[:3]) or 'on another process'}{', ...' if len(broken) > 3 else ''}): the losses "
+                f"were finite, so gradients overflowed; {consequence} and training stopped. "
+                + non_finite_advice(trainer)
             )
 
-    @staticmethod
-    def _advice(trainer: L.Trainer) -> str:
-        last = last_good_checkpoint(trainer)
-        where = f"The last good checkpoint is {last}" if last else "No checkpoint was written before this step"
-        return (
-            f"{where}. To continue, resume with --ckpt_path and lower model.init_args.lr, set "
-            "trainer.gradient_clip_val (e.g. 1.0), or train in bf16-mixed or 32-true instead of 16-mixed."
+
+def non_finite_advice(trainer: L.Trainer) -> str:
+    """Which checkpoint to resume from, and what usually helps."""
+    last = last_good_checkpoint(trainer)
+    where = f"The last good checkpoint is {last}" if last else "No checkpoint was written before this step"
+    return (
+        f"{where}. To continue, resume with --ckpt_path and lower model.optimizer.lr, set "
+        "trainer.gradient_clip_val (e.g. 1.0), or train in bf16-mixed or 32-true instead of 16-mixed."
+    )
+
+
+def raise_if_non_finite(trainer: L.Trainer, name: str, value: torch.Tensor) -> None:
+    """Raise ``NonFiniteLossError`` naming the metric, the step and the last good checkpoint if ``value`` is not
+    finite (a task calls it on its validation metrics before using them, e.g. to sample text)."""
+    if not bool(torch.isfinite(value).all()):
+        raise NonFiniteLossError(
+            f"{name} is {value.item() if value.numel() == 1 else 'non-finite'} at global step {trainer.global_step} "
+            f"(epoch {trainer.current_epoch}): the model's outputs are not finite, and the run stopped. "
+            f"{non_finite_advice(trainer)}"
         )
 
 

@@ -12,17 +12,17 @@ from __future__ import annotations
 import dataclasses
 import glob
 import importlib
-import os
 import sys
 import typing
-from pathlib import Path
 from typing import Literal
 
 import lightning as L
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from lightformer import checkpoints
 from lightformer.callbacks import (
     AtomicCheckpointIO,
     NonFiniteLossError,
@@ -30,6 +30,9 @@ from lightformer.callbacks import (
     RandomStateCheckpoint,
     Throughput,
 )
+from lightformer.checkpoints import CheckpointError, load_task, require_file
+from lightformer.files import read_lines
+from lightformer.generation import check_sampling
 
 DATA_LINKS = (
     "vocab_size",
@@ -57,6 +60,24 @@ class LightformerCLI(LightningCLI):
         for name in DATA_LINKS:
             parser.link_arguments(f"data.{name}", f"model.init_args.net.{name}", apply_on="instantiate")
 
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        keep_last_checkpoint_current(config.trainer)
+        # With --ckpt_path, LightningCLI has put the checkpoint's hyperparameters into the config: keep the sizes its
+        # model was built with, which the data's linked values replace at instantiation.
+        net = config.model.init_args.get("net") if config.get("ckpt_path") else None
+        self.checkpoint_sizes = {name: net[name] for name in DATA_LINKS if net and net.get(name) is not None}
+
+    def after_instantiate_classes(self) -> None:
+        net = self.model.hparams.get("net", {})
+        for name, trained in self.checkpoint_sizes.items():
+            if net.get(name) not in (None, trained):
+                raise ConfigError(
+                    f"the checkpoint's model was built with {name}={trained} (model.net.{name}), but the data gives "
+                    f"{name}={net[name]}: use the data settings the model was trained with (data.{name}={trained}, or "
+                    "the same files and tokenizer)"
+                )
+
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
         # Before LightningCLI merges the hyperparameters of a --ckpt_path checkpoint (linked values included).
@@ -75,6 +96,25 @@ class LightformerCLI(LightningCLI):
                 if not any(isinstance(callback, kind) for callback in trainer.callbacks):
                     trainer.callbacks.append(default)
         return trainer
+
+
+LIGHTNING_CHECKPOINT = {
+    "lightning.pytorch.callbacks.ModelCheckpoint",
+    "lightning.pytorch.callbacks.model_checkpoint.ModelCheckpoint",
+}
+
+
+def keep_last_checkpoint_current(trainer: Namespace) -> None:
+    """Make every ``last.ckpt`` the latest state: Lightning's ``ModelCheckpoint`` with ``save_last`` becomes
+    lightformer's (the same arguments; Lightning's rewrites ``last.ckpt`` only when the monitored metric improves),
+    and a run configured without checkpoints (but with checkpointing on) gets one that writes ``last.ckpt``."""
+    configured = [c for c in trainer.callbacks or [] if c.class_path.rsplit(".", 1)[-1] == "ModelCheckpoint"]
+    for callback in configured:
+        if callback.class_path in LIGHTNING_CHECKPOINT and callback.init_args.get("save_last"):
+            callback.class_path = "lightformer.callbacks.ModelCheckpoint"
+    if not configured and trainer.enable_checkpointing is not False:
+        default = Namespace(class_path="lightformer.callbacks.ModelCheckpoint", init_args=Namespace(save_last=True))
+        trainer.callbacks = [*(trainer.callbacks or []), default]
 
 
 class ConfigError(ValueError):
@@ -130,12 +170,9 @@ def _expand_patterns(patterns: list[str] | str) -> list[str]:
     return [path for p in patterns for path in (sorted(glob.glob(p)) if glob.has_magic(p) else [p])]
 
 
-def _require_file(path: str, what: str) -> None:
-    """Exit with one line naming the option and the path (not a traceback) when a local file is missing."""
-    if "://" in path:  # a remote checkpoint (s3://, https://...): Lightning's fsspec reports its own errors
-        return
-    if not Path(path).is_file():
-        raise SystemExit(f"{what} {path!r} {'is a folder' if Path(path).is_dir() else 'does not exist'}")
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
 
 
 def generate(
@@ -163,10 +200,20 @@ def generate(
         seed: seed of the sampler, for reproducible samples.
         device: "cpu", "cuda", "cuda:1", ...
     """
-    from lightformer.tasks.language_model import LanguageModelTask
-
-    _require_file(ckpt_path, "--ckpt_path: the checkpoint file")
-    task = LanguageModelTask.load_from_checkpoint(ckpt_path, map_location=device, weights_only=True)
+    try:
+        check_sampling(temperature, top_k, top_p)
+    except ValueError as error:
+        raise ConfigError(f"--{error}") from None
+    _check(max_new_tokens >= 1, f"--max_new_tokens={max_new_tokens} must be at least 1")
+    _check(num_samples >= 1, f"--num_samples={num_samples} must be at least 1")
+    task = load_task(ckpt_path, "LanguageModelTask", "generate", device)
+    unknown = task.tokenizer.unknown_characters(prompt)
+    if unknown:
+        print(
+            f"warning: the prompt's characters {', '.join(map(repr, unknown))} are not in the model's vocabulary "
+            "(it never saw them in training): they become <unk>",
+            file=sys.stderr,
+        )
     texts = task.generate_text(prompt, max_new_tokens, temperature, top_k, top_p, num_samples, seed)
     for i, text in enumerate(texts):
         if i:
@@ -191,15 +238,18 @@ def translate(
         batch_size: sentences translated together.
         device: "cpu", "cuda", "cuda:1", ...
     """
-    from lightformer.tasks.translation import TranslationTask
-
-    _require_file(ckpt_path, "--ckpt_path: the checkpoint file")
+    _check(beam_size is None or beam_size >= 1, f"--beam_size={beam_size} must be at least 1 (1 is greedy)")
+    _check(batch_size >= 1, f"--batch_size={batch_size} must be at least 1")
     if input != "-":
-        _require_file(input, "--input: the file")
-    task = TranslationTask.load_from_checkpoint(ckpt_path, map_location=device, weights_only=True)
-    stream = sys.stdin if input == "-" else open(input, encoding="utf-8")  # noqa: SIM115
-    with stream:
-        lines = [line.rstrip("\n") for line in stream]
+        require_file(input, "--input: the file")
+    task = load_task(ckpt_path, "TranslationTask", "translate", device)
+    lines = read_lines(input, "--input") if input != "-" else sys.stdin.read().splitlines()
+    for number, length in task.too_long(lines):
+        print(
+            f"warning: line {number + 1} of --input has {length} tokens; the model reads at most "
+            f"{task.model.max_len - 1}, so its end is cut",
+            file=sys.stderr,
+        )
     for start in range(0, len(lines), batch_size):
         for translation in task.translate(lines[start : start + batch_size], beam_size):
             print(translation)
@@ -221,15 +271,12 @@ def classify(
         top_k: how many classes to print per image, most likely first.
         device: "cpu", "cuda", "cuda:1", ...
     """
-    from lightformer.tasks.image_classification import ImageClassificationTask
-
-    if ckpt_path is None or not images:
-        raise SystemExit("classify needs --ckpt_path CHECKPOINT and --images FILE (or a list or pattern of files)")
+    _check(ckpt_path is not None and bool(images), "classify needs --ckpt_path CHECKPOINT and --images FILE ...")
+    _check(top_k >= 1, f"--top_k={top_k} must be at least 1")
     paths = _expand_patterns(images)
-    _require_file(ckpt_path, "--ckpt_path: the checkpoint file")
     for path in paths:
-        _require_file(path, "--images: the image file")
-    task = ImageClassificationTask.load_from_checkpoint(ckpt_path, map_location=device, weights_only=True)
+        require_file(path, "--images: the image file")
+    task = load_task(ckpt_path, "ImageClassificationTask", "classify", device)
     for path, ranked in zip(paths, task.classify_files(paths, top_k), strict=True):
         print(f"{path}: " + ", ".join(f"{name} ({probability:.1%})" for name, probability in ranked))
 
@@ -247,43 +294,7 @@ def export(*, ckpt_path: str, output: str, layout: Literal["lightformer", "timm"
         output: the ``.safetensors`` file to write (atomically).
         layout: "lightformer" (our parameter names) or "timm" (image classification only).
     """
-    import json
-
-    import torch
-    from safetensors.torch import save, save_model
-
-    from lightformer import tasks
-    from lightformer.files import atomic_write_bytes
-    from lightformer.models.vit import lightformer_to_timm
-
-    _require_file(ckpt_path, "--ckpt_path: the checkpoint file")
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    class_name = str(checkpoint.get("hyper_parameters", {}).get("_class_path", "")).rsplit(".", 1)[-1]
-    if class_name not in tasks.__all__:
-        raise SystemExit(f"{ckpt_path} was not written by a lightformer task (tasks: {', '.join(tasks.__all__)})")
-    task = getattr(tasks, class_name).load_from_checkpoint(ckpt_path, map_location="cpu", weights_only=True)
-    hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if not k.startswith("_")}
-    metadata = {"format": "pt", "lightformer.task": class_name, "lightformer.hyper_parameters": json.dumps(hparams)}
-    for key in ("tokenizer", "src_tokenizer", "tgt_tokenizer", "image_classification"):
-        if key in checkpoint:
-            value = checkpoint[key]
-            metadata[f"lightformer.{key}"] = value if isinstance(value, str) else json.dumps(value)
-    if layout == "timm":
-        if class_name != "ImageClassificationTask":
-            raise SystemExit(f"--layout timm applies to image classification, not to a {class_name} checkpoint")
-        tensors = {k: v.contiguous() for k, v in lightformer_to_timm(task.model.state_dict()).items()}
-        atomic_write_bytes(output, save(tensors, metadata))
-    else:
-        staging = f"{output}.partial"
-        try:
-            save_model(task.model, staging, metadata)  # stores tied weights once
-            os.replace(staging, output)
-        finally:
-            Path(staging).unlink(missing_ok=True)
-    print(f"wrote {output} ({class_name}, {sum(p.numel() for p in task.model.parameters()):,} parameters)")
-
-
-TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks", "loops")
+    print(checkpoints.export(ckpt_path, output, layout))
 
 
 def average(*, ckpt_paths: list[str] | str, output: str, last: int | None = None) -> None:
@@ -299,45 +310,10 @@ def average(*, ckpt_paths: list[str] | str, output: str, last: int | None = None
         output: the averaged checkpoint to write (atomically).
         last: average only the ``last`` checkpoints with the highest global step.
     """
-    import torch
-
-    from lightformer.files import atomic_open
-
     paths = sorted(set(_expand_patterns(ckpt_paths)))
     if not paths:
-        raise SystemExit(f"--ckpt_paths: no checkpoint file matches {ckpt_paths}")
-    for path in paths:
-        _require_file(path, "--ckpt_paths: the checkpoint file")
-    checkpoints = sorted(
-        ((path, torch.load(path, map_location="cpu", weights_only=True)) for path in paths),
-        key=lambda item: item[1].get("global_step", 0),
-    )
-    if last is not None:
-        if last < 1:
-            raise SystemExit(f"--last={last} must be at least 1")
-        checkpoints = checkpoints[-last:]
-    first_path, reference = checkpoints[0]
-    shapes = {name: tensor.shape for name, tensor in reference["state_dict"].items()}
-    for path, checkpoint in checkpoints[1:]:
-        other = {name: tensor.shape for name, tensor in checkpoint["state_dict"].items()}
-        if other != shapes:
-            differing = sorted(set(other.items()) ^ set(shapes.items()))[:3]
-            raise SystemExit(f"{path} does not hold the same model as {first_path}: {differing} differ")
-    averaged = dict(checkpoints[-1][1])  # the latest checkpoint's hyperparameters, tokenizers, step
-    averaged["state_dict"] = {}
-    for name, tensor in reference["state_dict"].items():
-        if tensor.is_floating_point():
-            total = sum(checkpoint["state_dict"][name].double() for _, checkpoint in checkpoints)
-            averaged["state_dict"][name] = (total / len(checkpoints)).to(tensor.dtype)
-        else:  # integer buffers (counters): the latest value
-            averaged["state_dict"][name] = checkpoints[-1][1]["state_dict"][name]
-    for key in TRAINING_STATE:
-        averaged.pop(key, None)
-    averaged["averaged_checkpoints"] = [path for path, _ in checkpoints]
-    with atomic_open(output) as f:
-        torch.save(averaged, f)
-    steps = [checkpoint.get("global_step", "?") for _, checkpoint in checkpoints]
-    print(f"wrote {output}: the mean of {len(checkpoints)} checkpoints (global steps {', '.join(map(str, steps))})")
+        raise ConfigError(f"--ckpt_paths: no checkpoint file matches {ckpt_paths}")
+    print(checkpoints.average(paths, output, last))
 
 
 COMMANDS = {"generate": generate, "translate": translate, "classify": classify, "export": export, "average": average}
@@ -345,12 +321,12 @@ COMMANDS = {"generate": generate, "translate": translate, "classify": classify, 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if args and args[0] in COMMANDS:
-        from jsonargparse import auto_cli
+    try:
+        if args and args[0] in COMMANDS:
+            from jsonargparse import auto_cli
 
-        auto_cli(COMMANDS[args[0]], args=args[1:])
-    else:
-        try:
+            auto_cli(COMMANDS[args[0]], args=args[1:])
+        else:
             cli_main(argv)
-        except (ConfigError, NonFiniteLossError) as error:
-            raise SystemExit(f"lightformer: {error}") from None
+    except (ConfigError, CheckpointError, NonFiniteLossError) as error:
+        raise SystemExit(f"lightformer: {error}") from None

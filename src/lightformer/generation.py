@@ -42,6 +42,16 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
     return logits
 
 
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise ValueError naming the argument unless temperature >= 0, top_k >= 1 and 0 < top_p <= 1."""
+    if not temperature >= 0:
+        raise ValueError(f"temperature={temperature} must be at least 0 (0 is greedy decoding, 1 samples as trained)")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k={top_k} must be at least 1 (or None: no top-k filter)")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p} must be in (0, 1] (or None: no nucleus filter)")
+
+
 def next_token(
     logits: Tensor,
     temperature: float = 1.0,
@@ -50,6 +60,7 @@ def next_token(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """Pick the next token ``(batch,)`` from ``(batch, vocab)`` logits; ``temperature=0`` is greedy (argmax)."""
+    check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(-1)
     logits = filter_logits(logits.float() / temperature, top_k, top_p)
@@ -77,6 +88,7 @@ def generate(
     rebuilt from the last half block (the uncached path slides by one token instead, so beyond
     ``block_size`` the two may differ; within it they are identical).
     """
+    check_sampling(temperature, top_k, top_p)
     block_size = decoder.block_size
     ids = prompt[:, -block_size:] if prompt.shape[1] > block_size else prompt
     out = prompt

@@ -179,6 +179,14 @@ class Tokenizer:
             arrays.extend(np.asarray(encoding.ids, dtype=dtype) for encoding in encodings)
         return np.concatenate(arrays)
 
+    def unknown_characters(self, text: str) -> list[str]:
+        """The distinct characters of ``text`` that a character tokenizer encodes as UNK, in order of appearance
+        (none for byte-level BPE, which encodes anything)."""
+        if self.kind != "char":
+            return []
+        vocab = self._hf_tokenizer.get_vocab(with_added_tokens=False)
+        return list(dict.fromkeys(character for character in text if character not in vocab))
+
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """Text of `ids` (a list, array or 1-D tensor); special tokens are dropped if `skip_special`."""
         ids = ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]

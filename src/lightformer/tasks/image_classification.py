@@ -20,6 +20,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from torchvision.transforms import v2
 from torchvision.utils import make_grid
 
+from lightformer.callbacks import raise_if_non_finite
 from lightformer.data.image_files import load_image
 from lightformer.models.vit import VisionTransformer, ViTConfig
 from lightformer.nn import record_attention
@@ -168,6 +169,7 @@ class ImageClassificationTask(Task):
 
     def _log_epoch_metrics(self, stage: str, loss: MeanMetric, acc: MulticlassAccuracy, top5) -> None:
         metrics = {f"{stage}/loss": loss.compute(), f"{stage}/acc": acc.compute()}
+        raise_if_non_finite(self.trainer, f"{stage}/loss", metrics[f"{stage}/loss"])
         if top5 is not None:
             metrics[f"{stage}/acc_top5"] = top5.compute()
             top5.reset()

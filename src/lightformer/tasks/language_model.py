@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from lightformer.callbacks import raise_if_non_finite
 from lightformer.data.tokenizers import Tokenizer
 from lightformer.generation import generate
 from lightformer.models.gpt import GPT, GPTConfig
@@ -114,6 +115,7 @@ class LanguageModelTask(Task):
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()
         self.val_loss.reset()
+        raise_if_non_finite(self.trainer, "val/loss", loss)  # before sampling from a broken model
         self.log_dict({"val/loss": loss, "val/ppl": torch.exp(loss)}, prog_bar=True, sync_dist=False)
         self._log_samples()
 

@@ -10,6 +10,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
+from lightformer.callbacks import raise_if_non_finite
 from lightformer.data.sequences import TranslationDataset
 from lightformer.data.tokenizers import Tokenizer
 from lightformer.generation import beam_search
@@ -156,6 +157,7 @@ class TranslationTask(Task):
 
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()
+        raise_if_non_finite(self.trainer, "val/loss", loss)
         self.log_dict({"val/loss": loss, "val/bleu": self.val_bleu.compute() * 100}, prog_bar=True)
         self.val_loss.reset()
         self.val_bleu.reset()
@@ -183,7 +185,9 @@ class TranslationTask(Task):
                 "this model has no tokenizer: train it with a translation data module or load a checkpoint"
             )
         hp = self.hparams
-        beam_size = beam_size or hp.beam_size
+        beam_size = hp.beam_size if beam_size is None else beam_size
+        if beam_size < 1:
+            raise ValueError(f"beam_size={beam_size} must be at least 1 (1 is greedy decoding)")
         src_len = int((src != self.pad_id).sum(1).max())
         max_new_tokens = min(int(hp.max_len_a * src_len + hp.max_len_b), self.model.max_len - 1)
         was_training = self.model.training
@@ -196,6 +200,12 @@ class TranslationTask(Task):
         )
         self.model.train(was_training)
         return self.tgt_tokenizer.decode_batch(hypotheses)
+
+    def too_long(self, sentences: list[str]) -> list[tuple[int, int]]:
+        """(index, token count) of the sentences longer than the model reads (``translate`` cuts them)."""
+        limit = self.model.max_len - 1
+        lengths = [len(ids) + 1 for ids in self.src_tokenizer.encode_batch([s.strip() for s in sentences])]
+        return [(i, length) for i, length in enumerate(lengths) if length > limit]
 
     def translate(self, sentences: list[str], beam_size: int | None = None) -> list[str]:
         """Translate raw source sentences (tokenized with the model's own source tokenizer)."""

@@ -1,0 +1,137 @@
+"""Checkpoint operations: load a task for inference, export weights to safetensors, average checkpoints.
+
+A checkpoint written by ``fit`` is self-contained: the task's class and hyperparameters (so the model is rebuilt
+with its shape), and what its data module taught it (tokenizers, class names, image normalisation). Every load is
+``torch.load(weights_only=True)``: tensors, numbers, strings and containers of them, never code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from lightformer import tasks
+from lightformer.files import atomic_open, atomic_write_bytes
+
+# What a checkpoint carries besides weights and hyperparameters, stored in exports as metadata.
+CARRIED = ("tokenizer", "src_tokenizer", "tgt_tokenizer", "image_classification")
+TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks", "loops")
+COMMAND_OF_TASK = {
+    "LanguageModelTask": "generate",
+    "TranslationTask": "translate",
+    "ImageClassificationTask": "classify",
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, unreadable, or of another task than the command needs; the message says which."""
+
+
+def require_file(path: str, what: str) -> None:
+    """Raise ``CheckpointError`` naming the option and the path when a local file is missing."""
+    if "://" in path:  # a remote checkpoint (s3://, https://...): Lightning's fsspec reports its own errors
+        return
+    if not Path(path).is_file():
+        raise CheckpointError(f"{what} {path!r} {'is a folder' if Path(path).is_dir() else 'does not exist'}")
+
+
+def task_name(checkpoint: dict) -> str | None:
+    """The lightformer task class that wrote ``checkpoint``, or None if it was not written by one."""
+    name = str(checkpoint.get("hyper_parameters", {}).get("_class_path", "")).rsplit(".", 1)[-1]
+    if name not in tasks.__all__:  # written through the Python API: recognise the task by what it carries
+        carried = {"tokenizer": "LanguageModelTask", "src_tokenizer": "TranslationTask"}
+        carried["image_classification"] = "ImageClassificationTask"
+        name = next((task for key, task in carried.items() if key in checkpoint), None)
+    return name
+
+
+def read_checkpoint(path: str, option: str = "--ckpt_path") -> dict:
+    """The checkpoint at ``path`` (memory-mapped: reading its header costs little), or ``CheckpointError``."""
+    require_file(path, f"{option}: the checkpoint file")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # torch raises pickle, zip and weights_only errors of many kinds
+        raise CheckpointError(f"{option}: {path} is not a readable lightformer checkpoint ({error})") from None
+
+
+def load_task(path: str, expected: str, command: str, device: str = "cpu") -> tasks.Task:
+    """The ``expected`` task (class name) rebuilt from the checkpoint at ``path``, on ``device``, for ``command``;
+    a checkpoint of another task is refused naming the command that takes it."""
+    found = task_name(read_checkpoint(path))
+    if found != expected:
+        other = f" (use `lightformer {COMMAND_OF_TASK[found]}`)" if found in COMMAND_OF_TASK else ""
+        written_by = f"a {found} checkpoint{other}" if found else "not written by a lightformer task"
+        raise CheckpointError(f"--ckpt_path: {path} is {written_by}; `lightformer {command}` needs a {expected} one")
+    return getattr(tasks, expected).load_from_checkpoint(path, map_location=device, weights_only=True)
+
+
+def export(ckpt_path: str, output: str, layout: str = "lightformer") -> str:
+    """Write a checkpoint's model weights to a safetensors file with what rebuilds the model as metadata; returns a
+    one-line description. ``layout="timm"`` writes an image classifier under timm's ``VisionTransformer`` names."""
+    from safetensors.torch import save, save_model
+
+    from lightformer.models.vit import lightformer_to_timm
+
+    checkpoint = read_checkpoint(ckpt_path)
+    name = task_name(checkpoint)
+    if name is None:
+        raise CheckpointError(f"{ckpt_path} was not written by a lightformer task (tasks: {', '.join(tasks.__all__)})")
+    if layout == "timm" and name != "ImageClassificationTask":
+        raise CheckpointError(f"--layout timm applies to image classification, not to a {name} checkpoint")
+    task = load_task(ckpt_path, name, "export")
+    hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if not k.startswith("_")}
+    metadata = {"format": "pt", "lightformer.task": name, "lightformer.hyper_parameters": json.dumps(hparams)}
+    for key in CARRIED:
+        if key in checkpoint:
+            value = checkpoint[key]
+            metadata[f"lightformer.{key}"] = value if isinstance(value, str) else json.dumps(value)
+    if layout == "timm":
+        tensors = {k: v.contiguous() for k, v in lightformer_to_timm(task.model.state_dict()).items()}
+        atomic_write_bytes(output, save(tensors, metadata))
+    else:
+        staging = Path(f"{output}.partial")
+        try:
+            save_model(task.model, str(staging), metadata)  # stores tied weights once
+            staging.replace(output)
+        finally:
+            staging.unlink(missing_ok=True)
+    return f"wrote {output} ({name}, {sum(p.numel() for p in task.model.parameters()):,} parameters)"
+
+
+def average(paths: list[str], output: str, last: int | None = None) -> str:
+    """Write the mean of the model weights of ``paths`` (the ``last`` ones by global step, if given) to ``output``,
+    as the Transformer paper averages its last checkpoints; returns a one-line description."""
+    if not paths:
+        raise CheckpointError("--ckpt_paths: no checkpoint file given")
+    if last is not None and last < 1:
+        raise CheckpointError(f"--last={last} must be at least 1")
+    checkpoints = sorted(
+        ((path, read_checkpoint(path, "--ckpt_paths")) for path in paths),
+        key=lambda item: item[1].get("global_step", 0),
+    )
+    if last is not None:
+        checkpoints = checkpoints[-last:]
+    first_path, reference = checkpoints[0]
+    shapes = {name: tensor.shape for name, tensor in reference["state_dict"].items()}
+    for path, checkpoint in checkpoints[1:]:
+        other = {name: tensor.shape for name, tensor in checkpoint["state_dict"].items()}
+        if other != shapes:
+            differing = sorted(set(other.items()) ^ set(shapes.items()))[:3]
+            raise CheckpointError(f"{path} does not hold the same model as {first_path}: {differing} differ")
+    averaged = dict(checkpoints[-1][1])  # the latest checkpoint's hyperparameters, tokenizers, step
+    averaged["state_dict"] = {}
+    for name, tensor in reference["state_dict"].items():
+        if tensor.is_floating_point():
+            total = sum(checkpoint["state_dict"][name].double() for _, checkpoint in checkpoints)
+            averaged["state_dict"][name] = (total / len(checkpoints)).to(tensor.dtype)
+        else:  # integer buffers (counters): the latest value
+            averaged["state_dict"][name] = checkpoints[-1][1]["state_dict"][name]
+    for key in TRAINING_STATE:
+        averaged.pop(key, None)
+    averaged["averaged_checkpoints"] = [path for path, _ in checkpoints]
+    with atomic_open(output) as f:
+        torch.save(averaged, f)
+    steps = ", ".join(str(checkpoint.get("global_step", "?")) for _, checkpoint in checkpoints)
+    return f"wrote {output}: the mean of {len(checkpoints)} checkpoints (global steps {steps})"
