@@ -80,12 +80,14 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
     the old one). The arguments are Lightning's.
     """
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        if stage == "fit" and trainer.is_global_zero and self.dirpath and _is_local_file_protocol(self.dirpath):
-            for orphan in remove_orphaned_temporary_files(self.dirpath):
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not (trainer.is_global_zero and self.dirpath and _is_local_file_protocol(self.dirpath)):
+            return
+        resumed = [Path(trainer.ckpt_path).parent] if trainer.ckpt_path and Path(trainer.ckpt_path).is_file() else []
+        for folder in {Path(self.dirpath), *resumed}:  # a resumed run usually writes into a new version's folder
+            for orphan in remove_orphaned_temporary_files(folder):
                 rank_zero_info(f"removed {orphan}, the unfinished write of an interrupted run")
-            check_checkpoint_folder(Path(self.dirpath), pl_module)
+        check_checkpoint_folder(Path(self.dirpath), pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)

@@ -14,12 +14,13 @@ import glob
 import importlib
 import sys
 import typing
+from pathlib import Path
 from typing import Literal
 
 import lightning as L
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from lightformer import checkpoints
@@ -31,6 +32,7 @@ from lightformer.callbacks import (
     Throughput,
 )
 from lightformer.checkpoints import CheckpointError, load_task, require_file
+from lightformer.data.corpora import CorpusUnavailableError
 from lightformer.files import read_lines
 from lightformer.generation import check_sampling
 
@@ -44,6 +46,21 @@ DATA_LINKS = (
     "tgt_vocab_size",
     "pad_id",
 )
+
+
+class SaveRunConfig(SaveConfigCallback):
+    """Lightning's ``SaveConfigCallback``, except that a run without a logger saves its ``config.yaml`` beside its
+    checkpoints (``<default_root_dir>/checkpoints``) instead of into the working directory."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if trainer.logger is not None or self.already_saved:
+            super().setup(trainer, pl_module, stage)
+            return
+        if trainer.checkpoint_callback is not None and trainer.is_global_zero:
+            folder = Path(trainer.checkpoint_callback.dirpath or Path(trainer.default_root_dir) / "checkpoints")
+            folder.mkdir(parents=True, exist_ok=True)
+            self.parser.save(self.config, folder / self.config_filename, skip_none=False, overwrite=self.overwrite)
+        self.already_saved = True
 
 
 class LightformerCLI(LightningCLI):
@@ -67,6 +84,15 @@ class LightformerCLI(LightningCLI):
         # model was built with, which the data's linked values replace at instantiation.
         net = config.model.init_args.get("net") if config.get("ckpt_path") else None
         self.checkpoint_sizes = {name: net[name] for name in DATA_LINKS if net and net.get(name) is not None}
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except (ValueError, OSError, CorpusUnavailableError) as error:
+            # jsonargparse wraps what a data module or task raised in its own errors; show the one that says why.
+            while error.__cause__ is not None or error.__context__ is not None:
+                error = error.__cause__ or error.__context__
+            raise ConfigError(f"{_section_of(error)}{error}") from None
 
     def after_instantiate_classes(self) -> None:
         net = self.model.hparams.get("net", {})
@@ -117,6 +143,21 @@ def keep_last_checkpoint_current(trainer: Namespace) -> None:
         trainer.callbacks = [*(trainer.callbacks or []), default]
 
 
+def _section_of(error: BaseException) -> str:
+    """The config section to fix ("data: ", "model.net: ", "model: "), by the package the error was raised in."""
+    traceback = error.__traceback__
+    while traceback is not None and traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    module = traceback.tb_frame.f_globals.get("__name__", "") if traceback is not None else ""
+    sections = {
+        "lightformer.data": "data: ",
+        "lightformer.models": "model.net: ",
+        "lightformer.nn": "model.net: ",
+        "lightformer.tasks": "model: ",
+    }
+    return next((prefix for package, prefix in sections.items() if module.startswith(package)), "")
+
+
 class ConfigError(ValueError):
     """A value in the config files or on the command line is invalid; the message names it and what is valid."""
 
@@ -156,6 +197,7 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightformerCLI:
         L.LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
+        save_config_callback=SaveRunConfig,
         save_config_kwargs={"overwrite": True},
         trainer_defaults={"callbacks": [NonFiniteLossGuard(), RandomStateCheckpoint()]},
         auto_configure_optimizers=False,  # every task configures its own (model.optimizer)
@@ -243,7 +285,10 @@ def translate(
     if input != "-":
         require_file(input, "--input: the file")
     task = load_task(ckpt_path, "TranslationTask", "translate", device)
-    lines = read_lines(input, "--input") if input != "-" else sys.stdin.read().splitlines()
+    try:
+        lines = read_lines(input, "--input") if input != "-" else sys.stdin.read().splitlines()
+    except ValueError as error:  # not UTF-8: the message names the file, the byte and its line
+        raise ConfigError(str(error)) from None
     for number, length in task.too_long(lines):
         print(
             f"warning: line {number + 1} of --input has {length} tokens; the model reads at most "
@@ -273,10 +318,10 @@ def classify(
     """
     _check(ckpt_path is not None and bool(images), "classify needs --ckpt_path CHECKPOINT and --images FILE ...")
     _check(top_k >= 1, f"--top_k={top_k} must be at least 1")
+    task = load_task(ckpt_path, "ImageClassificationTask", "classify", device)
     paths = _expand_patterns(images)
     for path in paths:
         require_file(path, "--images: the image file")
-    task = load_task(ckpt_path, "ImageClassificationTask", "classify", device)
     for path, ranked in zip(paths, task.classify_files(paths, top_k), strict=True):
         print(f"{path}: " + ", ".join(f"{name} ({probability:.1%})" for name, probability in ranked))
 

@@ -1,0 +1,269 @@
+"""The table of bad inputs and faults of the reliability issue: each gets a clear message (naming the option, file
+or value and what would be valid) before work is lost, or works correctly. Earlier cases are in test_errors.py."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from lightformer import callbacks
+from lightformer.callbacks import NonFiniteLossError
+from lightformer.cli import cli_main, main
+from lightformer.files import atomic_open
+from tiny_runs import build, last_checkpoint, task_args
+
+
+def refused(argv: list[str]) -> str:
+    """The one-line message a command exits with (it must not run)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert isinstance(exit_info.value.code, str), exit_info.value.code
+    return exit_info.value.code
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict[str, str]:
+    """A checkpoint of each task (a few steps of the tiny configurations)."""
+    paths = {}
+    for task in ("lm", "translation", "vision"):
+        folder = tmp_path_factory.mktemp(task)
+        cli = build([*task_args(task, folder), "--trainer.max_steps=2", "--trainer.limit_val_batches=1"])
+        cli.trainer.fit(cli.model, cli.datamodule)
+        paths[task] = last_checkpoint(folder)
+    return paths
+
+
+# --- config values: refused before any data is prepared ----------------------------------------------------------
+
+LM = ["fit", "--config=configs/lm/austen_char.yaml"]
+VISION = ["fit", "--config=configs/vision/vit_digits.yaml", "--trainer.logger=false"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([*LM, "--model.net.vocab_size=10"], "model.net.vocab_size=10 is set, but it comes from the data"),
+        ([*LM, "--model.net.block_size=16"], "model.net.block_size=16 is set, but it comes from the data"),
+        ([*VISION, "--model.net.num_classes=3"], "model.net.num_classes=3 is set, but it comes from the data"),
+        ([*LM, "--model.net.n_layers=0"], "model.net: n_layers=0 must be at least 1"),
+        ([*LM, "--model.net.d_model=0"], "model.net: d_model=0 must be at least 1"),
+        ([*LM, "--model.net.dropout=1.5"], r"model.net: dropout=1.5 must be in \[0, 1\)"),
+        ([*VISION, "--model.net.patch_size=3"], "model.net: image_size=8 is not a multiple of patch_size=3"),
+        ([*LM, "--model.optimizer.lr=-1"], "model.optimizer: lr=-1.0 must be positive"),
+        ([*LM, "--model.optimizer.warmup_steps=-5"], "model.optimizer: warmup_steps=-5 must be at least 0"),
+        ([*VISION, "--data.batch_size=0"], "data: ImageDataModule: batch_size=0 must be at least 1"),
+        ([*LM, "--data.batch_size=0"], "data: batch_size=0 must be at least 1"),
+        ([*VISION, "--data.val_size=100", "--data.val_fraction=0.5"], "give val_size .* or val_fraction .*, not both"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_invalid_config_values_are_refused_naming_the_field(argv, message):
+    import re
+
+    assert re.search(message, refused(argv)), message
+
+
+def test_data_that_differs_from_the_checkpoints_model_is_refused(trained, tmp_path):
+    args = task_args("lm", tmp_path)
+    message = refused(["validate", *args, "--data.block_size=8", f"--ckpt_path={trained['lm']}"])
+    assert "the checkpoint's model was built with block_size=16 (model.net.block_size)" in message
+    assert "but the data gives block_size=8" in message and "data.block_size=16" in message
+
+
+# --- data: found at setup, before training ----------------------------------------------------------------------
+
+
+def image_folder(root: Path, classes: list[str], per_class: int = 3) -> Path:
+    for index, name in enumerate(classes):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            Image.new("L", (8, 8), 30 * index + i).save(root / name / f"{i}.png")
+    return root
+
+
+def test_an_unreadable_image_is_found_at_setup_naming_the_file(tmp_path):
+    from lightformer.data import ImageDataModule
+
+    folder = image_folder(tmp_path / "images", ["cat", "dog"])
+    (folder / "dog" / "broken.png").write_bytes(b"\x89PNG not really")
+    datamodule = ImageDataModule(dataset="image_folder", image_folder=str(folder), image_size=8)
+    with pytest.raises(ValueError, match=r"1 of 7 files in .*images are not readable images: .*broken\.png"):
+        datamodule.setup("fit")
+
+
+def test_a_one_class_image_folder_is_refused(tmp_path):
+    from lightformer.data import ImageDataModule
+
+    folder = image_folder(tmp_path / "images", ["cat"])
+    with pytest.raises(ValueError, match=r"has 1 class folder \(cat\); classification needs at least 2"):
+        ImageDataModule(dataset="image_folder", image_folder=str(folder))
+
+
+# --- checkpoint-alone commands -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("task", "command", "message"),
+    [
+        ("translation", ["generate"], r"is a TranslationTask checkpoint \(use `lightformer translate`\); "),
+        ("lm", ["translate", "--input=-"], r"is a LanguageModelTask checkpoint \(use `lightformer generate`\)"),
+        ("lm", ["classify", "--images=x.png"], r"is a LanguageModelTask checkpoint .*needs a ImageClassificationTask"),
+        ("translation", ["translate", "--beam_size=0"], r"--beam_size=0 must be at least 1 \(1 is greedy\)"),
+        ("translation", ["translate", "--batch_size=0"], "--batch_size=0 must be at least 1"),
+        ("lm", ["generate", "--temperature=-1"], "--temperature=-1.0 must be at least 0"),
+        ("lm", ["generate", "--top_k=0"], "--top_k=0 must be at least 1"),
+        ("lm", ["generate", "--top_p=1.5"], r"--top_p=1.5 must be in \(0, 1\]"),
+        ("lm", ["generate", "--max_new_tokens=0"], "--max_new_tokens=0 must be at least 1"),
+        ("vision", ["classify", "--images=x.png", "--top_k=0"], "--top_k=0 must be at least 1"),
+        ("lm", ["export", "--output=x.safetensors", "--layout=timm"], "--layout timm applies to image classification"),
+        ("lm", ["average", "--output=x.ckpt", "--last=0"], "--last=0 must be at least 1"),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
+)
+def test_command_options_out_of_range_are_refused(trained, task, command, message, tmp_path):
+    import re
+
+    option = "--ckpt_paths" if command[0] == "average" else "--ckpt_path"
+    argv = [*command, f"{option}={trained[task]}"]
+    argv = [a.replace("=x.", f"={tmp_path}/x.") for a in argv]
+    assert re.search(message, refused(argv))
+
+
+def test_prompt_characters_outside_the_vocabulary_are_reported(trained, capsys):
+    main(["generate", f"--ckpt_path={trained['lm']}", "--prompt=It ∑é", "--max_new_tokens=3", "--seed=0"])
+    captured = capsys.readouterr()
+    assert "the prompt's characters '∑', 'é' are not in the model's vocabulary" in captured.err
+    assert captured.out.startswith("It ∑é")
+
+
+def test_translate_reports_cut_lines_and_names_a_file_that_is_not_utf8(trained, tmp_path, capsys):
+    long_line = tmp_path / "long.de"
+    long_line.write_text("a b c\n" + " ".join(["abcdefgh"] * 10) + "\n", encoding="utf-8")
+    main(["translate", f"--ckpt_path={trained['translation']}", f"--input={long_line}", "--beam_size=1"])
+    captured = capsys.readouterr()
+    assert "line 2 of --input has" in captured.err and "the model reads at most 15, so its end is cut" in captured.err
+    assert "line 1 " not in captured.err and len(captured.out.splitlines()) == 2
+
+    latin1 = tmp_path / "latin1.de"
+    latin1.write_bytes("gut\ncaf\xe9\n".encode("latin-1"))
+    message = refused(["translate", f"--ckpt_path={trained['translation']}", f"--input={latin1}"])
+    assert f"--input: {latin1} is not UTF-8 text: byte 0xe9 at byte offset 7 (line 2" in message
+
+
+# --- faults during training ------------------------------------------------------------------------------------
+
+
+def test_last_ckpt_is_the_last_state_even_when_the_metric_never_improves(tmp_path):
+    """The issue's reproducer: 4 epochs at a learning rate too small to move the metric; last.ckpt at the end."""
+    args = [
+        *task_args("vision", tmp_path),
+        "--trainer.max_epochs=4",
+        "--trainer.limit_train_batches=3",
+        "--model.optimizer.lr=1e-9",
+        "--model.optimizer.min_lr=1e-10",
+    ]
+    cli = build(args)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert torch.load(last_checkpoint(tmp_path), weights_only=True)["global_step"] == 12
+    best = [c for c in cli.trainer.checkpoint_callbacks if c.monitor][0]
+    assert torch.load(best.best_model_path, weights_only=True)["global_step"] < 12  # the metric did not improve
+    # a config without checkpoint callbacks gets one that writes last.ckpt
+    default = cli_main([*task_args("vision", tmp_path / "default"), "--trainer.callbacks=[]"], run=False)
+    (checkpoint,) = default.trainer.checkpoint_callbacks
+    assert isinstance(checkpoint, callbacks.ModelCheckpoint) and checkpoint.save_last
+
+
+def test_a_resumed_longer_run_keeps_its_schedule_and_says_so(tmp_path):
+    args = [*task_args("vision", tmp_path), "--trainer.limit_train_batches=3", "--model.optimizer.warmup_steps=2"]
+    first = build([*args, "--trainer.max_epochs=2"])
+    first.trainer.fit(first.model, first.datamodule)
+    longer = build([*args, "--trainer.max_epochs=4"])
+    with pytest.warns(
+        UserWarning, match=r"schedule was planned for 6 steps .* this run goes to 12 steps, so steps 6\.\.12"
+    ):
+        longer.trainer.fit(longer.model, longer.datamodule, ckpt_path=last_checkpoint(tmp_path))
+    lr = longer.trainer.optimizers[0].param_groups[0]["lr"]
+    assert lr == pytest.approx(first.model.optimizer_config.min_lr)  # no jump back up
+
+
+def test_an_orphaned_temporary_file_is_removed_at_the_next_start(tmp_path):
+    cli = build([*task_args("vision", tmp_path), "--trainer.max_steps=2"])
+    cli.trainer.fit(cli.model, cli.datamodule)
+    folder = Path(last_checkpoint(tmp_path)).parent
+    orphan = folder / ".last.ckpt.k1ll3d.tmp"  # what atomic_open leaves when the process is killed mid-write
+    orphan.write_bytes(b"half a checkpoint")
+    resumed = build([*task_args("vision", tmp_path), "--trainer.max_steps=4"])
+    resumed.trainer.fit(resumed.model, resumed.datamodule, ckpt_path=last_checkpoint(tmp_path))
+    assert not orphan.exists() and not list(folder.glob(".*.tmp"))
+
+
+def test_non_finite_weights_are_caught_before_validation_with_the_step_and_checkpoint(tmp_path):
+    class BreakWeights(callbacks.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 3:
+                with torch.no_grad():
+                    next(pl_module.model.parameters()).fill_(float("nan"))
+
+    cli = build([*task_args("lm", tmp_path), "--trainer.max_steps=6", "--trainer.val_check_interval=3"], BreakWeights())
+    with pytest.raises(NonFiniteLossError, match=r"parameters became non-finite by global step 3 \(model\.embed"):
+        cli.trainer.fit(cli.model, cli.datamodule)
+
+
+def test_a_non_finite_validation_loss_stops_before_sampling(tmp_path, monkeypatch):
+    """A model whose outputs turn non-finite at the second validation: stopped there, before text is sampled from
+    it (which failed inside torch.multinomial), naming the step and the checkpoint of the first validation."""
+    args = [*task_args("lm", tmp_path), "--trainer.max_steps=4", "--trainer.val_check_interval=2"]
+    cli = build([*args, "--trainer.num_sanity_val_steps=0"])
+    compute, calls = cli.model.val_loss.compute, []
+    monkeypatch.setattr(cli.model.val_loss, "compute", lambda: compute() if calls.append(1) or len(calls) < 2 else
+                        torch.tensor(float("nan")))  # fmt: skip
+    with pytest.raises(NonFiniteLossError, match=r"val/loss is nan at global step 4 .* checkpoint is .*last\.ckpt"):
+        cli.trainer.fit(cli.model, cli.datamodule)
+
+
+def test_an_unwritable_or_full_checkpoint_folder_is_refused_before_training(tmp_path, monkeypatch):
+    cli = build([*task_args("vision", tmp_path / "read-only"), "--trainer.max_steps=2"])
+    monkeypatch.setattr(callbacks.os, "access", lambda path, mode: False)  # as a read-only folder answers
+    with pytest.raises(Exception, match=r"not writable.*read-only|read-only.*not writable"):  # config.yaml, checkpoints
+        cli.trainer.fit(cli.model, cli.datamodule)
+    with pytest.raises(OSError, match=r"cannot write checkpoints to .*checkpoints: .*read-only.* is not writable"):
+        callbacks.check_checkpoint_folder(tmp_path / "read-only" / "checkpoints", cli.model)
+    assert cli.trainer.global_step == 0
+    monkeypatch.undo()
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(callbacks.shutil, "disk_usage", lambda path: usage._replace(free=1024))
+    cli = build([*task_args("vision", tmp_path / "full"), "--trainer.max_steps=2"])
+    with pytest.raises(OSError, match=r"disk full: .* has 0 MiB free, and checkpoints of this model need about"):
+        cli.trainer.fit(cli.model, cli.datamodule)
+    assert cli.trainer.global_step == 0
+
+
+def test_a_save_that_fills_the_disk_says_so_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    cli = build([*task_args("vision", tmp_path), "--trainer.max_steps=2"])
+    cli.trainer.fit(cli.model, cli.datamodule)
+    path = Path(last_checkpoint(tmp_path))
+    before = path.read_bytes()
+
+    def full_disk(checkpoint, f):  # what torch's zip writer raises when the disk fills up
+        f.write(b"partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file")
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(callbacks.torch, "save", full_disk)
+    monkeypatch.setattr(callbacks.shutil, "disk_usage", lambda p: usage._replace(free=0))
+    with pytest.raises(OSError, match=rf"disk full: the checkpoint {path} could not be written .* previous checkpoint"):
+        callbacks.AtomicCheckpointIO().save_checkpoint({"x": 1}, path)
+    assert path.read_bytes() == before and not list(path.parent.glob(".*.tmp"))
+
+
+def test_atomic_writes_leave_the_previous_file_when_interrupted(tmp_path):
+    target = tmp_path / "file.bin"
+    target.write_bytes(b"old")
+    with pytest.raises(KeyboardInterrupt), atomic_open(target) as f:
+        f.write(b"new but unfinished")
+        raise KeyboardInterrupt
+    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["file.bin"]
