@@ -10,6 +10,7 @@ the data module named in ``DATA_LINKS`` fills the task's argument of the same na
 from __future__ import annotations
 
 import dataclasses
+import errno
 import glob
 import importlib
 import sys
@@ -375,3 +376,8 @@ def main(argv: list[str] | None = None) -> None:
             cli_main(argv)
     except (ConfigError, CheckpointError, NonFiniteLossError) as error:
         raise SystemExit(f"lightformer: {error}") from None
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EACCES, errno.EROFS):
+            raise
+        where = f": {error.filename}" if error.filename else ""  # the folder, or in our own messages already
+        raise SystemExit(f"lightformer: {error.strerror}{where}") from None
