@@ -85,15 +85,16 @@ def test_feedforward(activation):
     ffn = FeedForward(16, activation=activation)
     assert ffn.fc2.in_features == 64  # d_ff defaults to 4·d_model
     assert ffn(torch.randn(2, 3, 16)).shape == (2, 3, 16)
-    x = torch.randn(5, 16)
-    h = ffn.fc1(x)
+    x = torch.randn(5, 16, dtype=torch.float64)
+    ffn = ffn.double()
+    h = x @ ffn.fc1.weight.T + ffn.fc1.bias  # the activations written out from their definitions, in float64
     expected = {
-        "relu": lambda: torch.relu(h),
-        "gelu": lambda: nn.functional.gelu(h),
+        "relu": lambda: torch.where(h > 0, h, torch.zeros_like(h)),
+        "gelu": lambda: 0.5 * h * (1 + torch.erf(h / math.sqrt(2))),  # x·Φ(x)
         "gelu_tanh": lambda: 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3))),
-        "swiglu": lambda: nn.functional.silu(h[:, :64]) * h[:, 64:],
+        "swiglu": lambda: h[:, :64] / (1 + torch.exp(-h[:, :64])) * h[:, 64:],  # silu(gate) · value
     }[activation]()
-    torch.testing.assert_close(ffn(x), ffn.fc2(expected))
+    torch.testing.assert_close(ffn(x), expected @ ffn.fc2.weight.T + ffn.fc2.bias)
 
 
 def test_norms():

@@ -424,19 +424,6 @@ def test_long_train_pairs_are_dropped_and_long_eval_pairs_cut(tmp_path):
     assert module.stats["val_truncated"] + module.stats["test_truncated"] > 0
 
 
-def test_encode_source_adds_eos_and_cuts_like_evaluation(tmp_path, tsv):
-    module = make_module(tmp_path, tsv_files=[str(tsv)], max_sentence_tokens=30)
-    short, long = "Die kleine Katze schläft.", "Die große Brücke wartet " * 20
-    ids = module.encode_source([short, long])
-    assert ids[0] == module.src_tokenizer.encode(short) + [EOS_ID]
-    assert len(ids[1]) == 30 and ids[1][-1] == EOS_ID
-    assert ids[1][:29] == module.src_tokenizer.encode(long.strip())[:29]
-    assert module.decode_target(module.tgt_tokenizer.encode(short, add_bos=True, add_eos=True)) == short
-
-
-# --- tokenizers and cache ----------------------------------------------------------------------------------------
-
-
 def test_tokenizers_and_sizes_exist_right_after_construction(tmp_path, tsv):
     module = make_module(tmp_path, tsv_files=[str(tsv)])
     assert module.src_tokenizer is module.tgt_tokenizer

@@ -4,7 +4,7 @@ Both work on any *incremental decoder*: a callable ``decoder(ids, cache=None) ->
 ``(batch, seq)`` giving ``(batch, seq, vocab)``, with ``decoder.new_cache(max_length)`` returning an
 object that has ``length`` and ``reorder(index)`` (a :class:`lightformer.nn.DecoderCache`), and
 ``decoder.block_size``, the most positions it can take. ``GPT`` is one; the translation model gives one
-per source batch with ``Seq2Seq.incremental_decoder(src)``.
+per source batch with ``EncoderDecoder.incremental_decoder(src)``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ direction, vocabulary, budgets) and their checks, which fail at construction nam
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -42,7 +41,7 @@ from lightformer.data.corpora import (
     split_of,
 )
 from lightformer.data.sampling import TokenBudgetBatchSampler
-from lightformer.data.sequences import PackedSequences, TranslationDataset, collate_pairs, truncate
+from lightformer.data.sequences import PackedSequences, TranslationDataset, collate_pairs
 from lightformer.data.tokenizers import MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer
 from lightformer.files import as_list, atomic_open, atomic_write_bytes, expand_patterns, sha256_of
 
@@ -241,16 +240,6 @@ class TranslationDataModule(L.LightningDataModule):
     @property
     def pad_id(self) -> int:
         return PAD_ID
-
-    def encode_source(self, lines: list[str]) -> list[list[int]]:
-        """Source ids of `lines` as the model sees them: `encode(line.strip()) + [EOS]`, cut to
-        `max_sentence_tokens` (EOS kept last) as val and test sentences are."""
-        ids = self.src_tokenizer.encode_batch([line.strip() for line in lines], add_eos=True)
-        return [truncate(sequence, self.max_sentence_tokens) for sequence in ids]
-
-    def decode_target(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
-        """Text of target ids (list, array or 1-D tensor), special tokens dropped."""
-        return self.tgt_tokenizer.decode(ids)
 
     # --- LightningDataModule hooks ---
 
