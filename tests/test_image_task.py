@@ -14,15 +14,16 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from lightformer.cli import cli_main, main
 from lightformer.data import ImageDataModule
 from lightformer.models import ViTConfig
+from lightformer.models.vit import attention_rollout
 from lightformer.tasks import ImageClassificationTask
-from lightformer.tasks.image_classification import colormap, render_attention_maps, render_confusion_matrix
+from lightformer.tensorboard import confusion_figure, rollout_figure
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "vision" / "vit_digits.yaml"
 
 
 def events(log_dir: Path) -> EventAccumulator:
-    (event_file,) = log_dir.glob("events.out.tfevents.*")
-    accumulator = EventAccumulator(str(event_file), size_guidance={"images": 0, "scalars": 0})
+    """Every event file of a run's folder (fit's, and test's when it tested a checkpoint of the run)."""
+    accumulator = EventAccumulator(str(log_dir), size_guidance={"images": 0, "scalars": 0})
     accumulator.Reload()
     return accumulator
 
@@ -54,16 +55,20 @@ def test_fit_logs_scalars_and_attention_maps(fitted):
     assert len(logged.Images("val/attention_rollout")) == 8  # every validation but the sanity check
 
 
-def test_model_learns_and_test_writes_the_confusion_matrix(fitted, tmp_path):
-    _, checkpoint = fitted
+def test_model_learns_and_test_writes_into_the_tested_run(fitted, tmp_path):
+    fit, checkpoint = fitted
     cli = run_cli("test", tmp_path, "--ckpt_path", str(checkpoint))
     accuracy = cli.trainer.callback_metrics["test/acc"].item()
     assert accuracy >= 0.8, f"digits test accuracy {accuracy:.3f} after a short fit (chance: 0.1)"
     assert cli.trainer.callback_metrics["test/acc_top5"].item() >= accuracy
+    # the test joined the run it tested (not a run of its own), at the step of the tested weights
+    assert cli.trainer.logger.log_dir == fit.trainer.logger.log_dir and not list(tmp_path.iterdir())
     logged = events(Path(cli.trainer.logger.log_dir))
-    assert "test/acc" in logged.Tags()["scalars"]
+    (test_acc,) = logged.Scalars("test/acc")
+    trained_to = torch.load(checkpoint, weights_only=True)["global_step"]
+    assert test_acc.step == trained_to - 1 == logged.Scalars("val/acc")[-1].step
     (confusion,) = logged.Images("test/confusion_matrix")
-    assert confusion.width > 10 * 36 and confusion.height > 10 * 36
+    assert confusion.width >= 500 and confusion.height >= 450 and confusion.step == test_acc.step
 
 
 def test_checkpoint_is_self_contained(fitted):
@@ -151,25 +156,25 @@ def test_mismatched_data_is_refused():
 
 
 @pytest.mark.parametrize("pool", ["cls", "mean"])
-def test_attention_rollout_and_rendering(pool):
+def test_attention_rollout_and_its_figure(pool):
     task = ImageClassificationTask(
         net=ViTConfig(num_classes=10, image_size=8, in_channels=1, patch_size=2, d_model=32, n_heads=4, pool=pool)
     )
     images = torch.randn(3, 1, 8, 8)
-    maps = task.attention_rollout(images)
+    maps = attention_rollout(task.model, images)
     assert maps.shape == (3, 4, 4)
     torch.testing.assert_close(maps.sum(dim=(1, 2)), torch.ones(3))
-    picture = render_attention_maps(images, maps, display_size=32)
-    assert picture.shape == (3, 3 * 34 + 2, 3 * 34 + 2)
-    assert picture.min() >= 0 and picture.max() <= 1
+    figure = rollout_figure(images, maps, [f"true: {i}, predicted: {i}" for i in range(3)])
+    assert len(figure.axes) == 9 and figure.axes[0].get_title(loc="left") == "true: 0, predicted: 0"
 
 
-def test_confusion_matrix_and_colormap_rendering():
+def test_the_confusion_matrix_shows_counts_and_shares():
     confusion = torch.tensor([[5, 1, 0], [0, 6, 0], [2, 0, 4]])
-    picture = render_confusion_matrix(confusion, ["cat", "dog", "T-shirt/top"], cell=30)
-    assert picture.shape[0] == 3 and picture.shape[1] > 90 and picture.shape[2] > 90
-    assert picture.min() >= 0 and picture.max() <= 1
-    ends = colormap(torch.tensor([0.0, 1.0, 2.0]))
-    assert ends.shape == (3, 3)
-    assert ends[0].sum() < 0.1 and ends[1].sum() > 2.5
-    torch.testing.assert_close(ends[1], ends[2])  # clamped
+    figure = confusion_figure(confusion, ["cat", "dog", "T-shirt/top"])
+    axes = figure.axes[0]
+    assert [label.get_text() for label in axes.get_xticklabels()] == ["cat", "dog", "T-shirt/top"]
+    texts = {text.get_text() for text in axes.texts}
+    assert {"5\n83%", "6\n100%", "2\n33%", "4\n67%"} <= texts and "0\n0%" not in texts  # empty cells stay blank
+    assert axes.get_title() == "18 images, accuracy 83.3%"
+    width, height = figure.get_size_inches()
+    assert width >= 5 and height >= 4.5  # legible at TensorBoard's default card size

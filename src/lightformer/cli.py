@@ -9,16 +9,22 @@ the data module named in ``DATA_LINKS`` fills the task's argument of the same na
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import glob
 import importlib
+import json
+import logging
 import sys
 import typing
+import warnings
 from pathlib import Path
 from typing import Literal
 
 import lightning as L
+import torch
+import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
@@ -36,6 +42,7 @@ from lightformer.checkpoints import CheckpointError, load_task, require_file
 from lightformer.data.corpora import CorpusUnavailableError
 from lightformer.files import read_lines
 from lightformer.generation import check_sampling
+from lightformer.progress import Summary
 
 DATA_LINKS = (
     "vocab_size",
@@ -81,6 +88,9 @@ class LightformerCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         keep_last_checkpoint_current(config.trainer)
+        show_progress(config.trainer)
+        if self.subcommand == "test" and config.get("ckpt_path"):
+            log_into_tested_run(config.trainer, config.ckpt_path)
         # With --ckpt_path, LightningCLI has put the checkpoint's hyperparameters into the config: keep the sizes its
         # model was built with, which the data's linked values replace at instantiation.
         net = config.model.init_args.get("net") if config.get("ckpt_path") else None
@@ -159,6 +169,36 @@ def _section_of(error: BaseException) -> str:
     return next((prefix for package, prefix in sections.items() if module.startswith(package)), "")
 
 
+def show_progress(trainer: Namespace) -> None:
+    """A progress bar in a terminal; log lines when output goes to a file or the bar is switched off."""
+    configured = {c.class_path.rsplit(".", 1)[-1] for c in trainer.callbacks or []}
+    if configured & {"ProgressBar", "RichProgressBar", "TQDMProgressBar", "ProgressLog"}:
+        return
+    if trainer.enable_progress_bar is not False and sys.stderr.isatty():
+        added = Namespace(class_path="lightformer.progress.ProgressBar", init_args=Namespace())
+    else:
+        trainer.enable_progress_bar = False
+        added = Namespace(class_path="lightformer.progress.ProgressLog", init_args=Namespace(every_seconds=30.0))
+    trainer.callbacks = [*(trainer.callbacks or []), added]
+
+
+def log_into_tested_run(trainer: Namespace, ckpt_path: str) -> None:
+    """Point a TensorBoard logger at the run a tested checkpoint comes from (``<save_dir>/<name>/version_N`` holding
+    ``checkpoints/<file>``, or for an averaged checkpoint the run of the checkpoints it averages), so that its test
+    metrics join that run's curves and HParams row instead of starting a run of their own."""
+    logger = trainer.get("logger")
+    if not isinstance(logger, Namespace) or not logger.class_path.endswith("TensorBoardLogger"):
+        return
+    path = Path(ckpt_path)
+    if path.is_file() and path.parent.name != "checkpoints":
+        averaged = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("averaged_checkpoints")
+        path = Path(averaged[0]) if averaged else path
+    run = path.parent.parent
+    if path.parent.name == "checkpoints" and run.name.startswith("version_") and (run / "hparams.yaml").is_file():
+        logger.init_args.save_dir, logger.init_args.name = str(run.parent.parent), run.parent.name
+        logger.init_args.version = run.name
+
+
 class ConfigError(ValueError):
     """A value in the config files or on the command line is invalid; the message names it and what is valid."""
 
@@ -191,8 +231,23 @@ def check_model_config(config) -> None:
             raise ConfigError(f"model.{group}: {error}") from None
 
 
+def quiet_library_noise() -> None:
+    """Silence what a user cannot act on: a cloud-logging advert, and a deprecation inside Lightning 2.6's use of
+    torch's pytree (fixed upstream), and the note that our model summary replaces Lightning's."""
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")  # main() passes args
+    noise = ("💡 Tip:", "Trainer already configured with model summary callbacks")
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(getattr(f, "lightformer", False) for f in logger.filters):
+        quiet = logging.Filter()
+        quiet.filter = lambda record: not str(record.msg).startswith(noise)  # type: ignore[method-assign]
+        quiet.lightformer = True
+        logger.addFilter(quiet)
+
+
 def cli_main(args: list[str] | None = None, run: bool = True) -> LightformerCLI:
     """Build (and by default run) the LightningCLI over every task and data module (subclass mode)."""
+    quiet_library_noise()
     return LightformerCLI(
         L.LightningModule,
         L.LightningDataModule,
@@ -200,8 +255,9 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightformerCLI:
         subclass_mode_data=True,
         save_config_callback=SaveRunConfig,
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={"callbacks": [NonFiniteLossGuard(), RandomStateCheckpoint()]},
+        trainer_defaults={"callbacks": [NonFiniteLossGuard(), RandomStateCheckpoint(), Summary()]},
         auto_configure_optimizers=False,  # every task configures its own (model.optimizer)
+        parser_kwargs={"prog": "lightformer"},
         args=args,
         run=run,
     )
@@ -365,15 +421,87 @@ def average(*, ckpt_paths: list[str] | str, output: str, last: int | None = None
 COMMANDS = {"generate": generate, "translate": translate, "classify": classify, "export": export, "average": average}
 
 
+TRAINER_COMMANDS = {
+    "fit": "train a task from a config             lightformer fit --config configs/lm/austen_char.yaml",
+    "validate": "evaluate on the validation split (a config and --ckpt_path)",
+    "test": "evaluate on the test split; the metrics join the run the checkpoint comes from",
+    "predict": "run a checkpoint over the data module's predict set",
+}
+CHECKPOINT_COMMANDS = {
+    "generate": "continue a prompt with a language model",
+    "translate": "translate the lines of a file or of standard input",
+    "classify": "the most likely classes of image files",
+    "export": "a model's weights to safetensors (also in timm's layout)",
+    "average": "the mean of a run's last checkpoints",
+}
+# Options that take several values: also given the way shells pass them (`--images a.png b.png`, `--images *.png`).
+LIST_OPTIONS = {"classify": "--images", "average": "--ckpt_paths"}
+
+
+def usage() -> str:
+    lines = ["usage: lightformer <command> [options]      (or: python -m lightformer <command> [options])", ""]
+    lines.append("Train and evaluate (every option of the trainer, the task and its model, and the data):")
+    lines += [f"  {name:<10} {text}" for name, text in TRAINER_COMMANDS.items()]
+    lines += ["", "With a checkpoint alone (no config, no data):"]
+    lines += [f"  {name:<10} {text}" for name, text in CHECKPOINT_COMMANDS.items()]
+    lines += [
+        "",
+        "lightformer <command> --help describes a command; lightformer fit --config FILE --help lists the options of",
+        "that config's task, model and data (Lightning's Trainer options: lightformer fit --help).",
+    ]
+    return "\n".join(lines)
+
+
+def task_help(command: str, args: list[str]) -> None:
+    """``<command> --config FILE --help``: the options of the config's task (with its model and optimizer groups)
+    and data module, instead of the 550 lines that include every Trainer option."""
+    classes = {}
+    for i, arg in enumerate(args):
+        path = args[i + 1] if arg in ("--config", "-c") and i + 1 < len(args) else arg.partition("=")[2]
+        if (arg in ("--config", "-c") or arg.startswith("--config=")) and Path(path).is_file():
+            config = yaml.safe_load(Path(path).read_text()) or {}
+            for section in ("model", "data"):
+                if isinstance(config.get(section), dict) and "class_path" in config[section]:
+                    classes[section] = config[section]["class_path"]
+    print(f"lightformer {command}: the options of {' and '.join(classes.values())} (set them in YAML or as flags)")
+    print("Lightning's Trainer options (devices, precision, steps, callbacks, ...): lightformer fit --help\n")
+    for section, class_path in classes.items():
+        with contextlib.suppress(SystemExit):  # a help action prints and exits
+            cli_main([command, f"--{section}.help", class_path])
+
+
+def _gather_list_option(args: list[str], option: str) -> list[str]:
+    """``--images a.png b.png`` → ``--images=["a.png", "b.png"]`` (the list form jsonargparse reads)."""
+    if option not in args:
+        return args
+    start = args.index(option) + 1
+    end = next((i for i in range(start, len(args)) if args[i].startswith("--")), len(args))
+    if end - start <= 1:
+        return args
+    return [*args[: start - 1], f"{option}={json.dumps(args[start:end])}", *args[end:]]
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
+    """``lightformer`` (also ``python -m lightformer``): dispatch to the command named first."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    sys.argv[0] = "lightformer"  # what usage lines call the program (not __main__.py)
+    command = args[0] if args else None
+    if command in (None, "-h", "--help"):
+        print(usage())
+        return
+    if command not in TRAINER_COMMANDS and command not in CHECKPOINT_COMMANDS:
+        commands = ", ".join([*TRAINER_COMMANDS, *CHECKPOINT_COMMANDS])
+        raise SystemExit(f"lightformer: unknown command {command!r}; the commands are: {commands} (lightformer --help)")
     try:
-        if args and args[0] in COMMANDS:
+        if command in CHECKPOINT_COMMANDS:
             from jsonargparse import auto_cli
 
-            auto_cli(COMMANDS[args[0]], args=args[1:])
+            rest = _gather_list_option(args[1:], LIST_OPTIONS[command]) if command in LIST_OPTIONS else args[1:]
+            auto_cli(COMMANDS[command], args=rest, prog=f"lightformer {command}")
+        elif {"-h", "--help"} & set(args) and any(a in ("-c", "--config") or a.startswith("--config=") for a in args):
+            task_help(command, args[1:])
         else:
-            cli_main(argv)
+            cli_main(args)
     except (ConfigError, CheckpointError, NonFiniteLossError) as error:
         raise SystemExit(f"lightformer: {error}") from None
     except OSError as error:

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from lightning.pytorch.utilities import rank_zero_info
 
 
 def file_stamp(path: Path) -> list:
@@ -21,3 +26,13 @@ def content_hash(value: object) -> str:
     """Short stable hash of a JSON-serializable value (or a string), for cache file names."""
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+@contextmanager
+def preparing(what: str) -> Iterator[None]:
+    """Say what slow preparation is running (tokenizer training, encoding, extraction, fetching), and how long it
+    took: a run is not silent for minutes before its first step."""
+    rank_zero_info(f"preparing data: {what} ...")
+    start = time.monotonic()
+    yield
+    rank_zero_info(f"preparing data: {what}: done in {time.monotonic() - start:.1f} s")

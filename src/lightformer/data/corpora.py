@@ -47,6 +47,7 @@ import warnings
 import zlib
 from pathlib import Path
 
+from lightformer.data.caching import preparing
 from lightformer.files import atomic_open, atomic_write_bytes, read_lines, read_utf8, sha256_of
 
 Pair = tuple[str, str]
@@ -127,8 +128,9 @@ def austen_text(root: str | Path = "data/austen") -> Path:
     target = root / "austen.txt"
     if target.exists():
         return target
-    data_dir = _find_austen_data(root) or _fetch_austen_deb(root)
-    novels = read_austen_novels(data_dir)
+    with preparing(f"Jane Austen's novels from Debian's {AUSTEN_DEB_PACKAGE} into {target}"):
+        data_dir = _find_austen_data(root) or _fetch_austen_deb(root)
+        novels = read_austen_novels(data_dir)
     text = "\n\n".join(novels[name] for name, _ in AUSTEN_NOVELS)
     return atomic_write_bytes(target, text.encode("utf-8"))
 

@@ -52,6 +52,15 @@ def load_image(path: str | Path, in_channels: int = 3, image_size: int | None = 
     return image
 
 
+def read_images(
+    paths: list[str | Path], in_channels: int, image_size: int, mean: list[float], std: list[float]
+) -> torch.Tensor:
+    """Image files as a model's input ``(len(paths), C, S, S)``: loaded, resized and normalised as the data module
+    does for evaluation."""
+    transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+    return torch.stack([transform(load_image(path, in_channels, image_size)) for path in paths])
+
+
 @dataclass(frozen=True)
 class ImageFolderLayout:
     """Where an image folder keeps its splits; a split dir of None is carved from `train_dir`."""

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightformer.data.caching import content_hash, file_stamp
+from lightformer.data.caching import content_hash, file_stamp, preparing
 from lightformer.data.corpora import austen_text, download
 from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
 from lightformer.data.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer
@@ -383,7 +383,10 @@ class TextDataModule(L.LightningDataModule):
         if self.tokenizer_kind == "char":
             tokenizer = Tokenizer.train_char(texts.values())
         else:
-            tokenizer = Tokenizer.train_bpe(io.StringIO(texts["train"]), self.bpe_vocab_size)
+            with preparing(
+                f"training a byte-level BPE of {self.bpe_vocab_size} tokens on {len(texts['train']):,} characters"
+            ):
+                tokenizer = Tokenizer.train_bpe(io.StringIO(texts["train"]), self.bpe_vocab_size)
         tokenizer.save(path)
         return tokenizer
 
@@ -403,7 +406,9 @@ class TextDataModule(L.LightningDataModule):
         paths = self._split_paths()
         for split, path in paths.items():
             if path is not None and not path.exists():
-                ids = self.tokenizer.encode_to_array(self._split_texts()[split])
+                text = self._split_texts()[split]
+                with preparing(f"encoding the {split} split ({len(text):,} characters) into {path}"):
+                    ids = self.tokenizer.encode_to_array(text)
                 with atomic_open(path) as f:
                     np.save(f, ids)
         self._texts = None  # everything is cached: free the text

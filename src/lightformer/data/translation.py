@@ -29,7 +29,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from lightformer.data.caching import content_hash, file_stamp
+from lightformer.data.caching import content_hash, file_stamp, preparing
 from lightformer.data.corpora import (
     DING_DEB_PACKAGE,
     DING_FILE,
@@ -327,13 +327,15 @@ class TranslationDataModule(L.LightningDataModule):
                         for name in (f"{split}-{side}" for split in SPLITS for side in (0, 1))
                     }
             else:
-                self._encoded = {
-                    f"{split}-{side}": PackedSequences.from_lists(
-                        self._tokenizer(side).encode_batch([pair[side] for pair in pairs])
-                    )
-                    for split, pairs in self._split_pairs().items()
-                    for side in (0, 1)
-                }
+                pairs_of = self._split_pairs()
+                with preparing(f"encoding {sum(map(len, pairs_of.values())):,} sentence pairs into {path}"):
+                    self._encoded = {
+                        f"{split}-{side}": PackedSequences.from_lists(
+                            self._tokenizer(side).encode_batch([pair[side] for pair in pairs])
+                        )
+                        for split, pairs in pairs_of.items()
+                        for side in (0, 1)
+                    }
                 arrays = {}
                 for name, packed in self._encoded.items():
                     arrays[f"{name}-ids"], arrays[f"{name}-offsets"] = packed.ids, packed.offsets
@@ -354,7 +356,10 @@ class TranslationDataModule(L.LightningDataModule):
                 if not train:
                     raise ValueError(f"the train split has no sentence pairs ({self._describe_source('train')})")
                 sides = (0, 1) if self.joint_vocab else (side,)
-                tokenizer = Tokenizer.train_bpe((pair[s] for s in sides for pair in train), self.bpe_vocab_size)
+                with preparing(
+                    f"training a {name} byte-level BPE of {self.bpe_vocab_size} tokens on {len(train):,} pairs"
+                ):
+                    tokenizer = Tokenizer.train_bpe((pair[s] for s in sides for pair in train), self.bpe_vocab_size)
                 tokenizer.save(path)
             self._tokenizers[name] = tokenizer
         return self._tokenizers[name]
@@ -385,7 +390,8 @@ class TranslationDataModule(L.LightningDataModule):
             if path.exists():
                 cached = json.loads(path.read_text(encoding="utf-8"))
             else:
-                pairs, stats = self._extract_pairs()
+                with preparing(f"reading the sentence pairs of {self._describe_source('train')}"):
+                    pairs, stats = self._extract_pairs()
                 cached = {"pairs": pairs, "stats": stats}
                 atomic_write_bytes(path, json.dumps(cached, ensure_ascii=False).encode("utf-8"))
             self._pairs = {split: [tuple(pair) for pair in cached["pairs"][split]] for split in SPLITS}

@@ -22,6 +22,7 @@ from lightformer.nn import (
     NormKind,
     PatchEmbedding,
     make_norm,
+    record_attention,
 )
 from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_heads, check_patch_size
 
@@ -184,6 +185,31 @@ class VisionTransformer(nn.Module):
     def forward(self, images: Tensor) -> Tensor:
         """Images ``(batch, in_channels, image_size, image_size)`` → logits ``(batch, num_classes)``."""
         return self.forward_head(self.forward_features(images))
+
+
+@torch.no_grad()
+def attention_rollout(model: VisionTransformer, images: Tensor) -> Tensor:
+    """Attention rollout (Abnar & Zuidema 2020): how much each patch feeds the pooled representation.
+
+    Per layer the head-averaged attention plus the identity (the residual path) is renormalised, and the layers
+    are multiplied. The row of the class token (or the mean over patch rows for mean pooling) gives
+    ``(batch, grid, grid)`` weights for images ``(batch, C, H, W)``, each map summing to 1 over the patches.
+    """
+    was_training = model.training
+    model.eval()
+    with record_attention(model) as maps:
+        model(images)
+    model.train(was_training)
+    rollout = None
+    for weights in maps.values():  # recorded in layer order
+        attention = weights.float().mean(dim=1)
+        attention = attention + torch.eye(attention.shape[-1], device=attention.device)
+        attention = attention / attention.sum(dim=-1, keepdim=True)
+        rollout = attention if rollout is None else attention @ rollout
+    prefix = model.num_prefix_tokens
+    relevance = rollout[:, 0, prefix:] if model.pool == "cls" else rollout[:, prefix:, prefix:].mean(dim=1)
+    relevance = relevance / relevance.sum(dim=-1, keepdim=True)
+    return relevance.reshape(-1, model.grid_size, model.grid_size)
 
 
 # --- timm interoperability --------------------------------------------------------------------------------

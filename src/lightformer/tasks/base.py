@@ -29,6 +29,7 @@ from torch.optim import Optimizer
 from lightformer.distributed import set_gathered, shard_model
 from lightformer.nn import Decoder, Encoder
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw
+from lightformer.tensorboard import TensorBoardLogger, set_logging_step, tensorboard_logger
 
 ConfigT = TypeVar("ConfigT")
 
@@ -49,6 +50,9 @@ class Task(L.LightningModule):
     """
 
     model: nn.Module
+    # The metrics the HParams tab shows beside each run's hyperparameters (their latest values).
+    hparam_metrics: tuple[str, ...] = ("val/loss", "test/loss")
+    items_name = "items"  # what ``throughput_counts`` counts, in progress lines
 
     def __init__(self, optimizer: OptimizerConfig | dict, compile: bool, activation_checkpointing: bool) -> None:
         super().__init__()
@@ -58,6 +62,7 @@ class Task(L.LightningModule):
         self._forward = None  # the model's __call__, compiled or not; a method, never a registered module
         self._flops_per_example: dict[tuple, int] = {}
         self.flops_per_batch: int | None = None  # of the current batch, read by lightformer.callbacks.Throughput
+        self.tested_step = 0  # the step the weights under test were trained to (on_test_start)
 
     def save_hyperparameters(self, *args: Any, **kwargs: Any) -> None:
         """Lightning's, from the calling ``__init__``, with every config stored as a plain dict: checkpoints then
@@ -127,9 +132,6 @@ class Task(L.LightningModule):
     def on_validation_end(self) -> None:
         set_gathered(self.model, False)
 
-    def on_test_start(self) -> None:
-        set_gathered(self.model, True)
-
     def on_test_end(self) -> None:
         set_gathered(self.model, False)
 
@@ -146,6 +148,24 @@ class Task(L.LightningModule):
         self, optimizer: Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
     ) -> None:
         clip_gradients(self.trainer, optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    # --- what TensorBoard shows beside the curves -----------------------------------------------------------
+
+    def on_fit_start(self) -> None:
+        logger = tensorboard_logger(self)
+        if isinstance(logger, TensorBoardLogger) and self.trainer.is_global_zero:
+            datamodule = self.trainer.datamodule
+            data = dict(datamodule.hparams) if datamodule is not None else {}
+            logger.log_hparams_summary({"model": dict(self.hparams), "data": data}, self.hparam_metrics)
+
+    def on_test_start(self) -> None:
+        """Test metrics and figures go to the step the tested weights were trained to, beside the training curves
+        (a test-only process would log them at step 0)."""
+        path = self.trainer.ckpt_path
+        trained = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"] if path else None
+        self.tested_step = max((self.trainer.global_step if trained is None else trained) - 1, 0)
+        set_logging_step(self.trainer, self.tested_step)
+        set_gathered(self.model, True)
 
     def on_train_start(self) -> None:
         scheduler = self.lr_schedulers()

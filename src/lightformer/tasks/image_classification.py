@@ -1,7 +1,7 @@
 """Image classification: a Vision Transformer trained with label smoothing, mixup/cutmix and AdamW.
 
-Logs loss, top-1/top-5 accuracy, images/s, attention maps of a few fixed validation images (at every
-validation) and the test confusion matrix, both as TensorBoard images rendered with torch and PIL.
+Logs loss and top-1/top-5 accuracy, the attention rollout of a few fixed validation images (titled with their true
+and predicted classes) at every validation, and the test confusion matrix.
 """
 
 from __future__ import annotations
@@ -11,22 +11,24 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from PIL import Image, ImageDraw, ImageFont
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
-from torchvision.transforms import v2
-from torchvision.utils import make_grid
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.data.image_files import load_image
-from lightformer.models.vit import VisionTransformer, ViTConfig
-from lightformer.nn import record_attention
+from lightformer.data.image_files import read_images
+from lightformer.models.vit import VisionTransformer, ViTConfig, attention_rollout
 from lightformer.tasks.base import Task, as_config
 from lightformer.tasks.optim import OptimizerConfig
-from lightformer.tasks.tensorboard import tensorboard_writer
+from lightformer.tensorboard import (
+    confusion_figure,
+    logging_step,
+    rollout_figure,
+    tensorboard_logger,
+    tensorboard_writer,
+)
 
 CHECKPOINT_KEY = "image_classification"  # preprocessing and class names, as plain lists (weights_only-safe)
 
@@ -87,7 +89,7 @@ class ImageClassificationTask(Task):
         self.class_names: list[str] | None = None
         self.normalize_mean: list[float] | None = None
         self.normalize_std: list[float] | None = None
-        self._attention_batch: Tensor | None = None
+        self._attention_batch: tuple[Tensor, Tensor] | None = None
 
     # --- class names and preprocessing, carried from the data module into the checkpoint --------------------
 
@@ -164,8 +166,12 @@ class ImageClassificationTask(Task):
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         if batch_idx == 0 and self._attention_batch is None and self.hparams.attention_images > 0:
             # the first validation images: the same at every validation
-            self._attention_batch = batch[0][: self.hparams.attention_images].detach().clone()
+            n = self.hparams.attention_images
+            self._attention_batch = (batch[0][:n].detach().clone(), batch[1][:n].detach().clone())
         self._evaluate(batch, self.val_loss, self.val_acc, self.val_acc_top5)
+
+    items_name = "images"  # what throughput counts
+    hparam_metrics = ("val/acc", "val/loss", "test/acc", "test/acc_top5", "test/loss")
 
     def _log_epoch_metrics(self, stage: str, loss: MeanMetric, acc: MulticlassAccuracy, top5) -> None:
         metrics = {f"{stage}/loss": loss.compute(), f"{stage}/acc": acc.compute()}
@@ -175,7 +181,7 @@ class ImageClassificationTask(Task):
             top5.reset()
         loss.reset()
         acc.reset()
-        self.log_dict(metrics, prog_bar=True)
+        self.log_dict(metrics, prog_bar=stage == "val")
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch_metrics("val", self.val_loss, self.val_acc, self.val_acc_top5)
@@ -192,7 +198,7 @@ class ImageClassificationTask(Task):
         writer = tensorboard_writer(self)
         if writer is not None:
             names = self.class_names or [str(i) for i in range(self.model.num_classes)]
-            writer.add_image("test/confusion_matrix", render_confusion_matrix(confusion, names), self.global_step)
+            writer.add_figure("test/confusion_matrix", confusion_figure(confusion, names), self.tested_step)
 
     def predict_step(self, batch: Tensor | tuple[Tensor, ...], batch_idx: int = 0) -> dict[str, Tensor]:
         """Preprocessed images ``(batch, C, H, W)`` (or a batch whose first element they are) → class
@@ -203,38 +209,18 @@ class ImageClassificationTask(Task):
 
     # --- attention maps -----------------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def attention_rollout(self, images: Tensor) -> Tensor:
-        """Attention rollout (Abnar & Zuidema 2020): how much each patch feeds the pooled representation.
-
-        Per layer the head-averaged attention plus the identity (the residual path) is renormalised, and the
-        layers are multiplied. The row of the class token (or the mean over patch rows for mean pooling)
-        gives ``(batch, grid, grid)`` weights, each map summing to 1 over the patches.
-        """
-        was_training = self.model.training
-        self.model.eval()
-        with record_attention(self.model) as maps:
-            self.model(images)
-        self.model.train(was_training)
-        rollout = None
-        for weights in maps.values():  # recorded in layer order
-            attention = weights.float().mean(dim=1)
-            attention = attention + torch.eye(attention.shape[-1], device=attention.device)
-            attention = attention / attention.sum(dim=-1, keepdim=True)
-            rollout = attention if rollout is None else attention @ rollout
-        prefix = self.model.num_prefix_tokens
-        relevance = rollout[:, 0, prefix:] if self.model.pool == "cls" else rollout[:, prefix:, prefix:].mean(dim=1)
-        relevance = relevance / relevance.sum(dim=-1, keepdim=True)
-        grid = self.model.grid_size
-        return relevance.reshape(-1, grid, grid)
-
     def _log_attention_maps(self) -> None:
-        writer = tensorboard_writer(self)
-        if writer is None or self.trainer.sanity_checking or self._attention_batch is None:
+        if tensorboard_logger(self) is None or self.trainer.sanity_checking or self._attention_batch is None:
             return
-        images = self._attention_batch
-        maps = self.attention_rollout(images)
-        writer.add_image("val/attention_rollout", render_attention_maps(images, maps), self.global_step)
+        images, labels = self._attention_batch  # every process draws: under FSDP2 a forward pass needs them all
+        maps = attention_rollout(self.model, images)
+        predicted = self.evaluation_logits(images).argmax(-1).tolist()
+        names = self.class_names or [str(i) for i in range(self.model.num_classes)]
+        titles = [f"true: {names[t]}, predicted: {names[p]}" for t, p in zip(labels.tolist(), predicted, strict=True)]
+        writer = tensorboard_writer(self)
+        if writer is not None:
+            figure = rollout_figure(images, maps, titles)
+            writer.add_figure("val/attention_rollout", figure, logging_step(self.trainer))
 
     # --- image files --------------------------------------------------------------------------------------
 
@@ -246,10 +232,7 @@ class ImageClassificationTask(Task):
                 "(or load a checkpoint written by one), or set normalize_mean and normalize_std"
             )
         config = self.model.config
-        transform = v2.Compose(
-            [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.normalize_mean, self.normalize_std)]
-        )
-        return torch.stack([transform(load_image(path, config.in_channels, config.image_size)) for path in paths])
+        return read_images(paths, config.in_channels, config.image_size, self.normalize_mean, self.normalize_std)
 
     @torch.no_grad()
     def classify_files(self, paths: list[str | Path], top_k: int = 3) -> list[list[tuple[str, float]]]:
@@ -264,76 +247,3 @@ class ImageClassificationTask(Task):
             [(names[i], p) for i, p in zip(row_indices.tolist(), row_values.tolist(), strict=True)]
             for row_values, row_indices in zip(values, indices, strict=True)
         ]
-
-
-# --- rendering (torch and PIL only: no matplotlib) -----------------------------------------------------------
-
-# Anchors of a perceptually ordered black → purple → orange → yellow colour map (approximately "inferno").
-_COLORMAP = torch.tensor(
-    [[0.0, 0.0, 0.02], [0.34, 0.06, 0.43], [0.73, 0.21, 0.33], [0.98, 0.55, 0.04], [0.99, 1.0, 0.64]]
-)
-
-
-def colormap(values: Tensor) -> Tensor:
-    """Values in [0, 1] of any shape ``(...)`` → RGB ``(..., 3)`` by linear interpolation between anchors."""
-    anchors = _COLORMAP.to(values.device)
-    position = values.clamp(0, 1) * (len(anchors) - 1)
-    low = position.floor().long().clamp(max=len(anchors) - 2)
-    fraction = (position - low)[..., None]
-    return anchors[low] * (1 - fraction) + anchors[low + 1] * fraction
-
-
-def _rescale(x: Tensor) -> Tensor:
-    """Min-max scale each item of ``(batch, ...)`` to [0, 1]."""
-    flat = x.flatten(1)
-    low, high = flat.min(1).values, flat.max(1).values
-    shape = (-1,) + (1,) * (x.dim() - 1)
-    return (x - low.view(shape)) / (high - low).clamp_min(1e-8).view(shape)
-
-
-def render_attention_maps(images: Tensor, maps: Tensor, display_size: int = 96) -> Tensor:
-    """One row per image: the image, its attention map, and the map over the image; ``(3, H, W)`` in [0, 1].
-
-    images: ``(batch, C, S, S)`` (normalised; shown min-max scaled), maps: ``(batch, grid, grid)``.
-    """
-    images = _rescale(images.detach().float().cpu())
-    if images.shape[1] == 1:
-        images = images.expand(-1, 3, -1, -1)
-    images = F.interpolate(images, size=(display_size, display_size), mode="nearest")
-    heat = F.interpolate(maps.detach().float().cpu()[:, None], size=(display_size, display_size), mode="bilinear")
-    heat = colormap(_rescale(heat[:, 0])).permute(0, 3, 1, 2)  # (batch, 3, size, size)
-    overlay = 0.5 * images + 0.5 * heat
-    tiles = torch.stack([images, heat, overlay], dim=1).flatten(0, 1)
-    return make_grid(tiles, nrow=3, padding=2, pad_value=1.0)
-
-
-def render_confusion_matrix(confusion: Tensor, class_names: list[str], cell: int = 36) -> Tensor:
-    """Confusion matrix (rows: true class, columns: predicted) as an image ``(3, H, W)`` in [0, 1].
-
-    Cells are shaded by the row-normalised rate (recall on the diagonal) and show the counts.
-    """
-    n = confusion.shape[0]
-    counts = confusion.long()
-    rates = counts.float() / counts.sum(dim=1, keepdim=True).clamp_min(1)
-    font = ImageFont.load_default()
-    labels = [name[:16] if name == str(i) else f"{i}: {name[:16]}" for i, name in enumerate(class_names)]
-    left = 12 + max(int(font.getlength(label)) for label in labels)
-    top = 40
-    width, height = left + n * cell + 8, top + n * cell + 8
-    canvas = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(canvas)
-    draw.text((left, 4), "predicted", fill="black", font=font)
-    draw.text((4, 4), "true", fill="black", font=font)
-    for j in range(n):
-        draw.text((left + j * cell + cell // 2, top - 14), str(j), fill="black", font=font, anchor="mm")
-    for i in range(n):
-        y = top + i * cell
-        draw.text((left - 6, y + cell // 2), labels[i], fill="black", font=font, anchor="rm")
-        for j in range(n):
-            x = left + j * cell
-            rate = rates[i, j].item()
-            shade = tuple(int(255 * (1 - rate * (1 - c))) for c in (0.12, 0.35, 0.75))  # white → blue
-            draw.rectangle([x, y, x + cell - 1, y + cell - 1], fill=shade, outline=(200, 200, 200))
-            colour = "white" if rate > 0.5 else "black"
-            draw.text((x + cell // 2, y + cell // 2), str(counts[i, j].item()), fill=colour, font=font, anchor="mm")
-    return v2.functional.to_dtype(v2.functional.to_image(canvas), torch.float32, scale=True)

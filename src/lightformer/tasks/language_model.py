@@ -15,7 +15,7 @@ from lightformer.generation import generate
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.tasks.base import Task, as_config
 from lightformer.tasks.optim import OptimizerConfig
-from lightformer.tasks.tensorboard import tensorboard_writer
+from lightformer.tensorboard import logging_step, tensorboard_writer
 
 
 class LanguageModelTask(Task):
@@ -74,7 +74,11 @@ class LanguageModelTask(Task):
                 _check_same_tokenizer(saved=self.tokenizer, data=tokenizer)
             self.tokenizer = tokenizer
 
+    items_name = "tokens"  # what throughput counts
+    hparam_metrics = ("val/loss", "val/ppl", "test/loss", "test/ppl")
+
     def on_fit_start(self) -> None:
+        super().on_fit_start()
         log_dir = self.trainer.log_dir  # a broadcast under DDP: every process must ask, or rank 0 waits forever
         if self.tokenizer is not None and self.trainer.is_global_zero and log_dir:
             self.tokenizer.save(Path(log_dir) / "tokenizer.json")
@@ -169,7 +173,7 @@ class LanguageModelTask(Task):
         sample = self.generate_text(hp.sample_prompt, hp.sample_tokens, hp.sample_temperature, hp.sample_top_k, seed=0)
         # TensorBoard renders text as Markdown: keep line breaks by indenting as a code block.
         text = "    " + (hp.sample_prompt + sample[0]).replace("\n", "\n    ")
-        writer.add_text("val/sample", text, self.global_step)
+        writer.add_text("val/sample", text, logging_step(self.trainer))
 
 
 def _check_same_tokenizer(saved: Tokenizer, data: Tokenizer) -> None:

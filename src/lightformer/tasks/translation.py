@@ -18,7 +18,7 @@ from lightformer.models.seq2seq import EncoderDecoder, EncoderDecoderConfig
 from lightformer.nn import record_attention
 from lightformer.tasks.base import Task, as_config
 from lightformer.tasks.optim import OptimizerConfig
-from lightformer.tasks.tensorboard import heatmap_image, tensorboard_writer
+from lightformer.tensorboard import attention_figure, logging_step, tensorboard_logger, tensorboard_writer
 
 Batch = dict[str, Tensor | list[str]]
 
@@ -95,7 +95,11 @@ class TranslationTask(Task):
                 _check_same_tokenizers({"src": self.src_tokenizer, "tgt": self.tgt_tokenizer}, tokenizers)
             self.src_tokenizer, self.tgt_tokenizer = tokenizers["src"], tokenizers["tgt"]
 
+    items_name = "target tokens"  # what throughput counts
+    hparam_metrics = ("val/bleu", "val/loss", "test/bleu", "test/loss")
+
     def on_fit_start(self) -> None:
+        super().on_fit_start()
         log_dir = self.trainer.log_dir  # a broadcast under DDP: every process must ask, or rank 0 waits forever
         if self.src_tokenizer is not None and self.trainer.is_global_zero and log_dir:
             self.src_tokenizer.save(Path(log_dir) / "src_tokenizer.json")
@@ -165,7 +169,7 @@ class TranslationTask(Task):
         if writer is not None and self._samples and not self.trainer.sanity_checking:
             rows = ["| source | reference | translation |", "|---|---|---|"]
             rows += [f"| {s} | {r} | {h} |" for s, r, h in self._samples]
-            writer.add_text("val/translations", "\n".join(rows), self.global_step)
+            writer.add_text("val/translations", "\n".join(rows), logging_step(self.trainer))
 
     def test_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate(batch, self.test_loss, self.test_bleu, self.hparams.beam_size)
@@ -221,16 +225,23 @@ class TranslationTask(Task):
         return self.translate_ids(src, beam_size)
 
     def _log_cross_attention(self, batch: Batch) -> None:
-        """Last decoder layer's cross-attention (mean over heads) for the first validation pair, as an image."""
-        writer = tensorboard_writer(self)
-        if writer is None or self.trainer.sanity_checking:
+        """The last decoder layer's cross-attention (mean over heads) for the first validation pair, as a heatmap
+        with the source and target tokens on its axes."""
+        if tensorboard_logger(self) is None or self.trainer.sanity_checking:
             return
         src, tgt = batch["src"][:1], batch["tgt"][:1]
         src, tgt = src[:, : int((src != self.pad_id).sum())], tgt[:, : int((tgt != self.pad_id).sum())]
-        with record_attention(self.model) as weights:
+        with record_attention(self.model) as weights:  # every process: under FSDP2 a forward pass needs them all
             self.model(src, tgt[:, :-1])
+        writer = tensorboard_writer(self)
+        if writer is None:
+            return
         last = f"decoder.layers.{len(self.model.decoder.layers) - 1}.cross_attn"
-        writer.add_image("val/cross_attention", heatmap_image(weights[last][0].mean(0)), self.global_step)
+        source = [self.src_tokenizer.decode([i], skip_special=False).strip() for i in src[0].tolist()]
+        target = [self.tgt_tokenizer.decode([i], skip_special=False).strip() for i in tgt[0, :-1].tolist()]
+        title = f"{batch['src_text'][0]}  →  {batch['tgt_text'][0]}"
+        figure = attention_figure(weights[last][0].mean(0), source, target, title)
+        writer.add_figure("val/cross_attention", figure, logging_step(self.trainer))
 
 
 def _check_same_tokenizers(saved: dict[str, Tokenizer], data: dict[str, Tokenizer]) -> None:

@@ -1,0 +1,160 @@
+"""What a run shows in TensorBoard: the logger, and the figures the tasks draw (with matplotlib).
+
+``TensorBoardLogger`` is Lightning's with three changes, so that TensorBoard opens on the answer:
+
+- no placeholder ``hp_metric`` and no ``epoch`` curve (the epoch is in each event's wall time and step);
+- the HParams tab lists each run's hyperparameters (every field of ``model.net``, ``model.optimizer``, the data's
+  options, flattened) beside its final validation and test metrics, so a sweep of runs sorts by BLEU or accuracy;
+- ``test`` run on a checkpoint of a run writes into that run's folder (see ``lightformer.cli``), and every task
+  logs test metrics at the step of the tested weights (``Task.on_test_start``), beside the training curves.
+
+Images and text are written at the step Lightning logs scalars at (``logging_step``), so a validation's metrics,
+pictures and samples line up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch import loggers
+from torch import Tensor
+from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+
+class TensorBoardLogger(loggers.TensorBoardLogger):
+    """Lightning's ``TensorBoardLogger`` without ``hp_metric`` and ``epoch`` curves, with an HParams summary whose
+    metric columns are ``hparam_metrics``. The arguments are Lightning's."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("default_hp_metric", False)
+        super().__init__(*args, **kwargs)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step)
+
+    def log_hparams_summary(self, params: Mapping[str, Any], metric_names: Sequence[str]) -> None:
+        """Write the HParams tab's record of this run: ``params`` (nested dicts flattened to ``a/b``) and the names
+        of the scalars to show beside them (their latest values, read from the run's curves)."""
+        flat = {k: v if isinstance(v, int | float | str | bool) else str(v) for k, v in _flatten(params).items()}
+        experiment, session_start, session_end = hparams_summary(flat, {name: 0.0 for name in metric_names})
+        writer = self.experiment._get_file_writer()
+        for summary in (experiment, session_start, session_end):
+            writer.add_summary(summary)
+
+
+def _flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in params.items():
+        if str(key).startswith("_"):  # LightningCLI's _class_path and _instantiator
+            continue
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}/"))
+        else:
+            flat[f"{prefix}{key}"] = value if value is not None else "None"
+    return flat
+
+
+def tensorboard_writer(module: L.LightningModule) -> SummaryWriter | None:
+    """The run's ``SummaryWriter`` on global rank zero, or None (no TensorBoard logger, or another rank)."""
+    logger = tensorboard_logger(module)
+    return logger.experiment if logger is not None and module.trainer.is_global_zero else None
+
+
+def tensorboard_logger(module: L.LightningModule) -> loggers.TensorBoardLogger | None:
+    """The run's TensorBoard logger on every rank (what decides whether to draw: a forward pass under FSDP2 needs
+    every process), or None."""
+    if module._trainer is None:
+        return None
+    return next((lg for lg in module.trainer.loggers if isinstance(lg, loggers.TensorBoardLogger)), None)
+
+
+def logging_step(trainer: L.Trainer) -> int:
+    """The step Lightning logs scalars at now (its count of optimizer steps taken before the current batch), so that
+    a validation's images and text stand at the step of its metrics."""
+    return trainer.fit_loop.epoch_loop._batches_that_stepped
+
+
+def set_logging_step(trainer: L.Trainer, step: int) -> None:
+    """Make Lightning log at ``step`` (a test of a checkpoint, in a process that did not train it)."""
+    trainer.fit_loop.epoch_loop._batches_that_stepped = step
+
+
+# --- figures (matplotlib's object API: no global state, no display) ------------------------------------------------
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def attention_figure(weights: Tensor, source_tokens: Sequence[str], target_tokens: Sequence[str], title: str):
+    """Cross-attention ``(target_len, source_len)`` as a heatmap with the tokens on the axes and a colour scale."""
+    weights = weights.detach().float().cpu().numpy()
+    rows, cols = weights.shape
+    figure = _figure(max(4.0, 0.38 * cols + 2.2), max(3.0, 0.32 * rows + 1.6))
+    axes = figure.add_subplot()
+    image = axes.imshow(weights, cmap="viridis", vmin=0.0, vmax=max(float(weights.max()), 1e-6), aspect="auto")
+    axes.set_xticks(range(cols), labels=list(source_tokens), rotation=60, ha="right", fontsize=8)
+    axes.set_yticks(range(rows), labels=list(target_tokens), fontsize=8)
+    axes.set_xlabel("source (what is read)")
+    axes.set_ylabel("target (what is written)")
+    axes.set_title(title, fontsize=9)
+    figure.colorbar(image, ax=axes, label="attention weight")
+    return figure
+
+
+def rollout_figure(images: Tensor, maps: Tensor, titles: Sequence[str]):
+    """One row per image: the image, its attention rollout and the rollout over the image, titled ``titles[i]``
+    (e.g. true and predicted class). images ``(n, C, H, W)`` normalised (shown min-max scaled), maps ``(n, g, g)``."""
+    images = images.detach().float().cpu()
+    maps = maps.detach().float().cpu()
+    figure = _figure(6.6, 2.2 * len(images))
+    grid = figure.subplots(len(images), 3, squeeze=False)
+    for row, (image, heat, title) in enumerate(zip(images, maps, titles, strict=True)):
+        shown = (image - image.min()) / (image.max() - image.min()).clamp_min(1e-8)
+        shown = shown[0].numpy() if shown.shape[0] == 1 else shown.permute(1, 2, 0).numpy()
+        heat_up = torch.nn.functional.interpolate(heat[None, None], size=image.shape[-2:], mode="bilinear")[0, 0]
+        cmap = "gray" if image.shape[0] == 1 else None
+        grid[row, 0].imshow(shown, cmap=cmap)
+        grid[row, 0].set_title(title, fontsize=9, loc="left")
+        grid[row, 1].imshow(heat.numpy(), cmap="inferno")
+        grid[row, 1].set_title("attention rollout", fontsize=8)
+        grid[row, 2].imshow(shown, cmap=cmap)
+        grid[row, 2].imshow(heat_up.numpy(), cmap="inferno", alpha=0.55)
+        grid[row, 2].set_title("over the image", fontsize=8)
+        for axes in grid[row]:
+            axes.set_axis_off()
+    return figure
+
+
+def confusion_figure(confusion: Tensor, class_names: Sequence[str]):
+    """A confusion matrix (rows: true class, columns: predicted): cells shaded by the share of the true class (its
+    recall on the diagonal) and labelled with the count and that share."""
+    counts = confusion.detach().long().cpu().numpy()
+    rates = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    n = len(class_names)
+    side = max(4.5, 0.75 * n + 2.5)
+    figure = _figure(side + 1.0, side)
+    axes = figure.add_subplot()
+    image = axes.imshow(rates, cmap="Blues", vmin=0.0, vmax=1.0)
+    axes.set_xticks(range(n), labels=list(class_names), rotation=45, ha="right", fontsize=9)
+    axes.set_yticks(range(n), labels=list(class_names), fontsize=9)
+    axes.set_xlabel("predicted class")
+    axes.set_ylabel("true class")
+    for i in range(n):
+        for j in range(n):
+            if counts[i, j]:
+                colour = "white" if rates[i, j] > 0.55 else "black"
+                axes.text(
+                    j, i, f"{counts[i, j]}\n{rates[i, j]:.0%}", ha="center", va="center", fontsize=7, color=colour
+                )
+    accuracy = np.trace(counts) / max(counts.sum(), 1)
+    axes.set_title(f"{counts.sum():,} images, accuracy {accuracy:.1%}", fontsize=10)
+    figure.colorbar(image, ax=axes, label="share of the true class", fraction=0.046)
+    return figure
