@@ -117,6 +117,9 @@ def test_classify_prints_the_classes_of_image_files(fitted, tmp_path, capsys):
 
     main(["classify", "--ckpt_path", str(checkpoint), "--images", str(tmp_path / "digit_*.png"), "--top_k", "1"])
     assert len(capsys.readouterr().out.strip().splitlines()) == len(paths)
+    # several files the way a shell passes them (`--images photos/*.png` expands to many arguments)
+    main(["classify", "--ckpt_path", str(checkpoint), "--images", *paths[:3], "--top_k", "1"])
+    assert [line.split(":")[0] for line in capsys.readouterr().out.strip().splitlines()] == paths[:3]
 
 
 def test_mixup_and_cutmix_train_on_odd_batches():

@@ -25,17 +25,37 @@ from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
+# Curves that only count up (the epoch; ThroughputMonitor's running totals of time, batches, samples and items):
+# their rates are logged, so they would only push the curves that matter down the page.
+COUNTERS = ("epoch", "time", "batches", "samples", "lengths")
+
 
 class TensorBoardLogger(loggers.TensorBoardLogger):
-    """Lightning's ``TensorBoardLogger`` without ``hp_metric`` and ``epoch`` curves, with an HParams summary whose
-    metric columns are ``hparam_metrics``. The arguments are Lightning's."""
+    """Lightning's ``TensorBoardLogger`` without ``hp_metric`` and counter curves (``COUNTERS``), with an HParams
+    summary whose metric columns each task names (``Task.hparam_metrics``).
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("default_hp_metric", False)
-        super().__init__(*args, **kwargs)
+    Args:
+        save_dir: where runs are written: ``<save_dir>/<name>/<version>``.
+        name: the run's name (the config's).
+        version: the run's folder under the name; None: the next ``version_N``.
+        default_hp_metric: log Lightning's placeholder ``hp_metric`` (-1) for TensorBoard's HParams tab.
+        prefix: a prefix of every metric's name.
+    """
+
+    def __init__(
+        self,
+        save_dir: str,
+        name: str | None = "lightning_logs",
+        version: int | str | None = None,
+        default_hp_metric: bool = False,
+        prefix: str = "",
+    ) -> None:
+        super().__init__(save_dir, name, version, default_hp_metric=default_hp_metric, prefix=prefix)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        super().log_metrics({k: v for k, v in metrics.items() if k != "epoch"}, step)
+        kept = {k: v for k, v in metrics.items() if k.rsplit("/", 1)[-1] not in COUNTERS}
+        if kept:
+            super().log_metrics(kept, step)
 
     def log_hparams_summary(self, params: Mapping[str, Any], metric_names: Sequence[str]) -> None:
         """Write the HParams tab's record of this run: ``params`` (nested dicts flattened to ``a/b``) and the names

@@ -1,0 +1,71 @@
+"""The command line as a person meets it: one entry listing every command, short help for a config's task, and
+progress that shows in a log file."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightformer.cli import CHECKPOINT_COMMANDS, TRAINER_COMMANDS, main
+from lightformer.progress import ProgressBar
+from tiny_runs import task_args
+
+REPO = Path(__file__).resolve().parents[1]
+NINE = ["fit", "validate", "test", "predict", "generate", "translate", "classify", "export", "average"]
+
+
+def test_help_lists_every_command_with_a_line_each(capsys):
+    main(["--help"])
+    shown = capsys.readouterr().out
+    assert shown.startswith("usage: lightformer <command>")
+    for command in NINE:
+        assert f"\n  {command} " in shown, command
+    assert set(NINE) <= set(TRAINER_COMMANDS) | set(CHECKPOINT_COMMANDS)
+    main([])  # no command: the same help
+    assert capsys.readouterr().out == shown
+
+
+def test_an_unknown_command_names_the_commands():
+    with pytest.raises(SystemExit) as exit_info:
+        main(["trian"])
+    assert exit_info.value.code.startswith("lightformer: unknown command 'trian'; the commands are: fit, validate")
+
+
+def test_fit_help_with_a_config_shows_its_task_model_and_data_options(capsys):
+    main(["fit", "--config", "configs/lm/austen_char.yaml", "--help"])
+    shown = capsys.readouterr().out
+    assert "the options of lightformer.tasks.LanguageModelTask and lightformer.data.TextDataModule" in shown
+    for option in ("--model.net.n_layers", "--model.optimizer.lr", "--model.sample_tokens", "--data.block_size"):
+        assert option in shown, option
+    assert "--trainer.max_steps" not in shown and len(shown.splitlines()) < 250  # not Lightning's 550 lines
+
+
+def test_the_program_calls_itself_lightformer(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert capsys.readouterr().out.startswith("usage: lightformer generate")
+
+
+@pytest.mark.slow
+def test_a_run_logged_to_a_file_says_where_it_is(tmp_path):
+    """Output to a file (not a terminal): no progress bar, but lines with the step, loss, throughput and time."""
+    args = [*task_args("vision", tmp_path), "--trainer.max_epochs=2", "--trainer.enable_progress_bar=null"]
+    log = tmp_path / "run.log"
+    with open(log, "w") as output:
+        environment = {**os.environ, "PYTHONPATH": str(REPO / "tests")}
+        subprocess.run([sys.executable, "-m", "lightformer", "fit", *args], cwd=REPO, stdout=output, stderr=output,
+                       env=environment, check=True, timeout=300)  # fmt: skip
+    lines = log.read_text().splitlines()
+    assert any(line.startswith("training from step 0 to") for line in lines)
+    assert sum(line.startswith("validation at step") and "val/acc" in line for line in lines) == 2
+    (finished,) = [line for line in lines if line.startswith("finished: step")]
+    assert "images/s" in finished and "elapsed" in finished
+    assert not any("v_num" in line or "Tip:" in line or "LeafSpec" in line for line in lines)
+
+
+def test_the_progress_bar_counts_steps_of_step_bound_runs():
+    bar = ProgressBar()
+    bar._trainer = type("T", (), {"max_steps": 2000, "max_epochs": -1, "global_step": 500})()
+    assert bar._get_train_description(0) == "Epoch 0 (step 500/2000)"
