@@ -296,3 +296,60 @@ def test_average_writes_the_mean_of_the_last_checkpoints(tmp_path, capsys):
     lm.trainer.fit(lm.model, lm.datamodule)
     with pytest.raises(SystemExit, match="does not hold the same model"):
         main(["average", f"--ckpt_paths=[{output}, {last_checkpoint(tmp_path / 'lm')}]", f"--output={tmp_path / 'x'}"])
+
+
+def test_a_model_starts_from_another_runs_weights_with_a_new_head_frozen_and_slowed_parts(tmp_path, caplog):
+    """Fine-tuning: the matching parameters are loaded (a run's checkpoint or timm's weights), the head of another
+    size is new, the report says so; frozen parameters do not train; loaded ones learn at a tenth of the rate."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import save_file
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    from lightformer.checkpoints import InitConfig
+    from lightformer.models import ViTConfig
+    from lightformer.models.vit import lightformer_to_timm
+    from lightformer.tasks import ImageClassificationTask
+
+    cli = build([*task_args("vision", tmp_path), "--trainer.max_steps=3"])
+    cli.trainer.fit(cli.model, cli.datamodule)
+    shape = {k: v for k, v in cli.model.hparams["net"].items() if k not in ("num_classes",)}
+    init = InitConfig(checkpoint=last_checkpoint(tmp_path), freeze=("patch_embed",), pretrained_lr_scale=0.1)
+    task = ImageClassificationTask(net=ViTConfig(**shape, num_classes=3), init=init)
+    task._trainer = SimpleNamespace(ckpt_path=None, datamodule=None)
+    caplog.set_level("INFO")
+    task.setup("fit")
+    assert f"initialised from {init.checkpoint}: loaded " in caplog.text
+    assert "; new 2 (head.bias, head.weight); dropped 2 (head.bias, head.weight)" in caplog.text
+    caplog.clear()
+    trained = cli.model.model.state_dict()
+    for name, value in task.model.state_dict().items():
+        if not name.startswith("head"):
+            torch.testing.assert_close(value, trained[name], msg=name)
+    assert not task.model.patch_embed.proj.weight.requires_grad and task.model.head.weight.requires_grad
+    task._trainer = SimpleNamespace(ckpt_path=None, datamodule=None, estimated_stepping_batches=10)
+    optimizer = task.configure_optimizers()["optimizer"]
+    rates = {group["name"]: group["lr"] for group in optimizer.param_groups}
+    lr = task.optimizer_config.lr
+    assert rates["decayed_new"] == pytest.approx(lr) and rates["decayed_pretrained"] == pytest.approx(0.1 * lr)
+    frozen = {id(p) for p in task.model.patch_embed.parameters()}
+    assert not frozen & {id(p) for group in optimizer.param_groups for p in group["params"]}
+
+    # timm's weights, in safetensors, start a lightformer ViT the same way
+    net = task.model.config
+    timm = TimmViT(img_size=8, patch_size=net.patch_size, in_chans=1, num_classes=3, embed_dim=net.d_model,
+                   depth=net.n_layers, num_heads=net.n_heads, mlp_ratio=net.d_ff / net.d_model, class_token=False,
+                   global_pool="avg")  # fmt: skip
+    path = tmp_path / "timm.safetensors"
+    save_file({k: v.contiguous() for k, v in timm.state_dict().items()}, path)
+    from_timm = ImageClassificationTask(net=ViTConfig(**shape, num_classes=3), init=InitConfig(checkpoint=str(path)))
+    from_timm._trainer = SimpleNamespace(ckpt_path=None, datamodule=None)
+    from_timm.setup("fit")
+    assert "nothing new; nothing dropped" in caplog.text
+    expected = lightformer_to_timm(from_timm.model.state_dict())
+    for name, value in timm.state_dict().items():
+        torch.testing.assert_close(expected[name], value, msg=name)
+    with pytest.raises(ValueError, match="model.init.freeze: no parameter of the model starts with 'encder'"):
+        bad = ImageClassificationTask(net=ViTConfig(**shape, num_classes=3), init=InitConfig(freeze=("encder",)))
+        bad._trainer = SimpleNamespace(ckpt_path=None, datamodule=None)
+        bad.setup("fit")

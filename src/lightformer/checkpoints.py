@@ -1,4 +1,5 @@
-"""Checkpoint operations: load a task for inference, export weights to safetensors, average checkpoints.
+"""Checkpoint operations: load a task for inference, start a model from another run's weights (fine-tuning),
+export weights to safetensors, average checkpoints.
 
 A checkpoint written by ``fit`` is self-contained: the task's class and hyperparameters (so the model is rebuilt
 with its shape), and what its data module taught it (tokenizers, class names, image normalisation). Every load is
@@ -8,12 +9,18 @@ with its shape), and what its data module taught it (tokenizers, class names, im
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+from torch import Tensor, nn
 
-from lightformer import tasks
 from lightformer.files import atomic_open, atomic_write_bytes
+from lightformer.nn.checks import check_at_least
+
+if TYPE_CHECKING:
+    from lightformer.tasks import Task
 
 # What a checkpoint carries besides weights and hyperparameters, stored in exports as metadata.
 CARRIED = ("tokenizer", "src_tokenizer", "tgt_tokenizer", "image_classification")
@@ -39,6 +46,8 @@ def require_file(path: str, what: str) -> None:
 
 def task_name(checkpoint: dict) -> str | None:
     """The lightformer task class that wrote ``checkpoint``, or None if it was not written by one."""
+    from lightformer import tasks
+
     name = str(checkpoint.get("hyper_parameters", {}).get("_class_path", "")).rsplit(".", 1)[-1]
     if name not in tasks.__all__:  # written through the Python API: recognise the task by what it carries
         carried = {"tokenizer": "LanguageModelTask", "src_tokenizer": "TranslationTask"}
@@ -56,9 +65,11 @@ def read_checkpoint(path: str, option: str = "--ckpt_path") -> dict:
         raise CheckpointError(f"{option}: {path} is not a readable lightformer checkpoint ({error})") from None
 
 
-def load_task(path: str, expected: str, command: str, device: str = "cpu") -> tasks.Task:
+def load_task(path: str, expected: str, command: str, device: str = "cpu") -> Task:
     """The ``expected`` task (class name) rebuilt from the checkpoint at ``path``, on ``device``, for ``command``;
     a checkpoint of another task is refused naming the command that takes it."""
+    from lightformer import tasks
+
     found = task_name(read_checkpoint(path))
     if found != expected:
         other = f" (use `lightformer {COMMAND_OF_TASK[found]}`)" if found in COMMAND_OF_TASK else ""
@@ -67,11 +78,90 @@ def load_task(path: str, expected: str, command: str, device: str = "cpu") -> ta
     return getattr(tasks, expected).load_from_checkpoint(path, map_location=device, weights_only=True)
 
 
+@dataclass(frozen=True)
+class InitConfig:
+    """Start a task's model from another run's weights: pretraining, then fine-tuning (``model.init``).
+
+    Args:
+        checkpoint: a checkpoint of any lightformer run (``.ckpt``), or weights in safetensors: a lightformer
+            ``export``, or Hugging Face BERT / GPT-2 or timm ViT weights (converted by their parameter names). Each
+            parameter of this model whose name and shape match is loaded; the others (a new head) keep their fresh
+            initialisation. Resuming (``--ckpt_path``) does not load it again.
+        freeze: prefixes of parameter names (as in ``model.named_parameters()``, e.g. "bert.embed",
+            "bert.encoder.layers.0") whose weights stay as loaded.
+        pretrained_lr_scale: the learning rate of the loaded parameters relative to the new ones (e.g. 0.1: the
+            pretrained encoder moves ten times more slowly than the new head).
+    """
+
+    checkpoint: str | None = None
+    freeze: tuple[str, ...] = ()
+    pretrained_lr_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_at_least("pretrained_lr_scale", self.pretrained_lr_scale, 0.0)
+
+
+def pretrained_weights(path: str) -> dict[str, Tensor]:
+    """The model weights in ``path``, under lightformer's names: the model of a run's checkpoint (without the
+    task's ``model.`` prefix), a lightformer export, or Hugging Face BERT / GPT-2 or timm ViT weights."""
+    require_file(path, "model.init.checkpoint: the file")
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        weights = load_file(path)
+    else:
+        checkpoint = read_checkpoint(path, "model.init.checkpoint")
+        weights = checkpoint.get("state_dict", checkpoint)
+        weights = {k.removeprefix("model."): v for k, v in weights.items() if isinstance(v, Tensor)}
+    if any(k.startswith(("bert.embeddings.", "embeddings.word_embeddings")) for k in weights):
+        from lightformer.models.bert import bert_state_dict_to_lightformer
+
+        return bert_state_dict_to_lightformer(weights)
+    if any(k.startswith(("transformer.h.", "h.0.")) for k in weights):
+        from lightformer.models.gpt import gpt2_state_dict_to_lightformer
+
+        return gpt2_state_dict_to_lightformer(weights)
+    if any(k.startswith("blocks.") for k in weights):
+        from lightformer.models.vit import timm_to_lightformer
+
+        return timm_to_lightformer(weights)
+    return weights
+
+
+@torch.no_grad()
+def load_matching(model: nn.Module, weights: dict[str, Tensor]) -> dict[str, list[str]]:
+    """Copy into ``model`` each of ``weights`` whose name and shape match one of its parameters or buffers; returns
+    the names ``loaded``, ``new`` (in the model, not loaded) and ``dropped`` (in the weights, not loaded)."""
+    state = model.state_dict()
+    loaded = [name for name, value in weights.items() if name in state and state[name].shape == value.shape]
+    model.load_state_dict({name: weights[name] for name in loaded}, strict=False)
+    return {
+        "loaded": loaded,
+        "new": [name for name in state if name not in set(loaded)],
+        "dropped": [name for name in weights if name not in set(loaded)],
+    }
+
+
+def describe_loading(report: dict[str, list[str]], source: str) -> str:
+    """The one line a run prints about what it took from ``source``."""
+
+    def names(items: list[str]) -> str:
+        tops = sorted({name.rsplit(".", 2)[0] if name.count(".") > 1 else name for name in items})
+        return ", ".join(tops[:6]) + (f" (+{len(tops) - 6} more)" if len(tops) > 6 else "")
+
+    counts = {key: len(value) for key, value in report.items()}
+    line = f"initialised from {source}: loaded {counts['loaded']} tensors"
+    line += f"; new {counts['new']} ({names(report['new'])})" if report["new"] else "; nothing new"
+    line += f"; dropped {counts['dropped']} ({names(report['dropped'])})" if report["dropped"] else "; nothing dropped"
+    return line
+
+
 def export(ckpt_path: str, output: str, layout: str = "lightformer") -> str:
     """Write a checkpoint's model weights to a safetensors file with what rebuilds the model as metadata; returns a
     one-line description. ``layout="timm"`` writes an image classifier under timm's ``VisionTransformer`` names."""
     from safetensors.torch import save, save_model
 
+    from lightformer import tasks
     from lightformer.models.vit import lightformer_to_timm
 
     checkpoint = read_checkpoint(ckpt_path)

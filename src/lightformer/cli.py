@@ -204,7 +204,8 @@ class ConfigError(ValueError):
 
 
 def check_model_config(config) -> None:
-    """Validate ``model.net`` and ``model.optimizer`` before the data is prepared (which can take minutes), and
+    """Validate ``model.net``, ``model.optimizer`` and ``model.init`` before the data is prepared (which can take
+    minutes), and
     refuse the fields of ``model.net`` that the CLI links from the data."""
     model = config.get("model")
     init_args = model.get("init_args") if model is not None else None
@@ -212,7 +213,7 @@ def check_model_config(config) -> None:
         return
     module, _, name = model["class_path"].rpartition(".")
     hints = typing.get_type_hints(getattr(importlib.import_module(module), name).__init__)
-    for group in ("net", "optimizer"):
+    for group in ("net", "optimizer", "init"):
         config_class, values = hints.get(group), init_args.get(group)
         if values is None or not dataclasses.is_dataclass(config_class):
             continue

@@ -22,10 +22,11 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch.strategies import FSDPStrategy
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from lightformer.checkpoints import InitConfig, describe_loading, load_matching, pretrained_weights
 from lightformer.distributed import set_gathered, shard_model
 from lightformer.nn import Decoder, Encoder
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw
@@ -47,6 +48,7 @@ class Task(L.LightningModule):
         compile: run the training and evaluation forward pass through ``torch.compile``.
         activation_checkpointing: recompute each layer's activations in the backward pass instead of storing
             them: less memory for about a third more compute.
+        init: start the model from another run's weights, freeze some, slow the loaded ones (``InitConfig``).
     """
 
     model: nn.Module
@@ -54,9 +56,13 @@ class Task(L.LightningModule):
     hparam_metrics: tuple[str, ...] = ("val/loss", "test/loss")
     items_name = "items"  # what ``throughput_counts`` counts, in progress lines
 
-    def __init__(self, optimizer: OptimizerConfig | dict, compile: bool, activation_checkpointing: bool) -> None:
+    def __init__(
+        self, optimizer: OptimizerConfig | dict, compile: bool, activation_checkpointing: bool, init: InitConfig | dict
+    ) -> None:
         super().__init__()
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
+        self.init_config = as_config(InitConfig, init)
+        self.pretrained: set[str] = set()  # names of the parameters loaded by init (their learning rate is scaled)
         self.compile = compile
         self.activation_checkpointing = activation_checkpointing
         self._forward = None  # the model's __call__, compiled or not; a method, never a registered module
@@ -141,8 +147,31 @@ class Task(L.LightningModule):
     def on_predict_end(self) -> None:
         set_gathered(self.model, False)
 
+    def setup(self, stage: str) -> None:
+        """Start from ``init.checkpoint`` (not when resuming: the run's own checkpoint holds the weights) and
+        freeze ``init.freeze``; before the optimizer is made, which gives the loaded weights their learning rate."""
+        init = self.init_config
+        if stage == "fit" and init.checkpoint:
+            weights = pretrained_weights(init.checkpoint)
+            state = self.model.state_dict()
+            self.pretrained = {n for n, v in weights.items() if n in state and state[n].shape == v.shape}
+            if self.trainer.ckpt_path is None:
+                rank_zero_info(describe_loading(load_matching(self.model, weights), init.checkpoint))
+        for prefix in init.freeze:
+            frozen = [p for name, p in self.model.named_parameters() if name.startswith(prefix)]
+            if not frozen:
+                raise ValueError(f"model.init.freeze: no parameter of the model starts with {prefix!r}")
+            for parameter in frozen:
+                parameter.requires_grad_(False)
+
     def configure_optimizers(self) -> dict:
-        return configure_adamw(self.model, self.optimizer_config, self.trainer.estimated_stepping_batches)
+        return configure_adamw(
+            self.model,
+            self.optimizer_config,
+            self.trainer.estimated_stepping_batches,
+            self.pretrained,
+            self.init_config.pretrained_lr_scale,
+        )
 
     def configure_gradient_clipping(
         self, optimizer: Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None

@@ -18,6 +18,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from lightformer.callbacks import raise_if_non_finite
+from lightformer.checkpoints import InitConfig
 from lightformer.data.image_files import read_images
 from lightformer.models.vit import VisionTransformer, ViTConfig, attention_rollout
 from lightformer.tasks.base import Task, as_config
@@ -44,6 +45,7 @@ class ImageClassificationTask(Task):
         optimizer: AdamW and its learning-rate schedule.
         compile: run the training and evaluation forward pass through ``torch.compile``.
         activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
+        init: start from another run's (or Hugging Face / timm) weights, freeze some, slow the loaded ones.
         label_smoothing: of the training targets (also inside mixup/cutmix targets); validation and test
             losses are plain cross-entropy.
         mixup: alpha of timm's mixup; 0 disables it. With mixup or cutmix on, each batch is mixed with its
@@ -61,13 +63,14 @@ class ImageClassificationTask(Task):
         optimizer: OptimizerConfig = OptimizerConfig(),
         compile: bool = False,
         activation_checkpointing: bool = False,
+        init: InitConfig = InitConfig(),
         label_smoothing: float = 0.1,
         mixup: float = 0.0,
         cutmix: float = 0.0,
         test_time_flip: bool = False,
         attention_images: int = 4,
     ) -> None:
-        super().__init__(optimizer, compile, activation_checkpointing)
+        super().__init__(optimizer, compile, activation_checkpointing, init)
         self.save_hyperparameters()
         self.model = VisionTransformer(as_config(ViTConfig, net))
         num_classes = self.model.num_classes
@@ -94,6 +97,7 @@ class ImageClassificationTask(Task):
     # --- class names and preprocessing, carried from the data module into the checkpoint --------------------
 
     def setup(self, stage: str) -> None:
+        super().setup(stage)
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is None:
             return

@@ -10,6 +10,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
+from lightformer.checkpoints import InitConfig
 from lightformer.data.tokenizers import Tokenizer
 from lightformer.generation import generate
 from lightformer.models.gpt import GPT, GPTConfig
@@ -29,6 +30,7 @@ class LanguageModelTask(Task):
         optimizer: AdamW and its learning-rate schedule.
         compile: run the training and evaluation forward pass through ``torch.compile``.
         activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
+        init: start from another run's (or Hugging Face / timm) weights, freeze some, slow the loaded ones.
         sample_prompt: the text the validation samples logged to TensorBoard continue.
         sample_tokens: length of each logged sample, in tokens.
         sample_temperature: sampling temperature of the logged samples.
@@ -41,12 +43,13 @@ class LanguageModelTask(Task):
         optimizer: OptimizerConfig = OptimizerConfig(),
         compile: bool = False,
         activation_checkpointing: bool = False,
+        init: InitConfig = InitConfig(),
         sample_prompt: str = "\n",
         sample_tokens: int = 200,
         sample_temperature: float = 0.8,
         sample_top_k: int | None = None,
     ) -> None:
-        super().__init__(optimizer, compile, activation_checkpointing)
+        super().__init__(optimizer, compile, activation_checkpointing, init)
         self.save_hyperparameters()
         self.model = GPT(as_config(GPTConfig, net))
         self.tokenizer: Tokenizer | None = None
@@ -56,6 +59,7 @@ class LanguageModelTask(Task):
     # --- tokenizer, carried from the data module into the checkpoint -------------------------------------
 
     def setup(self, stage: str) -> None:
+        super().setup(stage)
         datamodule = getattr(self.trainer, "datamodule", None)
         block_size = getattr(datamodule, "block_size", None)
         if block_size is not None and block_size > self.model.block_size:

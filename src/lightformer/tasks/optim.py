@@ -75,16 +75,32 @@ class WarmupSchedule:
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def configure_adamw(model: nn.Module, config: OptimizerConfig, total_steps: int) -> dict:
+def configure_adamw(
+    model: nn.Module,
+    config: OptimizerConfig,
+    total_steps: int,
+    pretrained: set[str] = frozenset(),
+    pretrained_lr_scale: float = 1.0,
+) -> dict:
     """What ``LightningModule.configure_optimizers`` returns: AdamW over ``model`` and its per-step schedule.
 
     The optimizer is fused (one kernel for all parameters) on every device, CPU included, so the CPU tests run
-    the optimizer a GPU run uses; ``Task.configure_gradient_clipping`` makes clipping work with it.
+    the optimizer a GPU run uses; ``Task.configure_gradient_clipping`` makes clipping work with it. Parameters
+    named in ``pretrained`` (fine-tuning) learn at ``pretrained_lr_scale`` times the learning rate.
     """
     no_decay = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()
     groups = param_groups_weight_decay(model, config.weight_decay, no_weight_decay_list=no_decay)
     for group in groups:  # LearningRateMonitor logs each group under its name: train/lr/decayed, train/lr/not_decayed
         group["name"] = "decayed" if group["weight_decay"] else "not_decayed"
+    if pretrained and pretrained_lr_scale != 1.0:  # timm's grouping cannot also split by where weights came from
+        is_pretrained = {id(p) for name, p in model.named_parameters() if name in pretrained}
+        split = []
+        for group in groups:
+            for kind, scale in (("pretrained", pretrained_lr_scale), ("new", 1.0)):
+                params = [p for p in group["params"] if (id(p) in is_pretrained) == (kind == "pretrained")]
+                if params:
+                    split.append(group | {"params": params, "lr": config.lr * scale, "name": f"{group['name']}_{kind}"})
+        groups = split
     optimizer = torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, fused=True)
     factor = WarmupSchedule(config.schedule, config.warmup_steps, total_steps, config.min_lr / config.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -11,6 +11,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
 from lightformer.callbacks import raise_if_non_finite
+from lightformer.checkpoints import InitConfig
 from lightformer.data.sequences import TranslationDataset
 from lightformer.data.tokenizers import Tokenizer
 from lightformer.generation import beam_search
@@ -35,6 +36,7 @@ class TranslationTask(Task):
         optimizer: AdamW and its learning-rate schedule.
         compile: run the training and evaluation forward pass through ``torch.compile``.
         activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
+        init: start from another run's (or Hugging Face / timm) weights, freeze some, slow the loaded ones.
         label_smoothing: of the training targets.
         beam_size: beam width at test time and for ``translate`` (1 = greedy).
         val_beam_size: beam width of the validation BLEU.
@@ -50,6 +52,7 @@ class TranslationTask(Task):
         optimizer: OptimizerConfig = OptimizerConfig(),
         compile: bool = False,
         activation_checkpointing: bool = False,
+        init: InitConfig = InitConfig(),
         label_smoothing: float = 0.1,
         beam_size: int = 4,
         val_beam_size: int = 1,
@@ -58,7 +61,7 @@ class TranslationTask(Task):
         max_len_b: int = 10,
         num_logged_samples: int = 4,
     ) -> None:
-        super().__init__(optimizer, compile, activation_checkpointing)
+        super().__init__(optimizer, compile, activation_checkpointing, init)
         self.save_hyperparameters()
         self.model = EncoderDecoder(as_config(EncoderDecoderConfig, net))
         self.pad_id = self.model.pad_id
@@ -71,6 +74,7 @@ class TranslationTask(Task):
     # --- tokenizers, carried from the data module into the checkpoint --------------------------------------
 
     def setup(self, stage: str) -> None:
+        super().setup(stage)
         datamodule = getattr(self.trainer, "datamodule", None)
         longest = _longest_sequence(datamodule)
         max_len = self.model.max_len
