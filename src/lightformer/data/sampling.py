@@ -17,18 +17,23 @@ class EpochShuffleSampler(Sampler[int]):
     ``DataLoader(shuffle=True, generator=...)`` advances one generator from epoch to epoch, so a run resumed at
     epoch 3 would replay epoch 1's order. Here Lightning's ``set_epoch`` picks the order, as with
     ``DistributedSampler``; under DDP Lightning wraps this sampler and gives each process its own shard.
+
+    With ``with_epoch`` it yields ``(index, epoch)`` pairs, for datasets whose items are drawn afresh each epoch
+    (masking, span corruption) from (seed, epoch, index): exact on resume, whatever the number of loader workers
+    (a worker's copy of the dataset does not see the epoch change; the index it is asked for carries it).
     """
 
-    def __init__(self, size: int, seed: int) -> None:
-        self.size, self.seed, self.epoch = size, seed, 0
+    def __init__(self, size: int, seed: int, with_epoch: bool = False) -> None:
+        self.size, self.seed, self.epoch, self.with_epoch = size, seed, 0, with_epoch
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[int | tuple[int, int]]:
         # a generator: the permutation is drawn at the first batch, after Lightning has called set_epoch
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        yield from torch.randperm(self.size, generator=generator).tolist()
+        order = torch.randperm(self.size, generator=generator).tolist()
+        yield from ((index, self.epoch) for index in order) if self.with_epoch else order
 
     def __len__(self) -> int:
         return self.size

@@ -25,6 +25,15 @@ from lightformer.files import atomic_write_bytes
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(len(SPECIAL_TOKENS))
+# Extra special tokens a tokenizer can be trained with (ids after the four above, in the order given): the mask of
+# masked language modelling, and T5's span sentinels. BERT's [CLS] and [SEP] are BOS and EOS (as in RoBERTa).
+MASK = "<mask>"
+
+
+def sentinel(i: int) -> str:
+    """T5's i-th span sentinel, ``<extra_id_i>``."""
+    return f"<extra_id_{i}>"
+
 
 # The byte-level BPE vocabulary always holds the 256 byte symbols, so nothing is ever out of vocabulary.
 MIN_BPE_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256
@@ -72,15 +81,17 @@ class Tokenizer:
         self._char_lookup: tuple[np.ndarray, np.ndarray] | None = None
 
     @classmethod
-    def train_char(cls, texts: Iterable[str]) -> Tokenizer:
-        """One id per distinct character in `texts`, in sorted order after the special tokens.
+    def train_char(cls, texts: Iterable[str], extra_special_tokens: Sequence[str] = ()) -> Tokenizer:
+        """One id per distinct character in `texts`, in sorted order after the special tokens (the four fixed
+        ones, then `extra_special_tokens`).
 
         Characters not seen here encode to UNK. Newlines, tabs and all of Unicode are ordinary characters.
         """
         characters: set[str] = set()
         for text in texts:
             characters.update(text)
-        vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+        specials = (*SPECIAL_TOKENS, *extra_special_tokens)
+        vocab = {token: i for i, token in enumerate(specials)}
         for character in sorted(characters):
             vocab[character] = len(vocab)
         hf_tokenizer = HFTokenizer(models.WordLevel(vocab, unk_token=UNK))
@@ -88,12 +99,15 @@ class Tokenizer:
         # Fuse joins the decoded characters without the spaces a WordLevel model would put between them.
         hf_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         hf_tokenizer.decoder = decoders.Fuse()
-        hf_tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+        hf_tokenizer.add_special_tokens(list(specials))
         return cls(hf_tokenizer)
 
     @classmethod
-    def train_bpe(cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
-        """Byte-level BPE (as GPT-2) with `vocab_size` tokens, special tokens and all 256 bytes included.
+    def train_bpe(
+        cls, texts: Iterable[str], vocab_size: int, min_frequency: int = 2, extra_special_tokens: Sequence[str] = ()
+    ) -> Tokenizer:
+        """Byte-level BPE (as GPT-2) with `vocab_size` tokens, special tokens (the four fixed ones, then
+        `extra_special_tokens`: `MASK`, T5's `sentinel(i)`) and all 256 bytes included.
 
         Any text encodes and decodes back exactly, including characters never seen in training.
         Pairs seen fewer than `min_frequency` times are not merged, so the vocabulary can be smaller.
@@ -109,7 +123,7 @@ class Tokenizer:
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,
             min_frequency=min_frequency,
-            special_tokens=list(SPECIAL_TOKENS),
+            special_tokens=[*SPECIAL_TOKENS, *extra_special_tokens],
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         )
@@ -125,6 +139,20 @@ class Tokenizer:
     def vocab_size(self) -> int:
         """Number of ids, special tokens included; ids are 0..vocab_size-1."""
         return self._hf_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, token: str) -> int:
+        """The id of a special token (``MASK``, ``sentinel(i)``, ...); ValueError naming it if the vocabulary has
+        none (train the tokenizer with it among ``extra_special_tokens``)."""
+        found = self._hf_tokenizer.token_to_id(token)
+        if found is None:
+            raise ValueError(f"the tokenizer has no token {token!r}: train it with extra_special_tokens=[{token!r}]")
+        return found
+
+    @property
+    def special_ids(self) -> list[int]:
+        """The ids of every special token (the four fixed ones and any extra)."""
+        added = self._hf_tokenizer.get_added_tokens_decoder()
+        return sorted(i for i, token in added.items() if token.special)
 
     @property
     def pad_id(self) -> int:
