@@ -36,6 +36,10 @@ QUICK_DATA = {
     "lightformer.data.TextDataModule": ["--data.batch_size=2", "--data.block_size=64", "--data.num_workers=0"],
     "lightformer.data.ImageDataModule": ["--data.batch_size=8", "--data.num_workers=0"],
     "lightformer.data.TranslationDataModule": ["--data.max_tokens=256", "--data.num_workers=0"],
+    "lightformer.data.TextClassificationDataModule": ["--data.batch_size=4", "--data.num_workers=0"],
+    "lightformer.data.MaskedLMDataModule": ["--data.batch_size=2", "--data.num_workers=0"],
+    "lightformer.data.SpanCorruptionDataModule": ["--data.batch_size=2", "--data.num_workers=0"],
+    "lightformer.data.ImageTokenDataModule": ["--data.batch_size=4", "--data.num_workers=0"],
 }
 
 
@@ -74,6 +78,9 @@ class MatrixProbe(Callback):
 def unavailable(config: dict) -> str | None:
     """Why the data of ``config`` cannot be had on this machine, or None."""
     data = config.get("data", {}).get("init_args", {})
+    checkpoint = ((config.get("model", {}).get("init_args") or {}).get("init") or {}).get("checkpoint")
+    if checkpoint and not Path(checkpoint).is_file():
+        return f"starts from {checkpoint}, which a pretraining run writes first (see the config's comments)"
     if data.get("dataset") == "cifar10":
         folder = Path(data.get("root", "data")) / "cifar-10-batches-py"
         if not folder.is_dir():

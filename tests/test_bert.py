@@ -1,6 +1,8 @@
 """The BERT model: Hugging Face parity and weight import, tied MLM head, fine-tuning by name, config checks,
 padding, pre-norm, and a few steps of masked-LM training."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -143,11 +145,24 @@ def test_conversion_handles_old_names_and_rejects_unknown_or_untied():
         load_bert_weights(BertForPreTraining(tiny_config(vocab_size=40, max_len=16, n_layers=3)), state, strict=False)
 
 
+def test_masked_lm_logits_at_selected_positions_only():
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny_config()).eval()
+    ids, segments = batch(50, 0, (3, 10), padded=True)
+    positions = torch.rand(ids.shape) < 0.3
+    with torch.no_grad():
+        every, nsp = model(ids, segments)
+        selected, nsp_selected = model(ids, segments, mlm_positions=positions)
+    assert selected.shape == (int(positions.sum()), 50)
+    torch.testing.assert_close(selected, every[positions])
+    torch.testing.assert_close(nsp_selected, nsp)
+
+
 def test_classifier_loads_encoder_and_pooler_of_a_pretraining_checkpoint():
     torch.manual_seed(0)
     config = tiny_config()
     pretrained = BertForPreTraining(config).eval()
-    classifier = BertForSequenceClassification(config, num_classes=3).eval()
+    classifier = BertForSequenceClassification(replace(config, num_classes=3)).eval()
     fresh = classifier.classifier.weight.clone()
     result = classifier.load_state_dict(pretrained.state_dict(), strict=False)
     assert sorted(result.missing_keys) == ["classifier.bias", "classifier.weight"]
@@ -174,7 +189,9 @@ def test_config_validation():
     with pytest.raises(ValueError, match="dropout=1.5"):
         BertConfig(dropout=1.5)
     with pytest.raises(ValueError, match="num_classes=0"):
-        BertForSequenceClassification(tiny_config(), num_classes=0)
+        BertConfig(num_classes=0)
+    with pytest.raises(ValueError, match="classifier_dropout=-0.1"):
+        BertConfig(classifier_dropout=-0.1)
 
 
 def test_initialisation_follows_bert():

@@ -51,14 +51,16 @@ def test_the_program_calls_itself_lightformer(capsys):
 @pytest.mark.slow
 def test_a_run_logged_to_a_file_says_where_it_is(tmp_path):
     """Output to a file (not a terminal): no progress bar, but lines with the step, loss, throughput and time."""
-    args = [*task_args("vision", tmp_path), "--trainer.max_epochs=2", "--trainer.enable_progress_bar=null"]
+    args = [*task_args("vision", tmp_path), "--trainer.max_epochs=2", "--trainer.enable_progress_bar=null",
+            "--trainer.max_time=00:01:00:00"]  # fmt: skip
     log = tmp_path / "run.log"
     with open(log, "w") as output:
         environment = {**os.environ, "PYTHONPATH": str(REPO / "tests")}
         subprocess.run([sys.executable, "-m", "lightformer", "fit", *args], cwd=REPO, stdout=output, stderr=output,
                        env=environment, check=True, timeout=300)  # fmt: skip
     lines = log.read_text().splitlines()
-    assert any(line.startswith("training from step 0 to") for line in lines)
+    (start,) = [line for line in lines if line.startswith("training from step 0 to")]
+    assert start.endswith("or for 1h00m (max_time)")  # the limit that stops a time-bound run
     assert sum(line.startswith("validation at step") and "val/acc" in line for line in lines) == 2
     (finished,) = [line for line in lines if line.startswith("finished: step")]
     assert "images/s" in finished and "elapsed" in finished

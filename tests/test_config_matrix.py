@@ -25,8 +25,11 @@ def test_every_config_trains_on_every_cpu_preset(tmp_path):
     assert {(row["config"], row["preset"]) for row in rows} == {(c, p) for c in configs for p in CPU_PRESETS}
     for row in rows:
         where = f"{row['config']} × {row['preset']}"
-        if row["status"] == "unavailable":  # only data this machine cannot download, and the table says why
-            assert row["config"] == "vision/vit_cifar10.yaml" and "internet" in row["detail"], where
+        if row["status"] == "unavailable":  # data this machine cannot download, or a pretraining run not made here
+            if row["config"] == "classify/austen_from_mlm.yaml":
+                assert "runs/mlm_austen" in row["detail"] and "pretraining run" in row["detail"], where
+            else:
+                assert row["config"] == "vision/vit_cifar10.yaml" and "internet" in row["detail"], where
             continue
         assert row["status"] == "ok", f"{where}: {row.get('detail')}"
         assert row["steps"] == 3 and math.isfinite(row["loss"]), where

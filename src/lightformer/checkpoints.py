@@ -20,6 +20,7 @@ from lightformer.files import atomic_open, atomic_write_bytes
 from lightformer.nn.checks import check_at_least
 
 if TYPE_CHECKING:
+    from lightformer.data.tokenizers import Tokenizer
     from lightformer.tasks import Task
 
 # What a checkpoint carries besides weights and hyperparameters, stored in exports as metadata.
@@ -29,6 +30,8 @@ COMMAND_OF_TASK = {
     "LanguageModelTask": "generate",
     "TranslationTask": "translate",
     "ImageClassificationTask": "classify",
+    "MaskedLanguageModelTask": "fill-mask",
+    "ImageGPTTask": "sample-images",
 }
 
 
@@ -49,11 +52,24 @@ def task_name(checkpoint: dict) -> str | None:
     from lightformer import tasks
 
     name = str(checkpoint.get("hyper_parameters", {}).get("_class_path", "")).rsplit(".", 1)[-1]
-    if name not in tasks.__all__:  # written through the Python API: recognise the task by what it carries
+    if name not in tasks.__all__:  # written through the Python API before the class path was stored with it
         carried = {"tokenizer": "LanguageModelTask", "src_tokenizer": "TranslationTask"}
         carried["image_classification"] = "ImageClassificationTask"
         name = next((task for key, task in carried.items() if key in checkpoint), None)
     return name
+
+
+def check_same_tokenizer(saved: Tokenizer, data: Tokenizer, side: str = "") -> None:
+    """Refuse data encoded with another tokenizer than the one a checkpoint's model was trained with (``side``:
+    "src " or "tgt " for a translator's two)."""
+    difference = saved.difference(data)
+    if difference is not None:
+        raise CheckpointError(
+            f"the data module's {side}tokenizer differs from the one saved in the checkpoint (checkpoint vs data: "
+            f"{difference}), so the model's ids would stand for other tokens; use the data and tokenizer the model "
+            "was trained with (the same files and vocabulary size, or data.init_args.tokenizer_file=<run dir>/"
+            "tokenizer.json)"
+        )
 
 
 def read_checkpoint(path: str, option: str = "--ckpt_path") -> dict:

@@ -1,7 +1,6 @@
 """The command line: ``python -m lightformer fit|validate|test|predict --config FILE`` through LightningCLI,
-plus commands that need a checkpoint alone: ``generate`` (continue a prompt), ``translate`` (a file or
-standard input), ``classify`` (image files), ``export`` (model weights to safetensors) and ``average``
-(the mean of a run's last checkpoints).
+plus the commands that need a checkpoint alone (``generate``, ``translate``, ``classify``, ``fill-mask``,
+``sample-images``, ``probe``, ``export``, ``average``: ``lightformer.commands``).
 
 Sizes that come from the data are linked into the model when both are instantiated: each attribute of
 the data module named in ``DATA_LINKS`` fills the task's argument of the same name, where the task has one.
@@ -12,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import glob
 import importlib
 import json
 import logging
@@ -20,7 +18,6 @@ import sys
 import typing
 import warnings
 from pathlib import Path
-from typing import Literal
 
 import lightning as L
 import torch
@@ -30,7 +27,6 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from lightformer import checkpoints
 from lightformer.callbacks import (
     AtomicCheckpointIO,
     NonFiniteLossError,
@@ -38,10 +34,8 @@ from lightformer.callbacks import (
     RandomStateCheckpoint,
     Throughput,
 )
-from lightformer.checkpoints import CheckpointError, load_task, require_file
+from lightformer.checkpoints import CheckpointError
 from lightformer.data.corpora import CorpusUnavailableError
-from lightformer.files import read_lines
-from lightformer.generation import check_sampling
 from lightformer.progress import Summary
 
 DATA_LINKS = (
@@ -264,164 +258,6 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightformerCLI:
     )
 
 
-def _expand_patterns(patterns: list[str] | str) -> list[str]:
-    """Paths and glob patterns (each pattern's matches sorted) → paths, in the order given."""
-    patterns = [patterns] if isinstance(patterns, str) else patterns
-    return [path for p in patterns for path in (sorted(glob.glob(p)) if glob.has_magic(p) else [p])]
-
-
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
-
-
-def generate(
-    *,
-    ckpt_path: str,
-    prompt: str = "\n",
-    max_new_tokens: int = 500,
-    temperature: float = 0.8,
-    top_k: int | None = 200,
-    top_p: float | None = None,
-    num_samples: int = 1,
-    seed: int | None = None,
-    device: str = "cpu",
-) -> None:
-    """Print continuations of PROMPT from a language-model checkpoint (its tokenizer travels inside it).
-
-    Args:
-        ckpt_path: a checkpoint written by ``fit`` with the language-model task.
-        prompt: the text to continue.
-        max_new_tokens: how many tokens to generate at most (generation also stops at end-of-text).
-        temperature: divides the logits; 0 is greedy decoding.
-        top_k: sample among the k most likely tokens only.
-        top_p: sample among the most likely tokens whose probabilities add up to p (nucleus sampling).
-        num_samples: how many continuations to print.
-        seed: seed of the sampler, for reproducible samples.
-        device: "cpu", "cuda", "cuda:1", ...
-    """
-    try:
-        check_sampling(temperature, top_k, top_p)
-    except ValueError as error:
-        raise ConfigError(f"--{error}") from None
-    _check(max_new_tokens >= 1, f"--max_new_tokens={max_new_tokens} must be at least 1")
-    _check(num_samples >= 1, f"--num_samples={num_samples} must be at least 1")
-    task = load_task(ckpt_path, "LanguageModelTask", "generate", device)
-    unknown = task.tokenizer.unknown_characters(prompt)
-    if unknown:
-        print(
-            f"warning: the prompt's characters {', '.join(map(repr, unknown))} are not in the model's vocabulary "
-            "(it never saw them in training): they become <unk>",
-            file=sys.stderr,
-        )
-    texts = task.generate_text(prompt, max_new_tokens, temperature, top_k, top_p, num_samples, seed)
-    for i, text in enumerate(texts):
-        if i:
-            print("\n" + "-" * 40)
-        print(prompt + text)
-
-
-def translate(
-    *,
-    ckpt_path: str,
-    input: str = "-",
-    beam_size: int | None = None,
-    batch_size: int = 32,
-    device: str = "cpu",
-) -> None:
-    """Translate the lines of INPUT (a file, or - for standard input) with a translation checkpoint alone.
-
-    Args:
-        ckpt_path: a checkpoint written by ``fit`` with the translation task (its tokenizers travel inside).
-        input: a UTF-8 text file with one source sentence per line, or "-" for standard input.
-        beam_size: beam width (1 = greedy); default: the model's ``beam_size``.
-        batch_size: sentences translated together.
-        device: "cpu", "cuda", "cuda:1", ...
-    """
-    _check(beam_size is None or beam_size >= 1, f"--beam_size={beam_size} must be at least 1 (1 is greedy)")
-    _check(batch_size >= 1, f"--batch_size={batch_size} must be at least 1")
-    if input != "-":
-        require_file(input, "--input: the file")
-    task = load_task(ckpt_path, "TranslationTask", "translate", device)
-    try:
-        lines = read_lines(input, "--input") if input != "-" else sys.stdin.read().splitlines()
-    except ValueError as error:  # not UTF-8: the message names the file, the byte and its line
-        raise ConfigError(str(error)) from None
-    for number, length in task.too_long(lines):
-        print(
-            f"warning: line {number + 1} of --input has {length} tokens; the model reads at most "
-            f"{task.model.max_len - 1}, so its end is cut",
-            file=sys.stderr,
-        )
-    for start in range(0, len(lines), batch_size):
-        for translation in task.translate(lines[start : start + batch_size], beam_size):
-            print(translation)
-
-
-def classify(
-    ckpt_path: str | None = None, images: list[str] | str | None = None, top_k: int = 3, device: str = "cpu"
-) -> None:
-    """Print the most likely classes of image files, with an image-classification checkpoint alone.
-
-    Example: ``classify --ckpt_path best.ckpt --images "[a.png, b.png]" --top_k 3`` (also ``--images a.png``,
-    ``--images+ a.png --images+ b.png``, or a quoted pattern ``--images "photos/*.jpg"``).
-
-    Args:
-        ckpt_path: a checkpoint written by ``fit`` with the image-classification task (its class names and
-            preprocessing travel inside).
-        images: image files (PNG, JPEG, ...) or glob patterns; each image is resized and normalised as in
-            training.
-        top_k: how many classes to print per image, most likely first.
-        device: "cpu", "cuda", "cuda:1", ...
-    """
-    _check(ckpt_path is not None and bool(images), "classify needs --ckpt_path CHECKPOINT and --images FILE ...")
-    _check(top_k >= 1, f"--top_k={top_k} must be at least 1")
-    task = load_task(ckpt_path, "ImageClassificationTask", "classify", device)
-    paths = _expand_patterns(images)
-    for path in paths:
-        require_file(path, "--images: the image file")
-    for path, ranked in zip(paths, task.classify_files(paths, top_k), strict=True):
-        print(f"{path}: " + ", ".join(f"{name} ({probability:.1%})" for name, probability in ranked))
-
-
-def export(*, ckpt_path: str, output: str, layout: Literal["lightformer", "timm"] = "lightformer") -> None:
-    """Write a checkpoint's model weights to a safetensors file (no pickle: safe to share and to load).
-
-    The file's metadata holds the task, its hyperparameters (JSON) and what travels with the model (tokenizer
-    JSON, image preprocessing), so the model can be rebuilt; ``safetensors.torch.load_model(task.model, path)``
-    loads the weights back (tied weights are stored once). ``layout="timm"`` writes a vision model under timm's
-    ``VisionTransformer`` names instead, for ``timm.create_model(...).load_state_dict(load_file(path))``.
-
-    Args:
-        ckpt_path: a checkpoint written by ``fit`` with any lightformer task.
-        output: the ``.safetensors`` file to write (atomically).
-        layout: "lightformer" (our parameter names) or "timm" (image classification only).
-    """
-    print(checkpoints.export(ckpt_path, output, layout))
-
-
-def average(*, ckpt_paths: list[str] | str, output: str, last: int | None = None) -> None:
-    """Average the model weights of checkpoints of one run, as "Attention Is All You Need" averages its last
-    checkpoints (fairseq's ``average_checkpoints.py``): the mean of nearby weights usually scores better than
-    each. The result evaluates, translates, generates and exports like any checkpoint (``test --ckpt_path``);
-    it has no optimizer state, so it cannot resume training.
-
-    Example: ``average --ckpt_paths "runs/ding_de_en/version_0/checkpoints/step=*.ckpt" --last 5 --output avg.ckpt``
-
-    Args:
-        ckpt_paths: checkpoint files or glob patterns (quote them), all of one model shape.
-        output: the averaged checkpoint to write (atomically).
-        last: average only the ``last`` checkpoints with the highest global step.
-    """
-    paths = sorted(set(_expand_patterns(ckpt_paths)))
-    if not paths:
-        raise ConfigError(f"--ckpt_paths: no checkpoint file matches {ckpt_paths}")
-    print(checkpoints.average(paths, output, last))
-
-
-COMMANDS = {"generate": generate, "translate": translate, "classify": classify, "export": export, "average": average}
-
-
 TRAINER_COMMANDS = {
     "fit": "train a task from a config             lightformer fit --config configs/lm/austen_char.yaml",
     "validate": "evaluate on the validation split (a config and --ckpt_path)",
@@ -432,19 +268,22 @@ CHECKPOINT_COMMANDS = {
     "generate": "continue a prompt with a language model",
     "translate": "translate the lines of a file or of standard input",
     "classify": "the most likely classes of image files",
+    "fill-mask": "the most likely words at each [MASK] of a sentence",
+    "sample-images": "PNGs of images an Image GPT draws, or completes from image files",
+    "probe": "a linear classifier on an Image GPT's features, against raw pixels",
     "export": "a model's weights to safetensors (also in timm's layout)",
     "average": "the mean of a run's last checkpoints",
 }
 # Options that take several values: also given the way shells pass them (`--images a.png b.png`, `--images *.png`).
-LIST_OPTIONS = {"classify": "--images", "average": "--ckpt_paths"}
+LIST_OPTIONS = {"classify": "--images", "sample-images": "--complete_from", "average": "--ckpt_paths"}
 
 
 def usage() -> str:
     lines = ["usage: lightformer <command> [options]      (or: python -m lightformer <command> [options])", ""]
     lines.append("Train and evaluate (every option of the trainer, the task and its model, and the data):")
-    lines += [f"  {name:<10} {text}" for name, text in TRAINER_COMMANDS.items()]
+    lines += [f"  {name:<13} {text}" for name, text in TRAINER_COMMANDS.items()]
     lines += ["", "With a checkpoint alone (no config, no data):"]
-    lines += [f"  {name:<10} {text}" for name, text in CHECKPOINT_COMMANDS.items()]
+    lines += [f"  {name:<13} {text}" for name, text in CHECKPOINT_COMMANDS.items()]
     lines += [
         "",
         "lightformer <command> --help describes a command; lightformer fit --config FILE --help lists the options of",
@@ -496,6 +335,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if command in CHECKPOINT_COMMANDS:
             from jsonargparse import auto_cli
+
+            from lightformer.commands import COMMANDS
 
             rest = _gather_list_option(args[1:], LIST_OPTIONS[command]) if command in LIST_OPTIONS else args[1:]
             auto_cli(COMMANDS[command], args=rest, prog=f"lightformer {command}")

@@ -13,7 +13,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, ModelSummary, RichProgressBar
+from lightning.pytorch.callbacks import Callback, ModelSummary, RichProgressBar, Timer
 from lightning.pytorch.utilities import rank_zero_info
 
 
@@ -72,6 +72,12 @@ class ProgressBar(RichProgressBar):
         return metrics
 
 
+def _time_remaining(trainer: L.Trainer) -> float | None:
+    """Seconds of training left before ``max_time`` stops it (Lightning's ``Timer``), or None without max_time."""
+    timer = next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
+    return timer.time_remaining("train") if timer is not None else None
+
+
 class ProgressLog(Callback):
     """A log line at least every ``every_seconds`` of training and one after each validation: the step of the
     total, the latest loss, throughput, and time elapsed and left (estimated from the steps so far).
@@ -90,7 +96,9 @@ class ProgressLog(Callback):
         self._start = self._last = time.monotonic()
         self._start_step, self._items = trainer.global_step, 0
         total = trainer.estimated_stepping_batches
-        rank_zero_info(f"training from step {trainer.global_step} to {total:.0f}")
+        remaining = _time_remaining(trainer)
+        limit = f", or for {_duration(remaining)} (max_time)" if remaining is not None else ""
+        rank_zero_info(f"training from step {trainer.global_step} to {total:.0f}{limit}")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         counts = getattr(pl_module, "throughput_counts", None)
@@ -122,5 +130,7 @@ class ProgressLog(Callback):
             parts.append(f"{_count(self._items / elapsed)} {getattr(pl_module, 'items_name', 'items')}/s")
         parts.append(f"{_duration(elapsed)} elapsed")
         if not finished and rate > 0 and total > step:
-            parts.append(f"~{_duration((total - step) / rate)} left")
+            left = (total - step) / rate
+            remaining = _time_remaining(trainer)
+            parts.append(f"~{_duration(left if remaining is None else min(left, remaining))} left")
         return ("finished: " if finished else "") + " · ".join(parts)

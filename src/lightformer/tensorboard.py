@@ -14,6 +14,7 @@ pictures and samples line up.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -178,3 +179,9 @@ def confusion_figure(confusion: Tensor, class_names: Sequence[str]):
     axes.set_title(f"{counts.sum():,} images, accuracy {accuracy:.1%}", fontsize=10)
     figure.colorbar(image, ax=axes, label="share of the true class", fraction=0.046)
     return figure
+
+
+def markdown_text(text: str) -> str:
+    """``text`` as literal Markdown on one line (a table cell): special characters escaped, line breaks as spaces."""
+    text = re.sub(r"([\\`*_\[\]#|])", r"\\\1", text)
+    return text.replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ")

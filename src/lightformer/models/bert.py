@@ -45,6 +45,9 @@ class BertConfig:
         norm_eps: epsilon of every LayerNorm (HF's layer_norm_eps).
         pad_id: the padding id: masked out of attention as a key, and its embedding row starts at zero and gets no
             gradient from the input side (as HF's padding_idx); linked from the data.
+        num_classes: outputs of ``BertForSequenceClassification``'s classifier (HF's num_labels); linked from the data
+            of a classification run, unused by pre-training.
+        classifier_dropout: dropout on the pooled state before that classifier; None: ``dropout`` (as HF).
     """
 
     vocab_size: int | None = None
@@ -60,6 +63,8 @@ class BertConfig:
     norm_first: bool = False
     norm_eps: float = 1e-12
     pad_id: int = 0
+    num_classes: int = 2
+    classifier_dropout: float | None = None
 
     def __post_init__(self) -> None:
         check_at_least("vocab_size", self.vocab_size, 1)
@@ -72,6 +77,9 @@ class BertConfig:
         check_fraction("attn_dropout", self.attn_dropout)
         check_choice("activation", self.activation, tuple(_POINTWISE))
         check_at_least("pad_id", self.pad_id, 0)
+        check_at_least("num_classes", self.num_classes, 1)
+        if self.classifier_dropout is not None:
+            check_fraction("classifier_dropout", self.classifier_dropout)
         if self.vocab_size is not None and self.pad_id >= self.vocab_size:
             raise ValueError(
                 f"pad_id={self.pad_id} is not a token id of vocab_size={self.vocab_size}: "
@@ -225,35 +233,40 @@ class BertForPreTraining(nn.Module):
         _init_linear(self.nsp_head)
 
     def forward(
-        self, ids: Tensor, segment_ids: Tensor | None = None, key_mask: Tensor | None = None
+        self,
+        ids: Tensor,
+        segment_ids: Tensor | None = None,
+        key_mask: Tensor | None = None,
+        mlm_positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Token ids ``(batch, seq)`` → (masked-LM logits ``(batch, seq, vocab_size)``, NSP logits ``(batch, 2)``).
 
-        ``segment_ids`` and ``key_mask`` as in ``BertEncoder.forward``.
+        ``segment_ids`` and ``key_mask`` as in ``BertEncoder.forward``. ``mlm_positions`` (boolean, ``(batch,
+        seq)``): compute the masked-LM logits at those positions only, returned as ``(selected, vocab_size)`` in
+        row-major order (BERT's ``masked_lm_positions``): in training only the ~15% selected tokens have a loss,
+        and the vocabulary projection of the others is most of the head's cost.
         """
         hidden = self.bert(ids, segment_ids, key_mask)
-        return self.mlm_head(hidden), self.nsp_head(self.pooler(hidden))
+        selected = hidden if mlm_positions is None else hidden[mlm_positions]
+        return self.mlm_head(selected), self.nsp_head(self.pooler(hidden))
 
 
 class BertForSequenceClassification(nn.Module):
     """BERT fine-tuned to classify a sequence (or a sentence pair): pooled ``[CLS]`` → dropout → linear classifier.
 
     Parameters: ``bert.*`` and ``pooler.*`` as in ``BertForPreTraining`` (load them from a pre-training
-    checkpoint by name: ``model.load_state_dict(pretrained, strict=False)``), then ``classifier.*`` (new).
-    ``classifier_dropout`` defaults to the config's ``dropout`` (HF's behaviour).
+    checkpoint by name: ``model.load_state_dict(pretrained, strict=False)``), then ``classifier.*`` (new), with
+    ``config.num_classes`` outputs.
     """
 
-    def __init__(self, config: BertConfig, num_classes: int, classifier_dropout: float | None = None) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        check_at_least("num_classes", num_classes, 1)
-        if classifier_dropout is not None:
-            check_fraction("classifier_dropout", classifier_dropout)
         self.config = config
-        self.num_classes = num_classes
         self.bert = BertEncoder(config)
         self.pooler = Pooler(config.d_model)
-        self.dropout = nn.Dropout(config.dropout if classifier_dropout is None else classifier_dropout)
-        self.classifier = nn.Linear(config.d_model, num_classes)
+        dropout = config.dropout if config.classifier_dropout is None else config.classifier_dropout
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.d_model, config.num_classes)
         _init_linear(self.classifier)
 
     def forward(self, ids: Tensor, segment_ids: Tensor | None = None, key_mask: Tensor | None = None) -> Tensor:

@@ -72,12 +72,17 @@ class Task(L.LightningModule):
 
     def save_hyperparameters(self, *args: Any, **kwargs: Any) -> None:
         """Lightning's, from the calling ``__init__``, with every config stored as a plain dict: checkpoints then
-        load with ``torch.load(weights_only=True)`` and TensorBoard lists each field."""
-        kwargs.setdefault("frame", inspect.currentframe().f_back)
+        load with ``torch.load(weights_only=True)`` and TensorBoard lists each field. A config is stored as the task
+        was built with it: the command line hands Lightning its raw arguments, where a data link can add a field
+        that this task's config lacks (a data module's ``block_size`` beside a BERT config). The task's class path
+        is stored as the command line stores it, so a checkpoint written through the Python API names its task."""
+        frame = kwargs.setdefault("frame", inspect.currentframe().f_back)
         super().save_hyperparameters(*args, **kwargs)
+        self.hparams.setdefault("_class_path", f"{type(self).__module__}.{type(self).__qualname__}")
         for key, value in self.hparams.items():
-            if is_dataclass(value):
-                self.hparams[key] = asdict(value)
+            built = frame.f_locals.get(key, value)
+            if is_dataclass(built):
+                self.hparams[key] = asdict(built)
 
     def forward(self, *inputs: Tensor) -> Tensor:
         """The model's forward pass, compiled on first use when ``compile`` (see the model for the shapes).
@@ -111,7 +116,7 @@ class Task(L.LightningModule):
             with torch.device("meta"):
                 twin = model_class(self.model.config)
                 example = [torch.zeros(1, *x.shape[1:], dtype=x.dtype) for x in inputs]
-            loss = (lambda out: out.float().sum()) if backward else None
+            loss = (lambda out: sum(o.float().sum() for o in _outputs(out))) if backward else None
             self._flops_per_example[key] = measure_flops(twin, lambda: twin(*example), loss)
         return self._flops_per_example[key] * len(inputs[0])
 
@@ -211,6 +216,11 @@ class Task(L.LightningModule):
                 )
                 + ". To plan a new schedule, start a new run from the checkpoint's weights instead of resuming."
             )
+
+
+def _outputs(out: Tensor | tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """A model's output as a tuple (BERT pre-training returns masked-LM and next-sentence logits)."""
+    return out if isinstance(out, tuple) else (out,)
 
 
 def clip_gradients(trainer: L.Trainer, optimizer: Optimizer, value: float | None, algorithm: str | None) -> None:

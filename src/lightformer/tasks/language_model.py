@@ -10,7 +10,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.checkpoints import InitConfig
+from lightformer.checkpoints import InitConfig, check_same_tokenizer
 from lightformer.data.tokenizers import Tokenizer
 from lightformer.generation import generate
 from lightformer.models.gpt import GPT, GPTConfig
@@ -75,7 +75,7 @@ class LanguageModelTask(Task):
                     f"{self.model.vocab_size}; the model's vocabulary must hold every token id"
                 )
             if self.tokenizer is not None:  # loaded from a checkpoint, or set by an earlier run
-                _check_same_tokenizer(saved=self.tokenizer, data=tokenizer)
+                check_same_tokenizer(saved=self.tokenizer, data=tokenizer)
             self.tokenizer = tokenizer
 
     items_name = "tokens"  # what throughput counts
@@ -95,7 +95,7 @@ class LanguageModelTask(Task):
         if "tokenizer" in checkpoint:
             saved = Tokenizer.from_str(checkpoint["tokenizer"], source="the checkpoint's tokenizer")
             if self.tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
-                _check_same_tokenizer(saved=saved, data=self.tokenizer)
+                check_same_tokenizer(saved=saved, data=self.tokenizer)
             self.tokenizer = saved
 
     # --- training and evaluation --------------------------------------------------------------------------
@@ -178,14 +178,3 @@ class LanguageModelTask(Task):
         # TensorBoard renders text as Markdown: keep line breaks by indenting as a code block.
         text = "    " + (hp.sample_prompt + sample[0]).replace("\n", "\n    ")
         writer.add_text("val/sample", text, logging_step(self.trainer))
-
-
-def _check_same_tokenizer(saved: Tokenizer, data: Tokenizer) -> None:
-    """Refuse data encoded with another tokenizer than the one the model was trained with."""
-    difference = saved.difference(data)
-    if difference is not None:
-        raise ValueError(
-            f"the data module's tokenizer differs from the one saved in the checkpoint (checkpoint vs data: "
-            f"{difference}), so the model's ids would stand for other tokens; use the data and tokenizer the model "
-            "was trained with, e.g. data.init_args.tokenizer_file=<run dir>/tokenizer.json"
-        )

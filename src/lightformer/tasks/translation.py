@@ -11,7 +11,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.checkpoints import InitConfig
+from lightformer.checkpoints import InitConfig, check_same_tokenizer
 from lightformer.data.sequences import TranslationDataset
 from lightformer.data.tokenizers import Tokenizer
 from lightformer.generation import beam_search
@@ -96,7 +96,8 @@ class TranslationTask(Task):
                         f"{side}_vocab_size={size}; the model's vocabulary must hold every token id"
                     )
             if self.src_tokenizer is not None:  # loaded from a checkpoint, or set by an earlier run
-                _check_same_tokenizers({"src": self.src_tokenizer, "tgt": self.tgt_tokenizer}, tokenizers)
+                check_same_tokenizer(self.src_tokenizer, tokenizers["src"], "src ")
+                check_same_tokenizer(self.tgt_tokenizer, tokenizers["tgt"], "tgt ")
             self.src_tokenizer, self.tgt_tokenizer = tokenizers["src"], tokenizers["tgt"]
 
     items_name = "target tokens"  # what throughput counts
@@ -121,7 +122,8 @@ class TranslationTask(Task):
                 for side in ("src", "tgt")
             }
             if self.src_tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
-                _check_same_tokenizers(saved, {"src": self.src_tokenizer, "tgt": self.tgt_tokenizer})
+                check_same_tokenizer(saved["src"], self.src_tokenizer, "src ")
+                check_same_tokenizer(saved["tgt"], self.tgt_tokenizer, "tgt ")
             self.src_tokenizer, self.tgt_tokenizer = saved["src"], saved["tgt"]
 
     # --- training and evaluation ---------------------------------------------------------------------------
@@ -186,12 +188,9 @@ class TranslationTask(Task):
     # --- decoding ------------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def translate_ids(self, src: Tensor, beam_size: int | None = None) -> list[str]:
-        """Translate a padded batch of source ids ``(batch, src_len)``; returns detokenized strings."""
-        if self.tgt_tokenizer is None:
-            raise RuntimeError(
-                "this model has no tokenizer: train it with a translation data module or load a checkpoint"
-            )
+    def decode_ids(self, src: Tensor, beam_size: int | None = None) -> list[list[int]]:
+        """Beam-search (``beam_size`` 1: greedy) decodes of a padded batch of source ids ``(batch, src_len)``: the
+        target ids after [BOS], up to and without [EOS]."""
         hp = self.hparams
         beam_size = hp.beam_size if beam_size is None else beam_size
         if beam_size < 1:
@@ -201,13 +200,21 @@ class TranslationTask(Task):
         was_training = self.model.training
         self.model.eval()
         decoder = self.model.incremental_decoder(src, beam_size)
-        eos = self.tgt_tokenizer.eos_id
-        bos = self.tgt_tokenizer.bos_id
+        bos, eos = self.tgt_tokenizer.bos_id, self.tgt_tokenizer.eos_id
+        length_penalty = hp.length_penalty if beam_size > 1 else 1.0  # one hypothesis: nothing to rank
         hypotheses, _ = beam_search(
-            decoder, src.shape[0], beam_size, bos, eos, max_new_tokens, hp.length_penalty, device=src.device
+            decoder, src.shape[0], beam_size, bos, eos, max_new_tokens, length_penalty, device=src.device
         )
         self.model.train(was_training)
-        return self.tgt_tokenizer.decode_batch(hypotheses)
+        return hypotheses
+
+    def translate_ids(self, src: Tensor, beam_size: int | None = None) -> list[str]:
+        """Translate a padded batch of source ids ``(batch, src_len)``; returns detokenized strings."""
+        if self.tgt_tokenizer is None:
+            raise RuntimeError(
+                "this model has no tokenizer: train it with a translation data module or load a checkpoint"
+            )
+        return self.tgt_tokenizer.decode_batch(self.decode_ids(src, beam_size))
 
     def too_long(self, sentences: list[str]) -> list[tuple[int, int]]:
         """(index, token count) of the sentences longer than the model reads (``translate`` cuts them)."""
@@ -246,18 +253,6 @@ class TranslationTask(Task):
         title = f"{batch['src_text'][0]}  →  {batch['tgt_text'][0]}"
         figure = attention_figure(weights[last][0].mean(0), source, target, title)
         writer.add_figure("val/cross_attention", figure, logging_step(self.trainer))
-
-
-def _check_same_tokenizers(saved: dict[str, Tokenizer], data: dict[str, Tokenizer]) -> None:
-    """Refuse data encoded with other tokenizers than the ones the model was trained with."""
-    for side in ("src", "tgt"):
-        difference = saved[side].difference(data[side])
-        if difference is not None:
-            raise ValueError(
-                f"the data module's {side} tokenizer differs from the one saved in the checkpoint (checkpoint vs "
-                f"data: {difference}), so the model's ids would stand for other tokens; use the data the model was "
-                "trained with (the same files, bpe_vocab_size and joint_vocab)"
-            )
 
 
 def _longest_sequence(datamodule: object) -> int:

@@ -1,0 +1,152 @@
+"""Span-corruption pretraining (T5): the translation task's encoder-decoder learns to write the dropped spans.
+
+The corruption is data (``lightformer.data.pretraining.SpanCorruptionDataModule``, batches in the translation
+format); the model, its teacher-forced loss, its checkpointed tokenizers and its decoding are ``TranslationTask``'s.
+Only the evaluation differs: instead of BLEU, the share of dropped spans the model writes back exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchmetrics import MeanMetric
+
+from lightformer.callbacks import raise_if_non_finite
+from lightformer.checkpoints import InitConfig
+from lightformer.data.tokenizers import Tokenizer, sentinel
+from lightformer.models.seq2seq import EncoderDecoderConfig
+from lightformer.tasks.optim import OptimizerConfig
+from lightformer.tasks.translation import Batch, TranslationTask
+from lightformer.tensorboard import logging_step, markdown_text, tensorboard_writer
+
+
+class DenoisingTask(TranslationTask):
+    """T5's span corruption on the encoder-decoder: cross-entropy of the targets (each sentinel and its span)
+    given the corrupted input; evaluated by the loss and the exact-span accuracy of greedy decodes.
+
+    ``val/span_acc`` (and ``test/span_acc``): of all the spans dropped from the evaluated segments, the share whose
+    sentinel the greedy decode writes followed by exactly the span's tokens (decodes and targets are split at the
+    sentinels as ``lightformer.data.masking.reconstruct_from_spans`` does). TensorBoard shows, at each validation,
+    a few examples: the input, the target and the model's prediction, sentinels included.
+
+    Args:
+        net: the encoder-decoder's shape (``EncoderDecoderConfig``).
+        optimizer: AdamW and its learning-rate schedule.
+        compile: run the training and evaluation forward pass through ``torch.compile``.
+        activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
+        init: start from another run's weights, freeze some, slow the loaded ones.
+        label_smoothing: of the training targets (T5 uses none).
+        max_len_a: a decode has at most max_len_a · source length + max_len_b tokens (a target is about a quarter
+            of its source's length at noise_density 0.15; decoding stops earlier at [EOS]).
+        max_len_b: see max_len_a.
+        num_logged_samples: validation examples shown in TensorBoard.
+    """
+
+    hparam_metrics = ("val/span_acc", "val/loss", "test/span_acc", "test/loss")
+
+    def __init__(
+        self,
+        net: EncoderDecoderConfig = EncoderDecoderConfig(),
+        optimizer: OptimizerConfig = OptimizerConfig(),
+        compile: bool = False,
+        activation_checkpointing: bool = False,
+        init: InitConfig = InitConfig(),
+        label_smoothing: float = 0.0,
+        max_len_a: float = 0.5,
+        max_len_b: int = 10,
+        num_logged_samples: int = 4,
+    ) -> None:
+        # Greedy decoding everywhere: the span accuracy is defined on greedy decodes.
+        super().__init__(
+            net,
+            optimizer,
+            compile,
+            activation_checkpointing,
+            init,
+            label_smoothing=label_smoothing,
+            beam_size=1,
+            val_beam_size=1,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            num_logged_samples=num_logged_samples,
+        )
+        self.save_hyperparameters()
+        del self.val_bleu, self.test_bleu  # translation's metric: no BLEU for denoising
+        self.val_span_acc, self.test_span_acc = MeanMetric(), MeanMetric()
+        self._sentinel_ids: dict[int, int] | None = None  # sentinel id → its number, from the tokenizer
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        datamodule = getattr(self.trainer, "datamodule", None)
+        max_length = getattr(datamodule, "max_length", None)  # the translation task's check knows its own data only
+        if max_length is not None and max_length > self.model.max_len and self.model.config.position != "none":
+            raise ValueError(
+                f"the data has sequences of {max_length} positions (data.segment_tokens="
+                f"{getattr(datamodule, 'segment_tokens', '?')}) but model.net.max_len={self.model.max_len}, the "
+                f"length of the model's position table; lower segment_tokens or set max_len >= {max_length}"
+            )
+
+    # --- evaluation: loss and exact-span accuracy (the translation task's BLEU is not computed) ---------------
+
+    def _evaluate_spans(self, batch: Batch, loss_metric: MeanMetric, span_metric: MeanMetric) -> list[list[int]]:
+        loss, n_tokens = self._loss(batch)
+        loss_metric.update(loss, weight=n_tokens)
+        decodes = self.decode_ids(batch["src"], beam_size=1)
+        eos = self.tgt_tokenizer.eos_id
+        correct = []
+        for target, decode in zip(batch["tgt"].tolist(), decodes, strict=True):
+            target = target[1 : target.index(eos)] if eos in target else target[1:]
+            expected, written = self._spans(target), self._spans(decode)
+            correct += [written.get(key) == span for key, span in expected.items()]
+        if correct:
+            span_metric.update(torch.tensor(correct, dtype=torch.float, device=self.device))
+        return decodes
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        decodes = self._evaluate_spans(batch, self.val_loss, self.val_span_acc)
+        if batch_idx == 0:
+            n = self.hparams.num_logged_samples
+            predictions = self.tgt_tokenizer.decode_batch(decodes[:n], skip_special=False)
+            self._samples = list(zip(batch["src_text"][:n], batch["tgt_text"][:n], predictions, strict=True))
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()
+        raise_if_non_finite(self.trainer, "val/loss", loss)
+        self.log_dict({"val/loss": loss, "val/span_acc": self.val_span_acc.compute()}, prog_bar=True)
+        self.val_loss.reset()
+        self.val_span_acc.reset()
+        writer = tensorboard_writer(self)
+        if writer is not None and self._samples and not self.trainer.sanity_checking:
+            blocks = [
+                f"**input:** {markdown_text(s)}<br>**target:** {markdown_text(t)}<br>**prediction:** {markdown_text(p)}"
+                for s, t, p in self._samples
+            ]
+            writer.add_text("val/denoising", "\n\n---\n\n".join(blocks), logging_step(self.trainer))
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate_spans(batch, self.test_loss, self.test_span_acc)
+
+    def on_test_epoch_end(self) -> None:
+        self.log_dict({"test/loss": self.test_loss.compute(), "test/span_acc": self.test_span_acc.compute()})
+        self.test_loss.reset()
+        self.test_span_acc.reset()
+
+    # --- decoding ------------------------------------------------------------------------------------------
+
+    def _spans(self, ids: list[int]) -> dict[int, tuple[int, ...]]:
+        """Sentinel number → the tokens after it up to the next sentinel or the end; the first occurrence of a
+        sentinel counts and tokens before the first sentinel are ignored (``reconstruct_from_spans``'s parsing)."""
+        if self._sentinel_ids is None:
+            self._sentinel_ids = sentinel_numbers(self.tgt_tokenizer)
+        spans: dict[int, tuple[int, ...]] = {}
+        starts = [i for i, token in enumerate(ids) if token in self._sentinel_ids] + [len(ids)]
+        for start, end in zip(starts[:-1], starts[1:], strict=True):
+            spans.setdefault(self._sentinel_ids[ids[start]], tuple(ids[start + 1 : end]))
+        return spans
+
+
+def sentinel_numbers(tokenizer: Tokenizer) -> dict[int, int]:
+    """{id of <extra_id_i>: i} for every sentinel of the tokenizer (they are numbered from 0 without gaps)."""
+    numbers: dict[int, int] = {}
+    while (found := tokenizer.hf_tokenizer.token_to_id(sentinel(len(numbers)))) is not None:
+        numbers[found] = len(numbers)
+    return numbers

@@ -1,0 +1,402 @@
+"""Image GPT: the language-model task on images read as sequences of palette ids (``ImageTokenDataModule``).
+
+The model, loss, optimizer and batches are the language model's; what differs is what an id means. The pixel
+palette (``PixelTokenizer``) travels in checkpoints instead of a text tokenizer, the metric is bits per dimension
+(the per-pixel cross-entropy in bits), and each validation shows images in TensorBoard instead of text: samples
+drawn from nothing (``val/samples``) and completions of the bottom half of a few fixed validation images
+(``val/completions``, explained by the text ``val/completions_legend``).
+
+Two commands work from a checkpoint alone: ``sample_images`` (``lightformer sample-images``) writes PNG grids of
+samples and completions, and ``linear_probe`` (``lightformer probe``) measures how linearly separable the classes
+are in the model's features, as Image GPT evaluates its representations.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightformer.callbacks import raise_if_non_finite
+from lightformer.checkpoints import InitConfig
+from lightformer.data.pixels import PixelTokenizer, downsample
+from lightformer.generation import check_sampling, generate
+from lightformer.models.gpt import GPT, GPTConfig
+from lightformer.tasks.language_model import LanguageModelTask
+from lightformer.tasks.optim import OptimizerConfig
+from lightformer.tensorboard import logging_step, tensorboard_logger, tensorboard_writer
+
+CHECKPOINT_KEY = "pixel_tokenizer"  # PixelTokenizer.to_dict(): plain lists and ints, weights_only-safe
+MASK_GREY = 128  # the value shown for the pixels a completion is not given
+MIN_SHOWN_SIZE = 64  # images in grids are upscaled (nearest) to at least this many screen pixels per side
+GRID_PADDING = 2  # white pixels between the images of a grid
+
+
+def bits_per_dim(loss: Tensor | float) -> Tensor | float:
+    """Bits per dimension of a mean per-pixel cross-entropy in nats: ``loss / ln 2``.
+
+    A dimension is one token: a grey pixel, or a whole colour pixel (one palette id), not a subpixel.
+    """
+    return loss / math.log(2)
+
+
+class ImageGPTTask(LanguageModelTask):
+    """Next-pixel cross-entropy on a GPT over palette ids; logs loss and bits per dimension, samples and completions.
+
+    The model's ``vocab_size`` (palette colours + start token) and ``block_size`` (pixels per image) are linked
+    from ``ImageTokenDataModule`` by the CLI. The palette travels inside the checkpoint, so a checkpoint alone
+    samples images (``sample_images``), completes image files, and gives features (``features``).
+
+    Args:
+        net: the GPT's shape (``GPTConfig``).
+        optimizer: AdamW and its learning-rate schedule.
+        compile: run the training and evaluation forward pass through ``torch.compile``.
+        activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
+        init: start from another run's weights, freeze some, slow the loaded ones.
+        num_samples: images sampled from the start token alone and shown as a grid at each validation (0: none).
+        completion_images: fixed validation images (the first of the first batch) whose bottom half is
+            completed at each validation (0: none).
+        num_completions: completions sampled per image, shown beside the original and its masked top half.
+        sample_temperature: sampling temperature of the shown samples and completions (0: greedy).
+        sample_top_k: sample among the k most likely colours only (None: all).
+        sample_top_p: sample among the most likely colours whose probabilities reach p (None: all).
+    """
+
+    items_name = "pixels"  # what throughput counts
+    hparam_metrics = ("val/bpd", "val/loss", "test/bpd")
+
+    def __init__(
+        self,
+        net: GPTConfig = GPTConfig(),
+        optimizer: OptimizerConfig = OptimizerConfig(),
+        compile: bool = False,
+        activation_checkpointing: bool = False,
+        init: InitConfig = InitConfig(),
+        num_samples: int = 16,
+        completion_images: int = 4,
+        num_completions: int = 3,
+        sample_temperature: float = 1.0,
+        sample_top_k: int | None = None,
+        sample_top_p: float | None = None,
+    ) -> None:
+        for name, value, minimum in (
+            ("num_samples", num_samples, 0),
+            ("completion_images", completion_images, 0),
+            ("num_completions", num_completions, 1),
+        ):
+            if value < minimum:
+                raise ValueError(f"{name}={value} must be at least {minimum}")
+        try:
+            check_sampling(sample_temperature, sample_top_k, sample_top_p)
+        except ValueError as error:
+            raise ValueError(f"sample_{error}") from None
+        super().__init__(net, optimizer, compile, activation_checkpointing, init, sample_temperature=sample_temperature)
+        self.save_hyperparameters()  # this task's arguments, not the language model's (no text prompt)
+        self.pixel_tokenizer: PixelTokenizer | None = None
+        self._completion_tokens: Tensor | None = None  # pixel ids (n, S*S) of the fixed validation images
+
+    # --- the palette, carried from the data module into the checkpoint ------------------------------------
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        tokenizer = getattr(getattr(self.trainer, "datamodule", None), "pixel_tokenizer", None)
+        if tokenizer is None:
+            return
+        if tokenizer.vocab_size > self.model.vocab_size:
+            raise ValueError(
+                f"the palette has {tokenizer.num_colors} colours + a start token but model.net.vocab_size="
+                f"{self.model.vocab_size}; the model's vocabulary must hold every id"
+            )
+        if self.pixel_tokenizer is not None:  # loaded from a checkpoint, or set by an earlier run
+            check_same_palette(saved=self.pixel_tokenizer, data=tokenizer)
+        self.pixel_tokenizer = tokenizer
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.pixel_tokenizer is not None:
+            checkpoint[CHECKPOINT_KEY] = self.pixel_tokenizer.to_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        if CHECKPOINT_KEY in checkpoint:
+            saved = PixelTokenizer.from_dict(checkpoint[CHECKPOINT_KEY])
+            if self.pixel_tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
+                check_same_palette(saved=saved, data=self.pixel_tokenizer)
+            self.pixel_tokenizer = saved
+
+    # --- training and evaluation: the language model's loss, reported in bits per dimension ----------------
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss = self._loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/bpd", bits_per_dim(loss.detach()))
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        if batch_idx == 0 and self._completion_tokens is None and self.hparams.completion_images > 0:
+            # the first validation images: the same at every validation
+            self._completion_tokens = batch[1][: self.hparams.completion_images].detach().clone()
+        super().validation_step(batch, batch_idx)
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()
+        self.val_loss.reset()
+        raise_if_non_finite(self.trainer, "val/loss", loss)  # before sampling from a broken model
+        self.log_dict({"val/loss": loss, "val/bpd": bits_per_dim(loss)}, prog_bar=True, sync_dist=False)
+        self._log_images()
+
+    def on_test_epoch_end(self) -> None:
+        loss = self.test_loss.compute()
+        self.test_loss.reset()
+        self.log_dict({"test/loss": loss, "test/bpd": bits_per_dim(loss)})
+
+    # --- generation -----------------------------------------------------------------------------------------
+
+    def _require_palette(self) -> PixelTokenizer:
+        if self.pixel_tokenizer is None:
+            raise RuntimeError(
+                "this model has no pixel palette: train it with an ImageTokenDataModule or load a checkpoint"
+            )
+        return self.pixel_tokenizer
+
+    @torch.no_grad()
+    def generate_pixels(
+        self,
+        given: Tensor,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        use_cache: bool = True,
+    ) -> Tensor:
+        """Complete images in raster order: ``given`` pixel ids ``(n, p)`` (p may be 0) → all ids ``(n, S*S)``.
+
+        Only palette colours are sampled (never the start token); ``temperature=0`` is greedy. With ``seed`` the
+        draw is reproducible. The KV cache (``use_cache``) gives the same images as rerunning the whole prefix.
+        """
+        tokenizer = self._require_palette()
+        length = tokenizer.sequence_length
+        if given.ndim != 2 or given.shape[1] >= length:
+            raise ValueError(f"given must be pixel ids (n, p) with p < {length}; got shape {tuple(given.shape)}")
+        start = torch.full((given.shape[0], 1), tokenizer.start_id, dtype=torch.long, device=self.device)
+        prompt = torch.cat([start, given.to(self.device, torch.long)], dim=1)
+        generator = torch.Generator(self.device).manual_seed(seed) if seed is not None else None
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = generate(
+                _PaletteDecoder(self.model, tokenizer.num_colors),
+                prompt,
+                length - given.shape[1],
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                use_cache=use_cache,
+                generator=generator,
+            )
+        finally:
+            self.model.train(was_training)
+        return out[:, 1:]
+
+    def sample_images(
+        self,
+        n: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> Tensor:
+        """``n`` images sampled from the start token alone: uint8 ``(n, C, S, S)`` in palette colours."""
+        given = torch.empty(n, 0, dtype=torch.long, device=self.device)
+        tokens = self.generate_pixels(given, temperature, top_k, top_p, seed)
+        return self._require_palette().decode(tokens.cpu())
+
+    def complete_images(
+        self,
+        images: Tensor,
+        num_completions: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        given_rows: int | None = None,
+    ) -> Tensor:
+        """Sample the bottom of each image from its top ``given_rows`` rows (default: the top half).
+
+        images: uint8 ``(n, C, S, S)`` (quantised to the palette first). Returns uint8
+        ``(n, num_completions, C, S, S)``: the given rows as quantised, the rest sampled.
+        """
+        tokenizer = self._require_palette()
+        size = tokenizer.image_size
+        given_rows = size // 2 if given_rows is None else given_rows
+        if not 0 <= given_rows < size:
+            raise ValueError(f"given_rows={given_rows} must be from 0 to {size - 1} (rows of a {size}×{size} image)")
+        tokens = tokenizer.encode(images.cpu())
+        given = tokens[:, : given_rows * size].repeat_interleave(num_completions, dim=0)
+        completed = self.generate_pixels(given, temperature, top_k, top_p, seed).cpu()
+        return tokenizer.decode(completed).reshape(len(images), num_completions, *images.shape[1:])
+
+    @torch.no_grad()
+    def features(self, images: Tensor, layer: int | None = None, batch_size: int = 256) -> Tensor:
+        """Image GPT's features for linear probes: the mean over positions of the residual stream after decoder
+        layer ``layer`` (1-based; 0: the embeddings; default the middle layer, where Image GPT's probes score
+        best), reading [start] + all pixels but the last, in eval mode.
+
+        images: uint8 ``(n, C, S, S)``. Returns float32 ``(n, d_model)`` on the CPU. The model is not changed: a
+        forward hook reads the layer's output.
+        """
+        tokenizer = self._require_palette()
+        layer = self.default_probe_layer() if layer is None else layer
+        n_layers = len(self.model.decoder.layers)
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer <= n_layers:
+            raise ValueError(f"layer={layer!r} must be from 0 (the embeddings) to {n_layers} (the last layer)")
+        captured: list[Tensor] = []
+        if layer == 0:  # the decoder's input: token + position embeddings
+            handle = self.model.decoder.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
+        else:
+            hooked = self.model.decoder.layers[layer - 1]
+            handle = hooked.register_forward_hook(lambda module, args, output: captured.append(output))
+        was_training = self.model.training
+        self.model.eval()
+        features = []
+        try:
+            for start in range(0, len(images), batch_size):
+                y = tokenizer.encode(images[start : start + batch_size].cpu()).to(self.device)
+                x = torch.cat([torch.full_like(y[:, :1], tokenizer.start_id), y[:, :-1]], dim=1)
+                captured.clear()
+                self.model(x)
+                features.append(captured[0].float().mean(dim=1).cpu())
+        finally:
+            handle.remove()
+            self.model.train(was_training)
+        return torch.cat(features) if features else torch.empty(0, self.model.config.d_model)
+
+    def default_probe_layer(self) -> int:
+        """The middle decoder layer (1-based): ``(n_layers + 1) // 2``."""
+        return (len(self.model.decoder.layers) + 1) // 2
+
+    # --- what TensorBoard shows at each validation ----------------------------------------------------------
+
+    def _log_images(self) -> None:
+        """Samples and completions of the fixed validation images, at the step of this validation's metrics."""
+        if tensorboard_logger(self) is None or self.trainer.sanity_checking or self.pixel_tokenizer is None:
+            return
+        hp = self.hparams  # every process samples (a forward pass under FSDP2 needs them all); rank zero writes
+        sampling = dict(temperature=hp.sample_temperature, top_k=hp.sample_top_k, top_p=hp.sample_top_p)
+        samples = self.sample_images(hp.num_samples, **sampling, seed=0) if hp.num_samples else None
+        completions = None
+        if self._completion_tokens is not None:
+            originals = self.pixel_tokenizer.decode(self._completion_tokens.cpu())
+            completions = completion_rows(self, originals, hp.num_completions, seed=1, **sampling)
+        writer = tensorboard_writer(self)
+        if writer is None:
+            return
+        step = logging_step(self.trainer)
+        if samples is not None:
+            grid = image_grid(samples, columns=math.ceil(math.sqrt(len(samples))))
+            writer.add_image("val/samples", grid, step, dataformats="CHW")
+        if completions is not None:
+            grid, legend = completions
+            writer.add_image("val/completions", grid, step, dataformats="CHW")
+            writer.add_text("val/completions_legend", legend, step)
+
+
+class _PaletteDecoder:
+    """The GPT as an incremental decoder that only emits palette colours: the logits of the start token (and of
+    any id past the palette) are -inf, so sampling never draws them."""
+
+    def __init__(self, model: GPT, num_colors: int) -> None:
+        self.model = model
+        self.num_colors = num_colors
+        self.block_size = model.block_size
+
+    def new_cache(self, max_length: int | None = None) -> Any:
+        return self.model.new_cache(max_length)
+
+    def __call__(self, ids: Tensor, cache: Any = None) -> Tensor:
+        logits = self.model(ids, cache=cache)
+        logits[..., self.num_colors :] = float("-inf")
+        return logits
+
+
+def check_same_palette(saved: PixelTokenizer, data: PixelTokenizer) -> None:
+    """Refuse data encoded with another palette than the one the model was trained with."""
+    if saved != data:
+        raise ValueError(
+            f"the data module's palette ({data!r}: {data.palette.flatten().tolist()}) differs from the one saved in "
+            f"the checkpoint ({saved!r}: {saved.palette.flatten().tolist()}), so the model's ids would stand for "
+            "other colours; use the data settings the model was trained with (dataset, image_size, palette, levels, "
+            "seed)"
+        )
+
+
+# --- pictures -------------------------------------------------------------------------------------------------------
+
+
+def image_grid(images: Tensor, columns: int, scale: int | None = None) -> Tensor:
+    """uint8 images ``(n, C, S, S)`` (C = 1 or 3) → one uint8 RGB picture ``(3, H, W)``: ``columns`` per row, each
+    image upscaled ``scale``× by repeating pixels (default: to at least 64 screen pixels), with 2 white pixels
+    between images and around them. H = rows · (S·scale + 2) + 2, W = columns · (S·scale + 2) + 2."""
+    n, _, height, width = images.shape
+    scale = scale or max(1, math.ceil(MIN_SHOWN_SIZE / max(height, width)))
+    columns = max(1, min(columns, n))
+    rows = max(1, math.ceil(n / columns))
+    cell_h, cell_w = height * scale + GRID_PADDING, width * scale + GRID_PADDING
+    grid = torch.full((3, rows * cell_h + GRID_PADDING, columns * cell_w + GRID_PADDING), 255, dtype=torch.uint8)
+    shown = images.cpu().repeat_interleave(scale, dim=-2).repeat_interleave(scale, dim=-1).expand(n, 3, -1, -1)
+    for i, image in enumerate(shown):
+        top, left = GRID_PADDING + (i // columns) * cell_h, GRID_PADDING + (i % columns) * cell_w
+        grid[:, top : top + height * scale, left : left + width * scale] = image
+    return grid
+
+
+def completion_rows(
+    task: ImageGPTTask,
+    images: Tensor,
+    num_completions: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+) -> tuple[Tensor, str]:
+    """A grid with one row per image: the image quantised, its top half with the bottom masked grey, then
+    ``num_completions`` sampled bottoms; and a line of Markdown that says so. images: uint8 ``(n, C, S, S)``."""
+    tokenizer = task._require_palette()
+    quantised = tokenizer.quantize(images.cpu())
+    size = tokenizer.image_size
+    given_rows = size // 2
+    masked = quantised.clone()
+    masked[:, :, given_rows:] = MASK_GREY
+    completed = task.complete_images(quantised, num_completions, temperature, top_k, top_p, seed, given_rows)
+    rows = torch.cat([quantised[:, None], masked[:, None], completed], dim=1)  # (n, 2 + num_completions, C, S, S)
+    grid = image_grid(rows.flatten(0, 1), columns=2 + num_completions)
+    settings = f"temperature {temperature}, top_k {top_k}, top_p {top_p}"
+    legend = (
+        f"One row per image. Columns: the image in the model's palette; its top {given_rows} of {size} rows as "
+        f"given, the rest masked grey; {num_completions} completions of the masked rows sampled by the model "
+        f"({settings}, seeded)."
+    )
+    return grid, legend
+
+
+def read_image_files(paths: list[str], tokenizer: PixelTokenizer) -> Tensor:
+    """Image files → uint8 ``(n, C, S, S)`` at the palette's size: square images larger than S area-averaged as in
+    training, others resized (antialiased)."""
+    from lightformer.data.image_files import load_image
+
+    size, channels = tokenizer.image_size, tokenizer.channels
+    images = []
+    for path in paths:
+        array = np.asarray(load_image(path, channels))
+        image = torch.from_numpy(array.copy()).reshape(array.shape[0], array.shape[1], channels).permute(2, 0, 1)
+        height, width = image.shape[1:]
+        if height == width and height >= size:
+            image = downsample(image[None].contiguous(), size)[0] if height > size else image
+        else:
+            image = torch.from_numpy(np.asarray(load_image(path, channels, size)).copy())
+            image = image.reshape(size, size, channels).permute(2, 0, 1)
+        images.append(image.contiguous())
+    return torch.stack(images)

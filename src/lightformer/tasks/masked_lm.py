@@ -1,0 +1,306 @@
+"""Masked-language-model pretraining (BERT): masked-LM and next-sentence cross-entropy on ``BertForPreTraining``.
+
+The masking and the sentence pairs are data (``lightformer.data.pretraining.MaskedLMDataModule``); this task adds
+the loss, the metrics, TensorBoard samples of the model filling in masked passages, and ``fill_mask``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics import MeanMetric
+
+from lightformer.callbacks import raise_if_non_finite
+from lightformer.checkpoints import InitConfig, check_same_tokenizer
+from lightformer.data.masking import IGNORE_INDEX
+from lightformer.data.tokenizers import MASK, Tokenizer
+from lightformer.models.bert import BertConfig, BertForPreTraining
+from lightformer.tasks.base import Task, as_config
+from lightformer.tasks.optim import OptimizerConfig
+from lightformer.tensorboard import logging_step, markdown_text, tensorboard_writer
+
+Batch = dict[str, Tensor]
+# What marks a masked position in the text given to ``fill_mask``: BERT's spelling or the tokenizer's own.
+MASK_MARKERS = re.compile(r"\[MASK\]|" + re.escape(MASK))
+
+
+class MaskedLanguageModelTask(Task):
+    """BERT pretraining: cross-entropy of the masked tokens (+ ``nsp_weight`` × next-sentence cross-entropy).
+
+    Batches come from ``MaskedLMDataModule``: {"ids", "segment_ids", "labels" (IGNORE_INDEX where no loss),
+    "nsp_labels" (1 = B follows A, 0 = B is random; absent without NSP)}. The model's NSP head keeps BERT's (and
+    Hugging Face's) order, class 0 = "B follows A", so its weights mean the same as imported BERT weights; the task
+    maps the batch's labels onto it. The model's ``vocab_size`` and ``pad_id`` are linked from the data module by
+    the CLI; the tokenizer travels inside the checkpoint, so a checkpoint alone can ``fill_mask``.
+
+    Args:
+        net: the BERT encoder's shape (``BertConfig``).
+        optimizer: AdamW and its learning-rate schedule.
+        compile: run the training and evaluation forward pass through ``torch.compile``.
+        activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
+        init: start from another run's (or Hugging Face BERT) weights, freeze some, slow the loaded ones.
+        nsp_weight: weight of the next-sentence loss in the total loss (0 trains the masked LM alone).
+        num_logged_samples: validation passages shown in TensorBoard with the model's fill-ins.
+    """
+
+    hparam_metrics = ("val/mlm_acc", "val/nsp_acc", "val/loss", "test/mlm_acc", "test/nsp_acc")
+    items_name = "tokens"  # what throughput counts
+
+    def __init__(
+        self,
+        net: BertConfig = BertConfig(),
+        optimizer: OptimizerConfig = OptimizerConfig(),
+        compile: bool = False,
+        activation_checkpointing: bool = False,
+        init: InitConfig = InitConfig(),
+        nsp_weight: float = 1.0,
+        num_logged_samples: int = 4,
+    ) -> None:
+        if nsp_weight < 0:
+            raise ValueError(f"nsp_weight={nsp_weight} must be at least 0")
+        if num_logged_samples < 0:
+            raise ValueError(f"num_logged_samples={num_logged_samples} must be at least 0")
+        super().__init__(optimizer, compile, activation_checkpointing, init)
+        self.save_hyperparameters()
+        self.model = BertForPreTraining(as_config(BertConfig, net))
+        self.tokenizer: Tokenizer | None = None
+        # Per split: the masked-LM loss (weighted by masked tokens), its accuracy, the NSP loss and accuracy.
+        self.val_metrics = _Metrics(nsp_weight)
+        self.test_metrics = _Metrics(nsp_weight)
+        self._samples: tuple[Tensor, Tensor, Tensor] | None = None  # (inputs, labels, predictions) of val batch 0
+
+    # --- tokenizer, carried from the data module into the checkpoint -------------------------------------
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        datamodule = getattr(self.trainer, "datamodule", None)
+        max_length = getattr(datamodule, "max_length", None)
+        if max_length is not None and max_length > self.model.config.max_len:
+            raise ValueError(
+                f"the data has sequences of {max_length} tokens (2 · data.segment_tokens) but model.net.max_len="
+                f"{self.model.config.max_len}, the length of the model's position table; set segment_tokens <= "
+                f"{self.model.config.max_len // 2} or max_len >= {max_length}"
+            )
+        tokenizer = getattr(datamodule, "tokenizer", None)
+        if tokenizer is not None:
+            tokenizer.token_id(MASK)  # a ValueError naming it when the data's tokenizer has no mask token
+            if tokenizer.vocab_size > self.model.config.vocab_size:
+                raise ValueError(
+                    f"the tokenizer has {tokenizer.vocab_size} tokens but model.net.vocab_size="
+                    f"{self.model.config.vocab_size}; the model's vocabulary must hold every token id"
+                )
+            if self.tokenizer is not None:  # loaded from a checkpoint, or set by an earlier run
+                check_same_tokenizer(saved=self.tokenizer, data=tokenizer)
+            self.tokenizer = tokenizer
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        log_dir = self.trainer.log_dir  # a broadcast under DDP: every process must ask, or rank 0 waits forever
+        if self.tokenizer is not None and self.trainer.is_global_zero and log_dir:
+            self.tokenizer.save(Path(log_dir) / "tokenizer.json")
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.tokenizer is not None:
+            checkpoint["tokenizer"] = self.tokenizer.to_str()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "tokenizer" in checkpoint:
+            saved = Tokenizer.from_str(checkpoint["tokenizer"], source="the checkpoint's tokenizer")
+            if self.tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
+                check_same_tokenizer(saved=saved, data=self.tokenizer)
+            self.tokenizer = saved
+
+    # --- training and evaluation --------------------------------------------------------------------------
+
+    def _losses(self, batch: Batch) -> dict[str, Tensor]:
+        """The masked-LM loss and, with "nsp_labels", the NSP loss; with the logits the metrics need."""
+        selected = batch["labels"] != IGNORE_INDEX
+        mlm_logits, nsp_logits = self(batch["ids"], batch["segment_ids"], None, selected)
+        out = {"mlm_logits": mlm_logits.float(), "mlm_targets": batch["labels"][selected]}
+        out["mlm_loss"] = F.cross_entropy(out["mlm_logits"], out["mlm_targets"])
+        out["loss"] = out["mlm_loss"]
+        if "nsp_labels" in batch:
+            out["nsp_logits"] = nsp_logits.float()
+            out["nsp_targets"] = 1 - batch["nsp_labels"]  # the head's class 0 is "B follows A" (see the class)
+            out["nsp_loss"] = F.cross_entropy(out["nsp_logits"], out["nsp_targets"])
+            out["loss"] = out["loss"] + self.hparams.nsp_weight * out["nsp_loss"]
+        return out
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        losses = self._losses(batch)
+        size = len(batch["ids"])
+        self.log("train/loss", losses["loss"], prog_bar=True, batch_size=size)
+        self.log("train/mlm_loss", losses["mlm_loss"], batch_size=size)
+        if "nsp_loss" in losses:
+            self.log("train/nsp_loss", losses["nsp_loss"], batch_size=size)
+        return losses["loss"]
+
+    def model_inputs(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        return batch["ids"], batch["segment_ids"]
+
+    def throughput_counts(self, batch: Batch) -> tuple[int, int]:
+        return len(batch["ids"]), int((batch["ids"] != self.model.config.pad_id).sum())  # items: tokens
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        losses = self._losses(batch)
+        self.val_metrics.update(losses)
+        if batch_idx == 0:
+            n = self.hparams.num_logged_samples
+            predictions = torch.full_like(batch["labels"][:n], IGNORE_INDEX)
+            selected = batch["labels"][:n] != IGNORE_INDEX
+            predictions[selected] = losses["mlm_logits"][: int(selected.sum())].argmax(-1)  # rows first: in order
+            self._samples = (batch["ids"][:n].cpu(), batch["labels"][:n].cpu(), predictions.cpu())
+
+    def on_validation_epoch_end(self) -> None:
+        metrics = self.val_metrics.compute("val")
+        raise_if_non_finite(self.trainer, "val/loss", metrics["val/loss"])
+        self.log_dict(metrics, prog_bar=True)
+        self._log_samples()
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self.test_metrics.update(self._losses(batch))
+
+    def on_test_epoch_end(self) -> None:
+        self.log_dict(self.test_metrics.compute("test"))
+
+    # --- filling in masks ----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
+        """The ``top_k`` most likely tokens (text, probability) at each mask marker ("[MASK]" or "<mask>") of
+        ``text``, in order. As RoBERTa's <mask>, a marker takes the space before it: "a [MASK] day" asks for
+        one token after "a", spaces included (" fine").
+        """
+        if self.tokenizer is None:
+            raise RuntimeError("this model has no tokenizer: train it with a text data module or load a checkpoint")
+        if top_k < 1:
+            raise ValueError(f"top_k={top_k} must be at least 1")
+        pieces = MASK_MARKERS.split(text)
+        if len(pieces) < 2:
+            raise ValueError(f"the text has no mask marker ('[MASK]' or {MASK!r}) to fill in: {text!r}")
+        mask_id = self.tokenizer.token_id(MASK)
+        ids = [self.tokenizer.bos_id]
+        for piece in pieces[:-1]:
+            ids += [*self.tokenizer.encode(piece.removesuffix(" ")), mask_id]
+        ids += self.tokenizer.encode(pieces[-1])
+        ids.append(self.tokenizer.eos_id)
+        if len(ids) > self.model.config.max_len:
+            raise ValueError(
+                f"the text is {len(ids)} tokens long with [CLS] and [SEP]; the model reads at most "
+                f"{self.model.config.max_len}"
+            )
+        was_training = self.model.training
+        self.model.eval()
+        tensor = torch.tensor([ids], device=self.device)
+        logits, _ = self.model(tensor, torch.zeros_like(tensor))
+        self.model.train(was_training)
+        probabilities = logits[0, tensor[0] == mask_id].float().softmax(-1)
+        top = probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1)
+        return [
+            [(self.tokenizer.decode([i], skip_special=False), p) for i, p in zip(row_ids, row_p, strict=True)]
+            for row_ids, row_p in zip(top.indices.tolist(), top.values.tolist(), strict=True)
+        ]
+
+    def _log_samples(self) -> None:
+        """A table of validation passages: the masked input, and the model's fill-in against the original."""
+        writer = tensorboard_writer(self)
+        if writer is None or self._samples is None or self.tokenizer is None or self.trainer.sanity_checking:
+            return
+        rows = [
+            "Bold: the model's prediction at each masked position; in italics after it: the original token, where "
+            "the prediction differs.",
+            "",
+            "| masked input | filled in by the model |",
+            "|---|---|",
+        ]
+        for inputs, labels, predictions in zip(*self._samples, strict=True):
+            masked, filled = render_masked(self.tokenizer, inputs.tolist(), labels.tolist(), predictions.tolist())
+            rows.append(f"| {masked} | {filled} |")
+        writer.add_text("val/fill_mask", "\n".join(rows), logging_step(self.trainer))
+
+
+class _Metrics(torch.nn.Module):
+    """The validation or test metrics of the task: torchmetrics, synchronised across processes."""
+
+    def __init__(self, nsp_weight: float) -> None:
+        super().__init__()
+        self.mlm_loss, self.mlm_acc, self.nsp_loss, self.nsp_acc = (
+            MeanMetric(),
+            MeanMetric(),
+            MeanMetric(),
+            MeanMetric(),
+        )
+        self.nsp_weight = nsp_weight
+        self.has_nsp = False  # whether the batches had next-sentence labels
+
+    def update(self, losses: dict[str, Tensor]) -> None:
+        targets = losses["mlm_targets"]
+        self.mlm_loss.update(losses["mlm_loss"], weight=len(targets))
+        self.mlm_acc.update((losses["mlm_logits"].argmax(-1) == targets).float())
+        if "nsp_loss" in losses:
+            self.has_nsp = True
+            self.nsp_loss.update(losses["nsp_loss"], weight=len(losses["nsp_targets"]))
+            self.nsp_acc.update((losses["nsp_logits"].argmax(-1) == losses["nsp_targets"]).float())
+
+    def compute(self, split: str) -> dict[str, Tensor]:
+        """{split/loss, split/mlm_loss, split/mlm_acc, split/mlm_ppl, and with NSP split/nsp_loss, split/nsp_acc}."""
+        mlm_loss = self.mlm_loss.compute()
+        values = {"mlm_loss": mlm_loss, "mlm_acc": self.mlm_acc.compute(), "mlm_ppl": torch.exp(mlm_loss)}
+        values["loss"] = mlm_loss
+        if self.has_nsp:
+            values["nsp_loss"], values["nsp_acc"] = self.nsp_loss.compute(), self.nsp_acc.compute()
+            values["loss"] = mlm_loss + self.nsp_weight * values["nsp_loss"]
+        for metric in (self.mlm_loss, self.mlm_acc, self.nsp_loss, self.nsp_acc):
+            metric.reset()
+        return {f"{split}/{name}": value for name, value in values.items()}
+
+
+def render_masked(
+    tokenizer: Tokenizer, inputs: list[int], labels: list[int], predictions: list[int]
+) -> tuple[str, str]:
+    """Markdown of one masked example for a table cell: (the text with [MASK] at each selected position, the text
+    with the model's prediction there in bold, followed by the original in italics where they differ).
+
+    ``inputs`` are the model's input ids, ``labels`` the original ids at the selected positions (IGNORE_INDEX
+    elsewhere), ``predictions`` the predicted ids there; padding and [CLS] are left out, an inner [SEP] shown.
+    """
+    special = {tokenizer.pad_id, tokenizer.bos_id}
+    positions = [i for i, token in enumerate(inputs) if token not in special]
+    if positions and inputs[positions[-1]] == tokenizer.eos_id and labels[positions[-1]] == IGNORE_INDEX:
+        positions.pop()  # the closing [SEP]
+    masked, filled, run = [], [], []
+
+    def flush(*text: str) -> None:
+        """End the current run of unselected tokens (shown as they are), then add ``text`` to both renderings."""
+        plain = markdown_text(tokenizer.decode(run)) if run else ""
+        masked.extend((plain, *text))
+        filled.extend((plain, *text))
+        run.clear()
+
+    for i in positions:
+        if labels[i] == IGNORE_INDEX:
+            if inputs[i] == tokenizer.eos_id:
+                flush(" [SEP] ")
+            else:
+                run.append(inputs[i])
+            continue
+        flush()
+        space, original = _split_space(tokenizer.decode([labels[i]], skip_special=False))
+        _, predicted = _split_space(tokenizer.decode([predictions[i]], skip_special=False))
+        masked.append(f"{space}[MASK]")
+        filled.append(f"{space}**{predicted}**" + ("" if predictions[i] == labels[i] else f" *({original})*"))
+    flush()
+    return "".join(masked).strip(), "".join(filled).strip()
+
+
+def _split_space(text: str) -> tuple[str, str]:
+    """(leading spaces as one space or nothing, the rest as Markdown); a token of whitespace only is shown as
+    visible symbols (␣ for a space, ⏎ for a line break)."""
+    core = text.lstrip()
+    if not core:
+        return "", "".join("⏎" if c == "\n" else "␣" for c in text)
+    return (" " if core != text else ""), markdown_text(core)

@@ -1,0 +1,291 @@
+"""Text classification: a BERT encoder, its pooled [CLS] state and a linear classifier, trained with cross-entropy,
+from scratch or fine-tuned from a masked-LM pretraining run (``model.init.checkpoint``).
+
+Logs loss and accuracy while training, loss, accuracy and macro-F1 in validation and test, and the test confusion
+matrix. The tokenizer and the class names travel inside the checkpoint, so a checkpoint alone classifies texts
+(``classify_texts``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
+
+from lightformer.callbacks import raise_if_non_finite
+from lightformer.checkpoints import CheckpointError, InitConfig, check_same_tokenizer, read_checkpoint
+from lightformer.data.tokenizers import Tokenizer
+from lightformer.models.bert import BertConfig, BertForSequenceClassification
+from lightformer.tasks.base import Task, as_config
+from lightformer.tasks.optim import OptimizerConfig
+from lightformer.tensorboard import confusion_figure, tensorboard_writer
+
+CHECKPOINT_KEY = "text_classification"  # class names and the longest input, as plain values (weights_only-safe)
+Batch = dict[str, Tensor | list[str]]
+
+
+class TextClassificationTask(Task):
+    """Cross-entropy on ``BertForSequenceClassification``; the data's tokenizer and class names travel inside the
+    checkpoint.
+
+    The model's ``vocab_size``, ``pad_id`` and ``num_classes`` (in ``net``) are linked from the data module by the
+    command line. To fine-tune, set ``init.checkpoint`` to a masked-LM pretraining run's checkpoint:
+    its encoder (``bert.*``) and pooler (``pooler.*``) are loaded by name, the classifier starts new. The data must
+    then be encoded with that run's tokenizer (``data.init_args.tokenizer_file``), which ``setup`` checks.
+
+    Args:
+        net: the BERT encoder's shape and its classifier's ``num_classes`` and ``classifier_dropout``
+            (``BertConfig``); a pretraining checkpoint's encoder shape must be the same.
+        optimizer: AdamW and its learning-rate schedule.
+        compile: run the training and evaluation forward pass through ``torch.compile``.
+        activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
+        init: start from another run's (or Hugging Face BERT) weights, freeze some, slow the loaded ones.
+        label_smoothing: of the training targets, in [0, 1); validation and test losses are plain cross-entropy.
+    """
+
+    items_name = "tokens"  # what throughput counts (padding left out)
+    hparam_metrics = ("val/acc", "val/f1", "val/loss", "test/acc", "test/f1")
+
+    def __init__(
+        self,
+        net: BertConfig = BertConfig(),
+        optimizer: OptimizerConfig = OptimizerConfig(),
+        compile: bool = False,
+        activation_checkpointing: bool = False,
+        init: InitConfig = InitConfig(),
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__(optimizer, compile, activation_checkpointing, init)
+        self.save_hyperparameters()
+        if not 0 <= label_smoothing < 1:
+            raise ValueError(f"label_smoothing={label_smoothing} must be in [0, 1)")
+        self.model = BertForSequenceClassification(as_config(BertConfig, net))
+        num_classes = self.num_classes
+
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_f1 = MulticlassF1Score(num_classes, average="macro")
+        self.test_f1 = MulticlassF1Score(num_classes, average="macro")
+        self.test_confusion = MulticlassConfusionMatrix(num_classes)
+
+        # Set from the data module in `setup`, or from a checkpoint: what classifying texts needs.
+        self.tokenizer: Tokenizer | None = None
+        self.class_names: list[str] | None = None
+        self.max_tokens: int | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return self.model.config.num_classes
+
+    # --- tokenizer and class names, carried from the data module into the checkpoint --------------------------
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is None:
+            return
+        config = self.model.config
+        num_classes, max_tokens = getattr(datamodule, "num_classes", None), getattr(datamodule, "max_tokens", None)
+        if num_classes is not None and num_classes != self.num_classes:
+            raise ValueError(
+                f"the data has num_classes={num_classes} but model.net.num_classes={self.num_classes}; they must be "
+                "equal"
+            )
+        if max_tokens is not None and max_tokens > config.max_len:
+            raise ValueError(
+                f"data.max_tokens={max_tokens} is larger than model.net.max_len={config.max_len}, the length of the "
+                f"model's position table; set the data's max_tokens to at most {config.max_len}"
+            )
+        tokenizer = getattr(datamodule, "tokenizer", None)
+        if tokenizer is not None:
+            if tokenizer.vocab_size > config.vocab_size:
+                raise ValueError(
+                    f"the tokenizer has {tokenizer.vocab_size} tokens but model.net.vocab_size={config.vocab_size}; "
+                    "the model's vocabulary must hold every token id"
+                )
+            if self.tokenizer is not None:  # loaded from a checkpoint
+                check_same_tokenizer(saved=self.tokenizer, data=tokenizer)
+            if stage == "fit" and self.init_config.checkpoint and self.trainer.ckpt_path is None:
+                _check_init_tokenizer(self.init_config.checkpoint, tokenizer, _data_tokenizer_name(datamodule))
+            self.tokenizer = tokenizer
+        class_names = getattr(datamodule, "class_names", None)
+        if class_names:
+            class_names = [str(name) for name in class_names]
+            if self.class_names is not None:  # loaded from a checkpoint
+                _check_same_classes(self.class_names, class_names)
+            self.class_names = class_names
+        if max_tokens is not None:
+            self.max_tokens = int(max_tokens)
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        log_dir = self.trainer.log_dir  # a broadcast under DDP: every process must ask, or rank 0 waits forever
+        if self.tokenizer is not None and self.trainer.is_global_zero and log_dir:
+            self.tokenizer.save(Path(log_dir) / "tokenizer.json")
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.tokenizer is not None:
+            checkpoint["tokenizer"] = self.tokenizer.to_str()
+        checkpoint[CHECKPOINT_KEY] = {"class_names": self.class_names, "max_tokens": self.max_tokens}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "tokenizer" in checkpoint:
+            saved = Tokenizer.from_str(checkpoint["tokenizer"], source="the checkpoint's tokenizer")
+            if self.tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
+                check_same_tokenizer(saved=saved, data=self.tokenizer)
+            self.tokenizer = saved
+        stored = checkpoint.get(CHECKPOINT_KEY, {})
+        if stored.get("class_names"):
+            if self.class_names is not None:  # set from the data by `setup`, which ran first
+                _check_same_classes(stored["class_names"], self.class_names)
+            self.class_names = stored["class_names"]
+        self.max_tokens = stored.get("max_tokens") or self.max_tokens
+
+    # --- training and evaluation ------------------------------------------------------------------------------
+
+    def model_inputs(self, batch: Batch) -> tuple[Tensor]:
+        return (batch["ids"],)
+
+    def throughput_counts(self, batch: Batch) -> tuple[int, int]:
+        ids = batch["ids"]
+        return len(ids), int((ids != self.model.config.pad_id).sum())  # items: tokens, padding left out
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        labels = batch["labels"]
+        logits = self(batch["ids"]).float()
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(labels))
+        self.log("train/acc", (logits.argmax(-1) == labels).float().mean(), batch_size=len(labels))
+        return loss
+
+    def _evaluate(self, batch: Batch, loss: MeanMetric, acc: MulticlassAccuracy, f1: MulticlassF1Score) -> Tensor:
+        labels = batch["labels"]
+        logits = self(batch["ids"]).float()
+        loss.update(F.cross_entropy(logits, labels), weight=len(labels))
+        acc.update(logits, labels)
+        f1.update(logits, labels)
+        return logits
+
+    def _log_epoch_metrics(self, stage: str, loss: MeanMetric, acc: MulticlassAccuracy, f1: MulticlassF1Score) -> None:
+        metrics = {f"{stage}/loss": loss.compute(), f"{stage}/acc": acc.compute(), f"{stage}/f1": f1.compute()}
+        raise_if_non_finite(self.trainer, f"{stage}/loss", metrics[f"{stage}/loss"])
+        for metric in (loss, acc, f1):
+            metric.reset()
+        self.log_dict(metrics, prog_bar=stage == "val")
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, self.val_loss, self.val_acc, self.val_f1)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch_metrics("val", self.val_loss, self.val_acc, self.val_f1)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        logits = self._evaluate(batch, self.test_loss, self.test_acc, self.test_f1)
+        self.test_confusion.update(logits, batch["labels"])
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch_metrics("test", self.test_loss, self.test_acc, self.test_f1)
+        confusion = self.test_confusion.compute().cpu()
+        self.test_confusion.reset()
+        writer = tensorboard_writer(self)
+        if writer is not None:
+            writer.add_figure("test/confusion_matrix", confusion_figure(confusion, self._names()), self.tested_step)
+
+    def predict_step(self, batch: Batch | Tensor, batch_idx: int = 0) -> dict[str, Tensor]:
+        """Token ids ``(batch, seq)`` (or a batch holding them as "ids") → class ``probabilities``
+        ``(batch, num_classes)`` and ``predictions`` ``(batch,)``."""
+        ids = batch["ids"] if isinstance(batch, dict) else batch
+        probabilities = self(ids).float().softmax(dim=-1)
+        return {"probabilities": probabilities, "predictions": probabilities.argmax(dim=-1)}
+
+    # --- inference on texts -----------------------------------------------------------------------------------
+
+    def _names(self) -> list[str]:
+        return self.class_names or [str(i) for i in range(self.num_classes)]
+
+    def encode_texts(self, texts: list[str]) -> Tensor:
+        """Texts → ids ``(len(texts), T)`` as the data module made them: [CLS] tokens [SEP], cut to the data's
+        ``max_tokens`` (or the model's ``max_len``) with [SEP] kept last, padded."""
+        if self.tokenizer is None:
+            raise RuntimeError("this model has no tokenizer: train it with a text data module or load a checkpoint")
+        limit = min(self.max_tokens or self.model.config.max_len, self.model.config.max_len)
+        rows = self.tokenizer.encode_batch(texts, add_bos=True, add_eos=True)
+        rows = [row if len(row) <= limit else [*row[: limit - 1], self.tokenizer.eos_id] for row in rows]
+        ids = torch.full((len(rows), max(map(len, rows), default=2)), self.model.config.pad_id, dtype=torch.int64)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.int64)
+        return ids
+
+    @torch.no_grad()
+    def classify_texts(self, texts: list[str], top_k: int = 3, batch_size: int = 64) -> list[list[tuple[str, float]]]:
+        """The ``top_k`` most likely (class name, probability) pairs of each text, best first."""
+        if top_k < 1:
+            raise ValueError(f"top_k={top_k} must be at least 1")
+        was_training = self.training
+        self.eval()
+        ranked = []
+        for start in range(0, len(texts), batch_size):
+            ids = self.encode_texts(texts[start : start + batch_size]).to(self.device)
+            probabilities = self.predict_step(ids)["probabilities"]
+            values, indices = probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1)
+            names = self._names()
+            ranked += [
+                [(names[i], p) for i, p in zip(row_indices.tolist(), row_values.tolist(), strict=True)]
+                for row_values, row_indices in zip(values, indices, strict=True)
+            ]
+        self.train(was_training)
+        return ranked
+
+
+def _data_tokenizer_name(datamodule) -> str:
+    """How an error message names the data's tokenizer: its file, or the one the data module trained."""
+    path = getattr(datamodule, "tokenizer_file", None)
+    return f"the data's tokenizer_file {path}" if path else "the tokenizer the data module trained"
+
+
+def _check_same_classes(saved: list[str], data: list[str]) -> None:
+    """Refuse data whose classes are not the ones (in the order) the classifier was trained on (``CheckpointError``:
+    the command line shows its message as one line)."""
+    if list(saved) != list(data):
+        raise CheckpointError(
+            f"the data's classes {list(data)} are not the checkpoint's {list(saved)}: the classifier's outputs would "
+            "stand for other classes; use the data the model was trained with"
+        )
+
+
+def init_checkpoint_tokenizer(path: str) -> Tokenizer | None:
+    """The tokenizer a run's checkpoint (``.ckpt``: "tokenizer") or a lightformer export (``.safetensors``:
+    "lightformer.tokenizer" metadata) carries, or None (no tokenizer there: Hugging Face weights, an image model)."""
+    if path.endswith(".safetensors"):
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as weights:
+            stored = (weights.metadata() or {}).get("lightformer.tokenizer")
+    else:
+        stored = read_checkpoint(path, "model.init.checkpoint").get("tokenizer")
+    return Tokenizer.from_str(stored, source=f"the tokenizer of {path}") if isinstance(stored, str) else None
+
+
+def _check_init_tokenizer(path: str, data: Tokenizer, data_name: str) -> None:
+    """Refuse to fine-tune from ``path`` on data encoded with another tokenizer than the one it was trained with."""
+    if "://" in path:  # a remote checkpoint: not read twice
+        return
+    saved = init_checkpoint_tokenizer(path)
+    difference = saved.difference(data) if saved is not None else None
+    if difference is None:
+        return
+    run_file = Path(path).parent.parent / "tokenizer.json"  # beside a run's checkpoints/ folder
+    if Path(path).parent.name == "checkpoints" and run_file.is_file():
+        suggested = str(run_file)
+    else:
+        suggested = "<that run's tokenizer.json>"
+    raise CheckpointError(
+        f"model.init.checkpoint {path} was trained with another tokenizer than {data_name} (checkpoint vs data: "
+        f"{difference}), so the ids of this data would stand for other tokens in the loaded weights; encode the "
+        f"data with that run's tokenizer: data.init_args.tokenizer_file={suggested}"
+    )

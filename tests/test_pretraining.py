@@ -1,0 +1,325 @@
+"""Self-supervised pretraining: the BERT and T5 data modules (masking, next-sentence pairs, span corruption, epochs),
+and the masked-LM and denoising tasks trained for a second or two through the shipped configs."""
+
+import glob
+import random
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lightformer.cli import cli_main
+from lightformer.commands import fill_mask
+from lightformer.data.masking import IGNORE_INDEX, reconstruct_from_spans
+from lightformer.data.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
+from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
+from lightformer.tasks.masked_lm import MaskedLanguageModelTask
+
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
+# Every line is the ten words in their cyclic order from another start: each word predicts the next.
+CYCLIC = "".join(" ".join(WORDS[(i + j) % 10] for j in range(10)) + ".\n" for i in range(300))
+# One sentence, over and over: " the" is a third of its tokens. 40 steps teach a tiny BERT the tokens' frequencies
+# (with BERT's N(0, 0.02) initialisation a 64-wide model takes hundreds more to use the context).
+SENTENCE = "in the house of the king the son of the queen met the cat.\n" * 200
+
+
+def random_words(n: int, seed: int = 0) -> str:
+    """Words of random letters: any run of a dozen tokens occurs once, so a pair's origin can be checked."""
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7))) for _ in range(n)]
+    return " ".join(words) + "\n"
+
+
+def data_options(tmp_path, text: str, **options) -> dict:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    defaults = {
+        "train_files": [str(corpus)],
+        "corpus": None,
+        "cache_dir": str(tmp_path / "cache"),
+        "bpe_vocab_size": 600,
+        "num_sentinels": 8,
+        "val_fraction": 0.1,
+        "batch_size": 16,
+    }
+    return defaults | options
+
+
+@pytest.fixture(scope="module")
+def mlm(tmp_path_factory) -> MaskedLMDataModule:
+    """Segments of 16 tokens of random words (pairs of 32)."""
+    data = MaskedLMDataModule(**data_options(tmp_path_factory.mktemp("mlm"), random_words(6000), segment_tokens=16))
+    data.setup("fit")
+    return data
+
+
+def epoch_batches(loader, epoch: int, n: int) -> list[dict]:
+    loader.sampler.set_epoch(epoch)
+    return [batch for batch, _ in zip(loader, range(n), strict=False)]
+
+
+def original_ids(item: dict) -> np.ndarray:
+    """The example's ids before masking."""
+    return np.where(item["labels"] != IGNORE_INDEX, item["labels"], item["ids"])
+
+
+# --- masked-LM data ------------------------------------------------------------------------------------------
+
+
+def test_masked_lm_batches_have_the_documented_shapes_and_about_15_percent_labels(mlm):
+    batches = epoch_batches(mlm.train_dataloader(), 0, 20)
+    batch = batches[0]
+    assert set(batch) == {"ids", "segment_ids", "labels", "nsp_labels"}
+    assert batch["ids"].shape == batch["segment_ids"].shape == batch["labels"].shape == (16, 32)
+    assert batch["nsp_labels"].shape == (16,)
+    assert all(value.dtype == torch.int64 for value in batch.values())
+    assert (batch["ids"][:, 0] == BOS_ID).all() and (batch["ids"][:, -1] == EOS_ID).all()
+    special = (batch["ids"] == BOS_ID) | (batch["ids"] == EOS_ID) | (batch["ids"] == PAD_ID)
+    assert (batch["labels"][special] == IGNORE_INDEX).all()  # [CLS], [SEP] and padding are never selected
+    for row, segments in zip(batch["ids"], batch["segment_ids"], strict=True):
+        first_sep = int((row == EOS_ID).nonzero()[0])
+        assert (segments[: first_sep + 1] == 0).all() and (segments[first_sep + 1 :] == 1).all()
+    maskable = torch.cat([(~((b["ids"] == BOS_ID) | (b["ids"] == EOS_ID))).sum(1) for b in batches])
+    selected = torch.cat([(b["labels"] != IGNORE_INDEX).sum(1) for b in batches])
+    assert (selected == (0.15 * maskable).round()).all()  # BERT's count per example: 15% of it, rounded
+    assert selected.sum() / maskable.sum() == pytest.approx(0.15, abs=0.015)  # 4 of 29 here
+    # BERT's 80/10/10: most selected tokens are <mask>, and the random replacements are never special tokens
+    labels = torch.cat([b["labels"].flatten() for b in batches])
+    inputs = torch.cat([b["ids"].flatten() for b in batches])[labels != IGNORE_INDEX]
+    assert (inputs == mlm.mask_id).float().mean() == pytest.approx(0.8, abs=0.05)
+    assert (inputs[inputs != mlm.mask_id] >= 4 + 1 + 8).all()
+
+
+def test_next_sentence_labels_are_balanced_and_true_pairs_are_consecutive_segments(mlm):
+    dataset = mlm.datasets["train"]
+    # Where each run of 10 tokens starting at most 3 tokens into a segment comes from (a cut pair loses <= 3).
+    origins = {}
+    for j in range(dataset.num_segments):
+        for offset in range(4):
+            origins.setdefault(tuple(dataset.segment(j)[offset : offset + 10]), []).append(j)
+    labels = []
+    for index in range(0, len(dataset), 2):
+        item = dataset[(index, 3)]
+        ids = original_ids(item)
+        seps = np.flatnonzero(ids == EOS_ID)
+        a, b = ids[1 : seps[0]], ids[seps[0] + 1 : seps[1]]
+        assert len(a) + len(b) == 32 - 3  # the pair of two 16-token segments, cut to 32 with [CLS] [SEP] [SEP]
+
+        def origin(part: np.ndarray) -> int:
+            (found,) = origins[tuple(part[:10])]
+            return found
+
+        assert origin(a) == index
+        if item["nsp_label"] == 1:
+            assert origin(b) == index + 1
+        else:
+            assert abs(origin(b) - index) > 1  # from elsewhere: neither A's segment nor a neighbour
+        labels.append(item["nsp_label"])
+    assert len(labels) > 150
+    assert np.mean(labels) == pytest.approx(0.5, abs=0.1)
+
+
+def test_masks_are_drawn_afresh_each_epoch_and_again_on_resume_with_any_number_of_workers(mlm, tmp_path):
+    dataset = mlm.datasets["train"]
+    assert not np.array_equal(dataset[(5, 0)]["labels"], dataset[(5, 1)]["labels"])  # the same segment, new masks
+    first = epoch_batches(mlm.train_dataloader(), 1, 3)
+    # a new process resuming at epoch 1: a fresh data module (cached data), loaded by two worker processes
+    resumed = MaskedLMDataModule(**{**mlm.hparams, "num_workers": 2})
+    again = epoch_batches(resumed.train_dataloader(), 1, 3)
+    for batch, repeated in zip(first, again, strict=True):
+        for key in batch:
+            assert torch.equal(batch[key], repeated[key]), key
+    other_epoch = epoch_batches(mlm.train_dataloader(), 2, 1)[0]
+    assert not torch.equal(other_epoch["labels"], first[0]["labels"])
+
+
+def test_evaluation_examples_are_the_same_every_epoch(mlm):
+    dataset = mlm.datasets["val"]
+    for key in ("ids", "labels", "segment_ids"):
+        assert np.array_equal(dataset[(3, 0)][key], dataset[(3, 7)][key])
+        assert np.array_equal(dataset[3][key], dataset[(3, 7)][key])
+    loader = mlm.val_dataloader()
+    once, twice = list(loader), list(loader)
+    assert len(once) >= 2
+    for batch, repeated in zip(once, twice, strict=True):
+        assert all(torch.equal(batch[key], repeated[key]) for key in batch)
+
+
+def test_whole_word_masking_selects_whole_words_and_no_nsp_gives_single_runs(tmp_path):
+    options = data_options(tmp_path, random_words(3000), segment_tokens=16, nsp=False, whole_word_masking=True)
+    data = MaskedLMDataModule(**options)
+    batch = epoch_batches(data.train_dataloader(), 0, 1)[0]
+    assert "nsp_labels" not in batch and (batch["segment_ids"] == 0).all()
+    assert batch["ids"].shape == (16, 32) and (batch["ids"][:, -1] == EOS_ID).all()
+    assert (batch["ids"][:, 1:-1] != EOS_ID).all()  # one run of text, no inner [SEP]
+    tokenizer = data.tokenizer
+    selected = batch["labels"] != IGNORE_INDEX
+    ids = torch.where(selected, batch["labels"], batch["ids"])
+    for row, chosen in zip(ids.tolist(), selected.tolist(), strict=True):
+        for i in range(2, len(row) - 1):
+            continues_word = not tokenizer.decode([row[i]])[:1].isspace()
+            if continues_word and chosen[i - 1] != chosen[i]:  # a word is selected whole or not at all ...
+                assert row[i - 1] == BOS_ID  # ... except where the text starts mid-word
+    assert selected[:, 1:-1].float().mean() == pytest.approx(0.15, abs=0.05)
+
+
+def test_options_are_checked_with_their_names(tmp_path):
+    options = data_options(tmp_path, CYCLIC)
+    with pytest.raises(ValueError, match="set corpus=null"):
+        MaskedLMDataModule(**{**options, "corpus": "austen"})
+    with pytest.raises(ValueError, match="mlm_probability=0"):
+        MaskedLMDataModule(**{**options, "mlm_probability": 0.0})
+    with pytest.raises(ValueError, match="bpe_vocab_size=265 is too small.*at least 269"):
+        MaskedLMDataModule(**{**options, "bpe_vocab_size": 265})
+    with pytest.raises(ValueError, match="num_sentinels=2 is too few.*3 spans"):
+        SpanCorruptionDataModule(**{**options, "num_sentinels": 2}, segment_tokens=64)
+    with pytest.raises(ValueError, match="noise_density"):
+        SpanCorruptionDataModule(**options, noise_density=1.5)
+    with pytest.raises(ValueError, match="the val split is too short.*raise val_fraction"):
+        MaskedLMDataModule(**{**options, "val_fraction": 0.001}).setup("fit")
+
+
+# --- span-corruption data ------------------------------------------------------------------------------------
+
+
+def test_span_corruption_batches_reconstruct_the_segments(tmp_path):
+    data = SpanCorruptionDataModule(**data_options(tmp_path, random_words(3000), segment_tokens=32))
+    assert data.src_tokenizer is data.tgt_tokenizer and data.src_vocab_size == data.tgt_vocab_size
+    assert data.pad_id == PAD_ID and not hasattr(data, "vocab_size")  # only the sizes the encoder-decoder has
+    batch = epoch_batches(data.train_dataloader(), 0, 1)[0]
+    assert set(batch) == {"src", "tgt", "src_text", "tgt_text"}
+    assert batch["src"].dtype == batch["tgt"].dtype == torch.int64
+    # 32 tokens, 5 dropped (round(4.8)) in 2 spans: 32 - 5 + 2 + [EOS] in, [BOS] + 5 + 2 + [EOS] out
+    assert batch["src"].shape == (16, 30) and batch["tgt"].shape == (16, 9) and data.max_length == 30
+    dataset = data.datasets["train"]
+    order = list(data.train_dataloader().sampler)[:16]  # the (index, epoch) pairs of that batch
+    sentinels = data.sentinel_ids
+    for (index, epoch), src, tgt, src_text in zip(order, batch["src"], batch["tgt"], batch["src_text"], strict=True):
+        assert epoch == 0 and src[-1] == EOS_ID and tgt[0] == BOS_ID and tgt[-1] == EOS_ID
+        rebuilt = reconstruct_from_spans(src[:-1].numpy(), tgt[1:-1].numpy(), sentinels)
+        assert np.array_equal(rebuilt, dataset.segment(index))
+        assert "<extra_id_0>" in src_text
+    assert not np.array_equal(dataset[(4, 0)]["src"], dataset[(4, 1)]["src"])  # new spans each epoch
+    assert np.array_equal(data.datasets["val"][(4, 1)]["src"], data.datasets["val"][4]["src"])  # fixed
+
+
+# --- the tasks, trained for a second or two through the shipped configs ---------------------------------------
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one thread, and do not slow down when another process takes a core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_run_args(tmp_path, config: str, text: str) -> list[str]:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    return [
+        "fit",
+        f"--config={config}",
+        "--data.corpus=null",
+        f"--data.train_files=[{corpus}]",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        "--data.bpe_vocab_size=400",
+        "--data.num_sentinels=8",
+        "--data.batch_size=16",
+        "--model.optimizer.warmup_steps=5",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+        "--trainer.precision=32-true",
+        "--trainer.max_time=null",
+        "--trainer.log_every_n_steps=1",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        "--trainer.num_sanity_val_steps=0",
+    ]
+
+
+def events_of(tmp_path, name: str) -> tuple[str, EventAccumulator]:
+    (run,) = glob.glob(str(tmp_path / "runs" / name / "version_0"))
+    events = EventAccumulator(run)
+    events.Reload()
+    return run, events
+
+
+def test_masked_lm_task_learns_and_its_checkpoint_alone_fills_masks(tmp_path, capsys, one_thread):
+    cli_main(
+        [
+            *tiny_run_args(tmp_path, "configs/mlm/austen.yaml", SENTENCE),
+            "--data.segment_tokens=16",
+            "--model.net.max_len=32",
+            "--model.net.n_layers=2",
+            "--model.net.d_model=64",
+            "--model.net.n_heads=2",
+            "--model.net.d_ff=128",
+            "--model.optimizer.lr=3e-3",
+            "--model.num_logged_samples=2",
+            "--trainer.max_steps=40",
+            "--trainer.val_check_interval=20",
+            "--trainer.limit_val_batches=2",
+        ]
+    )
+    run, events = events_of(tmp_path, "mlm_austen")
+    scalars = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/mlm_loss", "train/nsp_loss"} <= scalars
+    assert {"val/loss", "val/mlm_loss", "val/mlm_acc", "val/nsp_acc", "val/mlm_ppl"} <= scalars
+    mlm_losses = [e.value for e in events.Scalars("train/mlm_loss")]
+    assert len(mlm_losses) == 40
+    assert np.mean(mlm_losses[-5:]) < 0.5 * np.mean(mlm_losses[:5])  # measured over 4 seeds: 5.4 → 1.7-1.8
+    (samples,) = [t for t in events.Tags()["tensors"] if t.startswith("val/fill_mask")]
+    text = events.Tensors(samples)[-1].tensor_proto.string_val[0].decode()
+    assert "[MASK]" in text and "**" in text
+
+    # The checkpoint alone (no corpus, no cache) fills masks with the model's own tokenizer.
+    for path in (tmp_path / "corpus.txt", *(tmp_path / "cache").iterdir()):
+        path.unlink()
+    ckpt = f"{run}/checkpoints/last.ckpt"
+    task = MaskedLanguageModelTask.load_from_checkpoint(ckpt, weights_only=True)
+    ranked = task.fill_mask("in the house of [MASK] king <mask> son", top_k=3)
+    assert len(ranked) == 2 and all(len(tokens) == 3 for tokens in ranked)
+    for tokens in ranked:
+        probabilities = [p for _, p in tokens]
+        assert probabilities == sorted(probabilities, reverse=True) and sum(probabilities) <= 1 + 1e-6
+    # measured over 4 seeds: " the" at 0.29-0.46, the next best at 0.09-0.16
+    assert [tokens[0][0] for tokens in ranked] == [" the", " the"]
+    capsys.readouterr()
+    fill_mask(ckpt_path=ckpt, text="in the house of [MASK] king", top_k=2)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "in the house of [the] king" and printed[1].startswith("mask 1: ' the' (")
+    with pytest.raises(ValueError, match="--top_k=0"):
+        fill_mask(ckpt_path=ckpt, text="a [MASK]", top_k=0)
+    with pytest.raises(ValueError, match="--text=.*no mask marker"):
+        fill_mask(ckpt_path=ckpt, text="no marker here")
+
+
+def test_denoising_task_learns_to_write_the_dropped_spans(tmp_path, one_thread):
+    cli_main(
+        [
+            *tiny_run_args(tmp_path, "configs/t5/austen.yaml", CYCLIC),
+            "--data.segment_tokens=24",  # two lines: 4 tokens dropped in 1 span
+            "--data.val_fraction=0.25",  # 32 segments in the 2 validation batches
+            "--model.net.max_len=32",
+            "--model.net.n_encoder_layers=1",
+            "--model.net.n_decoder_layers=1",
+            "--model.net.d_model=64",
+            "--model.net.n_heads=2",
+            "--model.net.d_ff=128",
+            "--model.net.dropout=0.0",
+            "--model.optimizer.lr=3e-3",
+            "--trainer.max_steps=50",
+            "--trainer.val_check_interval=10",
+            "--trainer.limit_val_batches=2",
+        ]
+    )
+    _, events = events_of(tmp_path, "t5_austen")
+    scalars = set(events.Tags()["scalars"])
+    assert {"train/loss", "val/loss", "val/span_acc"} <= scalars and not any("bleu" in s for s in scalars)
+    span_acc = [e.value for e in events.Scalars("val/span_acc")]
+    assert len(span_acc) == 5 and span_acc[0] < 0.3 and span_acc[-1] > 0.8, span_acc  # measured: 0 → 1 (4 seeds)
+    (samples,) = [t for t in events.Tags()["tensors"] if t.startswith("val/denoising")]
+    text = events.Tensors(samples)[-1].tensor_proto.string_val[0].decode()
+    assert "**prediction:**" in text and "extra\\_id\\_0" in text

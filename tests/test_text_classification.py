@@ -1,0 +1,373 @@
+"""Text classification: Austen passages split by position, TSV files and their errors, batches, a tiny classifier
+trained through the command line, and fine-tuning from a masked-LM-shaped checkpoint (weights loaded by name, a
+checkpoint of another tokenizer refused)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from lightformer.cli import cli_main
+from lightformer.data.classification import (
+    MIN_VOCAB_SIZE,
+    SPLITS,
+    TextClassificationDataModule,
+    novel_sentences,
+    read_labelled_tsv,
+    split_austen_text,
+    split_sentences,
+)
+from lightformer.data.corpora import AUSTEN_NOVELS, CorpusUnavailableError, austen_text
+from lightformer.data.tokenizers import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
+from lightformer.models.bert import BertConfig, BertForPreTraining
+from lightformer.tasks.text_classification import TextClassificationTask
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "classify" / "austen_scratch.yaml"
+FRUIT = ["apple", "pear", "plum", "cherry", "melon", "grape", "lemon", "peach", "mango", "fig", "kiwi", "lime"]
+METAL = ["iron", "copper", "zinc", "tin", "lead", "nickel", "cobalt", "silver", "gold", "chrome", "steel", "brass"]
+TINY_NET = {"n_layers": 1, "n_heads": 2, "d_model": 32, "d_ff": 64, "max_len": 32, "norm_first": True}
+
+
+# --- Austen --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def austen(tmp_path_factory) -> TextClassificationDataModule:
+    root = REPO / "data"
+    try:
+        austen_text(root / "austen")
+    except CorpusUnavailableError as error:
+        pytest.skip(f"could not fetch the Austen corpus: {error}")
+    return TextClassificationDataModule(data_root=str(root), cache_dir=str(tmp_path_factory.mktemp("cache")))
+
+
+def test_austen_passages_are_split_by_position(austen):
+    examples = austen.examples()
+    assert austen.class_names == [title for _, title in AUSTEN_NOVELS]
+    assert austen.num_classes == 6
+    texts = {split: {text for text, _, _ in examples[split]} for split in SPLITS}
+    assert not texts["train"] & texts["val"] and not texts["train"] & texts["test"] and not texts["val"] & texts["test"]
+    text = austen_text(REPO / "data" / "austen").read_text(encoding="utf-8")
+    normalized = " ".join(text.split())
+    for label, novel in enumerate(split_austen_text(text).values()):
+        positions = {split: [p for _, c, p in examples[split] if c == label] for split in SPLITS}
+        count = sum(map(len, positions.values()))
+        assert sorted(p for split in SPLITS for p in positions[split]) == list(range(count))
+        assert (len(positions["train"]), len(positions["val"])) == (
+            int(0.8 * count),
+            int(0.9 * count) - int(0.8 * count),
+        )
+        assert max(positions["train"]) < min(positions["val"]) <= max(positions["val"]) < min(positions["test"])
+        # train, then val, then test: the novel's sentences, three by three, in the order of the text
+        sentences = novel_sentences(novel)
+        passages = [text for split in SPLITS for text, c, _ in examples[split] if c == label]
+        assert passages == [" ".join(sentences[i : i + 3]) for i in range(0, 3 * count, 3)]
+        offset = 0
+        for sentence in sentences:
+            offset = normalized.find(sentence, offset)
+            assert offset >= 0, f"{austen.class_names[label]}: {sentence!r} is not after the previous sentence"
+    counts = austen.class_counts
+    assert sum(counts["test"].values()) == len(examples["test"]) > 1000
+    assert austen.chance_accuracy == max(counts["test"].values()) / len(examples["test"])
+    assert 0.2 < austen.chance_accuracy < 0.25  # Emma, the longest novel
+
+
+def test_novel_body_without_headings_and_fragments():
+    novel = (
+        "EMMA\n\nBy Jane Austen\n\n\nVOLUME I\n\nCHAPTER I\n\nThe first sentence is here.  And a\nsecond one"
+        ' here! "Yes." Then\n\n* * *\n\nCHAPTER II\n\n"A third, by Mr. Knightley?" said she, smiling.\n\n'
+        "THE END\n\nA NOTE."
+    )
+    assert novel_sentences(novel) == [
+        "The first sentence is here.",
+        "And a second one here!",
+        '"A third, by Mr. Knightley?"',
+        "said she, smiling.",
+    ]
+
+
+def test_sentence_rule():
+    assert split_sentences('"Oh!" said he. "Mr. Darcy is here?" she asked.\nIt was\n(so he said.) fine') == [
+        '"Oh!"',
+        "said he.",
+        '"Mr. Darcy is here?"',
+        "she asked.",
+        "It was (so he said.)",
+        "fine",
+    ]
+
+
+def test_austen_passages_have_three_sentences_and_no_front_matter(austen):
+    passages = [text for split in SPLITS for text, _, _ in austen.examples()[split]]
+    assert not any(text.upper().startswith(("CHAPTER", "VOLUME")) or "Jane Austen" in text for text in passages)
+    first = passages[0]
+    assert first.startswith("The family of Dashwood had long been settled in Sussex.")
+    assert len(split_sentences(first)) == 3
+
+
+# --- TSV files -----------------------------------------------------------------------------------------------
+
+
+def toy_lines(count: int, seed: int) -> list[str]:
+    """Lines of two easily told apart classes: texts of fruit words and texts of metal words."""
+    rng = random.Random(seed)
+    lines = []
+    for i in range(count):
+        label, words = ("fruit", FRUIT) if i % 2 else ("metal", METAL)
+        lines.append(f"{' '.join(rng.choices(words, k=rng.randint(3, 8)))}\t{label}")
+    return lines
+
+
+def write_toy(folder: Path) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for split, count, seed in (("train", 240, 0), ("val", 40, 1), ("test", 40, 2)):
+        files[split] = folder / f"{split}.tsv"
+        files[split].write_text("\n".join(toy_lines(count, seed)) + "\n", encoding="utf-8")
+    return files
+
+
+def toy_module(files: dict[str, Path], cache: Path, **options) -> TextClassificationDataModule:
+    return TextClassificationDataModule(
+        corpus=None,
+        tsv_files=[str(files["train"])],
+        val_tsv_files=[str(files["val"])],
+        test_tsv_files=[str(files["test"])],
+        bpe_vocab_size=MIN_VOCAB_SIZE + 20,
+        cache_dir=str(cache),
+        **options,
+    )
+
+
+def test_tsv_labels_are_sorted_and_batches_framed(tmp_path):
+    files = write_toy(tmp_path / "toy")
+    data = toy_module(files, tmp_path / "cache", max_tokens=6, batch_size=8)
+    assert data.class_names == ["fruit", "metal"] and data.num_classes == 2 and data.pad_id == PAD_ID
+    assert data.vocab_size == MIN_VOCAB_SIZE + 20 and data.tokenizer.token_id(MASK) == 4
+    assert data.class_counts == {"train": {"fruit": 120, "metal": 120}, "val": {"fruit": 20, "metal": 20}} | {
+        "test": {"fruit": 20, "metal": 20}
+    }
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    ids, labels, texts = batch["ids"], batch["labels"], batch["texts"]
+    assert ids.dtype == labels.dtype == torch.int64 and ids.shape[0] == labels.shape[0] == len(texts) == 8
+    assert ids.shape[1] % 8 == 0
+    for row, label, text in zip(ids.tolist(), labels.tolist(), texts, strict=True):
+        real = [i for i in row if i != PAD_ID]
+        assert row[: len(real)] == real and real[0] == BOS_ID and real[-1] == EOS_ID and len(real) <= 6
+        full = data.tokenizer.encode(text)
+        assert real[1:-1] == full[: len(real) - 2]  # cut to max_tokens, [SEP] kept last
+        assert data.class_names[label] == ("fruit" if text.split()[0] in FRUIT else "metal")
+    # the order of an epoch depends on (seed, epoch) only
+    again = toy_module(files, tmp_path / "cache", max_tokens=6, batch_size=8)
+    again.setup("fit")
+    assert next(iter(again.train_dataloader()))["texts"] == texts
+
+
+def test_tsv_without_val_and_test_files_is_split_by_text_hash(tmp_path):
+    train = tmp_path / "train.tsv"
+    lines = toy_lines(400, 3) + ["\t".join(["a text with\ta tab", "metal"])] + [""]
+    train.write_text("\n".join(lines), encoding="utf-8")
+    data = TextClassificationDataModule(corpus=None, tsv_files=[str(train)], cache_dir=str(tmp_path / "cache"))
+    examples = data.examples()
+    sizes = {split: len(examples[split]) for split in SPLITS}
+    assert sum(sizes.values()) == 401 and sizes["val"] > 5 and sizes["test"] > 5 and sizes["train"] > 320
+    texts = {split: {text for text, _, _ in examples[split]} for split in SPLITS}
+    assert not texts["train"] & texts["val"] and not texts["train"] & texts["test"] and not texts["val"] & texts["test"]
+    assert ("a text with\ta tab", 1) in {(text, label) for split in SPLITS for text, label, _ in examples[split]}
+
+
+def test_tsv_errors_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("good text\tfruit\nno tab on this line\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"tsv_files: {bad}, line 2: no tab; each line must be 'text<TAB>label'"):
+        read_labelled_tsv(bad)
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("good text\tfruit\n\t\tmetal\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"line 2: the text is empty"):
+        read_labelled_tsv(empty)
+    latin = tmp_path / "latin1.tsv"
+    latin.write_bytes("caf\u00e9 au lait\tfruit\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.tsv is not UTF-8 text: byte 0xe9 at byte offset 3 \(line 1"):
+        TextClassificationDataModule(corpus=None, tsv_files=[str(latin)], cache_dir=str(tmp_path)).examples()
+    single = tmp_path / "single.tsv"
+    single.write_text("one text\tfruit\nanother text\tfruit\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"every line has the label 'fruit'; a classifier needs two or more"):
+        TextClassificationDataModule(corpus=None, tsv_files=[str(single)], cache_dir=str(tmp_path)).examples()
+    files = write_toy(tmp_path / "toy")
+    files["val"].write_text("some text\tvegetable\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"val_tsv_files: .*val.tsv, line 1: the label 'vegetable' is not one of"):
+        toy_module(files, tmp_path / "cache").examples()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"batch_size": 0}, r"batch_size=0 must be at least 1"),
+        ({"passage_sentences": 0}, r"passage_sentences=0 must be at least 1"),
+        ({"max_tokens": 2}, r"max_tokens=2 must be at least 3"),
+        ({"bpe_vocab_size": 300}, rf"bpe_vocab_size=300 is too small.*at least {MIN_VOCAB_SIZE}"),
+        ({"corpus": "emma"}, r"corpus='emma' is not a built-in corpus; valid: 'austen'"),
+        ({"tsv_files": ["x.tsv"]}, r"got both: set corpus to null to read tsv_files"),
+        ({"corpus": None}, r"exactly one source of labelled texts.*got neither"),
+        ({"corpus": None, "tsv_files": ["missing.tsv"]}, r"tsv_files: the file 'missing.tsv' does not exist"),
+        ({"tokenizer_file": "missing.json"}, r"tokenizer_file: 'missing.json' does not exist"),
+    ],
+)
+def test_options_are_checked_at_construction(options, message):
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        TextClassificationDataModule(**options)
+
+
+# --- training through the command line -----------------------------------------------------------------------
+
+
+def tiny_args(files: dict[str, Path], tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        f"--config={CONFIG}",
+        "--data.corpus=null",
+        f"--data.tsv_files=[{files['train']}]",
+        f"--data.val_tsv_files=[{files['val']}]",
+        f"--data.test_tsv_files=[{files['test']}]",
+        f"--data.bpe_vocab_size={MIN_VOCAB_SIZE + 20}",
+        "--data.max_tokens=16",
+        "--data.batch_size=16",
+        f"--data.cache_dir={tmp_path / 'cache'}",
+        *(f"--model.net.{name}={value}" for name, value in TINY_NET.items()),
+        "--model.optimizer.lr=3e-3",
+        "--model.optimizer.warmup_steps=5",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+        "--trainer.precision=32-true",
+        "--trainer.max_time=null",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        "--trainer.log_every_n_steps=5",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """One tiny fit on the toy TSV (4 epochs of 15 steps, a few seconds), then its test: the CLI objects and the
+    last checkpoint."""
+    tmp_path = tmp_path_factory.mktemp("fit")
+    files = write_toy(tmp_path / "toy")
+    fit = cli_main(["fit", *tiny_args(files, tmp_path, "--trainer.max_epochs=4")])
+    checkpoint = Path(fit.trainer.checkpoint_callback.last_model_path)
+    test = cli_main(["test", *tiny_args(files, tmp_path), f"--ckpt_path={checkpoint}"])
+    return fit, test, checkpoint
+
+
+def test_tiny_classifier_learns_and_logs(fitted):
+    fit, test, _ = fitted
+    metrics = fit.trainer.callback_metrics
+    assert metrics["val/acc"] >= 0.9, f"val/acc {metrics['val/acc']:.3f} on two easily separable classes"
+    assert metrics["val/f1"] >= 0.9 and metrics["val/loss"] < 0.4
+    assert test.trainer.callback_metrics["test/acc"] >= 0.9 and test.trainer.callback_metrics["test/f1"] >= 0.9
+    logged = EventAccumulator(fit.trainer.logger.log_dir, size_guidance={"images": 0, "scalars": 0})
+    logged.Reload()
+    scalars = set(logged.Tags()["scalars"])
+    assert {"train/loss", "train/acc", "val/loss", "val/acc", "val/f1", "test/acc", "test/f1"} <= scalars
+    (confusion,) = logged.Images("test/confusion_matrix")
+    assert confusion.step == logged.Scalars("test/acc")[0].step
+    assert fit.model.hparam_metrics == ("val/acc", "val/f1", "val/loss", "test/acc", "test/f1")
+
+
+def test_checkpoint_carries_tokenizer_and_classes(fitted):
+    fit, _, checkpoint = fitted
+    raw = torch.load(checkpoint, weights_only=True)
+    assert raw["text_classification"] == {"class_names": ["fruit", "metal"], "max_tokens": 16}
+    assert Tokenizer.from_str(raw["tokenizer"]).difference(fit.datamodule.tokenizer) is None
+    assert raw["hyper_parameters"]["net"]["num_classes"] == 2
+    task = TextClassificationTask.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
+    ranked = task.classify_texts(["plum cherry fig melon", "iron zinc copper tin lead"], top_k=5)
+    assert [row[0][0] for row in ranked] == ["fruit", "metal"]
+    assert len(ranked[0]) == 2 and abs(sum(p for _, p in ranked[0]) - 1) < 1e-5 and ranked[0][0][1] > 0.5
+    assert task.classify_texts(["apple " * 100])[0][0][0] == "fruit"  # cut to max_tokens
+    assert (Path(fit.trainer.logger.log_dir) / "tokenizer.json").is_file()
+
+
+def test_checkpoint_refuses_data_of_other_classes(fitted, tmp_path):
+    fit, _, checkpoint = fitted
+    files = write_toy(tmp_path / "toy")
+    for path in files.values():  # the same texts and tokenizer, but the fruit are now called berries
+        path.write_text(path.read_text(encoding="utf-8").replace("\tfruit", "\tberry"), encoding="utf-8")
+    tokenizer_file = Path(fit.trainer.logger.log_dir) / "tokenizer.json"
+    args = tiny_args(files, tmp_path, f"--data.tokenizer_file={tokenizer_file}", f"--ckpt_path={checkpoint}")
+    with pytest.raises(ValueError, match=r"the data's classes \['berry', 'metal'\] are not the checkpoint's"):
+        cli_main(["test", *args])
+
+
+# --- fine-tuning from a masked-LM checkpoint ------------------------------------------------------------------
+
+
+class WeightsAtStart(Callback):
+    """The model's weights when fitting starts (after ``setup`` loaded ``init.checkpoint``)."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.weights = {name: value.detach().clone() for name, value in pl_module.model.state_dict().items()}
+        self.pretrained = set(pl_module.pretrained)
+
+
+def pretraining_checkpoint(run_dir: Path, tokenizer: Tokenizer) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A masked-LM run's files as the pretraining task writes them: ``checkpoints/last.ckpt`` (a
+    ``BertForPreTraining`` under ``model.``, its hyperparameters, the tokenizer JSON) and ``tokenizer.json``."""
+    torch.manual_seed(1)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, **TINY_NET)
+    state = BertForPreTraining(config).state_dict()
+    path = run_dir / "checkpoints" / "last.ckpt"
+    path.parent.mkdir(parents=True)
+    torch.save(
+        {
+            "state_dict": {f"model.{name}": value for name, value in state.items()},
+            "hyper_parameters": {"net": asdict(config)},
+            "tokenizer": tokenizer.to_str(),
+            "global_step": 10,
+        },
+        path,
+    )
+    tokenizer.save(run_dir / "tokenizer.json")
+    return path, state
+
+
+def test_fine_tuning_loads_the_encoder_and_refuses_another_tokenizer(tmp_path):
+    files = write_toy(tmp_path / "toy")
+    other_texts = ["Some other corpus entirely, with other words and other merges."] * 50
+    pretraining_tokenizer = Tokenizer.train_bpe(other_texts, MIN_VOCAB_SIZE + 20, extra_special_tokens=[MASK])
+    checkpoint, pretrained = pretraining_checkpoint(tmp_path / "mlm" / "version_0", pretraining_tokenizer)
+    init = [f"--model.init.checkpoint={checkpoint}", "--trainer.max_steps=2", "--trainer.val_check_interval=2"]
+
+    # the data's own BPE: its ids would stand for other tokens in the loaded weights
+    with pytest.raises(ValueError) as refused:
+        cli_main(["fit", *tiny_args(files, tmp_path, *init)])
+    message = str(refused.value)
+    assert f"model.init.checkpoint {checkpoint} was trained with another tokenizer" in message
+    assert "the tokenizer the data module trained" in message
+    assert f"data.init_args.tokenizer_file={tmp_path / 'mlm' / 'version_0' / 'tokenizer.json'}" in message
+
+    # with the pretraining run's tokenizer: the encoder and pooler are loaded, the classifier is new
+    probe = WeightsAtStart()
+    tokenizer_file = tmp_path / "mlm" / "version_0" / "tokenizer.json"
+    cli = cli_main(tiny_args(files, tmp_path, *init, f"--data.tokenizer_file={tokenizer_file}"), run=False)
+    cli.trainer.callbacks.insert(0, probe)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    shared = {name for name in pretrained if name.startswith(("bert.", "pooler."))}
+    assert shared and shared <= set(probe.weights) and probe.pretrained == shared
+    for name in shared:
+        assert torch.equal(probe.weights[name], pretrained[name]), name
+    new = set(probe.weights) - set(pretrained)
+    assert new == {"classifier.weight", "classifier.bias"}
+    assert cli.trainer.global_step == 2
+    assert (
+        Tokenizer.from_str(
+            torch.load(cli.trainer.checkpoint_callback.last_model_path, weights_only=True)["tokenizer"]
+        ).difference(pretraining_tokenizer)
+        is None
+    )
