@@ -34,7 +34,7 @@ class StopAfterEpochs(Callback):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["vision", "lm", "translation"])
+@pytest.mark.parametrize("task", ["vision", "lm", "translation", "mlm", "t5", "classify", "igpt"])
 def test_fit_4_epochs_equals_fit_2_then_resume_2(task, tmp_path):
     straight = build([*task_args(task, tmp_path / "straight"), "--trainer.max_epochs=4"])
     straight.trainer.fit(straight.model, straight.datamodule)

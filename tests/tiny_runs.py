@@ -57,6 +57,76 @@ def task_args(task: str, tmp_path: Path) -> list[str]:
             "--trainer.limit_val_batches=2",
             *common,
         ]
+    if task in ("mlm", "t5"):  # the pretraining objectives on CORPUS, with a small BPE
+        corpus = tmp_path / "corpus.txt"
+        corpus.write_text(CORPUS, encoding="utf-8")
+        config = {"mlm": "configs/mlm/austen.yaml", "t5": "configs/t5/austen.yaml"}[task]
+        shape = ["--model.net.n_layers=1"] if task == "mlm" else ["--model.net.n_encoder_layers=1",
+                                                                  "--model.net.n_decoder_layers=1"]  # fmt: skip
+        return [
+            f"--config={config}",
+            "--data.corpus=null",
+            f"--data.train_files=[{corpus}]",
+            f"--data.cache_dir={tmp_path / 'cache'}",
+            "--data.bpe_vocab_size=300",
+            "--data.num_sentinels=8",
+            "--data.segment_tokens=16",
+            "--data.val_fraction=0.25",
+            "--data.test_fraction=0.0",
+            "--data.batch_size=4",
+            *shape,
+            "--model.net.d_model=32",
+            "--model.net.n_heads=2",
+            "--model.net.d_ff=64",
+            "--model.net.max_len=32",
+            "--model.net.dropout=0.1",
+            "--model.optimizer.warmup_steps=2",
+            "--model.num_logged_samples=1",
+            "--trainer.val_check_interval=null",
+            "--trainer.limit_val_batches=2",
+            *common,
+        ]
+    if task == "classify":  # which of two phrasings a line is
+        tsv = tmp_path / "labelled.tsv"
+        lines = [
+            f"it is a truth number {i}\ttruth\n" if i % 2 else f"a single man in house {i}\tman\n" for i in range(64)
+        ]
+        tsv.write_text("".join(lines), encoding="utf-8")
+        return [
+            "--config=configs/classify/austen_scratch.yaml",
+            "--data.corpus=null",
+            f"--data.tsv_files=[{tsv}]",
+            f"--data.val_tsv_files=[{tsv}]",
+            "--data.bpe_vocab_size=400",
+            "--data.max_tokens=16",
+            "--data.batch_size=16",
+            f"--data.cache_dir={tmp_path / 'cache'}",
+            "--model.net.n_layers=1",
+            "--model.net.d_model=32",
+            "--model.net.n_heads=2",
+            "--model.net.d_ff=64",
+            "--model.net.max_len=16",
+            "--model.net.dropout=0.1",
+            "--model.optimizer.warmup_steps=2",
+            *common,
+        ]
+    if task == "igpt":  # Image GPT on the 8×8 digits
+        return [
+            "--config=configs/igpt/digits.yaml",
+            "--data.batch_size=128",
+            "--model.net.n_layers=1",
+            "--model.net.d_model=32",
+            "--model.net.n_heads=2",
+            "--model.net.dropout=0.1",
+            "--model.optimizer.warmup_steps=2",
+            "--model.num_samples=2",
+            "--model.completion_images=1",
+            "--model.num_completions=1",
+            "--trainer.max_steps=-1",
+            "--trainer.val_check_interval=null",
+            "--trainer.limit_val_batches=1",
+            *common,
+        ]
     pairs = [(f"{a} {b} {c}", f"{c} {b} {a}") for a in "abcd" for b in "efgh" for c in "ijkl"]
     tsv = tmp_path / "pairs.tsv"
     tsv.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")

@@ -20,7 +20,6 @@ whatever the epoch, so their metrics compare across epochs.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -32,15 +31,22 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
-from lightformer.data.caching import content_hash, file_stamp, preparing
+from lightformer.data.caching import content_hash, file_stamp
 from lightformer.data.corpora import austen_text
 from lightformer.data.masking import IGNORE_INDEX, mask_tokens, nsp_pair, random_spans_noise_mask, span_corruption
 from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
 from lightformer.data.sequences import collate_pairs
+from lightformer.data.text import (
+    SPLITS,
+    cached_bpe,
+    read_texts,
+    split_by_fraction,
+    token_cache_paths,
+    write_token_caches,
+)
 from lightformer.data.tokenizers import BOS_ID, EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
-from lightformer.files import as_list, atomic_open, expand_patterns, read_utf8, sha256_of
+from lightformer.files import as_list, expand_patterns, sha256_of
 
-SPLITS = ("train", "val", "test")
 # Bump when the cached files' meaning changes, so old caches are not reused.
 _CACHE_FORMAT_VERSION = 1
 _STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}
@@ -432,50 +438,23 @@ class _SegmentDataModule(L.LightningDataModule):
         """train | val | test: the text cut in characters, the last `test_fraction` for test, the `val_fraction`
         before it for validation (as TextDataModule)."""
         if self._texts is None:
-            texts = []
-            for path in self._source_files():
-                if texts and not texts[-1].endswith("\n"):
-                    texts.append("\n")
-                texts.append(read_utf8(path, "train_files"))
-            corpus = "".join(texts)
+            corpus = read_texts(self._source_files())
             if not corpus:
                 raise ValueError(f"the text is empty: {', '.join(map(str, self._source_files()))}")
-            n = len(corpus)
-            n_val, n_test = int(n * self.val_fraction), int(n * self.test_fraction)
-            self._texts = {
-                "train": corpus[: n - n_val - n_test],
-                "val": corpus[n - n_val - n_test : n - n_test],
-                "test": corpus[n - n_test :],
-            }
+            self._texts = split_by_fraction(corpus, self.val_fraction, self.test_fraction)
         return self._texts
 
     def _load_or_train_tokenizer(self) -> Tokenizer:
         specials = self.special_tokens
         key = {"fingerprint": self._fingerprint(), "vocab_size": self.bpe_vocab_size, "special_tokens": specials}
         path = self.cache_dir / f"tokenizer-bpe-{content_hash(key)}.json"
-        if path.exists():
-            return Tokenizer.from_file(path)
-        train = self._split_texts()["train"]
-        with preparing(
-            f"training a byte-level BPE of {self.bpe_vocab_size} tokens with {len(specials)} extra special tokens "
-            f"on {len(train):,} characters"
-        ):
-            tokenizer = Tokenizer.train_bpe(io.StringIO(train), self.bpe_vocab_size, extra_special_tokens=specials)
-        tokenizer.save(path)
-        return tokenizer
+        return cached_bpe(path, self.bpe_vocab_size, lambda: self._split_texts()["train"], specials)
 
     def _write_token_caches(self) -> dict[str, Path | None]:
         """Encode each split once into `<cache_dir>/tokens-<hash>-<split>.npy`; None for a split without text."""
-        key = content_hash({"fingerprint": self._fingerprint(), "tokenizer": content_hash(self.tokenizer.to_str())})
-        fractions = {"train": 1.0, "val": self.val_fraction, "test": self.test_fraction}
-        paths = {split: self.cache_dir / f"tokens-{key}-{split}.npy" if fractions[split] else None for split in SPLITS}
-        for split, path in paths.items():
-            if path is not None and not path.exists():
-                text = self._split_texts()[split]
-                with preparing(f"encoding the {split} split ({len(text):,} characters) into {path}"):
-                    ids = self.tokenizer.encode_to_array(text)
-                with atomic_open(path) as f:
-                    np.save(f, ids)
+        has_text = {"train": True, "val": self.val_fraction > 0, "test": self.test_fraction > 0}
+        paths = token_cache_paths(self.cache_dir, self._fingerprint(), self.tokenizer, has_text)
+        write_token_caches(paths, self.tokenizer, self._split_texts)
         self._texts = None  # everything is cached: free the text
         return paths
 

@@ -16,7 +16,7 @@ Its length is one data module (three sources of text, two tokenizers, cached spl
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -349,18 +349,17 @@ class TextDataModule(L.LightningDataModule):
         """The text of each split ("" for a split that has none)."""
         if self._texts is None:
             files = self._source_files()
-            corpus = _read_texts(files["train"])
+            corpus = read_texts(files["train"])
             if not corpus:
                 raise ValueError(
                     f"the training text is empty: {', '.join(map(str, files['train']))}; it needs at least "
                     f"block_size + 1 = {self.block_size + 1} tokens"
                 )
-            n = len(corpus)
-            n_val = 0 if files["val"] else int(n * self.val_fraction)
-            n_test = 0 if files["test"] else int(n * self.test_fraction)
-            texts = {"train": corpus[: n - n_val - n_test]}
-            texts["val"] = _read_texts(files["val"]) if files["val"] else corpus[n - n_val - n_test : n - n_test]
-            texts["test"] = _read_texts(files["test"]) if files["test"] else corpus[n - n_test :]
+            val_fraction = 0 if files["val"] else self.val_fraction
+            texts = split_by_fraction(corpus, val_fraction, 0 if files["test"] else self.test_fraction)
+            for split in ("val", "test"):
+                if files[split]:
+                    texts[split] = read_texts(files[split])
             for split in ("val", "test"):
                 if files[split] and not texts[split]:
                     raise ValueError(
@@ -377,16 +376,11 @@ class TextDataModule(L.LightningDataModule):
         if self.tokenizer_kind == "bpe":
             key["vocab_size"] = self.bpe_vocab_size
         path = self.cache_dir / f"tokenizer-{self.tokenizer_kind}-{content_hash(key)}.json"
+        if self.tokenizer_kind == "bpe":
+            return cached_bpe(path, self.bpe_vocab_size, lambda: self._split_texts()["train"])
         if path.exists():
             return Tokenizer.from_file(path)
-        texts = self._split_texts()
-        if self.tokenizer_kind == "char":
-            tokenizer = Tokenizer.train_char(texts.values())
-        else:
-            with preparing(
-                f"training a byte-level BPE of {self.bpe_vocab_size} tokens on {len(texts['train']):,} characters"
-            ):
-                tokenizer = Tokenizer.train_bpe(io.StringIO(texts["train"]), self.bpe_vocab_size)
+        tokenizer = Tokenizer.train_char(self._split_texts().values())
         tokenizer.save(path)
         return tokenizer
 
@@ -398,24 +392,17 @@ class TextDataModule(L.LightningDataModule):
             "val": bool(files["val"]) or self.val_fraction > 0,
             "test": bool(files["test"]) or self.test_fraction > 0,
         }
-        key = content_hash({"fingerprint": self._fingerprint(), "tokenizer": content_hash(self.tokenizer.to_str())})
-        return {split: self.cache_dir / f"tokens-{key}-{split}.npy" if has_text[split] else None for split in SPLITS}
+        return token_cache_paths(self.cache_dir, self._fingerprint(), self.tokenizer, has_text)
 
     def _write_token_caches(self) -> dict[str, Path | None]:
-        """Encode each split once and save its ids as .npy (uint16 for vocabularies up to 65,536)."""
+        """Encode each split once (``write_token_caches``)."""
         paths = self._split_paths()
-        for split, path in paths.items():
-            if path is not None and not path.exists():
-                text = self._split_texts()[split]
-                with preparing(f"encoding the {split} split ({len(text):,} characters) into {path}"):
-                    ids = self.tokenizer.encode_to_array(text)
-                with atomic_open(path) as f:
-                    np.save(f, ids)
+        write_token_caches(paths, self.tokenizer, self._split_texts)
         self._texts = None  # everything is cached: free the text
         return paths
 
 
-def _read_texts(paths: list[Path]) -> str:
+def read_texts(paths: list[Path]) -> str:
     """The files' UTF-8 text, joined in order with a newline between files that lack a final one."""
     texts = []
     for path in paths:
@@ -424,3 +411,53 @@ def _read_texts(paths: list[Path]) -> str:
             texts.append("\n")
         texts.append(text)
     return "".join(texts)
+
+
+def split_by_fraction(text: str, val_fraction: float, test_fraction: float) -> dict[str, str]:
+    """train | val | test, cut in characters: the last ``test_fraction`` of ``text`` for test, the
+    ``val_fraction`` before it for validation, the rest for training."""
+    n = len(text)
+    n_val, n_test = int(n * val_fraction), int(n * test_fraction)
+    return {
+        "train": text[: n - n_val - n_test],
+        "val": text[n - n_val - n_test : n - n_test],
+        "test": text[n - n_test :],
+    }
+
+
+def cached_bpe(
+    path: Path, vocab_size: int, train_text: Callable[[], str], special_tokens: Sequence[str] = ()
+) -> Tokenizer:
+    """The byte-level BPE cached at ``path``, or trained on ``train_text()`` (with ``special_tokens`` after PAD,
+    BOS, EOS, UNK) and cached there."""
+    if path.exists():
+        return Tokenizer.from_file(path)
+    text = train_text()
+    extra = f" with {len(special_tokens)} extra special tokens" if special_tokens else ""
+    with preparing(f"training a byte-level BPE of {vocab_size} tokens{extra} on {len(text):,} characters"):
+        tokenizer = Tokenizer.train_bpe(io.StringIO(text), vocab_size, extra_special_tokens=list(special_tokens))
+    tokenizer.save(path)
+    return tokenizer
+
+
+def token_cache_paths(
+    cache_dir: Path, fingerprint: dict, tokenizer: Tokenizer, has_text: dict[str, bool]
+) -> dict[str, Path | None]:
+    """The cache file of each split's ids, named by what they depend on (the text and the tokenizer); None for a
+    split without text."""
+    key = content_hash({"fingerprint": fingerprint, "tokenizer": content_hash(tokenizer.to_str())})
+    return {split: cache_dir / f"tokens-{key}-{split}.npy" if has_text[split] else None for split in SPLITS}
+
+
+def write_token_caches(
+    paths: dict[str, Path | None], tokenizer: Tokenizer, split_texts: Callable[[], dict[str, str]]
+) -> None:
+    """Encode each split whose cache file is missing and save its ids as .npy (uint16 for vocabularies up to
+    65,536), atomically; ``split_texts`` is called only then."""
+    for split, path in paths.items():
+        if path is not None and not path.exists():
+            text = split_texts()[split]
+            with preparing(f"encoding the {split} split ({len(text):,} characters) into {path}"):
+                ids = tokenizer.encode_to_array(text)
+            with atomic_open(path) as f:
+                np.save(f, ids)

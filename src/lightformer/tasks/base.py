@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import asdict, is_dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import lightning as L
@@ -26,7 +27,14 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from lightformer.checkpoints import InitConfig, describe_loading, load_matching, pretrained_weights
+from lightformer.checkpoints import (
+    InitConfig,
+    check_same_tokenizer,
+    describe_loading,
+    load_matching,
+    pretrained_weights,
+)
+from lightformer.data.tokenizers import Tokenizer
 from lightformer.distributed import set_gathered, shard_model
 from lightformer.nn import Decoder, Encoder
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw
@@ -216,6 +224,42 @@ class Task(L.LightningModule):
                 )
                 + ". To plan a new schedule, start a new run from the checkpoint's weights instead of resuming."
             )
+
+
+class TextTask(Task):
+    """A task over one text tokenizer, which travels with its model: taken from the data module at setup (checked
+    against the model and against a checkpoint's), written to the run's folder as ``tokenizer.json`` and into
+    every checkpoint, so that a checkpoint alone encodes and decodes text."""
+
+    tokenizer: Tokenizer | None = None  # the data module's, or the checkpoint's
+
+    def take_tokenizer(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        """Use the data module's ``tokenizer`` with a model of ``vocab_size`` ids."""
+        if tokenizer.vocab_size > vocab_size:
+            raise ValueError(
+                f"the tokenizer has {tokenizer.vocab_size} tokens but model.net.vocab_size={vocab_size}; the model's "
+                "vocabulary must hold every token id"
+            )
+        if self.tokenizer is not None:  # loaded from a checkpoint, or set by an earlier run
+            check_same_tokenizer(saved=self.tokenizer, data=tokenizer)
+        self.tokenizer = tokenizer
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        log_dir = self.trainer.log_dir  # a broadcast under DDP: every process must ask, or rank 0 waits forever
+        if self.tokenizer is not None and self.trainer.is_global_zero and log_dir:
+            self.tokenizer.save(Path(log_dir) / "tokenizer.json")
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.tokenizer is not None:
+            checkpoint["tokenizer"] = self.tokenizer.to_str()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "tokenizer" in checkpoint:
+            saved = Tokenizer.from_str(checkpoint["tokenizer"], source="the checkpoint's tokenizer")
+            if self.tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
+                check_same_tokenizer(saved=saved, data=self.tokenizer)
+            self.tokenizer = saved
 
 
 def _outputs(out: Tensor | tuple[Tensor, ...]) -> tuple[Tensor, ...]:

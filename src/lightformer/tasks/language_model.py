@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.checkpoints import InitConfig, check_same_tokenizer
-from lightformer.data.tokenizers import Tokenizer
+from lightformer.checkpoints import InitConfig
 from lightformer.generation import generate
 from lightformer.models.gpt import GPT, GPTConfig
-from lightformer.tasks.base import Task, as_config
+from lightformer.tasks.base import TextTask, as_config
 from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import logging_step, tensorboard_writer
 
 
-class LanguageModelTask(Task):
+class LanguageModelTask(TextTask):
     """Next-token cross-entropy on a GPT; logs loss, perplexity and generated samples.
 
     The model's ``vocab_size`` and ``block_size`` are linked from the data module by the CLI. The tokenizer
@@ -52,7 +49,6 @@ class LanguageModelTask(Task):
         super().__init__(optimizer, compile, activation_checkpointing, init)
         self.save_hyperparameters()
         self.model = GPT(as_config(GPTConfig, net))
-        self.tokenizer: Tokenizer | None = None
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
 
@@ -69,34 +65,10 @@ class LanguageModelTask(Task):
             )
         tokenizer = getattr(datamodule, "tokenizer", None)
         if tokenizer is not None:
-            if tokenizer.vocab_size > self.model.vocab_size:
-                raise ValueError(
-                    f"the tokenizer has {tokenizer.vocab_size} tokens but model.net.vocab_size="
-                    f"{self.model.vocab_size}; the model's vocabulary must hold every token id"
-                )
-            if self.tokenizer is not None:  # loaded from a checkpoint, or set by an earlier run
-                check_same_tokenizer(saved=self.tokenizer, data=tokenizer)
-            self.tokenizer = tokenizer
+            self.take_tokenizer(tokenizer, self.model.vocab_size)
 
     items_name = "tokens"  # what throughput counts
     hparam_metrics = ("val/loss", "val/ppl", "test/loss", "test/ppl")
-
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        log_dir = self.trainer.log_dir  # a broadcast under DDP: every process must ask, or rank 0 waits forever
-        if self.tokenizer is not None and self.trainer.is_global_zero and log_dir:
-            self.tokenizer.save(Path(log_dir) / "tokenizer.json")
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        if self.tokenizer is not None:
-            checkpoint["tokenizer"] = self.tokenizer.to_str()
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "tokenizer" in checkpoint:
-            saved = Tokenizer.from_str(checkpoint["tokenizer"], source="the checkpoint's tokenizer")
-            if self.tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
-                check_same_tokenizer(saved=saved, data=self.tokenizer)
-            self.tokenizer = saved
 
     # --- training and evaluation --------------------------------------------------------------------------
 

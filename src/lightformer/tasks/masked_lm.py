@@ -7,7 +7,6 @@ the loss, the metrics, TensorBoard samples of the model filling in masked passag
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -15,11 +14,11 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.checkpoints import InitConfig, check_same_tokenizer
+from lightformer.checkpoints import InitConfig
 from lightformer.data.masking import IGNORE_INDEX
 from lightformer.data.tokenizers import MASK, Tokenizer
 from lightformer.models.bert import BertConfig, BertForPreTraining
-from lightformer.tasks.base import Task, as_config
+from lightformer.tasks.base import TextTask, as_config
 from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import logging_step, markdown_text, tensorboard_writer
 
@@ -28,7 +27,7 @@ Batch = dict[str, Tensor]
 MASK_MARKERS = re.compile(r"\[MASK\]|" + re.escape(MASK))
 
 
-class MaskedLanguageModelTask(Task):
+class MaskedLanguageModelTask(TextTask):
     """BERT pretraining: cross-entropy of the masked tokens (+ ``nsp_weight`` × next-sentence cross-entropy).
 
     Batches come from ``MaskedLMDataModule``: {"ids", "segment_ids", "labels" (IGNORE_INDEX where no loss),
@@ -67,7 +66,6 @@ class MaskedLanguageModelTask(Task):
         super().__init__(optimizer, compile, activation_checkpointing, init)
         self.save_hyperparameters()
         self.model = BertForPreTraining(as_config(BertConfig, net))
-        self.tokenizer: Tokenizer | None = None
         # Per split: the masked-LM loss (weighted by masked tokens), its accuracy, the NSP loss and accuracy.
         self.val_metrics = _Metrics(nsp_weight)
         self.test_metrics = _Metrics(nsp_weight)
@@ -88,31 +86,7 @@ class MaskedLanguageModelTask(Task):
         tokenizer = getattr(datamodule, "tokenizer", None)
         if tokenizer is not None:
             tokenizer.token_id(MASK)  # a ValueError naming it when the data's tokenizer has no mask token
-            if tokenizer.vocab_size > self.model.config.vocab_size:
-                raise ValueError(
-                    f"the tokenizer has {tokenizer.vocab_size} tokens but model.net.vocab_size="
-                    f"{self.model.config.vocab_size}; the model's vocabulary must hold every token id"
-                )
-            if self.tokenizer is not None:  # loaded from a checkpoint, or set by an earlier run
-                check_same_tokenizer(saved=self.tokenizer, data=tokenizer)
-            self.tokenizer = tokenizer
-
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        log_dir = self.trainer.log_dir  # a broadcast under DDP: every process must ask, or rank 0 waits forever
-        if self.tokenizer is not None and self.trainer.is_global_zero and log_dir:
-            self.tokenizer.save(Path(log_dir) / "tokenizer.json")
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        if self.tokenizer is not None:
-            checkpoint["tokenizer"] = self.tokenizer.to_str()
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "tokenizer" in checkpoint:
-            saved = Tokenizer.from_str(checkpoint["tokenizer"], source="the checkpoint's tokenizer")
-            if self.tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
-                check_same_tokenizer(saved=saved, data=self.tokenizer)
-            self.tokenizer = saved
+            self.take_tokenizer(tokenizer, self.model.config.vocab_size)
 
     # --- training and evaluation --------------------------------------------------------------------------
 

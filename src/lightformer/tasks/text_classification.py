@@ -17,10 +17,10 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.checkpoints import CheckpointError, InitConfig, check_same_tokenizer, read_checkpoint
+from lightformer.checkpoints import CheckpointError, InitConfig, read_checkpoint
 from lightformer.data.tokenizers import Tokenizer
 from lightformer.models.bert import BertConfig, BertForSequenceClassification
-from lightformer.tasks.base import Task, as_config
+from lightformer.tasks.base import TextTask, as_config
 from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import confusion_figure, tensorboard_writer
 
@@ -28,7 +28,7 @@ CHECKPOINT_KEY = "text_classification"  # class names and the longest input, as 
 Batch = dict[str, Tensor | list[str]]
 
 
-class TextClassificationTask(Task):
+class TextClassificationTask(TextTask):
     """Cross-entropy on ``BertForSequenceClassification``; the data's tokenizer and class names travel inside the
     checkpoint.
 
@@ -74,7 +74,6 @@ class TextClassificationTask(Task):
         self.test_confusion = MulticlassConfusionMatrix(num_classes)
 
         # Set from the data module in `setup`, or from a checkpoint: what classifying texts needs.
-        self.tokenizer: Tokenizer | None = None
         self.class_names: list[str] | None = None
         self.max_tokens: int | None = None
 
@@ -103,16 +102,9 @@ class TextClassificationTask(Task):
             )
         tokenizer = getattr(datamodule, "tokenizer", None)
         if tokenizer is not None:
-            if tokenizer.vocab_size > config.vocab_size:
-                raise ValueError(
-                    f"the tokenizer has {tokenizer.vocab_size} tokens but model.net.vocab_size={config.vocab_size}; "
-                    "the model's vocabulary must hold every token id"
-                )
-            if self.tokenizer is not None:  # loaded from a checkpoint
-                check_same_tokenizer(saved=self.tokenizer, data=tokenizer)
             if stage == "fit" and self.init_config.checkpoint and self.trainer.ckpt_path is None:
                 _check_init_tokenizer(self.init_config.checkpoint, tokenizer, _data_tokenizer_name(datamodule))
-            self.tokenizer = tokenizer
+            self.take_tokenizer(tokenizer, config.vocab_size)
         class_names = getattr(datamodule, "class_names", None)
         if class_names:
             class_names = [str(name) for name in class_names]
@@ -122,23 +114,12 @@ class TextClassificationTask(Task):
         if max_tokens is not None:
             self.max_tokens = int(max_tokens)
 
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        log_dir = self.trainer.log_dir  # a broadcast under DDP: every process must ask, or rank 0 waits forever
-        if self.tokenizer is not None and self.trainer.is_global_zero and log_dir:
-            self.tokenizer.save(Path(log_dir) / "tokenizer.json")
-
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        if self.tokenizer is not None:
-            checkpoint["tokenizer"] = self.tokenizer.to_str()
+        super().on_save_checkpoint(checkpoint)
         checkpoint[CHECKPOINT_KEY] = {"class_names": self.class_names, "max_tokens": self.max_tokens}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "tokenizer" in checkpoint:
-            saved = Tokenizer.from_str(checkpoint["tokenizer"], source="the checkpoint's tokenizer")
-            if self.tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
-                check_same_tokenizer(saved=saved, data=self.tokenizer)
-            self.tokenizer = saved
+        super().on_load_checkpoint(checkpoint)
         stored = checkpoint.get(CHECKPOINT_KEY, {})
         if stored.get("class_names"):
             if self.class_names is not None:  # set from the data by `setup`, which ran first
