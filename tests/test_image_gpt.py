@@ -15,7 +15,8 @@ from lightformer.commands import probe, sample_images
 from lightformer.data.image_tokens import ImageTokenDataModule
 from lightformer.data.pixels import PixelTokenizer
 from lightformer.models.gpt import GPTConfig
-from lightformer.tasks.image_gpt import ImageGPTTask, bits_per_dim, completion_rows, image_grid
+from lightformer.tasks.image_gpt import ImageGPTTask, bits_per_dim, completion_rows
+from lightformer.tensorboard import image_grid
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "igpt" / "digits.yaml"
 

@@ -26,8 +26,9 @@ from lightformer.cli import ConfigError
 from lightformer.data.tokenizers import MASK
 from lightformer.files import atomic_write_bytes, read_lines
 from lightformer.generation import check_sampling
-from lightformer.tasks.image_gpt import check_same_palette, completion_rows, image_grid, read_image_files
+from lightformer.tasks.image_gpt import check_same_palette, completion_rows, read_image_files
 from lightformer.tasks.masked_lm import MASK_MARKERS
+from lightformer.tensorboard import image_grid
 
 
 def _expand_patterns(patterns: list[str] | str) -> list[str]:

@@ -9,14 +9,16 @@
   logs test metrics at the step of the tested weights (``Task.on_test_start``), beside the training curves.
 
 Images and text are written at the step Lightning logs scalars at (``logging_step``), so a validation's metrics,
-pictures and samples line up.
+pictures and samples line up. The pictures and text the tasks show are drawn here: matplotlib figures (attention
+maps, rollouts, confusion matrices), grids of images (``image_grid``), Markdown of masked text (``render_masked``).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import numpy as np
@@ -25,6 +27,11 @@ from lightning.pytorch import loggers
 from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+from lightformer.data.masking import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from lightformer.data.tokenizers import Tokenizer
 
 # Curves that only count up (the epoch; ThroughputMonitor's running totals of time, batches, samples and items):
 # their rates are logged, so they would only push the curves that matter down the page.
@@ -185,3 +192,71 @@ def markdown_text(text: str) -> str:
     """``text`` as literal Markdown on one line (a table cell): special characters escaped, line breaks as spaces."""
     text = re.sub(r"([\\`*_\[\]#|])", r"\\\1", text)
     return text.replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ")
+
+
+def render_masked(
+    tokenizer: Tokenizer, inputs: list[int], labels: list[int], predictions: list[int]
+) -> tuple[str, str]:
+    """Markdown of one masked example for a table cell: (the text with [MASK] at each selected position, the text
+    with the model's prediction there in bold, followed by the original in italics where they differ).
+
+    ``inputs`` are the model's input ids, ``labels`` the original ids at the selected positions (IGNORE_INDEX
+    elsewhere), ``predictions`` the predicted ids there; padding and [CLS] are left out, an inner [SEP] shown.
+    """
+    special = {tokenizer.pad_id, tokenizer.bos_id}
+    positions = [i for i, token in enumerate(inputs) if token not in special]
+    if positions and inputs[positions[-1]] == tokenizer.eos_id and labels[positions[-1]] == IGNORE_INDEX:
+        positions.pop()  # the closing [SEP]
+    masked, filled, run = [], [], []
+
+    def flush(*text: str) -> None:
+        """End the current run of unselected tokens (shown as they are), then add ``text`` to both renderings."""
+        plain = markdown_text(tokenizer.decode(run)) if run else ""
+        masked.extend((plain, *text))
+        filled.extend((plain, *text))
+        run.clear()
+
+    for i in positions:
+        if labels[i] == IGNORE_INDEX:
+            if inputs[i] == tokenizer.eos_id:
+                flush(" [SEP] ")
+            else:
+                run.append(inputs[i])
+            continue
+        flush()
+        space, original = _split_space(tokenizer.decode([labels[i]], skip_special=False))
+        _, predicted = _split_space(tokenizer.decode([predictions[i]], skip_special=False))
+        masked.append(f"{space}[MASK]")
+        filled.append(f"{space}**{predicted}**" + ("" if predictions[i] == labels[i] else f" *({original})*"))
+    flush()
+    return "".join(masked).strip(), "".join(filled).strip()
+
+
+def _split_space(text: str) -> tuple[str, str]:
+    """(leading spaces as one space or nothing, the rest as Markdown); a token of whitespace only is shown as
+    visible symbols (␣ for a space, ⏎ for a line break)."""
+    core = text.lstrip()
+    if not core:
+        return "", "".join("⏎" if c == "\n" else "␣" for c in text)
+    return (" " if core != text else ""), markdown_text(core)
+
+
+MIN_SHOWN_SIZE = 64  # images in grids are upscaled (nearest) to at least this many screen pixels per side
+GRID_PADDING = 2  # white pixels between the images of a grid
+
+
+def image_grid(images: Tensor, columns: int, scale: int | None = None) -> Tensor:
+    """uint8 images ``(n, C, S, S)`` (C = 1 or 3) → one uint8 RGB picture ``(3, H, W)``: ``columns`` per row, each
+    image upscaled ``scale``× by repeating pixels (default: to at least 64 screen pixels), with 2 white pixels
+    between images and around them. H = rows · (S·scale + 2) + 2, W = columns · (S·scale + 2) + 2."""
+    n, _, height, width = images.shape
+    scale = scale or max(1, math.ceil(MIN_SHOWN_SIZE / max(height, width)))
+    columns = max(1, min(columns, n))
+    rows = max(1, math.ceil(n / columns))
+    cell_h, cell_w = height * scale + GRID_PADDING, width * scale + GRID_PADDING
+    grid = torch.full((3, rows * cell_h + GRID_PADDING, columns * cell_w + GRID_PADDING), 255, dtype=torch.uint8)
+    shown = images.cpu().repeat_interleave(scale, dim=-2).repeat_interleave(scale, dim=-1).expand(n, 3, -1, -1)
+    for i, image in enumerate(shown):
+        top, left = GRID_PADDING + (i // columns) * cell_h, GRID_PADDING + (i % columns) * cell_w
+        grid[:, top : top + height * scale, left : left + width * scale] = image
+    return grid

@@ -35,6 +35,9 @@ LAST tab (a text may hold tabs), both stripped; blank lines are skipped. The cla
 of `bpe_vocab_size` tokens trained on the train texts with the same extra special tokens as the pretraining data
 (MASK, then 100 T5 sentinels), so that a classifier from scratch and one fine-tuned from a pretraining run have the
 same vocabulary size and special ids.
+
+Its length is two sources of labelled text (Austen's novels cut into passages, TSV files) beside the data
+module and the checks of its options.
 """
 
 from __future__ import annotations

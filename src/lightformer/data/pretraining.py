@@ -16,6 +16,9 @@ Every random choice of a training example (its next-sentence partner, masked pos
 (`EpochShuffleSampler(with_epoch=True)`), so an example is corrupted differently each epoch, exactly again on
 resume, and the same whatever the number of loader workers. Validation and test examples are drawn with epoch 0
 whatever the epoch, so their metrics compare across epochs.
+
+Its length is two objectives, each a dataset and a data module with the checks of its options, over one base (the
+text, its tokenizer and cached ids, the loaders).
 """
 
 from __future__ import annotations

@@ -27,12 +27,10 @@ from lightformer.generation import check_sampling, generate
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.tasks.language_model import LanguageModelTask
 from lightformer.tasks.optim import OptimizerConfig
-from lightformer.tensorboard import logging_step, tensorboard_logger, tensorboard_writer
+from lightformer.tensorboard import image_grid, logging_step, tensorboard_logger, tensorboard_writer
 
 CHECKPOINT_KEY = "pixel_tokenizer"  # PixelTokenizer.to_dict(): plain lists and ints, weights_only-safe
 MASK_GREY = 128  # the value shown for the pixels a completion is not given
-MIN_SHOWN_SIZE = 64  # images in grids are upscaled (nearest) to at least this many screen pixels per side
-GRID_PADDING = 2  # white pixels between the images of a grid
 
 
 def bits_per_dim(loss: Tensor | float) -> Tensor | float:
@@ -334,23 +332,6 @@ def check_same_palette(saved: PixelTokenizer, data: PixelTokenizer) -> None:
 
 
 # --- pictures -------------------------------------------------------------------------------------------------------
-
-
-def image_grid(images: Tensor, columns: int, scale: int | None = None) -> Tensor:
-    """uint8 images ``(n, C, S, S)`` (C = 1 or 3) → one uint8 RGB picture ``(3, H, W)``: ``columns`` per row, each
-    image upscaled ``scale``× by repeating pixels (default: to at least 64 screen pixels), with 2 white pixels
-    between images and around them. H = rows · (S·scale + 2) + 2, W = columns · (S·scale + 2) + 2."""
-    n, _, height, width = images.shape
-    scale = scale or max(1, math.ceil(MIN_SHOWN_SIZE / max(height, width)))
-    columns = max(1, min(columns, n))
-    rows = max(1, math.ceil(n / columns))
-    cell_h, cell_w = height * scale + GRID_PADDING, width * scale + GRID_PADDING
-    grid = torch.full((3, rows * cell_h + GRID_PADDING, columns * cell_w + GRID_PADDING), 255, dtype=torch.uint8)
-    shown = images.cpu().repeat_interleave(scale, dim=-2).repeat_interleave(scale, dim=-1).expand(n, 3, -1, -1)
-    for i, image in enumerate(shown):
-        top, left = GRID_PADDING + (i // columns) * cell_h, GRID_PADDING + (i % columns) * cell_w
-        grid[:, top : top + height * scale, left : left + width * scale] = image
-    return grid
 
 
 def completion_rows(

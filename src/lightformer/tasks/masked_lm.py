@@ -16,11 +16,11 @@ from torchmetrics import MeanMetric
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig
 from lightformer.data.masking import IGNORE_INDEX
-from lightformer.data.tokenizers import MASK, Tokenizer
+from lightformer.data.tokenizers import MASK
 from lightformer.models.bert import BertConfig, BertForPreTraining
 from lightformer.tasks.base import TextTask, as_config
 from lightformer.tasks.optim import OptimizerConfig
-from lightformer.tensorboard import logging_step, markdown_text, tensorboard_writer
+from lightformer.tensorboard import logging_step, render_masked, tensorboard_writer
 
 Batch = dict[str, Tensor]
 # What marks a masked position in the text given to ``fill_mask``: BERT's spelling or the tokenizer's own.
@@ -231,50 +231,3 @@ class _Metrics(torch.nn.Module):
         for metric in (self.mlm_loss, self.mlm_acc, self.nsp_loss, self.nsp_acc):
             metric.reset()
         return {f"{split}/{name}": value for name, value in values.items()}
-
-
-def render_masked(
-    tokenizer: Tokenizer, inputs: list[int], labels: list[int], predictions: list[int]
-) -> tuple[str, str]:
-    """Markdown of one masked example for a table cell: (the text with [MASK] at each selected position, the text
-    with the model's prediction there in bold, followed by the original in italics where they differ).
-
-    ``inputs`` are the model's input ids, ``labels`` the original ids at the selected positions (IGNORE_INDEX
-    elsewhere), ``predictions`` the predicted ids there; padding and [CLS] are left out, an inner [SEP] shown.
-    """
-    special = {tokenizer.pad_id, tokenizer.bos_id}
-    positions = [i for i, token in enumerate(inputs) if token not in special]
-    if positions and inputs[positions[-1]] == tokenizer.eos_id and labels[positions[-1]] == IGNORE_INDEX:
-        positions.pop()  # the closing [SEP]
-    masked, filled, run = [], [], []
-
-    def flush(*text: str) -> None:
-        """End the current run of unselected tokens (shown as they are), then add ``text`` to both renderings."""
-        plain = markdown_text(tokenizer.decode(run)) if run else ""
-        masked.extend((plain, *text))
-        filled.extend((plain, *text))
-        run.clear()
-
-    for i in positions:
-        if labels[i] == IGNORE_INDEX:
-            if inputs[i] == tokenizer.eos_id:
-                flush(" [SEP] ")
-            else:
-                run.append(inputs[i])
-            continue
-        flush()
-        space, original = _split_space(tokenizer.decode([labels[i]], skip_special=False))
-        _, predicted = _split_space(tokenizer.decode([predictions[i]], skip_special=False))
-        masked.append(f"{space}[MASK]")
-        filled.append(f"{space}**{predicted}**" + ("" if predictions[i] == labels[i] else f" *({original})*"))
-    flush()
-    return "".join(masked).strip(), "".join(filled).strip()
-
-
-def _split_space(text: str) -> tuple[str, str]:
-    """(leading spaces as one space or nothing, the rest as Markdown); a token of whitespace only is shown as
-    visible symbols (␣ for a space, ⏎ for a line break)."""
-    core = text.lstrip()
-    if not core:
-        return "", "".join("⏎" if c == "\n" else "␣" for c in text)
-    return (" " if core != text else ""), markdown_text(core)
