@@ -227,6 +227,19 @@ def test_pre_norm_variant_builds_and_runs():
         load_bert_weights(model, _masked_lm_state_dict())
 
 
+@pytest.mark.parametrize("position", ["learned", "rope"])
+def test_rotary_positions_make_the_encoder_see_distances_only(position):
+    """With rotary positions a text reads the same wherever it starts (after padding that no token attends to);
+    with BERT's learned table it does not."""
+    torch.manual_seed(0)
+    encoder = BertEncoder(tiny_config(position=position, norm_first=True)).eval()
+    ids = torch.randint(4, 50, (1, 10))
+    shifted = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], dim=1)  # 3 pads (pad_id 0) first
+    same = torch.allclose(encoder(shifted)[:, 3:], encoder(ids), atol=1e-5)
+    assert same == (position == "rope")
+    assert (encoder.position is None) == (position == "rope")
+
+
 def test_masked_lm_training_lowers_the_loss():
     torch.manual_seed(0)
     vocab, mask_id = 20, 1

@@ -9,11 +9,19 @@ classifier fine-tunes from a pre-training checkpoint by loading the names that m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from lightformer.nn import Activation, Encoder, EncoderLayer, LearnedPositionalEmbedding, TokenEmbedding
+from lightformer.nn import (
+    Activation,
+    Encoder,
+    EncoderLayer,
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    TokenEmbedding,
+)
 from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_heads
 
 # The activations BERT offers: each one serves the feed-forward networks and the masked-LM head's transform, which
@@ -42,6 +50,9 @@ class BertConfig:
             networks and by the masked-LM head's transform.
         norm_first: pre-norm (x + f(norm(x))) with a final norm after the stack; False is BERT's post-norm
             (norm(x + f(x))). The embedding sum is normalised either way.
+        position: "learned" absolute positions (BERT's table, HF's position_embeddings) or "rope" (rotary
+            embeddings in every attention layer, RoFormer's: the score of two tokens depends on their distance,
+            which a small model trained briefly learns much sooner than from a table).
         norm_eps: epsilon of every LayerNorm (HF's layer_norm_eps).
         pad_id: the padding id: masked out of attention as a key, and its embedding row starts at zero and gets no
             gradient from the input side (as HF's padding_idx); linked from the data.
@@ -61,6 +72,7 @@ class BertConfig:
     attn_dropout: float = 0.1
     activation: Activation = "gelu"
     norm_first: bool = False
+    position: Literal["learned", "rope"] = "learned"
     norm_eps: float = 1e-12
     pad_id: int = 0
     num_classes: int = 2
@@ -76,6 +88,7 @@ class BertConfig:
         check_fraction("dropout", self.dropout)
         check_fraction("attn_dropout", self.attn_dropout)
         check_choice("activation", self.activation, tuple(_POINTWISE))
+        check_choice("position", self.position, ("learned", "rope"))
         check_at_least("pad_id", self.pad_id, 0)
         check_at_least("num_classes", self.num_classes, 1)
         if self.classifier_dropout is not None:
@@ -95,7 +108,7 @@ def _init_linear(module: nn.Linear) -> None:
 
 
 class BertEncoder(nn.Module):
-    """BERT's body: token + learned position + segment embeddings → LayerNorm → dropout → encoder stack.
+    """BERT's body: token + segment (+ learned position) embeddings → LayerNorm → dropout → encoder stack.
 
     Returns the hidden states ``(batch, seq, d_model)``; the heads (``MaskedLMHead``, ``Pooler``) are separate
     modules so each task picks its own. Parameters: ``embed`` (tokens, the weight a masked-LM head ties to),
@@ -114,7 +127,8 @@ class BertEncoder(nn.Module):
         self.config = config
         self.pad_id = c.pad_id
         self.embed = TokenEmbedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
-        self.position = LearnedPositionalEmbedding(c.d_model, c.max_len)
+        self.position = LearnedPositionalEmbedding(c.d_model, c.max_len) if c.position == "learned" else None
+        rotary = RotaryEmbedding(c.d_model // c.n_heads, c.max_len) if c.position == "rope" else None
         self.segment = nn.Embedding(c.type_vocab_size, c.d_model)
         self.embed_norm = nn.LayerNorm(c.d_model, eps=c.norm_eps)
         self.dropout = nn.Dropout(c.dropout)
@@ -128,6 +142,7 @@ class BertEncoder(nn.Module):
                 activation=c.activation,
                 norm_first=c.norm_first,
                 norm_eps=c.norm_eps,
+                rotary=rotary,
             )
             for _ in range(c.n_layers)
         ]
@@ -139,7 +154,8 @@ class BertEncoder(nn.Module):
             nn.init.normal_(table.weight, std=0.02)
         with torch.no_grad():
             self.embed.weight[c.pad_id].zero_()
-        nn.init.normal_(self.position.weight, std=0.02)
+        if self.position is not None:
+            nn.init.normal_(self.position.weight, std=0.02)
 
     def forward(self, ids: Tensor, segment_ids: Tensor | None = None, key_mask: Tensor | None = None) -> Tensor:
         """Token ids ``(batch, seq)`` → hidden states ``(batch, seq, d_model)``.
@@ -152,7 +168,9 @@ class BertEncoder(nn.Module):
             key_mask = ids != self.pad_id
         x = self.embed(ids)
         x = x + (self.segment(segment_ids) if segment_ids is not None else self.segment.weight[0])
-        x = self.dropout(self.embed_norm(self.position(x)))
+        if self.position is not None:
+            x = self.position(x)
+        x = self.dropout(self.embed_norm(x))
         return self.encoder(x, key_mask=key_mask)
 
 
