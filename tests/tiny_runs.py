@@ -82,6 +82,7 @@ def task_args(task: str, tmp_path: Path) -> list[str]:
             "--model.net.dropout=0.1",
             "--model.optimizer.warmup_steps=2",
             "--model.num_logged_samples=1",
+            "--trainer.max_steps=-1",
             "--trainer.val_check_interval=null",
             "--trainer.limit_val_batches=2",
             *common,
