@@ -33,6 +33,7 @@ CONFIG = REPO / "configs" / "classify" / "austen_scratch.yaml"
 FRUIT = ["apple", "pear", "plum", "cherry", "melon", "grape", "lemon", "peach", "mango", "fig", "kiwi", "lime"]
 METAL = ["iron", "copper", "zinc", "tin", "lead", "nickel", "cobalt", "silver", "gold", "chrome", "steel", "brass"]
 TINY_NET = {"n_layers": 1, "n_heads": 2, "d_model": 32, "d_ff": 64, "max_len": 32, "norm_first": True}
+TINY_NET["position"] = "rope"  # as the shipped classify and mlm configs
 
 
 # --- Austen --------------------------------------------------------------------------------------------------
