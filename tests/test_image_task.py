@@ -173,7 +173,7 @@ def test_attention_rollout_and_its_figure(pool):
 
 def test_the_confusion_matrix_shows_counts_and_shares():
     confusion = torch.tensor([[5, 1, 0], [0, 6, 0], [2, 0, 4]])
-    figure = confusion_figure(confusion, ["cat", "dog", "T-shirt/top"])
+    figure = confusion_figure(confusion, ["cat", "dog", "T-shirt/top"], "images")
     axes = figure.axes[0]
     assert [label.get_text() for label in axes.get_xticklabels()] == ["cat", "dog", "T-shirt/top"]
     texts = {text.get_text() for text in axes.texts}

@@ -13,6 +13,7 @@ from lightformer.cli import cli_main
 from lightformer.commands import fill_mask
 from lightformer.data.masking import IGNORE_INDEX, reconstruct_from_spans
 from lightformer.data.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
+from lightformer.data.text import SPLITS, split_by_fraction
 from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
 from lightformer.tasks.masked_lm import MaskedLanguageModelTask
 
@@ -178,6 +179,25 @@ def test_options_are_checked_with_their_names(tmp_path):
         SpanCorruptionDataModule(**options, noise_density=1.5)
     with pytest.raises(ValueError, match="the val split is too short.*raise val_fraction"):
         MaskedLMDataModule(**{**options, "val_fraction": 0.001}).setup("fit")
+
+
+def test_each_document_split_holds_out_the_end_of_every_file(tmp_path):
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text(random_words(3000, seed=1), encoding="utf-8")
+    second.write_text(random_words(1000, seed=2), encoding="utf-8")
+    options = data_options(tmp_path, CYCLIC, train_files=[str(first), str(second)], test_fraction=0.1)
+    texts = MaskedLMDataModule(**options, split="each_document")._split_texts()
+    for path in (first, second):
+        text = path.read_text(encoding="utf-8")
+        parts = split_by_fraction(text, 0.1, 0.1)
+        assert all(parts[name] in texts[name] for name in SPLITS)
+    assert (
+        sum(map(len, texts.values())) == len(first.read_text()) + len(second.read_text()) + 3 * 2
+    )  # a blank line joins the two parts of each split
+    by_end = MaskedLMDataModule(**options)._split_texts()  # split="end": val and test are the second file's end
+    assert first.read_text(encoding="utf-8") in by_end["train"] and by_end["test"] in second.read_text()
+    with pytest.raises(ValueError, match="split='tail' is not a way.*'each_document'"):
+        MaskedLMDataModule(**options, split="tail")
 
 
 # --- span-corruption data ------------------------------------------------------------------------------------

@@ -161,9 +161,9 @@ def rollout_figure(images: Tensor, maps: Tensor, titles: Sequence[str]):
     return figure
 
 
-def confusion_figure(confusion: Tensor, class_names: Sequence[str]):
-    """A confusion matrix (rows: true class, columns: predicted): cells shaded by the share of the true class (its
-    recall on the diagonal) and labelled with the count and that share."""
+def confusion_figure(confusion: Tensor, class_names: Sequence[str], items: str):
+    """A confusion matrix (rows: true class, columns: predicted) of `items` ("images", "passages"): cells shaded by
+    the share of the true class (its recall on the diagonal) and labelled with the count and that share."""
     counts = confusion.detach().long().cpu().numpy()
     rates = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
     n = len(class_names)
@@ -183,7 +183,7 @@ def confusion_figure(confusion: Tensor, class_names: Sequence[str]):
                     j, i, f"{counts[i, j]}\n{rates[i, j]:.0%}", ha="center", va="center", fontsize=7, color=colour
                 )
     accuracy = np.trace(counts) / max(counts.sum(), 1)
-    axes.set_title(f"{counts.sum():,} images, accuracy {accuracy:.1%}", fontsize=10)
+    axes.set_title(f"{counts.sum():,} {items}, accuracy {accuracy:.1%}", fontsize=10)
     figure.colorbar(image, ax=axes, label="share of the true class", fraction=0.046)
     return figure
 

@@ -55,7 +55,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from lightformer.data.caching import content_hash, file_stamp, preparing
-from lightformer.data.corpora import AUSTEN_NOVELS, austen_text, split_of
+from lightformer.data.corpora import AUSTEN_NOVELS, austen_text, split_austen_text, split_of
 from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
 from lightformer.data.sequences import PackedSequences
 from lightformer.data.tokenizers import MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
@@ -81,22 +81,6 @@ MIN_SENTENCE_WORDS = 3
 
 
 # --- Austen passages -------------------------------------------------------------------------------------------
-
-
-def split_austen_text(text: str) -> dict[str, str]:
-    """The six novels of ``austen.txt`` (``corpora.austen_text``), keyed by package name, cut at each novel's
-    title line (a line equal to the title, any case: "Persuasion" has a title line in title case)."""
-    starts = []
-    for _, title in AUSTEN_NOVELS:
-        found = [m.start() for m in re.finditer(rf"^{re.escape(title)}$", text, re.IGNORECASE | re.MULTILINE)]
-        if len(found) != 1 or (starts and found[0] <= starts[-1]):
-            raise ValueError(
-                f"the Austen text has {len(found)} title lines {title!r} (expected one, after the previous novel's); "
-                "is it corpora.austen_text's file? Delete it to have it rebuilt"
-            )
-        starts.append(found[0])
-    ends = [*starts[1:], len(text)]
-    return {name: text[start:end] for (name, _), start, end in zip(AUSTEN_NOVELS, starts, ends, strict=True)}
 
 
 def split_sentences(paragraph: str) -> list[str]:

@@ -135,6 +135,22 @@ def austen_text(root: str | Path = "data/austen") -> Path:
     return atomic_write_bytes(target, text.encode("utf-8"))
 
 
+def split_austen_text(text: str) -> dict[str, str]:
+    """The six novels of ``austen.txt`` (``austen_text``), keyed by package name, cut at each novel's title line (a
+    line equal to the title, any case: "Persuasion" has a title line in title case)."""
+    starts = []
+    for _, title in AUSTEN_NOVELS:
+        found = [m.start() for m in re.finditer(rf"^{re.escape(title)}$", text, re.IGNORECASE | re.MULTILINE)]
+        if len(found) != 1 or (starts and found[0] <= starts[-1]):
+            raise ValueError(
+                f"the Austen text has {len(found)} title lines {title!r} (expected one, after the previous novel's); "
+                "is it corpora.austen_text's file? Delete it to have it rebuilt"
+            )
+        starts.append(found[0])
+    ends = [*starts[1:], len(text)]
+    return {name: text[start:end] for (name, _), start, end in zip(AUSTEN_NOVELS, starts, ends, strict=True)}
+
+
 def read_austen_novels(data_dir: str | Path) -> dict[str, str]:
     """Read the six novels from janeaustenr's R lazy-load database `Rdata.rdx` / `Rdata.rdb`.
 

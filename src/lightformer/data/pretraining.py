@@ -5,7 +5,8 @@
                                                      SpanCorruptionDataModule: T5's span corruption
 
 The text is split as `TextDataModule`'s (in characters from the end: train | val | test, the last `val_fraction`
-and `test_fraction`), and the tokenizer and ids are cached the same way (under `cache_dir`, named by a hash of
+and `test_fraction`), or with `split="each_document"` at the same shares of each document (each file; each novel of
+the Austen corpus), and the tokenizer and ids are cached the same way (under `cache_dir`, named by a hash of
 what they depend on, written atomically). Both modules here train the same tokenizer (byte-level BPE with <mask>
 and `num_sentinels` sentinels), so an MLM and a T5 run on one corpus share the cached tokenizer and ids. An
 objective is data plus a loss: the corruption (`lightformer.data.masking`) happens here, and the shared models
@@ -35,7 +36,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
 from lightformer.data.caching import content_hash, file_stamp
-from lightformer.data.corpora import austen_text
+from lightformer.data.corpora import austen_text, split_austen_text
 from lightformer.data.masking import IGNORE_INDEX, mask_tokens, nsp_pair, random_spans_noise_mask, span_corruption
 from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
 from lightformer.data.sequences import collate_pairs
@@ -48,7 +49,7 @@ from lightformer.data.text import (
     write_token_caches,
 )
 from lightformer.data.tokenizers import BOS_ID, EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
-from lightformer.files import as_list, expand_patterns, sha256_of
+from lightformer.files import as_list, expand_patterns, read_utf8, sha256_of
 
 # Bump when the cached files' meaning changes, so old caches are not reused.
 _CACHE_FORMAT_VERSION = 1
@@ -257,6 +258,7 @@ class _SegmentDataModule(L.LightningDataModule):
         corpus: Literal["austen"] | None,
         val_fraction: float,
         test_fraction: float,
+        split: Literal["end", "each_document"],
         bpe_vocab_size: int,
         num_sentinels: int,
         segment_tokens: int,
@@ -283,6 +285,8 @@ class _SegmentDataModule(L.LightningDataModule):
                 f"val_fraction={val_fraction} + test_fraction={test_fraction} leaves no training text; their sum must "
                 "be below 1"
             )
+        if split not in ("end", "each_document"):
+            raise ValueError(f"split={split!r} is not a way to split the text; valid: 'end', 'each_document'")
         if num_sentinels < 0:
             raise ValueError(f"num_sentinels={num_sentinels} must be at least 0")
         if bpe_vocab_size < MIN_BPE_VOCAB_SIZE + 1 + num_sentinels:
@@ -300,6 +304,7 @@ class _SegmentDataModule(L.LightningDataModule):
         self.corpus = corpus
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
+        self.split = split
         self.bpe_vocab_size = bpe_vocab_size
         self.num_sentinels = num_sentinels
         self.segment_tokens = segment_tokens
@@ -434,17 +439,28 @@ class _SegmentDataModule(L.LightningDataModule):
                 "sources": sources,
                 "val_fraction": self.val_fraction,
                 "test_fraction": self.test_fraction,
+                "split": self.split,
             }
         return self._fingerprint_value
 
     def _split_texts(self) -> dict[str, str]:
-        """train | val | test: the text cut in characters, the last `test_fraction` for test, the `val_fraction`
-        before it for validation (as TextDataModule)."""
+        """train | val | test, cut in characters: the last `test_fraction` for test and the `val_fraction` before it for
+        validation, of the whole text (split="end", as TextDataModule) or of each document (split="each_document":
+        each file, each novel of the Austen corpus; a split's parts are joined by a blank line)."""
         if self._texts is None:
-            corpus = read_texts(self._source_files())
-            if not corpus:
-                raise ValueError(f"the text is empty: {', '.join(map(str, self._source_files()))}")
-            self._texts = split_by_fraction(corpus, self.val_fraction, self.test_fraction)
+            files = self._source_files()
+            if self.split == "end":
+                documents = [read_texts(files)]
+            elif self.corpus == "austen":
+                documents = list(split_austen_text(read_utf8(files[0])).values())
+            else:
+                documents = [read_utf8(path) for path in files]
+            if not any(documents):
+                raise ValueError(f"the text is empty: {', '.join(map(str, files))}")
+            parts = [split_by_fraction(document, self.val_fraction, self.test_fraction) for document in documents]
+            self._texts = (
+                parts[0] if len(parts) == 1 else {name: "\n\n".join(part[name] for part in parts) for name in SPLITS}
+            )
         return self._texts
 
     def _load_or_train_tokenizer(self) -> Tokenizer:
@@ -479,6 +495,8 @@ class MaskedLMDataModule(_SegmentDataModule):
         corpus: a built-in offline corpus: "austen" (Jane Austen's six novels, fetched into `<data_root>/austen`).
         val_fraction: the last share of the text held out for validation, in [0, 1); 0: no validation.
         test_fraction: the share after validation held out for testing, in [0, 1).
+        split: where val and test are cut: "end" (of the whole text, in the order of the files) or "each_document"
+            (the same shares of each file, or of each novel of corpus="austen": every document is in every split).
         bpe_vocab_size: vocabulary size of the byte-level BPE trained on the train split (the attribute
             `vocab_size`, linked into the model, is the size in use).
         num_sentinels: T5 sentinels <extra_id_0..N-1> in the vocabulary (unused by BERT; the same tokenizer as
@@ -501,6 +519,7 @@ class MaskedLMDataModule(_SegmentDataModule):
         corpus: Literal["austen"] | None = "austen",
         val_fraction: float = 0.1,
         test_fraction: float = 0.0,
+        split: Literal["end", "each_document"] = "end",
         bpe_vocab_size: int = 8192,
         num_sentinels: int = 100,
         segment_tokens: int = 64,
@@ -522,6 +541,7 @@ class MaskedLMDataModule(_SegmentDataModule):
             corpus,
             val_fraction,
             test_fraction,
+            split,
             bpe_vocab_size,
             num_sentinels,
             segment_tokens,
@@ -590,6 +610,8 @@ class SpanCorruptionDataModule(_SegmentDataModule):
         corpus: a built-in offline corpus: "austen" (Jane Austen's six novels, fetched into `<data_root>/austen`).
         val_fraction: the last share of the text held out for validation, in [0, 1); 0: no validation.
         test_fraction: the share after validation held out for testing, in [0, 1).
+        split: where val and test are cut: "end" (of the whole text, in the order of the files) or "each_document"
+            (the same shares of each file, or of each novel of corpus="austen": every document is in every split).
         bpe_vocab_size: vocabulary size of the byte-level BPE trained on the train split.
         num_sentinels: sentinels <extra_id_0..N-1> in the vocabulary: at least the number of spans of a segment.
         segment_tokens: tokens per segment (one example).
@@ -608,6 +630,7 @@ class SpanCorruptionDataModule(_SegmentDataModule):
         corpus: Literal["austen"] | None = "austen",
         val_fraction: float = 0.1,
         test_fraction: float = 0.0,
+        split: Literal["end", "each_document"] = "end",
         bpe_vocab_size: int = 8192,
         num_sentinels: int = 100,
         segment_tokens: int = 128,
@@ -636,6 +659,7 @@ class SpanCorruptionDataModule(_SegmentDataModule):
             corpus,
             val_fraction,
             test_fraction,
+            split,
             bpe_vocab_size,
             num_sentinels,
             segment_tokens,

@@ -202,7 +202,7 @@ class ImageClassificationTask(Task):
         writer = tensorboard_writer(self)
         if writer is not None:
             names = self.class_names or [str(i) for i in range(self.model.num_classes)]
-            writer.add_figure("test/confusion_matrix", confusion_figure(confusion, names), self.tested_step)
+            writer.add_figure("test/confusion_matrix", confusion_figure(confusion, names, "images"), self.tested_step)
 
     def predict_step(self, batch: Tensor | tuple[Tensor, ...], batch_idx: int = 0) -> dict[str, Tensor]:
         """Preprocessed images ``(batch, C, H, W)`` (or a batch whose first element they are) → class

@@ -175,7 +175,9 @@ class TextClassificationTask(TextTask):
         self.test_confusion.reset()
         writer = tensorboard_writer(self)
         if writer is not None:
-            writer.add_figure("test/confusion_matrix", confusion_figure(confusion, self._names()), self.tested_step)
+            writer.add_figure(
+                "test/confusion_matrix", confusion_figure(confusion, self._names(), "examples"), self.tested_step
+            )
 
     def predict_step(self, batch: Batch | Tensor, batch_idx: int = 0) -> dict[str, Tensor]:
         """Token ids ``(batch, seq)`` (or a batch holding them as "ids") → class ``probabilities``
