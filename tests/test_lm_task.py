@@ -119,3 +119,20 @@ def test_fit_help_works(capsys):
         main(["fit", "--help"])
     assert exit_info.value.code == 0
     assert "--config" in capsys.readouterr().out
+
+
+def test_fit_validates_on_fixed_windows_and_ends_with_the_whole_split(tmp_path):
+    log_dir = fit_tiny(tmp_path, "--data.val_windows=3")
+    events = EventAccumulator(log_dir)
+    events.Reload()
+    val = events.Scalars("val/loss")
+    assert len(val) == 3 and val[0].step < val[1].step <= val[2].step  # two in fit, then the whole split
+    # The last one is the whole split's loss of the last weights, as `validate` computes it.
+    ckpt = f"{log_dir}/checkpoints/last.ckpt"
+    corpus = tmp_path / "corpus.txt"
+    options = [f"--data.train_files=[{corpus}]", f"--data.cache_dir={tmp_path / 'cache'}", "--data.block_size=32"]
+    config = ["--config=configs/lm/austen_char.yaml", "--data.corpus=null", *options, "--trainer.logger=false",
+              f"--trainer.default_root_dir={tmp_path}"]  # fmt: skip
+    validated = cli_main(["validate", *config, f"--ckpt_path={ckpt}"]).trainer.callback_metrics["val/loss"]
+    assert val[2].value == pytest.approx(validated.item(), rel=1e-5)
+    assert val[1].value != pytest.approx(val[2].value, rel=1e-5)  # three windows are not the whole split

@@ -390,3 +390,18 @@ def test_pretraining_split_by_novel_reads_no_passage_the_classifier_is_tested_on
     assert train_read > 0.85 and test_read == 0
     train_read, test_read = read_by_pretraining("end")
     assert test_read > 0.3
+
+
+def test_train_examples_labels_a_fixed_subset_of_the_training_passages(austen, tmp_path):
+    options = {"data_root": str(REPO / "data"), "cache_dir": str(austen.cache_dir), "train_examples": 100}
+    few = TextClassificationDataModule(**options, seed=1).examples()
+    again = TextClassificationDataModule(**options, seed=2).examples()
+    everything = austen.examples()
+    assert few["train"] == again["train"] and len(few["train"]) == 100  # the same labels whatever the seed
+    assert set(few["train"]) < set(everything["train"]) and few["train"] == sorted(
+        few["train"], key=everything["train"].index
+    )
+    assert len({label for _, label, _ in few["train"]}) == 6
+    assert few["val"] == everything["val"] and few["test"] == everything["test"]
+    with pytest.raises(ValueError, match="train_examples=0 must be at least 1"):
+        TextClassificationDataModule(train_examples=0)

@@ -7,10 +7,12 @@ import shutil
 import threading
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 
 from lightformer.data import corpora
 from lightformer.data.corpora import CorpusUnavailableError, austen_text, download
@@ -312,3 +314,16 @@ def test_austen_without_apt_get_says_what_to_run(tmp_path, monkeypatch):
     monkeypatch.setattr(corpora.shutil, "which", lambda tool: None)
     with pytest.raises(CorpusUnavailableError, match=r"apt-get download r-cran-janeaustenr && dpkg-deb -x"):
         austen_text(tmp_path / "austen")
+
+
+def test_val_windows_are_a_fixed_random_subset_while_fitting(tmp_path, corpus):
+    data = TextDataModule(train_files=[str(corpus)], cache_dir=str(tmp_path), block_size=8, val_windows=5)
+    data.setup("fit")
+    whole = len(data.datasets["val"])
+    assert len(data.val_dataloader().dataset) == whole > 5  # outside fit (validate): the whole split
+    data.trainer = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.FITTING))
+    chosen = data.val_dataloader().dataset
+    assert len(chosen) == 5 and chosen.indices == data.val_dataloader().dataset.indices  # the same at every call
+    assert chosen.indices != list(range(5)) and chosen.indices == sorted(chosen.indices)
+    with pytest.raises(ValueError, match="val_windows=0 must be at least 1"):
+        TextDataModule(train_files=[str(corpus)], cache_dir=str(tmp_path), val_windows=0)

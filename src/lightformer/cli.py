@@ -26,6 +26,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities import rank_zero_info
 
 from lightformer.callbacks import (
     AtomicCheckpointIO,
@@ -36,7 +37,7 @@ from lightformer.callbacks import (
 )
 from lightformer.checkpoints import CheckpointError
 from lightformer.data.corpora import CorpusUnavailableError
-from lightformer.progress import Summary
+from lightformer.progress import Summary, validation_line
 
 DATA_LINKS = (
     "vocab_size",
@@ -114,6 +115,13 @@ class LightformerCLI(LightningCLI):
         # Before LightningCLI merges the hyperparameters of a --ckpt_path checkpoint (linked values included).
         subcommand = self.config.get("subcommand")
         check_model_config(self.config[subcommand] if subcommand else self.config)
+
+    def after_fit(self) -> None:
+        """A run that validated on a subset of the validation split (``TextDataModule(val_windows=N)``) ends with one
+        validation on all of it, of the last weights, logged at the last step."""
+        if getattr(self.datamodule, "validates_on_a_subset", False) and not self.trainer.interrupted:
+            self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
+            rank_zero_info(validation_line(self.trainer, "validation on the whole split"))
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         trainer = super().instantiate_trainer(**kwargs)

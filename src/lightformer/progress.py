@@ -72,6 +72,13 @@ class ProgressBar(RichProgressBar):
         return metrics
 
 
+def validation_line(trainer: L.Trainer, what: str = "validation") -> str:
+    """'<what> at step N: val/acc 0.91, val/loss 0.27': the validation metrics the trainer holds."""
+    metrics = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    shown = ", ".join(f"{k} {float(v):.4g}" for k, v in sorted(metrics.items()))
+    return f"{what} at step {trainer.global_step}: {shown}"
+
+
 def _time_remaining(trainer: L.Trainer) -> float | None:
     """Seconds of training left before ``max_time`` stops it (Lightning's ``Timer``), or None without max_time."""
     timer = next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
@@ -111,9 +118,7 @@ class ProgressLog(Callback):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        metrics = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
-        shown = ", ".join(f"{k} {float(v):.4g}" for k, v in sorted(metrics.items()))
-        rank_zero_info(f"validation at step {trainer.global_step}: {shown}")
+        rank_zero_info(validation_line(trainer))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         rank_zero_info(self._line(trainer, pl_module, time.monotonic(), finished=True))

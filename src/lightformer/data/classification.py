@@ -204,6 +204,9 @@ class TextClassificationDataModule(L.LightningDataModule):
         val_tsv_files: validation texts in the same form; default: the md5 bucket split of `tsv_files` (5%).
         test_tsv_files: test texts in the same form; default: the md5 bucket split of `tsv_files` (5%).
         passage_sentences: consecutive sentences per Austen passage.
+        train_examples: label only this many training texts, drawn at random once (the same ones for every run and
+            seed; in their order); None: all of them. For learning curves, and for pretraining on more text than is
+            labelled, the case pretraining is for. Val and test stay whole.
         tokenizer_file: use this tokenizer JSON (``Tokenizer.save``; e.g. `runs/<pretraining run>/version_0/
             tokenizer.json`) instead of training one: needed to fine-tune from a run that was trained with it.
         bpe_vocab_size: size of the byte-level BPE trained on the train texts (when no `tokenizer_file`), with the
@@ -224,6 +227,7 @@ class TextClassificationDataModule(L.LightningDataModule):
         val_tsv_files: list[str] | None = None,
         test_tsv_files: list[str] | None = None,
         passage_sentences: int = 3,
+        train_examples: int | None = None,
         tokenizer_file: str | None = None,
         bpe_vocab_size: int = 8192,
         max_tokens: int = 128,
@@ -262,6 +266,8 @@ class TextClassificationDataModule(L.LightningDataModule):
             if value < least:
                 what = " ([CLS], a token, [SEP])" if name == "max_tokens" else ""
                 raise ValueError(f"{name}={value} must be at least {least}{what}")
+        if train_examples is not None and train_examples < 1:
+            raise ValueError(f"train_examples={train_examples} must be at least 1, or null to use every training text")
         if tokenizer_file is None and bpe_vocab_size < MIN_VOCAB_SIZE:
             raise ValueError(
                 f"bpe_vocab_size={bpe_vocab_size} is too small: the byte-level BPE holds 256 bytes and "
@@ -279,6 +285,7 @@ class TextClassificationDataModule(L.LightningDataModule):
             split: expand_patterns(as_list(patterns[split]), f"{_PREFIX[split]}tsv_files") for split in SPLITS
         }
         self.passage_sentences = passage_sentences
+        self.train_examples = train_examples
         self.tokenizer_file = tokenizer_file
         self.bpe_vocab_size = bpe_vocab_size
         self.max_tokens = max_tokens
@@ -351,6 +358,10 @@ class TextClassificationDataModule(L.LightningDataModule):
                 atomic_write_bytes(path, json.dumps(cached, ensure_ascii=False).encode("utf-8"))
             self._class_names = cached["class_names"]
             self._examples = {split: [tuple(example) for example in cached[split]] for split in SPLITS}
+            train = self._examples["train"]
+            if self.train_examples is not None and self.train_examples < len(train):
+                chosen = np.random.default_rng(0).choice(len(train), self.train_examples, replace=False)
+                self._examples["train"] = [train[i] for i in np.sort(chosen)]
         return self._examples
 
     # --- LightningDataModule hooks ---

@@ -23,7 +23,8 @@ from typing import Literal
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from lightning.pytorch.trainer.states import TrainerFn
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from lightformer.data.caching import content_hash, file_stamp, preparing
 from lightformer.data.corpora import austen_text, download
@@ -128,6 +129,9 @@ class TextDataModule(L.LightningDataModule):
         val_fraction: fraction of the training text held out for validation, in [0, 1); used when
             `val_files` is None. 0 means no validation.
         test_fraction: fraction held out for testing, in [0, 1); used when `test_files` is None.
+        val_windows: validate during `fit` on this many of the validation split's windows, drawn once at random
+            (from `seed`), instead of all of them: cheaper validations, always the same windows. `fit` then ends
+            with one validation on the whole split (``LightformerCLI.after_fit``), as `validate` does. None: all.
         tokenizer: "char" (one id per character; vocabulary from ALL the text, val and test included, so
             that no validation character is unknown) or "bpe" (byte-level BPE trained on the train split only;
             it encodes any text).
@@ -155,6 +159,7 @@ class TextDataModule(L.LightningDataModule):
         sha256: str | None = None,
         val_fraction: float = 0.1,
         test_fraction: float = 0.0,
+        val_windows: int | None = None,
         tokenizer: Literal["char", "bpe"] = "char",
         bpe_vocab_size: int = 8192,
         tokenizer_file: str | None = None,
@@ -196,6 +201,8 @@ class TextDataModule(L.LightningDataModule):
                 raise ValueError(f"{name}={value} must be at least 1")
         if num_workers < 0:
             raise ValueError(f"num_workers={num_workers} must be at least 0")
+        if val_windows is not None and val_windows < 1:
+            raise ValueError(f"val_windows={val_windows} must be at least 1, or null to validate on the whole split")
         if samples_per_epoch is not None and samples_per_epoch < batch_size:
             raise ValueError(
                 f"samples_per_epoch={samples_per_epoch} is smaller than batch_size={batch_size}: an epoch "
@@ -208,6 +215,7 @@ class TextDataModule(L.LightningDataModule):
         self.sha256 = sha256
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
+        self.val_windows = val_windows
         self.tokenizer_kind = tokenizer
         self.bpe_vocab_size = bpe_vocab_size
         self.tokenizer_file = tokenizer_file
@@ -285,6 +293,13 @@ class TextDataModule(L.LightningDataModule):
             return []  # no validation split: Lightning skips validation
         return self._eval_dataloader("val")
 
+    @property
+    def validates_on_a_subset(self) -> bool:
+        """Whether `fit` validates on `val_windows` windows of the validation split rather than all of them."""
+        if self.val_windows is None or self._split_paths()["val"] is None:
+            return False
+        return self.val_windows < len(self._dataset("val"))
+
     def test_dataloader(self) -> DataLoader:
         if self._split_paths()["test"] is None:
             raise ValueError("there is no test split: set test_files, or test_fraction above 0")
@@ -299,6 +314,10 @@ class TextDataModule(L.LightningDataModule):
 
     def _eval_dataloader(self, split: str) -> DataLoader:
         dataset = self._dataset(split)
+        fitting = self.trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
+        if split == "val" and fitting and self.validates_on_a_subset:
+            chosen = np.random.default_rng(self.seed).choice(len(dataset), self.val_windows, replace=False)
+            dataset = Subset(dataset, np.sort(chosen).tolist())
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
