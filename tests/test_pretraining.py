@@ -322,6 +322,7 @@ def test_denoising_task_learns_to_write_the_dropped_spans(tmp_path, one_thread):
             *tiny_run_args(tmp_path, "configs/t5/austen.yaml", CYCLIC),
             "--data.segment_tokens=24",  # two lines: 4 tokens dropped in 1 span
             "--data.val_fraction=0.25",  # 32 segments in the 2 validation batches
+            "--data.test_fraction=0.05",
             "--model.net.max_len=32",
             "--model.net.n_encoder_layers=1",
             "--model.net.n_decoder_layers=1",
