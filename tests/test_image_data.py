@@ -145,6 +145,32 @@ def test_flip_and_none_augment_and_refusals():
         ImageDataModule(dataset="mnist", augment="flip")
 
 
+def test_random_erasing_replaces_one_rectangle_of_about_the_drawn_share_of_each_chosen_image():
+    datamodule = ImageDataModule(dataset="fashion_mnist", augment="none", random_erasing=0.25)
+    torch.manual_seed(0)
+    batch = torch.randint(0, 256, (4000, 1, 28, 28), dtype=torch.uint8)
+    out, _ = datamodule.transform_batch((batch, torch.zeros(4000)), train=True)
+    plain = images.normalize(batch, datamodule.normalize_mean, datamodule.normalize_std)
+    changed = (out != plain)[:, 0]  # (batch, H, W): the erased pixels (noise equal to the pixel: probability 0)
+    erased = changed.flatten(1).any(1)
+    assert abs(erased.float().mean().item() - 0.25) < 0.03  # 1,000 ± 27 expected
+    shares = []
+    for mask in changed[erased]:
+        rows, cols = mask.any(1).nonzero()[:, 0], mask.any(0).nonzero()[:, 0]
+        box = mask[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
+        assert box.all() and box.sum() == mask.sum()  # one solid rectangle, nothing changed outside it
+        shares.append(mask.float().mean().item())
+    shares = torch.tensor(shares)
+    assert shares.min() >= 1 / 784 and shares.max() < 0.4  # 2% to 33% of the area, up to rounding and cuts
+    assert 0.16 < shares.mean() < 0.195  # a uniform share in [0.02, 1/3] has mean 0.177
+    noise = out[:, 0][changed]
+    assert abs(noise.mean().item()) < 0.05 and abs(noise.std().item() - 1) < 0.05  # N(0, 1) in normalised units
+    evaluated, _ = datamodule.transform_batch((batch[:8], torch.zeros(8)), train=False)
+    torch.testing.assert_close(evaluated, plain[:8])  # evaluation is never erased
+    with pytest.raises(ValueError, match="random_erasing=1.5 is a probability, in \\[0, 1\\]"):
+        ImageDataModule(dataset="fashion_mnist", random_erasing=1.5)
+
+
 def test_per_image_augmentation_runs_in_the_loader():
     for augment in ("trivialaugment", "randaugment"):
         datamodule = ImageDataModule(dataset="digits", augment=augment, image_size=16, batch_size=16)

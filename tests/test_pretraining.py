@@ -2,7 +2,9 @@
 and the masked-LM and denoising tasks trained for a second or two through the shipped configs."""
 
 import glob
+import importlib.util
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -259,6 +261,14 @@ def tiny_run_args(tmp_path, config: str, text: str) -> list[str]:
     ]
 
 
+def load_script(path: str):
+    """A script of the repository (benchmarks/...) as a module, for its functions."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, Path(__file__).resolve().parents[1] / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def events_of(tmp_path, name: str) -> tuple[str, EventAccumulator]:
     (run,) = glob.glob(str(tmp_path / "runs" / name / "version_0"))
     events = EventAccumulator(run)
@@ -344,3 +354,14 @@ def test_denoising_task_learns_to_write_the_dropped_spans(tmp_path, one_thread):
     (samples,) = [t for t in events.Tags()["tensors"] if t.startswith("val/denoising")]
     text = events.Tensors(samples)[-1].tensor_proto.string_val[0].decode()
     assert "**prediction:**" in text and "extra\\_id\\_0" in text
+
+    # benchmarks/t5_sentinel_probe.py on the trained checkpoint: the decoder reads its input, so another
+    # segment's input costs its span tokens far more. (Where it looks is not asserted: in this cyclic text any
+    # word and its position tell the span, so the model need not attend to the sentinel.)
+    probe = load_script("benchmarks/t5_sentinel_probe.py")
+    run, _ = events_of(tmp_path, "t5_austen")
+    (ckpt,) = glob.glob(f"{run}/checkpoints/last.ckpt")
+    losses, shares, uniform = probe.measure(ckpt, batches=2)
+    assert losses["own input"]["span token"] < 0.5 * losses["another segment's input"]["span token"], losses
+    assert set(shares) == {"decoder.layers.0.cross_attn"} and all(0 < at <= near <= 1 for at, near in shares.values())
+    assert uniform == pytest.approx(1 / 22)  # 24-token segments: 20 kept tokens, a sentinel and [EOS]

@@ -1,13 +1,15 @@
 """Augmentation and normalisation of whole image batches on the device they train on.
 
 Images travel from the loader as uint8 ``(batch, C, H, W)`` (a quarter of the bytes of float32) and are flipped,
-cropped and normalised where the model runs, in a few vectorised operations: the GPU is not left waiting for one
-CPU process to transform images one by one. Each image gets its own random flip and crop (torchvision's v2
+cropped, normalised and erased where the model runs, in a few vectorised operations: the GPU is not left waiting
+for one CPU process to transform images one by one. Each image gets its own random draws (torchvision's v2
 transforms draw one set of parameters per call, which on a batch would move every image alike). The random numbers
 come from the device's default generator, which ``RandomStateCheckpoint`` saves, so a resumed run repeats them.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -30,6 +32,36 @@ def random_crop(images: Tensor, padding: int) -> Tensor:
     cols = (left + torch.arange(width, device=images.device))[:, None, None, :]  # (batch, 1, 1, W)
     index = torch.arange(batch, device=images.device)[:, None, None, None]
     return padded[index, torch.arange(channels, device=images.device)[None, :, None, None], rows, cols]
+
+
+def random_erasing(
+    images: Tensor,
+    probability: float,
+    scale: tuple[float, float] = (0.02, 1 / 3),
+    ratio: tuple[float, float] = (0.3, 3.3),
+) -> Tensor:
+    """Random erasing (Zhong et al. 2020; timm's ``RandomErasing(mode="pixel")``): with ``probability``, one
+    rectangle of each normalised image ``(batch, C, H, W)`` is replaced by N(0, 1) noise, independently per image.
+
+    The rectangle covers a share of the image drawn uniformly from ``scale``, with an aspect ratio (height / width)
+    drawn log-uniformly from ``ratio``, at a uniform position. Where the drawn side exceeds the image it is cut to
+    the image (timm redraws up to ten times instead, and erases nothing if none fits).
+    """
+    batch, _, height, width = images.shape
+    device = images.device
+    area = torch.empty(batch, device=device).uniform_(*scale) * height * width
+    aspect = torch.exp(torch.empty(batch, device=device).uniform_(math.log(ratio[0]), math.log(ratio[1])))
+    h = torch.sqrt(area * aspect).round().clamp(1, height)
+    w = torch.sqrt(area / aspect).round().clamp(1, width)
+    top = (torch.rand(batch, device=device) * (height - h + 1)).floor()
+    left = (torch.rand(batch, device=device) * (width - w + 1)).floor()
+    rows = torch.arange(height, device=device)[None, :]
+    cols = torch.arange(width, device=device)[None, :]
+    inside_rows = (rows >= top[:, None]) & (rows < (top + h)[:, None])  # (batch, H)
+    inside_cols = (cols >= left[:, None]) & (cols < (left + w)[:, None])  # (batch, W)
+    erase = torch.rand(batch, device=device) < probability
+    mask = (inside_rows[:, :, None] & inside_cols[:, None, :] & erase[:, None, None])[:, None]  # (batch, 1, H, W)
+    return torch.where(mask, torch.randn_like(images), images)
 
 
 def normalize(images: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:

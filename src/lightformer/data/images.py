@@ -35,7 +35,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
-from lightformer.data.augment import normalize, random_crop, random_horizontal_flip
+from lightformer.data.augment import normalize, random_crop, random_erasing, random_horizontal_flip
 from lightformer.data.corpora import DEBIAN_FASHION_MNIST_DIR, install_debian_fashion_mnist
 from lightformer.data.image_files import ImageFileDataset, read_image_folder_layout
 from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
@@ -238,6 +238,9 @@ class ImageDataModule(L.LightningDataModule):
             flipped digits are not digits); "flip_crop" (random crop after padding by image_size // 7 pixels,
             plus horizontal flips except for mnist and digits); "trivialaugment" (TrivialAugmentWide);
             "randaugment" (RandAugment). Flips and crops run per image on the training device.
+        random_erasing: the probability that a training image has one random rectangle (2% to 33% of its area)
+            replaced by noise after normalisation (Zhong et al. 2020; timm's ``--reprob`` with ``--remode pixel``),
+            in [0, 1]; 0: none. Combines with every ``augment``.
         seed: seeds the validation carve and the training-set shuffling.
         pin_memory: pin batches in page-locked memory for faster copies to a GPU.
     """
@@ -254,6 +257,7 @@ class ImageDataModule(L.LightningDataModule):
         batch_size: int = 128,
         num_workers: int = 0,
         augment: AugmentName = "flip_crop",
+        random_erasing: float = 0.0,
         seed: int = 0,
         pin_memory: bool = False,
     ) -> None:
@@ -279,6 +283,8 @@ class ImageDataModule(L.LightningDataModule):
                 raise ValueError(f"ImageDataModule: {name}={value} must be at least {minimum}")
         if num_workers < 0:
             raise ValueError(f"ImageDataModule: num_workers={num_workers} must be at least 0")
+        if not 0.0 <= random_erasing <= 1.0:
+            raise ValueError(f"ImageDataModule: random_erasing={random_erasing} is a probability, in [0, 1]")
         info = DATASET_INFO[dataset]
         self.info = info
         if augment == "flip" and not info.horizontal_flip:
@@ -295,6 +301,7 @@ class ImageDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.augment = augment
+        self.random_erasing = random_erasing
         self.seed = seed
         self.pin_memory = pin_memory
 
@@ -411,14 +418,18 @@ class ImageDataModule(L.LightningDataModule):
 
     def transform_batch(self, batch: tuple[Tensor, Tensor], train: bool) -> tuple[Tensor, Tensor]:
         """uint8 images ``(batch, C, S, S)`` and labels → normalised float32 images (training: flipped and
-        cropped per ``augment`` first, each image with its own random draw) and the labels."""
+        cropped per ``augment`` first, erased per ``random_erasing`` after, each image with its own random draw)
+        and the labels."""
         images, labels = batch
         if train and self.augment in ("flip", "flip_crop"):
             if self.augment == "flip_crop":
                 images = random_crop(images, padding=max(1, self.image_size // 7))
             if self.info.horizontal_flip:
                 images = random_horizontal_flip(images)
-        return normalize(images, self.normalize_mean, self.normalize_std), labels
+        images = normalize(images, self.normalize_mean, self.normalize_std)
+        if train and self.random_erasing > 0:
+            images = random_erasing(images, self.random_erasing)
+        return images, labels
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
         return self.transform_batch(batch, train=self.trainer is not None and self.trainer.training)

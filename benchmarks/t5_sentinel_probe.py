@@ -1,0 +1,106 @@
+"""Does a span-corruption (T5) model read its input? Two measurements on a checkpoint's validation segments.
+
+1. Loss per target token, split into sentinels, [EOS] and span tokens, with each segment's own corrupted input and
+   with another segment's (the batch rolled by one): a decoder that reads the input loses far more without it.
+2. Cross-attention, per decoder layer (mean over heads): the share of its weight that each span token puts on the
+   input position of its own sentinel (and on the 5 positions around it), against uniform attention.
+
+python benchmarks/t5_sentinel_probe.py --ckpt_path runs/t5_austen/version_0/checkpoints/last.ckpt
+
+The data module is rebuilt from the checkpoint's own settings (corpus, split, segment length, noise), so the
+segments and their spans are the ones validation used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+from lightformer.data import SpanCorruptionDataModule
+from lightformer.nn.attention import record_attention
+from lightformer.tasks import DenoisingTask
+from lightformer.tasks.denoising import sentinel_numbers
+
+
+def measure(ckpt_path: str, batches: int) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, float]], float]:
+    """Mean loss per target token {input: {kind: nats}}, cross-attention {layer: (on own sentinel, on the 5
+    positions around it)} and the mean weight of uniform attention (one over the input's length)."""
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    settings = {k: v for k, v in checkpoint["datamodule_hyper_parameters"].items() if not k.startswith("_")}
+    datamodule = SpanCorruptionDataModule(**settings)
+    datamodule.prepare_data()
+    datamodule.setup("validate")
+    task = DenoisingTask.load_from_checkpoint(ckpt_path, map_location="cpu").eval()
+    sentinels = set(sentinel_numbers(task.tgt_tokenizer))
+    pad, eos = task.pad_id, task.tgt_tokenizer.eos_id
+
+    sums: dict[str, dict[str, tuple[float, int]]] = {"own input": {}, "another segment's input": {}}
+    attention: dict[str, list[float]] = {}
+    uniform = []
+    for batch in itertools.islice(datamodule.val_dataloader(), batches):
+        src, tgt_in, target = batch["src"], batch["tgt"][:, :-1], batch["tgt"][:, 1:]
+        uniform += (1 / (src != pad).sum(1).float()).tolist()
+        is_sentinel = torch.isin(target, torch.tensor(sorted(sentinels)))
+        kinds = {
+            "sentinel": is_sentinel,
+            "[EOS]": target == eos,
+            "span token": (target != pad) & (target != eos) & ~is_sentinel,
+        }
+        for name, source in (("own input", src), ("another segment's input", src.roll(1, 0))):
+            with torch.no_grad(), record_attention(task.model) as weights:
+                logits = task.model(source, tgt_in)
+            token_loss = F.cross_entropy(logits.float().transpose(1, 2), target, reduction="none")
+            for kind, mask in kinds.items():
+                total, count = sums[name].get(kind, (0.0, 0))
+                sums[name][kind] = (total + token_loss[mask].sum().item(), count + int(mask.sum()))
+            if name == "own input":
+                _own_sentinel_attention(weights, src, tgt_in, sentinels, pad, attention)
+    losses = {name: {kind: total / count for kind, (total, count) in by_kind.items()} for name, by_kind in sums.items()}
+    shares = {name: (at / n, near / n) for name, (at, near, n) in attention.items()}
+    return losses, shares, sum(uniform) / len(uniform)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ckpt_path", required=True, help="a DenoisingTask checkpoint")
+    parser.add_argument("--batches", type=int, default=8, help="validation batches to probe")
+    args = parser.parse_args()
+    losses, shares, uniform = measure(args.ckpt_path, args.batches)
+    print(f"{args.ckpt_path}: loss per target token (nats)")
+    for name, by_kind in losses.items():
+        print(f"  {name:>24}: " + ", ".join(f"{kind} {loss:.3f}" for kind, loss in by_kind.items()))
+    print(
+        "cross-attention weight of a decoded token on its own sentinel / on the 5 positions around it "
+        f"(uniform: {uniform:.3f} / {5 * uniform:.3f})"
+    )
+    for name, (at, near) in shares.items():
+        print(f"  {name}: {at:.3f} / {near:.3f}")
+
+
+def _own_sentinel_attention(weights, src, tgt_in, sentinels, pad, totals) -> None:
+    """Add, per cross-attention layer, the weight each target position after a sentinel puts on that sentinel's
+    input position (and on the 5 positions centred on it) into ``totals[name] = [at, near, count]``."""
+    for name, w in weights.items():
+        if not name.endswith("cross_attn"):
+            continue
+        w = w.float().mean(1)  # (batch, tgt, src)
+        at = near = count = 0.0
+        for b, (source, target) in enumerate(zip(src.tolist(), tgt_in.tolist(), strict=True)):
+            current = None
+            for t, token in enumerate(target):
+                current = token if token in sentinels else current
+                if current is None or token == pad or current not in source:
+                    continue
+                position = source.index(current)
+                at += w[b, t, position].item()
+                near += w[b, t, max(0, position - 2) : position + 3].sum().item()
+                count += 1
+        previous = totals.setdefault(name, [0.0, 0.0, 0.0])
+        totals[name] = [previous[0] + at, previous[1] + near, previous[2] + count]
+
+
+if __name__ == "__main__":
+    main()
