@@ -18,6 +18,7 @@ import itertools
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from lightformer.data import SpanCorruptionDataModule
 from lightformer.nn.attention import record_attention
@@ -38,12 +39,16 @@ def measure(ckpt_path: str, batches: int) -> tuple[dict[str, dict[str, float]], 
     pad, eos = task.pad_id, task.tgt_tokenizer.eos_id
 
     sums: dict[str, dict[str, tuple[float, int]]] = {"own input": {}, "another segment's input": {}}
-    attention: dict[str, list[float]] = {}
+    attention: dict[str, tuple[float, float, int]] = {}  # layer: (weight on the sentinel, around it, tokens)
     uniform = []
     for batch in itertools.islice(datamodule.val_dataloader(), batches):
         src, tgt_in, target = batch["src"], batch["tgt"][:, :-1], batch["tgt"][:, 1:]
         uniform += (1 / (src != pad).sum(1).float()).tolist()
         is_sentinel = torch.isin(target, torch.tensor(sorted(sentinels)))
+        rows, steps, positions = _sentinel_positions(src, tgt_in, sentinels, pad)
+        window = positions[:, None] + torch.arange(-2, 3)  # the 5 input positions centred on the sentinel
+        in_source = (window >= 0) & (window < src.shape[1])
+        window = window.clamp(0, src.shape[1] - 1)
         kinds = {
             "sentinel": is_sentinel,
             "[EOS]": target == eos,
@@ -57,7 +62,15 @@ def measure(ckpt_path: str, batches: int) -> tuple[dict[str, dict[str, float]], 
                 total, count = sums[name].get(kind, (0.0, 0))
                 sums[name][kind] = (total + token_loss[mask].sum().item(), count + int(mask.sum()))
             if name == "own input":
-                _own_sentinel_attention(weights, src, tgt_in, sentinels, pad, attention)
+                for layer, w in weights.items():
+                    if layer.endswith("cross_attn"):
+                        w = w.float().mean(1)  # (batch, tgt, src): mean over heads
+                        at, near, tokens = attention.get(layer, (0.0, 0.0, 0))
+                        attention[layer] = (
+                            at + w[rows, steps, positions].sum().item(),
+                            near + (w[rows[:, None], steps[:, None], window] * in_source).sum().item(),
+                            tokens + len(rows),
+                        )
     losses = {name: {kind: total / count for kind, (total, count) in by_kind.items()} for name, by_kind in sums.items()}
     shares = {name: (at / n, near / n) for name, (at, near, n) in attention.items()}
     return losses, shares, sum(uniform) / len(uniform)
@@ -80,26 +93,19 @@ def main() -> None:
         print(f"  {name}: {at:.3f} / {near:.3f}")
 
 
-def _own_sentinel_attention(weights, src, tgt_in, sentinels, pad, totals) -> None:
-    """Add, per cross-attention layer, the weight each target position after a sentinel puts on that sentinel's
-    input position (and on the 5 positions centred on it) into ``totals[name] = [at, near, count]``."""
-    for name, w in weights.items():
-        if not name.endswith("cross_attn"):
-            continue
-        w = w.float().mean(1)  # (batch, tgt, src)
-        at = near = count = 0.0
-        for b, (source, target) in enumerate(zip(src.tolist(), tgt_in.tolist(), strict=True)):
-            current = None
-            for t, token in enumerate(target):
-                current = token if token in sentinels else current
-                if current is None or token == pad or current not in source:
-                    continue
-                position = source.index(current)
-                at += w[b, t, position].item()
-                near += w[b, t, max(0, position - 2) : position + 3].sum().item()
-                count += 1
-        previous = totals.setdefault(name, [0.0, 0.0, 0.0])
-        totals[name] = [previous[0] + at, previous[1] + near, previous[2] + count]
+def _sentinel_positions(src: Tensor, tgt_in: Tensor, sentinels: set[int], pad: int) -> tuple[Tensor, Tensor, Tensor]:
+    """For every target token from the first sentinel on: its row, its target position and the input position of
+    the sentinel it follows (the last one written up to and including it), as three index tensors."""
+    rows, steps, positions = [], [], []
+    for b, (source, target) in enumerate(zip(src.tolist(), tgt_in.tolist(), strict=True)):
+        current = None
+        for t, token in enumerate(target):
+            current = token if token in sentinels else current
+            if current is not None and token != pad and current in source:
+                rows.append(b)
+                steps.append(t)
+                positions.append(source.index(current))
+    return torch.tensor(rows), torch.tensor(steps), torch.tensor(positions)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from lightformer.data.pretraining import MaskedLMDataModule, SpanCorruptionDataM
 from lightformer.data.text import SPLITS, split_by_fraction
 from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
 from lightformer.tasks.masked_lm import MaskedLanguageModelTask
+from tiny_runs import last_checkpoint
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
 # Every line is the ten words in their cyclic order from another start: each word predicts the next.
@@ -359,9 +360,7 @@ def test_denoising_task_learns_to_write_the_dropped_spans(tmp_path, one_thread):
     # segment's input costs its span tokens far more. (Where it looks is not asserted: in this cyclic text any
     # word and its position tell the span, so the model need not attend to the sentinel.)
     probe = load_script("benchmarks/t5_sentinel_probe.py")
-    run, _ = events_of(tmp_path, "t5_austen")
-    (ckpt,) = glob.glob(f"{run}/checkpoints/last.ckpt")
-    losses, shares, uniform = probe.measure(ckpt, batches=2)
+    losses, shares, uniform = probe.measure(last_checkpoint(tmp_path), batches=2)
     assert losses["own input"]["span token"] < 0.5 * losses["another segment's input"]["span token"], losses
     assert set(shares) == {"decoder.layers.0.cross_attn"} and all(0 < at <= near <= 1 for at, near in shares.values())
     assert uniform == pytest.approx(1 / 22)  # 24-token segments: 20 kept tokens, a sentinel and [EOS]
