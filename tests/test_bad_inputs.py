@@ -66,6 +66,23 @@ def test_invalid_config_values_are_refused_naming_the_field(argv, message):
     assert re.search(message, refused(argv)), message
 
 
+def test_model_options_on_the_command_line_apply_over_the_checkpoints_hyperparameters(trained, tmp_path):
+    # LightningCLI builds the model of validate/test/predict --ckpt_path from the checkpoint's hyperparameters,
+    # which used to replace even what the command line asked for (a beam size tried in validate was ignored).
+    config = [arg for arg in task_args("vision", tmp_path) if not arg.startswith("--model.")]
+    args = ["validate", *config, f"--ckpt_path={trained['vision']}"]
+    validated = cli_main(args)
+    plain, plain_loss = validated.model.hparams, validated.trainer.callback_metrics["val/loss"]
+    assert plain.test_time_flip is False and plain.label_smoothing == 0.1
+    assert plain.net["drop_path"] == 0.1  # the checkpoint's (the tiny run's command line), over the config file's 0.0
+    changed = cli_main(
+        [*args, "--model.test_time_flip=true", "--model.init_args.label_smoothing", "0.3", "--model.net.dropout=0.2"]
+    )
+    assert changed.model.hparams.test_time_flip is True and changed.model.hparams.label_smoothing == 0.3
+    assert changed.model.hparams.net["drop_path"] == 0.1 and changed.model.hparams.net["dropout"] == 0.2
+    assert changed.trainer.callback_metrics["val/loss"] != plain_loss  # the changed model is the one validated
+
+
 def test_data_that_differs_from_the_checkpoints_model_is_refused(trained, tmp_path):
     args = task_args("lm", tmp_path)
     message = refused(["validate", *args, "--data.block_size=8", f"--ckpt_path={trained['lm']}"])

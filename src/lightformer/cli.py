@@ -115,6 +115,18 @@ class LightformerCLI(LightningCLI):
         # Before LightningCLI merges the hyperparameters of a --ckpt_path checkpoint (linked values included).
         subcommand = self.config.get("subcommand")
         check_model_config(self.config[subcommand] if subcommand else self.config)
+        self.command_line_model_options = model_options_given(sys.argv[1:] if args is None else args)
+
+    def _parse_ckpt_path(self) -> None:
+        """With --ckpt_path, LightningCLI replaces the whole model config by the checkpoint's hyperparameters, so
+        that the model is built as it was trained; the model options given on the command line then apply over them
+        (a beam size or test-time flips tried in ``validate``; an option the weights do not fit fails at loading)."""
+        subcommand = self.config.get("subcommand")
+        given = self.config.clone()
+        super()._parse_ckpt_path()
+        for key in self.command_line_model_options:
+            if f"{subcommand}.{key}" in given:
+                self.config[f"{subcommand}.{key}"] = given[f"{subcommand}.{key}"]
 
     def after_fit(self) -> None:
         """A run that validated on a subset of the validation split (``TextDataModule(val_windows=N)``) ends with one
@@ -316,6 +328,19 @@ def task_help(command: str, args: list[str]) -> None:
     for section, class_path in classes.items():
         with contextlib.suppress(SystemExit):  # a help action prints and exits
             cli_main([command, f"--{section}.help", class_path])
+
+
+def model_options_given(args: list[str]) -> list[str]:
+    """The config keys of the single model options on a command line: ``--model.beam_size=4`` and
+    ``--model.init_args.net.dropout 0.1`` → ``model.init_args.beam_size``, ``model.init_args.net.dropout``."""
+    keys = []
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        if name.startswith("--model."):
+            path = name.removeprefix("--model.").removeprefix("init_args.")
+            if path not in ("class_path", "dict_kwargs"):
+                keys.append(f"model.init_args.{path}")
+    return keys
 
 
 def _gather_list_option(args: list[str], option: str) -> list[str]:
