@@ -1,9 +1,10 @@
 """Callbacks of every run: what keeps it safe (atomic checkpoint files, a ``last.ckpt`` that is really the last,
-exact resume of random state, a stop on non-finite values) and what shows its speed (throughput and MFU).
+exact resume of random state and of epoch-end checkpoints, a stop on non-finite values) and what shows its speed
+(throughput and MFU).
 
 ``python -m lightformer fit`` installs them all (see ``lightformer.cli``); with the Python API, pass
 ``plugins=[AtomicCheckpointIO()]`` and ``callbacks=[ModelCheckpoint(save_last=True), NonFiniteLossGuard(),
-RandomStateCheckpoint(), Throughput()]`` to the ``Trainer``.
+RandomStateCheckpoint(), ResumeAfterEpochEnd(), Throughput()]`` to the ``Trainer``.
 """
 
 from __future__ import annotations
@@ -263,6 +264,32 @@ class RandomStateCheckpoint(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         set_random_state(state_dict)
+
+
+class ResumeAfterEpochEnd(Callback):
+    """Resume a run with ``max_steps`` from a checkpoint written at the end of an epoch, as from any other.
+
+    Lightning's ``ModelCheckpoint`` writes at the end of the training epoch when the run validates once per epoch.
+    Lightning 2.6 resumes such a checkpoint correctly only when training is epoch-based (``max_steps: -1``): with
+    ``max_steps`` set it restarts "on the epoch end" and counts that epoch a second time, so the resumed run skips
+    one epoch of data and stops an epoch early (a run resumed after 2 of 4 epochs trained 3). Before the loops are
+    restored, this marks the saved epoch as completed and the next one as not begun, the state in which Lightning
+    starts a new epoch (tested against an uninterrupted run in ``tests/test_checkpoints.py``).
+    """
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        loop = checkpoint.get("loops", {}).get("fit_loop")
+        if trainer.max_steps == -1 or not loop or "epoch_progress" not in loop:
+            return
+        epochs = loop["epoch_progress"]
+        total = epochs["total"]
+        if not total["ready"] == total["started"] == total["processed"] == total["completed"] + 1:
+            return  # written mid-epoch (or at its start): Lightning restarts from there correctly
+        for counts in (epochs["total"], epochs["current"]):
+            counts["completed"] = counts["processed"]
+        for name in ("epoch_loop.batch_progress", "epoch_loop.scheduler_progress"):
+            loop[name]["current"] = dict.fromkeys(loop[name]["current"], 0)
+        loop["epoch_loop.batch_progress"]["is_last_batch"] = False
 
 
 class Throughput(ThroughputMonitor):

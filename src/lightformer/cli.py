@@ -33,6 +33,7 @@ from lightformer.callbacks import (
     NonFiniteLossError,
     NonFiniteLossGuard,
     RandomStateCheckpoint,
+    ResumeAfterEpochEnd,
     Throughput,
 )
 from lightformer.checkpoints import CheckpointError
@@ -270,7 +271,9 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightformerCLI:
         subclass_mode_data=True,
         save_config_callback=SaveRunConfig,
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={"callbacks": [NonFiniteLossGuard(), RandomStateCheckpoint(), Summary()]},
+        trainer_defaults={
+            "callbacks": [NonFiniteLossGuard(), RandomStateCheckpoint(), ResumeAfterEpochEnd(), Summary()]
+        },
         auto_configure_optimizers=False,  # every task configures its own (model.optimizer)
         parser_kwargs={"prog": "lightformer"},
         args=args,
