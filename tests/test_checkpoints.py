@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightformer.callbacks import AtomicCheckpointIO, NonFiniteLossError, RandomStateCheckpoint
+from lightformer.cli import cli_main as main_cli
 from lightformer.cli import main
 from tiny_runs import build, last_checkpoint, task_args
 
@@ -82,6 +84,26 @@ def test_without_the_random_state_a_resumed_run_diverges(tmp_path):
         if not torch.allclose(resumed.model.state_dict()[name], value, rtol=1e-6, atol=1e-7)
     ]
     assert differs
+
+
+def test_a_resumed_run_goes_on_in_its_own_run_folder(tmp_path):
+    args = [*task_args("vision", tmp_path), "--trainer.max_epochs=2", "--trainer.log_every_n_steps=5"]
+    interrupted = build(args, StopAfterEpochs(1))
+    interrupted.trainer.fit(interrupted.model, interrupted.datamodule)
+    stopped_at, checkpoint = interrupted.trainer.global_step, last_checkpoint(tmp_path)
+
+    resumed = main_cli(["fit", *args, f"--ckpt_path={checkpoint}"])
+    runs = tmp_path / "runs" / "vit_digits"
+    assert [run.name for run in runs.iterdir()] == ["version_0"]  # not a version_1 beside it
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == resumed.trainer.global_step > stopped_at
+    events = EventAccumulator(str(runs / "version_0"), size_guidance={"scalars": 0})
+    events.Reload()
+    steps = [event.step for event in events.Scalars("train/loss")]
+    assert min(steps) < stopped_at < max(steps)  # one curve, before and after the resume
+
+    # A checkpoint from another run family (another save_dir or name) starts a run of its own, as before.
+    elsewhere = main_cli(["fit", *args, f"--ckpt_path={checkpoint}", f"--trainer.logger.init_args.save_dir={tmp_path}"])
+    assert Path(elsewhere.trainer.log_dir) == tmp_path / "vit_digits" / "version_0"
 
 
 @pytest.mark.slow

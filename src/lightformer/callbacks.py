@@ -85,7 +85,7 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
         if not (trainer.is_global_zero and self.dirpath and _is_local_file_protocol(self.dirpath)):
             return
         resumed = [Path(trainer.ckpt_path).parent] if trainer.ckpt_path and Path(trainer.ckpt_path).is_file() else []
-        for folder in {Path(self.dirpath), *resumed}:  # a resumed run usually writes into a new version's folder
+        for folder in {Path(self.dirpath), *resumed}:  # a resumed run may write into another folder
             for orphan in remove_orphaned_temporary_files(folder):
                 rank_zero_info(f"removed {orphan}, the unfinished write of an interrupted run")
         check_checkpoint_folder(Path(self.dirpath), pl_module)

@@ -87,6 +87,8 @@ class LightformerCLI(LightningCLI):
         show_progress(config.trainer)
         if self.subcommand == "test" and config.get("ckpt_path"):
             log_into_tested_run(config.trainer, config.ckpt_path)
+        if self.subcommand == "fit" and config.get("ckpt_path"):
+            continue_resumed_run(config.trainer, config.ckpt_path)
         # With --ckpt_path, LightningCLI has put the checkpoint's hyperparameters into the config: keep the sizes its
         # model was built with, which the data's linked values replace at instantiation.
         net = config.model.init_args.get("net") if config.get("ckpt_path") else None
@@ -211,6 +213,22 @@ def log_into_tested_run(trainer: Namespace, ckpt_path: str) -> None:
     run = path.parent.parent
     if path.parent.name == "checkpoints" and run.name.startswith("version_") and (run / "hparams.yaml").is_file():
         logger.init_args.save_dir, logger.init_args.name = str(run.parent.parent), run.parent.name
+        logger.init_args.version = run.name
+
+
+def continue_resumed_run(trainer: Namespace, ckpt_path: str) -> None:
+    """Resume into the run folder the checkpoint comes from (``<save_dir>/<name>/version_N/checkpoints/<file>``, when
+    ``save_dir`` and ``name`` are the config's and no version is given), instead of a new ``version_N+1``: the
+    TensorBoard curves go on where they stopped, and the checkpoints (best and last) stay in one folder."""
+    logger = trainer.get("logger")
+    if not isinstance(logger, Namespace) or not logger.class_path.endswith("TensorBoardLogger"):
+        return
+    if logger.init_args.get("version") is not None:
+        return
+    path = Path(ckpt_path).resolve()
+    run = path.parent.parent
+    config_root = Path(logger.init_args.save_dir or "lightning_logs") / (logger.init_args.get("name") or "")
+    if path.parent.name == "checkpoints" and run.name.startswith("version_") and run.parent == config_root.resolve():
         logger.init_args.version = run.name
 
 
