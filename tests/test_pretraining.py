@@ -326,6 +326,21 @@ def test_masked_lm_task_learns_and_its_checkpoint_alone_fills_masks(tmp_path, ca
     with pytest.raises(ValueError, match="--text=.*no mask marker"):
         fill_mask(ckpt_path=ckpt, text="no marker here")
 
+    # benchmarks/bert_feature_probe.py: a linear probe per layer, pretrained and freshly initialised, reads the label
+    # of texts told apart by their words ("king"/"son" vs "queen"/"cat") from the mean-pooled features of every layer.
+    rng = random.Random(0)
+    for split, count in (("train", 80), ("val", 40)):
+        lines = [
+            f"the {' '.join(rng.choices(('king son', 'queen cat')[i % 2].split(), k=4))}\t{i % 2}" for i in range(count)
+        ]
+        (tmp_path / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    train, val = str(tmp_path / "train.tsv"), str(tmp_path / "val.tsv")
+    data = {"corpus": None, "tsv_files": [train], "val_tsv_files": [val], "test_tsv_files": [val], "batch_size": 16}
+    data["cache_dir"] = str(tmp_path / "cache")
+    accuracies = load_script("benchmarks/bert_feature_probe.py").measure(ckpt, data)
+    assert set(accuracies) == {"pretrained", "random"}
+    assert all(len(values) == 3 and min(values) >= 0.9 for values in accuracies.values()), accuracies  # 2 layers
+
 
 def test_denoising_task_learns_to_write_the_dropped_spans(tmp_path, one_thread):
     cli_main(

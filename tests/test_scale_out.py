@@ -142,7 +142,7 @@ def probe(out_dir: Path) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("task", [*TASKS, "mlm", "t5", "classify", "igpt"])
 def test_ddp_on_two_cpu_processes_shards_the_data_and_matches_one_process(task, tmp_path):
     args = [
         *task_args(task, tmp_path),

@@ -186,11 +186,12 @@ class ShardProbe(Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         if trainer.current_epoch == 0:
             loader = trainer.train_dataloader
-            self.record["train_indices"] = [int(i) for batch in loader.batch_sampler for i in batch]
+            keys = [key for batch in loader.batch_sampler for key in batch]  # indices, or (index, epoch) pairs
+            self.record["train_indices"] = [int(key[0] if isinstance(key, tuple) else key) for key in keys]
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if trainer.current_epoch == 0:
-            first = batch["src"] if isinstance(batch, dict) else batch[0]
+            first = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
             self.record["train_examples"] += len(first)
 
     def on_validation_end(self, trainer, pl_module) -> None:
