@@ -83,6 +83,15 @@ def test_model_options_on_the_command_line_apply_over_the_checkpoints_hyperparam
     assert changed.trainer.callback_metrics["val/loss"] != plain_loss  # the changed model is the one validated
 
 
+def test_resuming_with_model_options_the_checkpoint_would_override_is_refused(trained, tmp_path):
+    # fit --ckpt_path restores the optimizer and its schedule: a new learning rate would silently not apply.
+    args = ["fit", *task_args("vision", tmp_path), f"--ckpt_path={trained['vision']}"]
+    message = refused([*args, "--model.optimizer.lr=0.0002"])
+    assert "--model.optimizer.lr=0.0002 (the checkpoint's: 0.005) would be ignored" in message
+    assert "--model.init.checkpoint=<the checkpoint> instead of --ckpt_path" in message
+    assert "(the checkpoint's: 0.1)" in refused([*args, "--model.init_args.net.dropout", "0.2"])
+
+
 def test_data_that_differs_from_the_checkpoints_model_is_refused(trained, tmp_path):
     args = task_args("lm", tmp_path)
     message = refused(["validate", *args, "--data.block_size=8", f"--ckpt_path={trained['lm']}"])

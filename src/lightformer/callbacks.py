@@ -203,8 +203,9 @@ def non_finite_advice(trainer: L.Trainer) -> str:
     last = last_good_checkpoint(trainer)
     where = f"The last good checkpoint is {last}" if last else "No checkpoint was written before this step"
     return (
-        f"{where}. To continue, resume with --ckpt_path and lower model.optimizer.lr, set "
-        "trainer.gradient_clip_val (e.g. 1.0), or train in bf16-mixed or 32-true instead of 16-mixed."
+        f"{where}. To continue, resume with --ckpt_path and set trainer.gradient_clip_val (e.g. 1.0), or train in "
+        "bf16-mixed or 32-true instead of 16-mixed; for a lower model.optimizer.lr, start a new run from that "
+        "checkpoint's weights (--model.init.checkpoint)."
     )
 
 

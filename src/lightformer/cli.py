@@ -122,14 +122,30 @@ class LightformerCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         """With --ckpt_path, LightningCLI replaces the whole model config by the checkpoint's hyperparameters, so
-        that the model is built as it was trained; the model options given on the command line then apply over them
-        (a beam size or test-time flips tried in ``validate``; an option the weights do not fit fails at loading)."""
+        that the model is built as it was trained. For ``validate``, ``test`` and ``predict`` the model options given
+        on the command line then apply over them (a beam size or test-time flips to try; an option the weights do
+        not fit fails at loading). ``fit`` resumes the run: its optimizer and schedule come back from the checkpoint
+        too, so a model option that differs from the checkpoint's would be ignored, and is refused instead."""
         subcommand = self.config.get("subcommand")
         given = self.config.clone()
         super()._parse_ckpt_path()
-        for key in self.command_line_model_options:
-            if f"{subcommand}.{key}" in given:
+        keys = [key for key in self.command_line_model_options if f"{subcommand}.{key}" in given]
+        if subcommand != "fit":
+            for key in keys:
                 self.config[f"{subcommand}.{key}"] = given[f"{subcommand}.{key}"]
+            return
+        changed = {key: (given[f"fit.{key}"], self.config[f"fit.{key}"]) for key in keys}
+        changed = {key: values for key, values in changed.items() if values[0] != values[1]}
+        if changed:
+            options = ", ".join(
+                f"--{key.replace('.init_args', '')}={value} (the checkpoint's: {saved})"
+                for key, (value, saved) in changed.items()
+            )
+            raise ConfigError(
+                f"fit --ckpt_path resumes the run as the checkpoint configured it (model, optimizer and schedule), so "
+                f"{options} would be ignored. To train these weights with other model options, start a new run from "
+                "them: --model.init.checkpoint=<the checkpoint> instead of --ckpt_path"
+            )
 
     def after_fit(self) -> None:
         """A run that validated on a subset of the validation split (``TextDataModule(val_windows=N)``) ends with one
