@@ -40,9 +40,10 @@ class StopAfterEpochs(Callback):
     ("task", "options"),
     [
         *((task, []) for task in ("vision", "lm", "translation", "mlm", "t5", "classify", "igpt")),
-        # max_steps set (not reached) and a checkpoint written at the end of epoch 2 (validation once per epoch):
-        # Lightning alone resumed this one epoch short (ResumeAfterEpochEnd)
+        # max_steps set (not reached) and the checkpoint written at the end of epoch 2 (validation once per epoch),
+        # or at the end of training (no validation then): Lightning alone resumed these one epoch short
         ("vision", ["--trainer.max_steps=1000"]),
+        ("vision", ["--trainer.max_steps=1000", "--trainer.check_val_every_n_epoch=3"]),
     ],
     ids=lambda value: value if isinstance(value, str) else "+".join(o.split(".")[-1] for o in value) or None,
 )

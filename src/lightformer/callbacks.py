@@ -270,12 +270,13 @@ class RandomStateCheckpoint(Callback):
 class ResumeAfterEpochEnd(Callback):
     """Resume a run with ``max_steps`` from a checkpoint written at the end of an epoch, as from any other.
 
-    Lightning's ``ModelCheckpoint`` writes at the end of the training epoch when the run validates once per epoch.
-    Lightning 2.6 resumes such a checkpoint correctly only when training is epoch-based (``max_steps: -1``): with
-    ``max_steps`` set it restarts "on the epoch end" and counts that epoch a second time, so the resumed run skips
-    one epoch of data and stops an epoch early (a run resumed after 2 of 4 epochs trained 3). Before the loops are
-    restored, this marks the saved epoch as completed and the next one as not begun, the state in which Lightning
-    starts a new epoch (tested against an uninterrupted run in ``tests/test_checkpoints.py``).
+    Lightning's ``ModelCheckpoint`` writes at the end of the training epoch when the run validates once per epoch,
+    and ``last.ckpt`` is written at the end of training. Lightning 2.6 resumes such checkpoints correctly only when
+    training is epoch-based (``max_steps: -1``): with ``max_steps`` set it restarts inside the finished epoch and
+    counts it a second time, so the resumed run skips one epoch of data and stops an epoch early (a run resumed
+    after 2 of 4 epochs trained 3). Before the loops are restored, this marks the saved epoch as completed and the
+    next one as not begun, the state in which Lightning starts a new epoch (tested against an uninterrupted run,
+    both kinds of checkpoint, in ``tests/test_checkpoints.py``).
     """
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
@@ -284,7 +285,8 @@ class ResumeAfterEpochEnd(Callback):
             return
         epochs = loop["epoch_progress"]
         total = epochs["total"]
-        if not total["ready"] == total["started"] == total["processed"] == total["completed"] + 1:
+        finished = total["ready"] == total["started"] == total["processed"]  # the epoch's batches all ran
+        if not finished or total["completed"] < total["processed"] - 1:
             return  # written mid-epoch (or at its start): Lightning restarts from there correctly
         for counts in (epochs["total"], epochs["current"]):
             counts["completed"] = counts["processed"]
