@@ -17,8 +17,7 @@ from lightning.pytorch.callbacks import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightformer.callbacks import AtomicCheckpointIO, NonFiniteLossError, RandomStateCheckpoint
-from lightformer.cli import cli_main as main_cli
-from lightformer.cli import main
+from lightformer.cli import cli_main, main
 from tiny_runs import build, last_checkpoint, task_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,7 +92,7 @@ def test_a_resumed_run_goes_on_in_its_own_run_folder(tmp_path):
     interrupted.trainer.fit(interrupted.model, interrupted.datamodule)
     stopped_at, checkpoint = interrupted.trainer.global_step, last_checkpoint(tmp_path)
 
-    resumed = main_cli(["fit", *args, f"--ckpt_path={checkpoint}"])
+    resumed = cli_main(["fit", *args, f"--ckpt_path={checkpoint}"])
     runs = tmp_path / "runs" / "vit_digits"
     assert [run.name for run in runs.iterdir()] == ["version_0"]  # not a version_1 beside it
     assert torch.load(checkpoint, weights_only=True)["global_step"] == resumed.trainer.global_step > stopped_at
@@ -103,7 +102,7 @@ def test_a_resumed_run_goes_on_in_its_own_run_folder(tmp_path):
     assert min(steps) < stopped_at < max(steps)  # one curve, before and after the resume
 
     # A checkpoint from another run family (another save_dir or name) starts a run of its own, as before.
-    elsewhere = main_cli(["fit", *args, f"--ckpt_path={checkpoint}", f"--trainer.logger.init_args.save_dir={tmp_path}"])
+    elsewhere = cli_main(["fit", *args, f"--ckpt_path={checkpoint}", f"--trainer.logger.init_args.save_dir={tmp_path}"])
     assert Path(elsewhere.trainer.log_dir) == tmp_path / "vit_digits" / "version_0"
 
 
