@@ -288,7 +288,7 @@ class ResumeAfterEpochEnd(Callback):
         finished = total["ready"] == total["started"] == total["processed"]  # the epoch's batches all ran
         if not finished or total["completed"] < total["processed"] - 1:
             return  # written mid-epoch (or at its start): Lightning restarts from there correctly
-        for counts in (epochs["total"], epochs["current"]):
+        for counts in (total, epochs["current"]):
             counts["completed"] = counts["processed"]
         for name in ("epoch_loop.batch_progress", "epoch_loop.scheduler_progress"):
             loop[name]["current"] = dict.fromkeys(loop[name]["current"], 0)

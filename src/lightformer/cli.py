@@ -126,6 +126,9 @@ class LightformerCLI(LightningCLI):
         on the command line then apply over them (a beam size or test-time flips to try; an option the weights do
         not fit fails at loading). ``fit`` resumes the run: its optimizer and schedule come back from the checkpoint
         too, so a model option that differs from the checkpoint's would be ignored, and is refused instead."""
+        if not self.command_line_model_options:
+            super()._parse_ckpt_path()
+            return
         subcommand = self.config.get("subcommand")
         given = self.config.clone()
         super()._parse_ckpt_path()
@@ -219,15 +222,15 @@ def log_into_tested_run(trainer: Namespace, ckpt_path: str) -> None:
     """Point a TensorBoard logger at the run a tested checkpoint comes from (``<save_dir>/<name>/version_N`` holding
     ``checkpoints/<file>``, or for an averaged checkpoint the run of the checkpoints it averages), so that its test
     metrics join that run's curves and HParams row instead of starting a run of their own."""
-    logger = trainer.get("logger")
-    if not isinstance(logger, Namespace) or not logger.class_path.endswith("TensorBoardLogger"):
+    logger = _tensorboard_logger(trainer)
+    if logger is None:
         return
     path = Path(ckpt_path)
     if path.is_file() and path.parent.name != "checkpoints":
         averaged = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("averaged_checkpoints")
         path = Path(averaged[0]) if averaged else path
-    run = path.parent.parent
-    if path.parent.name == "checkpoints" and run.name.startswith("version_") and (run / "hparams.yaml").is_file():
+    run = _run_folder(path)
+    if run is not None and (run / "hparams.yaml").is_file():
         logger.init_args.save_dir, logger.init_args.name = str(run.parent.parent), run.parent.name
         logger.init_args.version = run.name
 
@@ -236,16 +239,25 @@ def continue_resumed_run(trainer: Namespace, ckpt_path: str) -> None:
     """Resume into the run folder the checkpoint comes from (``<save_dir>/<name>/version_N/checkpoints/<file>``, when
     ``save_dir`` and ``name`` are the config's and no version is given), instead of a new ``version_N+1``: the
     TensorBoard curves go on where they stopped, and the checkpoints (best and last) stay in one folder."""
-    logger = trainer.get("logger")
-    if not isinstance(logger, Namespace) or not logger.class_path.endswith("TensorBoardLogger"):
+    logger = _tensorboard_logger(trainer)
+    if logger is None or logger.init_args.get("version") is not None:
         return
-    if logger.init_args.get("version") is not None:
-        return
-    path = Path(ckpt_path).resolve()
-    run = path.parent.parent
+    run = _run_folder(Path(ckpt_path).resolve())
     config_root = Path(logger.init_args.save_dir or "lightning_logs") / (logger.init_args.get("name") or "")
-    if path.parent.name == "checkpoints" and run.name.startswith("version_") and run.parent == config_root.resolve():
+    if run is not None and run.parent == config_root.resolve():
         logger.init_args.version = run.name
+
+
+def _tensorboard_logger(trainer: Namespace) -> Namespace | None:
+    """The trainer config's logger when it is a TensorBoard logger (ours or Lightning's), else None."""
+    logger = trainer.get("logger")
+    return logger if isinstance(logger, Namespace) and logger.class_path.endswith("TensorBoardLogger") else None
+
+
+def _run_folder(checkpoint: Path) -> Path | None:
+    """``<save_dir>/<name>/version_N`` for a checkpoint at ``version_N/checkpoints/<file>``, else None."""
+    run = checkpoint.parent.parent
+    return run if checkpoint.parent.name == "checkpoints" and run.name.startswith("version_") else None
 
 
 class ConfigError(ValueError):
