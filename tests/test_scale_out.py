@@ -70,9 +70,11 @@ def test_multinode_adds_nodes_to_the_strategy_before_it(capsys):
 
 
 @pytest.fixture
-def one_process_group():
-    """A gloo process group of one: enough for FSDP2 to shard (over one process) in this process."""
-    torch.distributed.init_process_group("gloo", init_method="tcp://127.0.0.1:29541", rank=0, world_size=1)
+def one_process_group(tmp_path):
+    """A gloo process group of one: enough for FSDP2 to shard (over one process) in this process. Its rendezvous is a
+    file, not a fixed TCP port, so that tests run in parallel (pytest -n) do not take each other's port."""
+    store = tmp_path / "process_group"
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     yield torch.distributed.device_mesh.init_device_mesh("cpu", (1,))
     torch.distributed.destroy_process_group()
 
