@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -380,6 +381,30 @@ def test_a_model_starts_from_another_runs_weights_with_a_new_head_frozen_and_slo
     expected = lightformer_to_timm(from_timm.model.state_dict())
     for name, value in timm.state_dict().items():
         torch.testing.assert_close(expected[name], value, msg=name)
+    # skip: those weights are not loaded but keep their fresh initialisation, reported as new, at the new rate
+    caplog.clear()
+    init = InitConfig(checkpoint=init.checkpoint, skip=("encoder.layers.1",), pretrained_lr_scale=0.1)
+    reinit = ImageClassificationTask(net=ViTConfig(**shape, num_classes=3), init=init)
+    fresh = {name: value.clone() for name, value in reinit.model.state_dict().items()}
+    reinit._trainer = SimpleNamespace(ckpt_path=None, datamodule=None, estimated_stepping_batches=10)
+    reinit.setup("fit")
+    for name, value in reinit.model.state_dict().items():
+        expected = fresh[name] if name.startswith(("encoder.layers.1.", "head.")) else trained[name]
+        torch.testing.assert_close(value, expected, msg=name)
+    skipped = [name for name in fresh if name.startswith("encoder.layers.1.")]
+    report = f"; new {len(skipped) + 2} (encoder.layers.1, encoder.layers.1.ffn, encoder.layers.1.self_attn, head.bias"
+    assert report + ", head.weight); dropped 2 (head.bias, head.weight)" in caplog.text
+    new_weights = {id(p) for n, p in reinit.model.named_parameters() if n.startswith("encoder.layers.1.")}
+    groups = reinit.configure_optimizers()["optimizer"].param_groups
+    assert new_weights <= {id(p) for group in groups if group["name"].endswith("_new") for p in group["params"]}
+    with pytest.raises(
+        ValueError, match=r"model.init.skip: no weight of .* starts with 'encoder.layer.1' \(its modules: "
+    ):
+        bad = ImageClassificationTask(
+            net=ViTConfig(**shape, num_classes=3), init=replace(init, skip=("encoder.layer.1",))
+        )
+        bad._trainer = SimpleNamespace(ckpt_path=None, datamodule=None)
+        bad.setup("fit")
     with pytest.raises(ValueError, match="model.init.freeze: no parameter of the model starts with 'encder'"):
         bad = ImageClassificationTask(net=ViTConfig(**shape, num_classes=3), init=InitConfig(freeze=("encder",)))
         bad._trainer = SimpleNamespace(ckpt_path=None, datamodule=None)

@@ -105,12 +105,16 @@ class InitConfig:
             initialisation. Resuming (``--ckpt_path``) does not load it again.
         freeze: prefixes of parameter names (as in ``model.named_parameters()``, e.g. "bert.embed",
             "bert.encoder.layers.0") whose weights stay as loaded.
+        skip: prefixes of parameter names not to load: they keep their fresh initialisation, like a new head (e.g.
+            "bert.encoder.layers.3": re-initialise the top layer, the one a pretraining objective specialises most;
+            Zhang et al., "Revisiting Few-sample BERT Fine-tuning", 2021).
         pretrained_lr_scale: the learning rate of the loaded parameters relative to the new ones (e.g. 0.1: the
             pretrained encoder moves ten times more slowly than the new head).
     """
 
     checkpoint: str | None = None
     freeze: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
     pretrained_lr_scale: float = 1.0
 
     def __post_init__(self) -> None:

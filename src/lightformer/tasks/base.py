@@ -161,11 +161,20 @@ class Task(L.LightningModule):
         set_gathered(self.model, False)
 
     def setup(self, stage: str) -> None:
-        """Start from ``init.checkpoint`` (not when resuming: the run's own checkpoint holds the weights) and
-        freeze ``init.freeze``; before the optimizer is made, which gives the loaded weights their learning rate."""
+        """Start from ``init.checkpoint`` but ``init.skip`` (not when resuming: the run's own checkpoint holds the
+        weights) and freeze ``init.freeze``; before the optimizer is made, which gives the loaded weights their
+        learning rate."""
         init = self.init_config
         if stage == "fit" and init.checkpoint:
             weights = pretrained_weights(init.checkpoint)
+            for prefix in init.skip:
+                if not any(name.startswith(prefix) for name in weights):
+                    layers = sorted({name.rsplit(".", 1)[0] for name in weights})
+                    raise ValueError(
+                        f"model.init.skip: no weight of {init.checkpoint} starts with {prefix!r} (its modules: "
+                        f"{', '.join(layers[:12])}{', ...' if len(layers) > 12 else ''})"
+                    )
+            weights = {name: value for name, value in weights.items() if not name.startswith(tuple(init.skip))}
             state = self.model.state_dict()
             self.pretrained = {n for n, v in weights.items() if n in state and state[n].shape == v.shape}
             if self.trainer.ckpt_path is None:
