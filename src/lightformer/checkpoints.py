@@ -103,11 +103,12 @@ class InitConfig:
             ``export``, or Hugging Face BERT / GPT-2 or timm ViT weights (converted by their parameter names). Each
             parameter of this model whose name and shape match is loaded; the others (a new head) keep their fresh
             initialisation. Resuming (``--ckpt_path``) does not load it again.
-        freeze: prefixes of parameter names (as in ``model.named_parameters()``, e.g. "bert.embed",
-            "bert.encoder.layers.0") whose weights stay as loaded.
-        skip: prefixes of parameter names not to load: they keep their fresh initialisation, like a new head (e.g.
-            "bert.encoder.layers.3": re-initialise the top layer, the one a pretraining objective specialises most;
-            Zhang et al., "Revisiting Few-sample BERT Fine-tuning", 2021).
+        freeze: modules (paths as in ``model.named_parameters()``, e.g. "bert.embed", "bert.encoder.layers.0")
+            whose weights stay as loaded. A parameter is under a path if its name is the path or continues it after
+            a dot: "bert.encoder.layers.1" is not "bert.encoder.layers.10".
+        skip: modules (paths as for ``freeze``) whose weights are not loaded: they keep their fresh initialisation,
+            like a new head (e.g. "bert.encoder.layers.3": re-initialise the top layer, the one a pretraining
+            objective specialises most; Zhang et al., "Revisiting Few-sample BERT Fine-tuning", 2021).
         pretrained_lr_scale: the learning rate of the loaded parameters relative to the new ones (e.g. 0.1: the
             pretrained encoder moves ten times more slowly than the new head).
     """
@@ -146,6 +147,11 @@ def pretrained_weights(path: str) -> dict[str, Tensor]:
 
         return timm_to_lightformer(weights)
     return weights
+
+
+def under(name: str, path: str) -> bool:
+    """Whether parameter ``name`` belongs to the module at ``path`` ("a.b" holds "a.b.w", not "a.bc.w")."""
+    return name == path or name.startswith(f"{path}.")
 
 
 @torch.no_grad()

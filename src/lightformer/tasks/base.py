@@ -33,6 +33,7 @@ from lightformer.checkpoints import (
     describe_loading,
     load_matching,
     pretrained_weights,
+    under,
 )
 from lightformer.data.tokenizers import Tokenizer
 from lightformer.distributed import set_gathered, shard_model
@@ -161,28 +162,28 @@ class Task(L.LightningModule):
         set_gathered(self.model, False)
 
     def setup(self, stage: str) -> None:
-        """Start from ``init.checkpoint`` but ``init.skip`` (not when resuming: the run's own checkpoint holds the
-        weights) and freeze ``init.freeze``; before the optimizer is made, which gives the loaded weights their
-        learning rate."""
+        """Start from ``init.checkpoint``, all but the weights under ``init.skip`` (not when resuming: the run's own
+        checkpoint holds the weights), and freeze ``init.freeze``; before the optimizer is made, which gives the
+        loaded weights their learning rate."""
         init = self.init_config
         if stage == "fit" and init.checkpoint:
             weights = pretrained_weights(init.checkpoint)
             for prefix in init.skip:
-                if not any(name.startswith(prefix) for name in weights):
-                    layers = sorted({name.rsplit(".", 1)[0] for name in weights})
+                if not any(under(name, prefix) for name in weights):
+                    modules = sorted({name.rsplit(".", 1)[0] for name in weights})
                     raise ValueError(
-                        f"model.init.skip: no weight of {init.checkpoint} starts with {prefix!r} (its modules: "
-                        f"{', '.join(layers[:12])}{', ...' if len(layers) > 12 else ''})"
+                        f"model.init.skip: no weight of {init.checkpoint} is under {prefix!r} (its modules: "
+                        f"{', '.join(modules[:12])}{', ...' if len(modules) > 12 else ''})"
                     )
-            weights = {name: value for name, value in weights.items() if not name.startswith(tuple(init.skip))}
+            weights = {name: value for name, value in weights.items() if not any(under(name, p) for p in init.skip)}
             state = self.model.state_dict()
             self.pretrained = {n for n, v in weights.items() if n in state and state[n].shape == v.shape}
             if self.trainer.ckpt_path is None:
                 rank_zero_info(describe_loading(load_matching(self.model, weights), init.checkpoint))
         for prefix in init.freeze:
-            frozen = [p for name, p in self.model.named_parameters() if name.startswith(prefix)]
+            frozen = [p for name, p in self.model.named_parameters() if under(name, prefix)]
             if not frozen:
-                raise ValueError(f"model.init.freeze: no parameter of the model starts with {prefix!r}")
+                raise ValueError(f"model.init.freeze: no parameter of the model is under {prefix!r}")
             for parameter in frozen:
                 parameter.requires_grad_(False)
 
