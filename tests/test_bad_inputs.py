@@ -200,6 +200,9 @@ def test_last_ckpt_is_the_last_state_even_when_the_metric_never_improves(tmp_pat
     default = cli_main([*task_args("vision", tmp_path / "default"), "--trainer.callbacks=[]"], run=False)
     (checkpoint,) = default.trainer.checkpoint_callbacks
     assert isinstance(checkpoint, callbacks.ModelCheckpoint) and checkpoint.save_last
+    # and a config with checkpoint callbacks runs without any when checkpointing is turned off
+    off = cli_main([*task_args("vision", tmp_path / "off"), "--trainer.enable_checkpointing=false"], run=False)
+    assert off.trainer.checkpoint_callbacks == []
 
 
 def test_a_resumed_longer_run_keeps_its_schedule_and_says_so(tmp_path):

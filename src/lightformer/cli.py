@@ -180,8 +180,12 @@ LIGHTNING_CHECKPOINT = {
 def keep_last_checkpoint_current(trainer: Namespace) -> None:
     """Make every ``last.ckpt`` the latest state: Lightning's ``ModelCheckpoint`` with ``save_last`` becomes
     lightformer's (the same arguments; Lightning's rewrites ``last.ckpt`` only when the monitored metric improves),
-    and a run configured without checkpoints (but with checkpointing on) gets one that writes ``last.ckpt``."""
+    and a run configured without checkpoints (but with checkpointing on) gets one that writes ``last.ckpt``.
+    ``--trainer.enable_checkpointing=false`` removes the config's checkpoint callbacks (Lightning refuses both)."""
     configured = [c for c in trainer.callbacks or [] if c.class_path.rsplit(".", 1)[-1] == "ModelCheckpoint"]
+    if trainer.enable_checkpointing is False:
+        trainer.callbacks = [c for c in trainer.callbacks or [] if c not in configured]
+        return
     for callback in configured:
         if callback.class_path in LIGHTNING_CHECKPOINT and callback.init_args.get("save_last"):
             callback.class_path = "lightformer.callbacks.ModelCheckpoint"
