@@ -1,4 +1,5 @@
-"""benchmarks/peers.py end to end on a tiny budget: the real code path, no timing assertions."""
+"""benchmarks/peers.py and benchmarks/dropout.py end to end on a tiny budget: the real code path, no timing
+assertions."""
 
 import json
 import math
@@ -27,3 +28,13 @@ def test_peers_prints_ratio_table_and_probes_memory():
     probe = run_peers("--memory-probe", "lm", "ours", "fp32", "--threads", "1")  # what the CPU run does per model
     mib = json.loads(probe.splitlines()[-1])["mib"]
     assert math.isfinite(mib) and mib > 0
+
+
+def test_dropout_benchmark_prints_a_ratio_for_each_shape_and_dtype():
+    script = PEERS.parent / "dropout.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--rounds", "1", "--repeats", "1"], stdout=subprocess.PIPE, text=True, check=True
+    ).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "µs" not in line]
+    assert len(rows) == 4
+    assert all(float(row.strip("| ").split("|")[-1]) > 0 for row in rows)

@@ -13,10 +13,13 @@ from lightformer.nn import (
     EncoderLayer,
     FeedForward,
     LearnedPositionalEmbedding,
+    MultiHeadAttention,
     PatchEmbedding,
     RotaryEmbedding,
     SinusoidalPositionalEmbedding,
+    TokenDropout,
     TokenEmbedding,
+    dropout,
     make_norm,
     sinusoidal_table,
 )
@@ -69,6 +72,58 @@ def test_token_embedding_scaling():
     ids = torch.tensor([[1, 2]])
     torch.testing.assert_close(emb(ids), emb.weight[ids] * 4.0)
     assert emb(torch.arange(1000)).std().item() == pytest.approx(1.0, abs=0.05)  # unit variance once scaled
+
+
+@pytest.mark.parametrize("p", [0.01, 0.1, 0.3, 0.5])
+def test_dropout_drops_at_its_rate_keeps_the_expectation_and_backpropagates_through_its_mask(p):
+    x = torch.full((1000, 999), 2.0, requires_grad=True)  # an odd size: the last 64-bit draw is partly used
+    torch.manual_seed(0)
+    out = dropout(x, p)
+    kept = out != 0
+    assert (1 - kept.float().mean()).item() == pytest.approx(p, abs=0.002)  # 1M elements: sd <= 0.0005
+    torch.testing.assert_close(out[kept], torch.full_like(out[kept], 2.0 / (1 - p)), rtol=1e-4, atol=0)
+    assert out.mean().item() == pytest.approx(2.0, rel=0.01)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, out.detach() / 2.0)  # gradient: the mask times the scale
+    rows = (out != 0).float().mean(1)
+    assert rows.std().item() < 3 * (p * (1 - p) / 999) ** 0.5  # no row is dropped more than chance allows
+    torch.manual_seed(0)
+    torch.testing.assert_close(dropout(x, p), out)  # torch's seeded generator: runs repeat
+    assert dropout(x, p, training=False) is x
+    half = dropout(x.detach().bfloat16(), p)
+    assert half.dtype == torch.bfloat16
+
+
+def test_attention_dropout_keeps_the_expected_output_on_the_cpu_path():
+    """With a padding mask and dropout on CPU, attention is written out in fp32 with `dropout`'s masks (SDPA's
+    CPU masks are slow): averaged over many draws it equals attention without dropout."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(16, 2, dropout=0.3).train()
+    x = torch.randn(2, 5, 16)
+    key_mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    with torch.no_grad():
+        exact = attn.eval()(x, key_mask=key_mask)
+        attn.train()
+        draws = torch.stack([attn(x, key_mask=key_mask) for _ in range(3000)])
+    assert not torch.allclose(draws[0], exact, atol=1e-3)
+    torch.testing.assert_close(draws.mean(0), exact, atol=0.03, rtol=0)
+
+
+def test_token_dropout_zeroes_whole_tokens_at_its_rate_and_only_in_training():
+    drop = TokenDropout(0.2)
+    x = torch.randn(400, 250, 8) + 3.0  # no vector is zero by chance
+    torch.manual_seed(0)
+    out = drop(x)
+    dropped = (out == 0).all(-1)
+    assert ((out == 0) == dropped.unsqueeze(-1)).all()  # a token is dropped whole or kept whole
+    assert dropped.float().mean().item() == pytest.approx(0.2, abs=0.005)  # 100k tokens: sd 0.0013
+    torch.testing.assert_close(out[~dropped], x[~dropped], rtol=0, atol=0)  # kept tokens are not rescaled
+    torch.manual_seed(0)
+    torch.testing.assert_close(drop(x), out)  # drawn from torch's seeded generator: resume stays exact
+    drop.eval()
+    assert drop(x) is x
+    with pytest.raises(ValueError, match=r"token_dropout=1.0 must be in \[0, 1\)"):
+        TokenDropout(1.0)
 
 
 def test_patch_embedding_shapes_and_errors():

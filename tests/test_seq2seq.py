@@ -102,6 +102,29 @@ def test_shared_embeddings_need_one_vocabulary():
     assert model.src_embed is model.tgt_embed and model.output.weight is model.tgt_embed.weight
 
 
+def test_token_dropout_hides_source_and_target_tokens_in_training_only():
+    """In training, a dropped token's embedding is zero (its position remains): the logits equal those of the
+    model without token dropout given the same inputs with those embeddings zeroed. Eval mode is unaffected."""
+    src, tgt_in = torch.randint(3, 20, (4, 9)), torch.randint(3, 20, (4, 7))
+    plain, dropping = small_model(dropout=0.0), small_model(dropout=0.0, token_dropout=0.3)
+    dropping.load_state_dict(plain.state_dict())
+    torch.testing.assert_close(dropping(src, tgt_in), plain(src, tgt_in))  # eval mode
+
+    dropped = []  # (batch, len) masks, source then target
+    hook = dropping.token_dropout.register_forward_hook(lambda m, i, out: dropped.append((out == 0).all(-1)))
+    torch.manual_seed(1)
+    logits = dropping.train()(src, tgt_in)
+    hook.remove()
+    assert [m.shape for m in dropped] == [src.shape, tgt_in.shape]
+    assert all(m.any() and not m.all() for m in dropped)
+
+    masks = iter(dropped)
+    plain.token_dropout.register_forward_hook(lambda m, i, out: out * ~next(masks).unsqueeze(-1))
+    torch.testing.assert_close(logits, plain(src, tgt_in))
+    with pytest.raises(ValueError, match="token_dropout=1.5"):
+        small_model(token_dropout=1.5)
+
+
 def test_initial_logits_have_unit_variance():
     """Tied output over N(0, 1/d) embeddings gives logits ~ N(0, 1), so the first loss is ln V + 1/2."""
     model = small_model(src_vocab_size=300, tgt_vocab_size=300)

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from lightformer.nn import (
     Activation,
+    Dropout,
     Encoder,
     EncoderLayer,
     LearnedPositionalEmbedding,
@@ -131,7 +132,7 @@ class BertEncoder(nn.Module):
         rotary = RotaryEmbedding(c.d_model // c.n_heads, c.max_len) if c.position == "rope" else None
         self.segment = nn.Embedding(c.type_vocab_size, c.d_model)
         self.embed_norm = nn.LayerNorm(c.d_model, eps=c.norm_eps)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         layers = [
             EncoderLayer(
                 c.d_model,
@@ -283,7 +284,7 @@ class BertForSequenceClassification(nn.Module):
         self.bert = BertEncoder(config)
         self.pooler = Pooler(config.d_model)
         dropout = config.dropout if config.classifier_dropout is None else config.classifier_dropout
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(config.d_model, config.num_classes)
         _init_linear(self.classifier)
 

@@ -13,6 +13,7 @@ from lightformer.nn import (
     Decoder,
     DecoderCache,
     DecoderLayer,
+    Dropout,
     NormKind,
     PositionKind,
     RotaryEmbedding,
@@ -90,7 +91,7 @@ class GPT(nn.Module):
         self.embed = TokenEmbedding(c.vocab_size, c.d_model)
         self.position = absolute_position(c.position, c.d_model, c.block_size)
         rotary = RotaryEmbedding(c.d_model // c.n_heads, c.block_size) if c.position == "rope" else None
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
         layers = [
             DecoderLayer(
                 c.d_model,

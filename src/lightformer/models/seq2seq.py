@@ -11,11 +11,13 @@ from lightformer.nn import (
     Decoder,
     DecoderCache,
     DecoderLayer,
+    Dropout,
     Encoder,
     EncoderLayer,
     NormKind,
     PositionKind,
     RotaryEmbedding,
+    TokenDropout,
     TokenEmbedding,
     absolute_position,
     make_norm,
@@ -43,6 +45,8 @@ class EncoderDecoderConfig:
         d_ff: hidden width of the feed-forward networks; None: 4·d_model.
         dropout: dropout on the embeddings and on each sublayer's output.
         attn_dropout: dropout on the attention weights.
+        token_dropout: in training, the embedding of each source and target-input token is zeroed with this
+            probability (word dropout, a regulariser for small corpora; ``nn.TokenDropout``).
         activation: feed-forward activation: "relu" (the paper), "gelu", "gelu_tanh" or "swiglu".
         norm: "layernorm" or "rmsnorm".
         norm_first: pre-norm (x + f(norm(x))), more stable for deep or short-warm-up training; False is the
@@ -64,6 +68,7 @@ class EncoderDecoderConfig:
     d_ff: int | None = 2048
     dropout: float = 0.1
     attn_dropout: float = 0.0
+    token_dropout: float = 0.0
     activation: Activation = "relu"
     norm: NormKind = "layernorm"
     norm_first: bool = False
@@ -83,6 +88,7 @@ class EncoderDecoderConfig:
         check_at_least("d_ff", self.d_ff, 1)
         check_fraction("dropout", self.dropout)
         check_fraction("attn_dropout", self.attn_dropout)
+        check_fraction("token_dropout", self.token_dropout)
         check_choice("activation", self.activation, ("relu", "gelu", "gelu_tanh", "swiglu"))
         check_choice("norm", self.norm, ("layernorm", "rmsnorm"))
         check_choice("position", self.position, ("sinusoidal", "learned", "rope", "none"))
@@ -118,7 +124,8 @@ class EncoderDecoder(nn.Module):
         )
         self.position = absolute_position(c.position, c.d_model, c.max_len)
         rotary = RotaryEmbedding(c.d_model // c.n_heads, c.max_len) if c.position == "rope" else None
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
+        self.token_dropout = TokenDropout(c.token_dropout)
         layer_args = dict(
             d_model=c.d_model,
             n_heads=c.n_heads,
@@ -147,7 +154,7 @@ class EncoderDecoder(nn.Module):
                 nn.init.zeros_(p)
 
     def _embed(self, embedding: TokenEmbedding, ids: Tensor, offset: int = 0) -> Tensor:
-        x = embedding(ids)
+        x = self.token_dropout(embedding(ids))
         if self.position is not None:
             x = self.position(x, offset)
         return self.dropout(x)

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from lightformer.nn import (
     Activation,
+    Dropout,
     Encoder,
     EncoderLayer,
     LearnedPositionalEmbedding,
@@ -121,7 +122,7 @@ class VisionTransformer(nn.Module):
                 grid = [self.patch_embed.grid_size] * 2
                 self.pos_embed.weight[self.num_prefix_tokens :] = build_sincos2d_pos_embed(grid, c.d_model)
             self.pos_embed.weight.requires_grad_(False)
-        self.pos_drop = nn.Dropout(c.dropout)
+        self.pos_drop = Dropout(c.dropout)
         rates = (
             [c.drop_path * i / max(1, c.n_layers - 1) for i in range(c.n_layers)] if c.n_layers > 1 else [c.drop_path]
         )

@@ -4,6 +4,7 @@ Masks are boolean and True means "may attend" / "real token" everywhere (see ``a
 """
 
 from lightformer.nn.attention import KVCache, MultiHeadAttention, causal_mask, explicit_attention, record_attention
+from lightformer.nn.dropout import Dropout, TokenDropout, dropout
 from lightformer.nn.embedding import PatchEmbedding, TokenEmbedding
 from lightformer.nn.feedforward import Activation, FeedForward
 from lightformer.nn.layers import Decoder, DecoderCache, DecoderLayer, Encoder, EncoderLayer
@@ -22,6 +23,7 @@ __all__ = [
     "Decoder",
     "DecoderCache",
     "DecoderLayer",
+    "Dropout",
     "Encoder",
     "EncoderLayer",
     "FeedForward",
@@ -33,9 +35,11 @@ __all__ = [
     "PositionKind",
     "RotaryEmbedding",
     "SinusoidalPositionalEmbedding",
+    "TokenDropout",
     "TokenEmbedding",
     "absolute_position",
     "causal_mask",
+    "dropout",
     "explicit_attention",
     "make_norm",
     "record_attention",

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lightformer.nn.checks import check_heads
+from lightformer.nn.dropout import dropout
 from lightformer.nn.position import RotaryEmbedding
 
 
@@ -162,6 +163,13 @@ class MultiHeadAttention(nn.Module):
             out, weights = explicit_attention(q, k, v, mask, dropout_p)
             if self.on_weights is not None:
                 self.on_weights(weights.detach())
+        elif dropout_p > 0 and q.device.type == "cpu":
+            # SDPA's CPU kernels draw dropout masks one Bernoulli sample at a time (nn.dropout's docstring):
+            # its math kernel's computation (fp32 inside) written out, with fast masks.
+            if use_is_causal:
+                mask = causal_mask(q_len, k_len, q.device)
+            out = explicit_attention(q.float(), k.float(), v.float(), mask, dropout_p)[0].to(q.dtype)
+            weights = None
         else:
             # With an explicit mask on CPU, SDPA's fused kernel's backward is ~2x slower than its math kernel at
             # translation shapes (short padded sequences, fp32): benchmarks/translation_vs_torch.py.
@@ -206,7 +214,7 @@ def explicit_attention(
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
-    return F.dropout(weights, dropout_p) @ v, weights
+    return dropout(weights, dropout_p) @ v, weights
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from lightformer.nn.attention import KVCache, MultiHeadAttention
+from lightformer.nn.dropout import Dropout
 from lightformer.nn.feedforward import Activation, FeedForward
 from lightformer.nn.norm import NormKind, make_norm
 from lightformer.nn.position import RotaryEmbedding
@@ -26,7 +27,7 @@ class _ResidualLayer(nn.Module):
     def __init__(self, dropout: float, drop_path: float, norm_first: bool) -> None:
         super().__init__()
         self.norm_first = norm_first
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def residual(self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
