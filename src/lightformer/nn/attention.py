@@ -157,19 +157,18 @@ class MultiHeadAttention(nn.Module):
             mask = _and(mask, causal_mask(q_len, k_len, q.device))
 
         dropout_p = self.dropout if self.training else 0.0
-        if return_weights or self.on_weights is not None or _explicit_is_faster(q, k_len, mask):
+        written_out = return_weights or self.on_weights is not None or _explicit_is_faster(q, k_len, mask)
+        # SDPA's CPU kernels draw dropout masks one Bernoulli sample at a time (see nn/dropout.py): with dropout on
+        # CPU, SDPA's math kernel's computation (fp32 inside) is written out instead, with fast masks.
+        fp32_in_place_of_sdpa = not written_out and dropout_p > 0 and q.device.type == "cpu"
+        if written_out or fp32_in_place_of_sdpa:
             if use_is_causal:
                 mask = causal_mask(q_len, k_len, q.device)
-            out, weights = explicit_attention(q, k, v, mask, dropout_p)
+            qkv = (q.float(), k.float(), v.float()) if fp32_in_place_of_sdpa else (q, k, v)
+            out, weights = explicit_attention(*qkv, mask, dropout_p)
+            out = out.to(q.dtype)
             if self.on_weights is not None:
                 self.on_weights(weights.detach())
-        elif dropout_p > 0 and q.device.type == "cpu":
-            # SDPA's CPU kernels draw dropout masks one Bernoulli sample at a time (nn.dropout's docstring):
-            # its math kernel's computation (fp32 inside) written out, with fast masks.
-            if use_is_causal:
-                mask = causal_mask(q_len, k_len, q.device)
-            out = explicit_attention(q.float(), k.float(), v.float(), mask, dropout_p)[0].to(q.dtype)
-            weights = None
         else:
             # With an explicit mask on CPU, SDPA's fused kernel's backward is ~2x slower than its math kernel at
             # translation shapes (short padded sequences, fp32): benchmarks/translation_vs_torch.py.
