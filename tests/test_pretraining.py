@@ -13,10 +13,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lightformer.cli import cli_main
 from lightformer.commands import fill_mask
-from lightformer.data.masking import IGNORE_INDEX, reconstruct_from_spans
+from lightformer.data.masking import IGNORE_INDEX, random_spans_noise_mask, reconstruct_from_spans, span_corruption
 from lightformer.data.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
+from lightformer.data.sequences import collate_pairs
 from lightformer.data.text import SPLITS, split_by_fraction
 from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
+from lightformer.tasks.denoising import sentinel_span_starts
 from lightformer.tasks.masked_lm import MaskedLanguageModelTask
 from tiny_runs import last_checkpoint
 
@@ -227,6 +229,26 @@ def test_span_corruption_batches_reconstruct_the_segments(tmp_path):
     assert np.array_equal(data.datasets["val"][(4, 1)]["src"], data.datasets["val"][4]["src"])  # fixed
 
 
+def test_sentinel_span_starts_are_the_first_dropped_token_of_each_span():
+    sentinels = np.arange(20, 28)
+    rows = []
+    expected = []
+    for seed, length in enumerate((20, 33, 47, 64)):
+        ids = np.arange(100, 100 + length)  # every token unique: a span's first token says where the span began
+        inputs, targets = span_corruption(ids, np.random.default_rng(seed), sentinel_ids=sentinels)
+        noise = random_spans_noise_mask(length, np.random.default_rng(seed))  # the same draws as span_corruption's
+        expected += ids[noise & ~np.concatenate(([False], noise[:-1]))].tolist()
+        tgt = np.concatenate(([BOS_ID], targets, [EOS_ID]))
+        rows.append({"src": np.append(inputs, EOS_ID), "tgt": tgt, "src_text": "", "tgt_text": ""})
+    batch = collate_pairs(rows, pad_id=PAD_ID)
+    at_sentinels, first_tokens = sentinel_span_starts(batch["src"], batch["tgt"], torch.from_numpy(sentinels))
+    assert first_tokens.tolist() == expected and len(expected) > 4
+    for src, at in zip(batch["src"], at_sentinels, strict=True):
+        assert src[at].tolist() == sentinels[: int(at.sum())].tolist()  # each row's sentinels, in order
+    with pytest.raises(ValueError, match="different numbers of sentinels"):
+        sentinel_span_starts(batch["src"], batch["tgt"][:, :4], torch.from_numpy(sentinels))  # spans cut off
+
+
 # --- the tasks, trained for a second or two through the shipped configs ---------------------------------------
 
 
@@ -379,3 +401,32 @@ def test_denoising_task_learns_to_write_the_dropped_spans(tmp_path, one_thread):
     assert losses["own input"]["span token"] < 0.5 * losses["another segment's input"]["span token"], losses
     assert set(shares) == {"decoder.layers.0.cross_attn"} and all(0 < at <= near <= 1 for at, near in shares.values())
     assert uniform == pytest.approx(1 / 22)  # 24-token segments: 20 kept tokens, a sentinel and [EOS]
+
+
+def test_the_encoder_loss_teaches_the_encoder_what_each_sentinel_hides(tmp_path, one_thread):
+    """With encoder_loss_weight, the encoder's output at each sentinel predicts its span's first token: in the
+    cyclic text the word before the sentinel tells it, and a 1-layer encoder learns that within 40 steps."""
+    cli_main(
+        [
+            *tiny_run_args(tmp_path, "configs/t5/austen.yaml", CYCLIC),
+            "--data.segment_tokens=24",
+            "--data.val_fraction=0.1",
+            "--model.net.max_len=32",
+            "--model.net.n_encoder_layers=1",
+            "--model.net.n_decoder_layers=1",
+            "--model.net.d_model=64",
+            "--model.net.n_heads=2",
+            "--model.net.d_ff=128",
+            "--model.net.dropout=0.0",
+            "--model.optimizer.lr=3e-3",
+            "--model.encoder_loss_weight=0.5",
+            "--trainer.max_steps=40",
+            "--trainer.limit_val_batches=0",
+        ]
+    )
+    _, events = events_of(tmp_path, "t5_austen")
+    encoder_loss = [e.value for e in events.Scalars("train/encoder_loss")]
+    decoder_loss = [e.value for e in events.Scalars("train/loss")]
+    assert len(encoder_loss) == len(decoder_loss) == 40
+    # from ln(400) ~ 6 nats (400 BPE tokens) to a fraction of a nat
+    assert encoder_loss[0] > 4 and max(encoder_loss[-5:]) < 0.5, encoder_loss

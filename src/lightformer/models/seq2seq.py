@@ -171,10 +171,16 @@ class EncoderDecoder(nn.Module):
         x = self.decoder(x, memory, memory_key_mask=src_mask, cache=cache)
         return self.output(x)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher forcing: source ``(batch, src_len)`` and shifted target ``(batch, tgt_len)`` → logits."""
+    def forward(
+        self, src: Tensor, tgt_in: Tensor, encoder_positions: Tensor | None = None
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Teacher forcing: source ``(batch, src_len)`` and shifted target ``(batch, tgt_len)`` → logits. With
+        ``encoder_positions``, a bool mask ``(batch, src_len)``, also the output layer's logits of the encoder's
+        output at those positions ``(n, tgt_vocab_size)`` (an auxiliary encoder loss; computed in this forward so
+        that a sharded model's weights are gathered for it)."""
         memory, src_mask = self.encode(src)
-        return self.decode(tgt_in, memory, src_mask)
+        logits = self.decode(tgt_in, memory, src_mask)
+        return logits if encoder_positions is None else (logits, self.output(memory[encoder_positions]))
 
     def incremental_decoder(self, src: Tensor, beam_size: int = 1) -> SourceConditionedDecoder:
         """Encode ``src`` once and return a decoder for ``lightformer.generation`` (rows repeated per beam)."""

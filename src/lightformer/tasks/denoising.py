@@ -8,12 +8,15 @@ Only the evaluation differs: instead of BLEU, the share of dropped spans the mod
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig
 from lightformer.data.tokenizers import Tokenizer, sentinel
 from lightformer.models.seq2seq import EncoderDecoderConfig
+from lightformer.nn.checks import check_at_least
 from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tasks.translation import Batch, TranslationTask
 from lightformer.tensorboard import logging_step, markdown_text, tensorboard_writer
@@ -35,6 +38,12 @@ class DenoisingTask(TranslationTask):
         activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
         init: start from another run's weights, freeze some, slow the loaded ones.
         label_smoothing: of the training targets (T5 uses none).
+        encoder_loss_weight: weight of an auxiliary training loss that T5 does not have: the encoder's output at
+            each sentinel predicts the first token of that sentinel's span through the (tied) output layer, as a
+            masked language model's does at ``[MASK]``. It gives the encoder a direct reason to say what was
+            dropped at each sentinel, which otherwise reaches it only once the decoder has learnt to look there
+            (``benchmarks/t5_sentinel_probe.py``). 0: T5's objective alone. Validation and test losses are the
+            decoder's only.
         max_len_a: a decode has at most max_len_a · source length + max_len_b tokens (a target is about a quarter
             of its source's length at noise_density 0.15; decoding stops earlier at [EOS]).
         max_len_b: see max_len_a.
@@ -51,6 +60,7 @@ class DenoisingTask(TranslationTask):
         activation_checkpointing: bool = False,
         init: InitConfig = InitConfig(),
         label_smoothing: float = 0.0,
+        encoder_loss_weight: float = 0.0,
         max_len_a: float = 0.5,
         max_len_b: int = 10,
         num_logged_samples: int = 4,
@@ -69,6 +79,7 @@ class DenoisingTask(TranslationTask):
             max_len_b=max_len_b,
             num_logged_samples=num_logged_samples,
         )
+        check_at_least("encoder_loss_weight", encoder_loss_weight, 0.0)
         self.save_hyperparameters()
         del self.val_bleu, self.test_bleu  # translation's metric: no BLEU for denoising
         self.val_span_acc, self.test_span_acc = MeanMetric(), MeanMetric()
@@ -84,6 +95,21 @@ class DenoisingTask(TranslationTask):
                 f"{getattr(datamodule, 'segment_tokens', '?')}) but model.net.max_len={self.model.max_len}, the "
                 f"length of the model's position table; lower segment_tokens or set max_len >= {max_length}"
             )
+
+    # --- training: the decoder's loss, and optionally the encoder's at the sentinels ---------------------------
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        weight = self.hparams.encoder_loss_weight
+        if not weight:
+            return super().training_step(batch, batch_idx)
+        src, tgt = batch["src"], batch["tgt"]
+        at_sentinels, first_tokens = sentinel_span_starts(src, tgt, self._sentinel_tensor())
+        logits, encoder_logits = self(src, tgt[:, :-1], at_sentinels)
+        loss, _ = self._target_loss(logits, tgt)
+        encoder_loss = F.cross_entropy(encoder_logits.float(), first_tokens)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(src))
+        self.log("train/encoder_loss", encoder_loss, batch_size=len(src))
+        return loss + weight * encoder_loss
 
     # --- evaluation: loss and exact-span accuracy (the translation task's BLEU is not computed) ---------------
 
@@ -132,16 +158,35 @@ class DenoisingTask(TranslationTask):
 
     # --- decoding ------------------------------------------------------------------------------------------
 
+    def _sentinel_numbers(self) -> dict[int, int]:
+        if self._sentinel_ids is None:
+            self._sentinel_ids = sentinel_numbers(self.tgt_tokenizer)
+        return self._sentinel_ids
+
+    def _sentinel_tensor(self) -> Tensor:
+        return torch.tensor(list(self._sentinel_numbers()), device=self.device)
+
     def _spans(self, ids: list[int]) -> dict[int, tuple[int, ...]]:
         """Sentinel number → the tokens after it up to the next sentinel or the end; the first occurrence of a
         sentinel counts and tokens before the first sentinel are ignored (``reconstruct_from_spans``'s parsing)."""
-        if self._sentinel_ids is None:
-            self._sentinel_ids = sentinel_numbers(self.tgt_tokenizer)
+        numbers = self._sentinel_numbers()
         spans: dict[int, tuple[int, ...]] = {}
-        starts = [i for i, token in enumerate(ids) if token in self._sentinel_ids] + [len(ids)]
+        starts = [i for i, token in enumerate(ids) if token in numbers] + [len(ids)]
         for start, end in zip(starts[:-1], starts[1:], strict=True):
-            spans.setdefault(self._sentinel_ids[ids[start]], tuple(ids[start + 1 : end]))
+            spans.setdefault(numbers[ids[start]], tuple(ids[start + 1 : end]))
         return spans
+
+
+def sentinel_span_starts(src: Tensor, tgt: Tensor, sentinel_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Where the sentinels are in a batch of corrupted inputs ``src`` ``(B, S)``, as a bool mask, and the first
+    token of each one's span (``(n,)``, in the mask's row-major order), read from the targets ``tgt`` ``(B, T)``
+    ([BOS], each sentinel followed by its span, [EOS], padding): the i-th sentinel of a row of ``src`` is the i-th
+    of the same row of ``tgt``, as ``span_corruption`` makes them."""
+    at_sentinels = torch.isin(src, sentinel_ids)
+    before_span = torch.isin(tgt[:, :-1], sentinel_ids)
+    if not torch.equal(at_sentinels.sum(1), before_span.sum(1)):
+        raise ValueError("src and tgt have different numbers of sentinels in some row: not span-corruption pairs")
+    return at_sentinels, tgt[:, 1:][before_span]
 
 
 def sentinel_numbers(tokenizer: Tokenizer) -> dict[int, int]:

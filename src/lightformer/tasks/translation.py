@@ -129,8 +129,10 @@ class TranslationTask(Task):
     # --- training and evaluation ---------------------------------------------------------------------------
 
     def _loss(self, batch: Batch) -> tuple[Tensor, int]:
-        src, tgt = batch["src"], batch["tgt"]
-        logits = self(src, tgt[:, :-1])
+        return self._target_loss(self(batch["src"], batch["tgt"][:, :-1]), batch["tgt"])
+
+    def _target_loss(self, logits: Tensor, tgt: Tensor) -> tuple[Tensor, int]:
+        """Cross-entropy of the teacher-forced ``logits`` against ``tgt[:, 1:]``, and its number of target tokens."""
         target = tgt[:, 1:]
         loss = F.cross_entropy(
             logits.flatten(0, 1).float(),
