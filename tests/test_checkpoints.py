@@ -19,7 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lightformer.callbacks import AtomicCheckpointIO, NonFiniteLossError, RandomStateCheckpoint
 from lightformer.cli import cli_main, main
-from tiny_runs import build, last_checkpoint, task_args
+from tiny_runs import ALL_TASKS, build, last_checkpoint, task_args
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ class StopAfterEpochs(Callback):
 @pytest.mark.parametrize(
     ("task", "options"),
     [
-        *((task, []) for task in ("vision", "lm", "translation", "mlm", "t5", "classify", "igpt")),
+        *((task, []) for task in ALL_TASKS),
         # max_steps set (not reached) and the checkpoint written at the end of epoch 2 (validation once per epoch),
         # or at the end of training (no validation then): Lightning alone resumed these one epoch short
         ("vision", ["--trainer.max_steps=1000"]),

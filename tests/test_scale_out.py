@@ -20,7 +20,7 @@ from lightformer.models import EncoderDecoderConfig, GPTConfig, ViTConfig
 from lightformer.nn import DecoderLayer, EncoderLayer
 from lightformer.tasks import ImageClassificationTask, LanguageModelTask, TranslationTask
 from lightformer.tasks.base import clip_gradients
-from tiny_runs import ShardProbe, build, last_checkpoint, resolved_config, task_args
+from tiny_runs import ALL_TASKS, ShardProbe, build, last_checkpoint, resolved_config, task_args
 
 REPO = Path(__file__).resolve().parents[1]
 TASK_CONFIGS = sorted(c for c in glob.glob("configs/*/*.yaml") if not c.startswith("configs/trainer/"))
@@ -144,7 +144,7 @@ def probe(out_dir: Path) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", [*TASKS, "mlm", "t5", "classify", "igpt"])
+@pytest.mark.parametrize("task", ALL_TASKS)
 def test_ddp_on_two_cpu_processes_shards_the_data_and_matches_one_process(task, tmp_path):
     args = [
         *task_args(task, tmp_path),

@@ -12,6 +12,8 @@ from lightning.pytorch.callbacks import Callback
 
 from lightformer.cli import cli_main
 
+# Every task, by the name task_args knows it: the tests that run each task (DDP, FSDP2, resume) take them all.
+ALL_TASKS = ("vision", "lm", "translation", "mlm", "t5", "classify", "igpt")
 CORPUS = "It is a truth universally acknowledged, that a single man in possession of a good fortune.\n" * 30
 
 
