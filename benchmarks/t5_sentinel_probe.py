@@ -1,9 +1,10 @@
-"""Does a span-corruption (T5) model read its input? Two measurements on a checkpoint's validation segments.
+"""Does a span-corruption (T5) model read its input? Three measurements on a checkpoint's validation segments.
 
 1. Loss per target token, split into sentinels, [EOS] and span tokens, with each segment's own corrupted input and
    with another segment's (the batch rolled by one): a decoder that reads the input loses far more without it.
 2. Cross-attention, per decoder layer (mean over heads): the share of its weight that each span token puts on the
    input position of its own sentinel (and on the 5 positions around it), against uniform attention.
+3. Exact-span accuracy of greedy decodes (``val/span_acc``) by span length.
 
 python benchmarks/t5_sentinel_probe.py --ckpt_path runs/t5_austen/version_0/checkpoints/last.ckpt
 
@@ -29,12 +30,7 @@ from lightformer.tasks.denoising import sentinel_numbers
 def measure(ckpt_path: str, batches: int) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, float]], float]:
     """Mean loss per target token {input: {kind: nats}}, cross-attention {layer: (on own sentinel, on the 5
     positions around it)} and the mean weight of uniform attention (one over the input's length)."""
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    settings = {k: v for k, v in checkpoint["datamodule_hyper_parameters"].items() if not k.startswith("_")}
-    datamodule = SpanCorruptionDataModule(**settings)
-    datamodule.prepare_data()
-    datamodule.setup("validate")
-    task = DenoisingTask.load_from_checkpoint(ckpt_path, map_location="cpu").eval()
+    datamodule, task = load(ckpt_path)
     sentinels = set(sentinel_numbers(task.tgt_tokenizer))
     pad, eos = task.pad_id, task.tgt_tokenizer.eos_id
 
@@ -76,6 +72,32 @@ def measure(ckpt_path: str, batches: int) -> tuple[dict[str, dict[str, float]], 
     return losses, shares, sum(uniform) / len(uniform)
 
 
+def span_accuracy_by_length(ckpt_path: str, batches: int) -> dict[int, tuple[int, int]]:
+    """{span length: (spans the greedy decode writes back exactly, spans)}, as ``val/span_acc`` counts them."""
+    datamodule, task = load(ckpt_path)
+    eos = task.tgt_tokenizer.eos_id
+    counts: dict[int, tuple[int, int]] = {}
+    for batch in itertools.islice(datamodule.val_dataloader(), batches):
+        with torch.no_grad():
+            decodes = task.decode_ids(batch["src"], beam_size=1)
+        for target, decode in zip(batch["tgt"].tolist(), decodes, strict=True):
+            expected, written = task._spans(target[1 : target.index(eos)]), task._spans(decode)
+            for key, span in expected.items():
+                right, total = counts.get(len(span), (0, 0))
+                counts[len(span)] = (right + (written.get(key) == span), total + 1)
+    return dict(sorted(counts.items()))
+
+
+def load(ckpt_path: str) -> tuple[SpanCorruptionDataModule, DenoisingTask]:
+    """The checkpoint's task (in eval mode) and its data module, rebuilt from the checkpoint's own settings."""
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    settings = {k: v for k, v in checkpoint["datamodule_hyper_parameters"].items() if not k.startswith("_")}
+    datamodule = SpanCorruptionDataModule(**settings)
+    datamodule.prepare_data()
+    datamodule.setup("validate")
+    return datamodule, DenoisingTask.load_from_checkpoint(ckpt_path, map_location="cpu").eval()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt_path", required=True, help="a DenoisingTask checkpoint")
@@ -91,6 +113,9 @@ def main() -> None:
     )
     for name, (at, near) in shares.items():
         print(f"  {name}: {at:.3f} / {near:.3f}")
+    print("spans written back exactly by the greedy decode, by span length (tokens):")
+    for length, (right, total) in span_accuracy_by_length(args.ckpt_path, args.batches).items():
+        print(f"  {length:>2}: {right:>5} of {total:>5} = {right / total:.1%}")
 
 
 def _sentinel_positions(src: Tensor, tgt_in: Tensor, sentinels: set[int], pad: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -412,6 +412,8 @@ def test_denoising_task_learns_to_write_the_dropped_spans(tmp_path, one_thread):
     assert losses["own input"]["span token"] < 0.5 * losses["another segment's input"]["span token"], losses
     assert set(shares) == {"decoder.layers.0.cross_attn"} and all(0 < at <= near <= 1 for at, near in shares.values())
     assert uniform == pytest.approx(1 / 22)  # 24-token segments: 20 kept tokens, a sentinel and [EOS]
+    # every span has 4 tokens here; the probe counts what the last validation did
+    assert probe.span_accuracy_by_length(last_checkpoint(tmp_path), batches=2) == {4: (round(32 * span_acc[-1]), 32)}
 
 
 def test_the_encoder_loss_teaches_the_encoder_what_each_sentinel_hides(tmp_path, one_thread):
