@@ -5,6 +5,8 @@
 2. Cross-attention, per decoder layer (mean over heads): the share of its weight that each span token puts on the
    input position of its own sentinel (and on the 5 positions around it), against uniform attention.
 3. Exact-span accuracy of greedy decodes (``val/span_acc``) by span length.
+4. How often the first token of a span is the argmax of the decoder (teacher-forced, after its sentinel) and of
+   the encoder's output at the sentinel through the output layer (what ``encoder_loss_weight`` trains).
 
 python benchmarks/t5_sentinel_probe.py --ckpt_path runs/t5_austen/version_0/checkpoints/last.ckpt
 
@@ -24,7 +26,7 @@ from torch import Tensor
 from lightformer.data import SpanCorruptionDataModule
 from lightformer.nn.attention import record_attention
 from lightformer.tasks import DenoisingTask
-from lightformer.tasks.denoising import sentinel_numbers
+from lightformer.tasks.denoising import sentinel_numbers, sentinel_span_starts
 
 
 def measure(ckpt_path: str, batches: int) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, float]], float]:
@@ -88,6 +90,23 @@ def span_accuracy_by_length(ckpt_path: str, batches: int) -> dict[int, tuple[int
     return dict(sorted(counts.items()))
 
 
+def first_token_accuracy(ckpt_path: str, batches: int) -> tuple[float, float, int]:
+    """(decoder's accuracy, encoder's accuracy, spans) on the first token of each span."""
+    datamodule, task = load(ckpt_path)
+    sentinel_ids = torch.tensor(sorted(sentinel_numbers(task.tgt_tokenizer)))
+    decoder = encoder = total = 0
+    for batch in itertools.islice(datamodule.val_dataloader(), batches):
+        src, tgt = batch["src"], batch["tgt"]
+        at_sentinels, first_tokens = sentinel_span_starts(src, tgt, sentinel_ids)
+        with torch.no_grad():
+            logits, encoder_logits = task.model(src, tgt[:, :-1], at_sentinels)
+        after_sentinel = torch.isin(tgt[:, :-1], sentinel_ids)
+        decoder += int((logits[after_sentinel].argmax(-1) == first_tokens).sum())
+        encoder += int((encoder_logits.argmax(-1) == first_tokens).sum())
+        total += len(first_tokens)
+    return decoder / total, encoder / total, total
+
+
 def load(ckpt_path: str) -> tuple[SpanCorruptionDataModule, DenoisingTask]:
     """The checkpoint's task (in eval mode) and its data module, rebuilt from the checkpoint's own settings."""
     checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
@@ -116,6 +135,8 @@ def main() -> None:
     print("spans written back exactly by the greedy decode, by span length (tokens):")
     for length, (right, total) in span_accuracy_by_length(args.ckpt_path, args.batches).items():
         print(f"  {length:>2}: {right:>5} of {total:>5} = {right / total:.1%}")
+    decoder, encoder, total = first_token_accuracy(args.ckpt_path, args.batches)
+    print(f"first token of a span ({total} spans): decoder's argmax {decoder:.1%}, encoder's {encoder:.1%}")
 
 
 def _sentinel_positions(src: Tensor, tgt_in: Tensor, sentinels: set[int], pad: int) -> tuple[Tensor, Tensor, Tensor]:

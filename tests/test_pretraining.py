@@ -414,6 +414,8 @@ def test_denoising_task_learns_to_write_the_dropped_spans(tmp_path, one_thread):
     assert uniform == pytest.approx(1 / 22)  # 24-token segments: 20 kept tokens, a sentinel and [EOS]
     # every span has 4 tokens here; the probe counts what the last validation did
     assert probe.span_accuracy_by_length(last_checkpoint(tmp_path), batches=2) == {4: (round(32 * span_acc[-1]), 32)}
+    decoder, encoder, spans = probe.first_token_accuracy(last_checkpoint(tmp_path), batches=2)
+    assert spans == 32 and decoder > 0.8 and encoder < 0.5  # untrained here (encoder_loss_weight=0): near chance
 
 
 def test_the_encoder_loss_teaches_the_encoder_what_each_sentinel_hides(tmp_path, one_thread):
@@ -431,3 +433,6 @@ def test_the_encoder_loss_teaches_the_encoder_what_each_sentinel_hides(tmp_path,
     assert len(encoder_loss) == len(decoder_loss) == 40
     # from ln(400) ~ 6 nats (400 BPE tokens) to a fraction of a nat
     assert encoder_loss[0] > 4 and max(encoder_loss[-5:]) < 0.5, encoder_loss
+    probe = load_script("benchmarks/t5_sentinel_probe.py")
+    _, encoder, spans = probe.first_token_accuracy(last_checkpoint(tmp_path), batches=1)
+    assert spans > 0 and encoder > 0.8  # on validation segments too
