@@ -84,6 +84,7 @@ class DenoisingTask(TranslationTask):
         del self.val_bleu, self.test_bleu  # translation's metric: no BLEU for denoising
         self.val_span_acc, self.test_span_acc = MeanMetric(), MeanMetric()
         self._sentinel_ids: dict[int, int] | None = None  # sentinel id → its number, from the tokenizer
+        self._sentinel_id_tensor: Tensor | None = None  # their ids, on the model's device
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -164,7 +165,10 @@ class DenoisingTask(TranslationTask):
         return self._sentinel_ids
 
     def _sentinel_tensor(self) -> Tensor:
-        return torch.tensor(list(self._sentinel_numbers()), device=self.device)
+        """The sentinel ids on the model's device, made once (not a copy to the device every training step)."""
+        if self._sentinel_id_tensor is None or self._sentinel_id_tensor.device != self.device:
+            self._sentinel_id_tensor = torch.tensor(list(self._sentinel_numbers()), device=self.device)
+        return self._sentinel_id_tensor
 
     def _spans(self, ids: list[int]) -> dict[int, tuple[int, ...]]:
         """Sentinel number → the tokens after it up to the next sentinel or the end; the first occurrence of a
