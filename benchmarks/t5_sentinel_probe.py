@@ -1,4 +1,4 @@
-"""Does a span-corruption (T5) model read its input? Three measurements on a checkpoint's validation segments.
+"""Does a span-corruption (T5) model read its input? Four measurements on a checkpoint's validation segments.
 
 1. Loss per target token, split into sentinels, [EOS] and span tokens, with each segment's own corrupted input and
    with another segment's (the batch rolled by one): a decoder that reads the input loses far more without it.
