@@ -5,8 +5,9 @@
 2. Cross-attention, per decoder layer (mean over heads): the share of its weight that each span token puts on the
    input position of its own sentinel (and on the 5 positions around it), against uniform attention.
 3. Exact-span accuracy of greedy decodes (``val/span_acc``) by span length.
-4. How often the first token of a span is the argmax of the decoder (teacher-forced, after its sentinel) and of
-   the encoder's output at the sentinel through the output layer (what ``encoder_loss_weight`` trains).
+4. How often the first token of a span is the decoder's argmax (teacher-forced, after its sentinel), and how often
+   the argmax of the encoder's output at the sentinel through the output layer (what ``encoder_loss_weight``
+   trains) is one of the span's tokens.
 
 python benchmarks/t5_sentinel_probe.py --ckpt_path runs/t5_austen/version_0/checkpoints/last.ckpt
 
@@ -26,13 +27,14 @@ from torch import Tensor
 from lightformer.data import SpanCorruptionDataModule
 from lightformer.nn.attention import record_attention
 from lightformer.tasks import DenoisingTask
-from lightformer.tasks.denoising import sentinel_numbers, sentinel_span_starts
+from lightformer.tasks.denoising import sentinel_numbers, sentinel_spans
 
 
-def measure(ckpt_path: str, batches: int) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, float]], float]:
+def measure(
+    datamodule: SpanCorruptionDataModule, task: DenoisingTask, batches: int
+) -> tuple[dict[str, dict[str, float]], dict[str, tuple[float, float]], float]:
     """Mean loss per target token {input: {kind: nats}}, cross-attention {layer: (on own sentinel, on the 5
     positions around it)} and the mean weight of uniform attention (one over the input's length)."""
-    datamodule, task = load(ckpt_path)
     sentinels = set(sentinel_numbers(task.tgt_tokenizer))
     pad, eos = task.pad_id, task.tgt_tokenizer.eos_id
 
@@ -74,9 +76,10 @@ def measure(ckpt_path: str, batches: int) -> tuple[dict[str, dict[str, float]], 
     return losses, shares, sum(uniform) / len(uniform)
 
 
-def span_accuracy_by_length(ckpt_path: str, batches: int) -> dict[int, tuple[int, int]]:
+def span_accuracy_by_length(
+    datamodule: SpanCorruptionDataModule, task: DenoisingTask, batches: int
+) -> dict[int, tuple[int, int]]:
     """{span length: (spans the greedy decode writes back exactly, spans)}, as ``val/span_acc`` counts them."""
-    datamodule, task = load(ckpt_path)
     eos = task.tgt_tokenizer.eos_id
     counts: dict[int, tuple[int, int]] = {}
     for batch in itertools.islice(datamodule.val_dataloader(), batches):
@@ -90,20 +93,25 @@ def span_accuracy_by_length(ckpt_path: str, batches: int) -> dict[int, tuple[int
     return dict(sorted(counts.items()))
 
 
-def first_token_accuracy(ckpt_path: str, batches: int) -> tuple[float, float, int]:
-    """(decoder's accuracy, encoder's accuracy, spans) on the first token of each span."""
-    datamodule, task = load(ckpt_path)
+def sentinel_accuracy(
+    datamodule: SpanCorruptionDataModule, task: DenoisingTask, batches: int
+) -> tuple[float, float, int]:
+    """(the share of spans whose first token is the decoder's argmax, teacher-forced after the sentinel; the share
+    of sentinels where the argmax of the encoder's output through the output layer is one of the span's tokens;
+    spans)."""
     sentinel_ids = torch.tensor(sorted(sentinel_numbers(task.tgt_tokenizer)))
     decoder = encoder = total = 0
     for batch in itertools.islice(datamodule.val_dataloader(), batches):
         src, tgt = batch["src"], batch["tgt"]
-        at_sentinels, first_tokens = sentinel_span_starts(src, tgt, sentinel_ids)
+        at_sentinels, span_of, tokens = sentinel_spans(src, tgt, sentinel_ids, task.tgt_tokenizer.eos_id)
         with torch.no_grad():
             logits, encoder_logits = task.model(src, tgt[:, :-1], at_sentinels)
+        starts = torch.cat([torch.ones(1, dtype=torch.bool), span_of[1:] != span_of[:-1]])  # each span's first token
         after_sentinel = torch.isin(tgt[:, :-1], sentinel_ids)
-        decoder += int((logits[after_sentinel].argmax(-1) == first_tokens).sum())
-        encoder += int((encoder_logits.argmax(-1) == first_tokens).sum())
-        total += len(first_tokens)
+        decoder += int((logits[after_sentinel].argmax(-1) == tokens[starts]).sum())
+        in_span = encoder_logits.argmax(-1)[span_of] == tokens
+        encoder += int(torch.zeros(len(encoder_logits)).index_add_(0, span_of, in_span.float()).gt(0).sum())
+        total += len(encoder_logits)
     return decoder / total, encoder / total, total
 
 
@@ -122,7 +130,8 @@ def main() -> None:
     parser.add_argument("--ckpt_path", required=True, help="a DenoisingTask checkpoint")
     parser.add_argument("--batches", type=int, default=8, help="validation batches to probe")
     args = parser.parse_args()
-    losses, shares, uniform = measure(args.ckpt_path, args.batches)
+    datamodule, task = load(args.ckpt_path)
+    losses, shares, uniform = measure(datamodule, task, args.batches)
     print(f"{args.ckpt_path}: loss per target token (nats)")
     for name, by_kind in losses.items():
         print(f"  {name:>24}: " + ", ".join(f"{kind} {loss:.3f}" for kind, loss in by_kind.items()))
@@ -133,10 +142,13 @@ def main() -> None:
     for name, (at, near) in shares.items():
         print(f"  {name}: {at:.3f} / {near:.3f}")
     print("spans written back exactly by the greedy decode, by span length (tokens):")
-    for length, (right, total) in span_accuracy_by_length(args.ckpt_path, args.batches).items():
+    for length, (right, total) in span_accuracy_by_length(datamodule, task, args.batches).items():
         print(f"  {length:>2}: {right:>5} of {total:>5} = {right / total:.1%}")
-    decoder, encoder, total = first_token_accuracy(args.ckpt_path, args.batches)
-    print(f"first token of a span ({total} spans): decoder's argmax {decoder:.1%}, encoder's {encoder:.1%}")
+    decoder, encoder, total = sentinel_accuracy(datamodule, task, args.batches)
+    print(
+        f"{total} spans: the decoder's argmax is the first token {decoder:.1%}; "
+        f"the encoder's argmax at the sentinel is in the span {encoder:.1%}"
+    )
 
 
 def _sentinel_positions(src: Tensor, tgt_in: Tensor, sentinels: set[int], pad: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -5,8 +5,11 @@ import math
 import pytest
 import torch
 
+from lightformer.cli import cli_main
 from lightformer.models import GPT, GPTConfig
+from lightformer.tasks.base import FIT_TO_TIME_EVERY
 from lightformer.tasks.optim import OptimizerConfig, WarmupSchedule, configure_adamw
+from tiny_runs import events_of, last_checkpoint, task_args
 
 
 def groups(model, weight_decay=0.1):
@@ -85,8 +88,39 @@ def test_a_resumed_scheduler_keeps_the_schedule_it_was_planned_with():
         ("schedule", "linear", "schedule='linear' is not valid; valid: 'cosine', 'inverse_sqrt', 'constant'"),
         ("weight_decay", -0.1, "weight_decay=-0.1 must be at least 0"),
         ("betas", (0.9, 1.0), r"betas\[1\]=1.0 must be in \[0, 1\)"),
+        ("fit_to_max_time", True, "fit_to_max_time plans a cosine decay's length; schedule='constant' has none"),
     ],
 )
 def test_invalid_optimizer_settings_are_named(field, value, message):
     with pytest.raises(ValueError, match=message):
-        OptimizerConfig(**{field: value})
+        OptimizerConfig(**{field: value, **({"schedule": "constant"} if field == "fit_to_max_time" else {})})
+
+
+def test_a_schedule_fitted_to_max_time_decays_over_the_whole_run_and_ends_at_min_lr(tmp_path):
+    """max_steps is far out of reach; the 8-second max_time ends the run, and the cosine decay with it."""
+    cli_main(
+        [
+            "fit",
+            *task_args("lm", tmp_path),
+            "--trainer.max_time=00:00:00:08",
+            "--trainer.max_steps=1000000",
+            "--trainer.max_epochs=-1",
+            "--trainer.log_every_n_steps=5",
+            "--data.samples_per_epoch=4000",  # 500 steps an epoch, then a validation: its time counts too
+            "--model.optimizer.fit_to_max_time=true",
+            "--model.optimizer.min_lr=0",
+        ]
+    )
+    lr = {e.step: e.value for e in events_of(tmp_path, "austen_char")[1].Scalars("train/lr/decayed")}
+    checkpoint = torch.load(last_checkpoint(tmp_path), map_location="cpu", weights_only=False)
+    steps, planned = checkpoint["global_step"], checkpoint["lr_schedulers"][0]["lr_lambdas"][0]["total_steps"]
+    peak = max(lr.values())
+    halfway = lr[min(lr, key=lambda step: abs(step - steps / 2))]
+    assert steps > 10 * FIT_TO_TIME_EVERY  # planned anew many times
+    assert 0.9 * steps <= planned <= 1.1 * steps, (steps, planned)  # the last plan: the step max_time ended at
+    assert 0.3 * peak < halfway < 0.7 * peak and lr[max(lr)] < 0.1 * peak, (halfway, lr[max(lr)], peak)
+
+
+def test_fit_to_max_time_without_max_time_is_named(tmp_path):
+    with pytest.raises(ValueError, match="fit_to_max_time=true fits the learning-rate decay to trainer.max_time"):
+        cli_main(["fit", *task_args("lm", tmp_path), "--trainer.max_steps=5", "--model.optimizer.fit_to_max_time=true"])

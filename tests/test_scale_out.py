@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from lightformer.models import EncoderDecoderConfig, GPTConfig, ViTConfig
 from lightformer.nn import DecoderLayer, EncoderLayer
 from lightformer.tasks import ImageClassificationTask, LanguageModelTask, TranslationTask
-from lightformer.tasks.base import clip_gradients
+from lightformer.tasks.base import FIT_TO_TIME_EVERY, clip_gradients
 from tiny_runs import ALL_TASKS, ShardProbe, build, last_checkpoint, resolved_config, task_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -197,6 +197,27 @@ def test_ddp_on_two_cpu_processes_shards_the_data_and_matches_one_process(task, 
     fsdp_metrics = json.loads((fsdp_dir / "probe" / "rank0.json").read_text())["metrics"]
     for name, value in ranks[0]["metrics"].items():
         assert fsdp_metrics[name] == pytest.approx(value, rel=1e-4, abs=1e-5), name
+
+
+@pytest.mark.slow
+def test_ddp_processes_share_the_schedule_fitted_to_max_time(tmp_path):
+    """Each process measures its own pace; rank 0's plan is broadcast, so both step with the same learning rate."""
+    record = {"class_path": "tiny_runs.RecordSchedule", "init_args": {"out_dir": str(tmp_path / "plan")}}
+    args = [
+        *task_args("lm", tmp_path),
+        "--config=configs/trainer/ddp_cpu.yaml",
+        "--trainer.max_time=00:00:00:10",
+        "--trainer.max_steps=1000000",
+        "--trainer.max_epochs=-1",
+        "--data.samples_per_epoch=4000",
+        "--model.optimizer.fit_to_max_time=true",
+        f"--trainer.callbacks+={json.dumps(record)}",
+    ]
+    run_cli(["fit", *args], tmp_path)
+    ranks = [json.loads((tmp_path / "plan" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0] == ranks[1], ranks
+    steps, planned = ranks[0]["step"], ranks[0]["planned_steps"]
+    assert steps > 4 * FIT_TO_TIME_EVERY and 0.9 * steps <= planned <= 1.1 * steps, ranks[0]
 
 
 # --- precision -------------------------------------------------------------------------------------------

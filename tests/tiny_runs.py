@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from lightning.pytorch.callbacks import Callback
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightformer.cli import cli_main
 
@@ -170,6 +171,14 @@ def build(args: list[str], *callbacks: Callback):
     return cli
 
 
+def events_of(tmp_path: Path, name: str) -> tuple[str, EventAccumulator]:
+    """The log folder of run ``name`` (version 0) under ``tmp_path/runs`` and its TensorBoard events, loaded."""
+    (run,) = glob.glob(str(tmp_path / "runs" / name / "version_0"))
+    events = EventAccumulator(run)
+    events.Reload()
+    return run, events
+
+
 def last_checkpoint(tmp_path: Path, version: int = 0) -> str:
     (path,) = glob.glob(str(tmp_path / "runs" / "*" / f"version_{version}" / "checkpoints" / "last.ckpt"))
     return path
@@ -201,3 +210,18 @@ class ShardProbe(Callback):
         self.record.update(world_size=trainer.world_size, metrics=metrics)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.record))
+
+
+class RecordSchedule(Callback):
+    """Writes, per process, where training ended and the learning-rate schedule it ended with:
+    ``{out_dir}/rank{global_rank}.json`` with ``step``, ``lr`` and ``planned_steps`` (the cosine's length)."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        schedule = pl_module.lr_schedulers().lr_lambdas[0]
+        record = {"step": trainer.global_step, "lr": trainer.optimizers[0].param_groups[0]["lr"]}
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({**record, "planned_steps": schedule.total_steps})
+        (self.out_dir / f"rank{trainer.global_rank}.json").write_text(text)

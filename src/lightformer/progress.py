@@ -79,10 +79,16 @@ def validation_line(trainer: L.Trainer, what: str = "validation") -> str:
     return f"{what} at step {trainer.global_step}: {shown}"
 
 
-def _time_remaining(trainer: L.Trainer) -> float | None:
-    """Seconds of training left before ``max_time`` stops it (Lightning's ``Timer``), or None without max_time."""
+def max_time_timer(trainer: L.Trainer) -> Timer | None:
+    """Lightning's ``Timer``, which stops the run at ``trainer.max_time``, or None where max_time is not set."""
     timer = next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
-    return timer.time_remaining("train") if timer is not None else None
+    return timer if timer is not None and timer.time_remaining() is not None else None
+
+
+def _time_remaining(trainer: L.Trainer) -> float | None:
+    """Seconds of training left before ``max_time`` stops it, or None without max_time."""
+    timer = max_time_timer(trainer)
+    return timer.time_remaining() if timer is not None else None
 
 
 class ProgressLog(Callback):

@@ -38,10 +38,12 @@ from lightformer.checkpoints import (
 from lightformer.data.tokenizers import Tokenizer
 from lightformer.distributed import set_gathered, shard_model
 from lightformer.nn import Decoder, Encoder
-from lightformer.tasks.optim import OptimizerConfig, configure_adamw
+from lightformer.progress import max_time_timer
+from lightformer.tasks.optim import OptimizerConfig, configure_adamw, steps_within
 from lightformer.tensorboard import TensorBoardLogger, set_logging_step, tensorboard_logger
 
 ConfigT = TypeVar("ConfigT")
+FIT_TO_TIME_EVERY = 50  # optimizer steps between two plans of a schedule fitted to max_time
 
 
 def as_config(config_class: type[ConfigT], value: ConfigT | dict[str, Any]) -> ConfigT:
@@ -204,6 +206,11 @@ class Task(L.LightningModule):
     # --- what TensorBoard shows beside the curves -----------------------------------------------------------
 
     def on_fit_start(self) -> None:
+        if self.optimizer_config.fit_to_max_time and max_time_timer(self.trainer) is None:
+            raise ValueError(
+                "model.optimizer.fit_to_max_time=true fits the learning-rate decay to trainer.max_time, which is not "
+                'set: set trainer.max_time (e.g. "00:00:28:00") or fit_to_max_time=false'
+            )
         logger = tensorboard_logger(self)
         if isinstance(logger, TensorBoardLogger) and self.trainer.is_global_zero:
             datamodule = self.trainer.datamodule
@@ -223,7 +230,8 @@ class Task(L.LightningModule):
         scheduler = self.lr_schedulers()
         planned = getattr(scheduler.lr_lambdas[0], "total_steps", None) if scheduler is not None else None
         total = self.trainer.estimated_stepping_batches
-        if planned is not None and planned != total and self.optimizer_config.schedule == "cosine":
+        fitted = self.optimizer_config.fit_to_max_time  # re-planned as it goes: a resumed plan differs by design
+        if planned is not None and planned != total and self.optimizer_config.schedule == "cosine" and not fitted:
             rank_zero_warn(
                 f"the learning-rate schedule was planned for {planned} steps by the run this checkpoint comes from, "
                 f"and it is kept (resuming is exact); this run goes to {total} steps, so "
@@ -234,6 +242,20 @@ class Task(L.LightningModule):
                 )
                 + ". To plan a new schedule, start a new run from the checkpoint's weights instead of resuming."
             )
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.optimizer_config.fit_to_max_time:
+            self._fit_schedule_to_max_time()
+
+    def _fit_schedule_to_max_time(self) -> None:
+        """Plan the cosine decay to end when max_time stops the run (``OptimizerConfig.fit_to_max_time``)."""
+        step, schedule = self.trainer.global_step, self.lr_schedulers().lr_lambdas[0]
+        if step <= schedule.warmup_steps or step % FIT_TO_TIME_EVERY:
+            return
+        timer = max_time_timer(self.trainer)
+        reached = steps_within(step, timer.time_elapsed(), timer.time_remaining())
+        planned = min(reached, self.trainer.estimated_stepping_batches)
+        schedule.total_steps = self.trainer.strategy.broadcast(planned)  # rank 0's: the same rate on every rank
 
 
 class TextTask(Task):

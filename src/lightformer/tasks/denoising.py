@@ -39,11 +39,12 @@ class DenoisingTask(TranslationTask):
         init: start from another run's weights, freeze some, slow the loaded ones.
         label_smoothing: of the training targets (T5 uses none).
         encoder_loss_weight: weight of an auxiliary training loss that T5 does not have: the encoder's output at
-            each sentinel predicts the first token of that sentinel's span through the (tied) output layer, as a
-            masked language model's does at ``[MASK]``. It gives the encoder a direct reason to say what was
-            dropped at each sentinel, which otherwise reaches it only once the decoder has learnt to look there
-            (``benchmarks/t5_sentinel_probe.py``). 0: T5's objective alone. Validation and test losses are the
-            decoder's only.
+            each sentinel predicts every token of that sentinel's span (a bag of words: the order is the decoder's
+            to write) through the (tied) output layer, as a masked language model's does at ``[MASK]``. It gives
+            the encoder a direct reason to say what was dropped at each sentinel, which otherwise reaches it only
+            once the decoder has learnt to look there (``benchmarks/t5_sentinel_probe.py``). 0: T5's objective
+            alone. Its floor is not 0: a span of n different tokens costs ln n per token. Validation and test
+            losses are the decoder's only.
         max_len_a: a decode has at most max_len_a · source length + max_len_b tokens (a target is about a quarter
             of its source's length at noise_density 0.15; decoding stops earlier at [EOS]).
         max_len_b: see max_len_a.
@@ -104,10 +105,12 @@ class DenoisingTask(TranslationTask):
         if not weight:
             return super().training_step(batch, batch_idx)
         src, tgt = batch["src"], batch["tgt"]
-        at_sentinels, first_tokens = sentinel_span_starts(src, tgt, self._sentinel_tensor())
+        at_sentinels, span_of, span_tokens = sentinel_spans(
+            src, tgt, self._sentinel_tensor(), self.tgt_tokenizer.eos_id
+        )
         logits, encoder_logits = self(src, tgt[:, :-1], at_sentinels)
         loss, _ = self._target_loss(logits, tgt)
-        encoder_loss = F.cross_entropy(encoder_logits.float(), first_tokens)
+        encoder_loss = F.cross_entropy(encoder_logits.float()[span_of], span_tokens)
         self.log("train/loss", loss, prog_bar=True, batch_size=len(src))
         self.log("train/encoder_loss", encoder_loss, batch_size=len(src))
         return loss + weight * encoder_loss
@@ -181,16 +184,24 @@ class DenoisingTask(TranslationTask):
         return spans
 
 
-def sentinel_span_starts(src: Tensor, tgt: Tensor, sentinel_ids: Tensor) -> tuple[Tensor, Tensor]:
-    """Where the sentinels are in a batch of corrupted inputs ``src`` ``(B, S)``, as a bool mask, and the first
-    token of each one's span (``(n,)``, in the mask's row-major order), read from the targets ``tgt`` ``(B, T)``
-    ([BOS], each sentinel followed by its span, [EOS], padding): the i-th sentinel of a row of ``src`` is the i-th
-    of the same row of ``tgt``, as ``span_corruption`` makes them."""
+def sentinel_spans(src: Tensor, tgt: Tensor, sentinel_ids: Tensor, eos_id: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The sentinels of a batch of corrupted inputs ``src`` ``(B, S)`` and the tokens each one hides, read from
+    the targets ``tgt`` ``(B, T)`` ([BOS], each sentinel followed by its span, [EOS], padding): the i-th sentinel
+    of a row of ``src`` is the i-th of the same row of ``tgt``, as ``span_corruption`` makes them.
+
+    Returns where the sentinels are (a bool mask like ``src``, the ``encoder_positions`` of ``EncoderDecoder``),
+    and for every dropped token, in order, its sentinel's number among the mask's ``n`` sentinels (row-major) and
+    the token itself: two ``(m,)`` tensors."""
     at_sentinels = torch.isin(src, sentinel_ids)
-    before_span = torch.isin(tgt[:, :-1], sentinel_ids)
-    if not torch.equal(at_sentinels.sum(1), before_span.sum(1)):
+    target = tgt[:, 1:]
+    is_sentinel = torch.isin(target, sentinel_ids)
+    per_row = at_sentinels.sum(1)
+    if not torch.equal(per_row, is_sentinel.sum(1)):
         raise ValueError("src and tgt have different numbers of sentinels in some row: not span-corruption pairs")
-    return at_sentinels, tgt[:, 1:][before_span]
+    span_in_row = is_sentinel.cumsum(1) - 1  # -1 before a row's first sentinel
+    in_span = ~is_sentinel & (span_in_row >= 0) & ((target == eos_id).cumsum(1) == 0)
+    sentinel_number = (per_row.cumsum(0) - per_row)[:, None] + span_in_row
+    return at_sentinels, sentinel_number[in_span], target[in_span]
 
 
 def sentinel_numbers(tokenizer: Tokenizer) -> dict[int, int]:

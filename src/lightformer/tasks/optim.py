@@ -28,6 +28,11 @@ class OptimizerConfig:
         weight_decay: AdamW's decoupled weight decay of the weight matrices and embeddings (never of biases,
             norm gains, position tables or class tokens).
         betas: AdamW's running-average coefficients.
+        fit_to_max_time: with schedule "cosine" and the trainer's ``max_time``: the decay ends at min_lr when
+            max_time ends the run, however fast the machine, instead of at max_steps (which stays the upper
+            bound). Every 50 steps after the warm-up its length is planned anew from the pace of the steps so far
+            (validations included), as rank 0 measures it; checkpoints keep the last plan. The schedule then
+            depends on the machine's speed, so two runs are not bit-identical.
     """
 
     lr: float = 1e-3
@@ -36,6 +41,7 @@ class OptimizerConfig:
     schedule: Schedule = "cosine"
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
+    fit_to_max_time: bool = False
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -47,6 +53,8 @@ class OptimizerConfig:
         check_at_least("weight_decay", self.weight_decay, 0)
         for i, beta in enumerate(self.betas):
             check_fraction(f"betas[{i}]", beta)
+        if self.fit_to_max_time and self.schedule != "cosine":
+            raise ValueError(f"fit_to_max_time plans a cosine decay's length; schedule={self.schedule!r} has none")
 
 
 class WarmupSchedule:
@@ -73,6 +81,12 @@ class WarmupSchedule:
             return 1.0
         progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def steps_within(step: int, elapsed: float, remaining: float) -> int:
+    """The step a run reaches when ``remaining`` seconds are spent at the pace of its first ``step`` steps, which
+    took ``elapsed`` seconds."""
+    return step + int(max(remaining, 0.0) * step / elapsed)
 
 
 def configure_adamw(
