@@ -121,6 +121,8 @@ def test_a_schedule_fitted_to_max_time_decays_over_the_whole_run_and_ends_at_min
     assert 0.3 * peak < halfway < 0.7 * peak and lr[max(lr)] < 0.1 * peak, (halfway, lr[max(lr)], peak)
 
 
-def test_fit_to_max_time_without_max_time_is_named(tmp_path):
-    with pytest.raises(ValueError, match="fit_to_max_time=true fits the learning-rate decay to trainer.max_time"):
+def test_fit_to_max_time_without_max_time_says_the_decay_ends_at_max_steps(tmp_path):
+    with pytest.warns(UserWarning, match=r"trainer.max_time, which is not set: the decay ends at step 5 \(max_steps"):
         cli_main(["fit", *task_args("lm", tmp_path), "--trainer.max_steps=5", "--model.optimizer.fit_to_max_time=true"])
+    checkpoint = torch.load(last_checkpoint(tmp_path), map_location="cpu", weights_only=False)
+    assert checkpoint["lr_schedulers"][0]["lr_lambdas"][0]["total_steps"] == 5

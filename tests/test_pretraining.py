@@ -281,6 +281,7 @@ def tiny_run_args(tmp_path, config: str, text: str) -> list[str]:
         f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
         "--trainer.precision=32-true",
         "--trainer.max_time=null",
+        "--model.optimizer.fit_to_max_time=false",  # nothing to fit to without max_time
         "--trainer.log_every_n_steps=1",
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",

@@ -26,6 +26,7 @@ def task_args(task: str, tmp_path: Path) -> list[str]:
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
         "--trainer.max_time=null",
+        "--model.optimizer.fit_to_max_time=false",  # nothing to fit to without max_time
         "--trainer.precision=32-true",
         "--trainer.check_val_every_n_epoch=1",
     ]

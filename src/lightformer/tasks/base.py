@@ -207,9 +207,9 @@ class Task(L.LightningModule):
 
     def on_fit_start(self) -> None:
         if self.optimizer_config.fit_to_max_time and max_time_timer(self.trainer) is None:
-            raise ValueError(
+            rank_zero_warn(
                 "model.optimizer.fit_to_max_time=true fits the learning-rate decay to trainer.max_time, which is not "
-                'set: set trainer.max_time (e.g. "00:00:28:00") or fit_to_max_time=false'
+                f"set: the decay ends at step {self.trainer.estimated_stepping_batches} (max_steps/max_epochs)"
             )
         logger = tensorboard_logger(self)
         if isinstance(logger, TensorBoardLogger) and self.trainer.is_global_zero:
@@ -250,9 +250,9 @@ class Task(L.LightningModule):
     def _fit_schedule_to_max_time(self) -> None:
         """Plan the cosine decay to end when max_time stops the run (``OptimizerConfig.fit_to_max_time``)."""
         step, schedule = self.trainer.global_step, self.lr_schedulers().lr_lambdas[0]
-        if step <= schedule.warmup_steps or step % FIT_TO_TIME_EVERY:
-            return
         timer = max_time_timer(self.trainer)
+        if timer is None or step <= schedule.warmup_steps or step % FIT_TO_TIME_EVERY:
+            return
         reached = steps_within(step, timer.time_elapsed(), timer.time_remaining())
         planned = min(reached, self.trainer.estimated_stepping_batches)
         schedule.total_steps = self.trainer.strategy.broadcast(planned)  # rank 0's: the same rate on every rank

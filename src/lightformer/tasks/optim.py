@@ -32,7 +32,8 @@ class OptimizerConfig:
             max_time ends the run, however fast the machine, instead of at max_steps (which stays the upper
             bound). Every 50 steps after the warm-up its length is planned anew from the pace of the steps so far
             (validations included), as rank 0 measures it; checkpoints keep the last plan. The schedule then
-            depends on the machine's speed, so two runs are not bit-identical.
+            depends on the machine's speed, so two runs are not bit-identical. Without max_time (a warning says
+            so), the decay ends at max_steps.
     """
 
     lr: float = 1e-3
