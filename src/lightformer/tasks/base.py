@@ -249,9 +249,11 @@ class Task(L.LightningModule):
 
     def _fit_schedule_to_max_time(self) -> None:
         """Plan the cosine decay to end when max_time stops the run (``OptimizerConfig.fit_to_max_time``)."""
-        step, schedule = self.trainer.global_step, self.lr_schedulers().lr_lambdas[0]
-        timer = max_time_timer(self.trainer)
-        if timer is None or step <= schedule.warmup_steps or step % FIT_TO_TIME_EVERY:
+        step = self.trainer.global_step
+        if step % FIT_TO_TIME_EVERY:  # the usual case, on every training batch: nothing else looked up
+            return
+        schedule, timer = self.lr_schedulers().lr_lambdas[0], max_time_timer(self.trainer)
+        if timer is None or step <= schedule.warmup_steps:
             return
         reached = steps_within(step, timer.time_elapsed(), timer.time_remaining())
         planned = min(reached, self.trainer.estimated_stepping_batches)
