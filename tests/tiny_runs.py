@@ -222,7 +222,10 @@ class RecordSchedule(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         schedule = pl_module.lr_schedulers().lr_lambdas[0]
-        record = {"step": trainer.global_step, "lr": trainer.optimizers[0].param_groups[0]["lr"]}
+        record = {
+            "step": trainer.global_step,
+            "lr": trainer.optimizers[0].param_groups[0]["lr"],
+            "planned_steps": schedule.total_steps,
+        }
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({**record, "planned_steps": schedule.total_steps})
-        (self.out_dir / f"rank{trainer.global_rank}.json").write_text(text)
+        (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
