@@ -21,7 +21,7 @@ from lightformer.data.text import SPLITS, split_by_fraction
 from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
 from lightformer.tasks.denoising import sentinel_numbers, sentinel_spans
 from lightformer.tasks.masked_lm import MaskedLanguageModelTask
-from tiny_runs import events_of, last_checkpoint
+from tiny_runs import events_of, last_checkpoint, quiet_run_args
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
 # Every line is the ten words in their cyclic order from another start: each word predicts the next.
@@ -278,13 +278,8 @@ def tiny_run_args(tmp_path, config: str, text: str) -> list[str]:
         "--data.num_sentinels=8",
         "--data.batch_size=16",
         "--model.optimizer.warmup_steps=5",
-        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-        "--trainer.precision=32-true",
-        "--trainer.max_time=null",
-        "--model.optimizer.fit_to_max_time=false",  # nothing to fit to without max_time
+        *quiet_run_args(tmp_path),
         "--trainer.log_every_n_steps=1",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
         "--trainer.num_sanity_val_steps=0",
     ]
 

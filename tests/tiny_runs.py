@@ -18,18 +18,23 @@ ALL_TASKS = ("vision", "lm", "translation", "mlm", "t5", "classify", "igpt")
 CORPUS = "It is a truth universally acknowledged, that a single man in possession of a good fortune.\n" * 30
 
 
-def task_args(task: str, tmp_path: Path) -> list[str]:
-    """A few-second configuration of each task, with dropout so that random state matters on resume."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    common = [
+def quiet_run_args(tmp_path: Path) -> list[str]:
+    """Trainer options of every tiny test run (after its --config): logs under tmp_path, fp32, no progress bar or
+    model summary, no time limit and so no decay fitted to one."""
+    return [
         f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
         "--trainer.max_time=null",
         "--model.optimizer.fit_to_max_time=false",  # nothing to fit to without max_time
         "--trainer.precision=32-true",
-        "--trainer.check_val_every_n_epoch=1",
     ]
+
+
+def task_args(task: str, tmp_path: Path) -> list[str]:
+    """A few-second configuration of each task, with dropout so that random state matters on resume."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    common = [*quiet_run_args(tmp_path), "--trainer.check_val_every_n_epoch=1"]
     if task == "vision":
         return [
             "--config=configs/vision/vit_digits.yaml",
