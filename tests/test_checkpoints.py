@@ -44,6 +44,8 @@ class StopAfterEpochs(Callback):
         # or at the end of training (no validation then): Lightning alone resumed these one epoch short
         ("vision", ["--trainer.max_steps=1000"]),
         ("vision", ["--trainer.max_steps=1000", "--trainer.check_val_every_n_epoch=3"]),
+        # a new BPE-dropout segmentation of the train pairs each epoch (epochs 3-4 use the second of two again)
+        ("translation", ["--data.bpe_dropout=0.1", "--data.bpe_dropout_segmentations=2"]),
     ],
     ids=lambda value: value if isinstance(value, str) else "+".join(o.split(".")[-1] for o in value) or None,
 )

@@ -191,3 +191,45 @@ def test_foreign_tokenizer_file_is_rejected(tmp_path, char_tokenizer):
     path.write_text(wordpiece.to_str())
     with pytest.raises(ValueError, match=r"foreign\.json.*'WordPiece' is not supported"):
         Tokenizer.from_file(path)
+
+
+# --- BPE-dropout ------------------------------------------------------------------------------------------------
+
+# Words with multi-byte characters (ä, ß, ’, “) that TRAIN_TEXT and these lines repeat often enough to be merged.
+DROPOUT_TEXT = "Die Straße, naïve Cafés — “Bär’s” große Brücke.\n" * 30
+
+
+@pytest.fixture(scope="module")
+def dropout_tokenizer() -> Tokenizer:
+    return Tokenizer.train_bpe([*TRAIN_TEXT.splitlines(keepends=True), *DROPOUT_TEXT.splitlines()], vocab_size=400)
+
+
+def test_bpe_dropout_zero_is_plain_bpe(dropout_tokenizer):
+    texts = [*TRAIN_TEXT.splitlines(keepends=True), *DROPOUT_TEXT.splitlines(), UNSEEN_TEXT, SEEN_TEXT, "aaaa  a"]
+    assert dropout_tokenizer.encode_batch_with_dropout(texts, 0.0, seed=0) == dropout_tokenizer.encode_batch(texts)
+
+
+def test_bpe_dropout_one_splits_into_characters_never_bytes(dropout_tokenizer):
+    text = "Die große Straße — “Bär’s”"
+    ids = dropout_tokenizer.encode_batch_with_dropout([text], 1.0, seed=0)[0]
+    # each character as plain BPE encodes it alone: one token where the vocabulary has it (ä, ’), else its bytes
+    assert ids == [i for character in text for i in dropout_tokenizer.encode(character)]
+    assert len(dropout_tokenizer.encode("’")) == 1  # three bytes merged into one token, and never cut
+
+
+def test_bpe_dropout_draws_from_the_seed_and_decodes_back(dropout_tokenizer):
+    texts = [*DROPOUT_TEXT.splitlines(), *TRAIN_TEXT.splitlines(), UNSEEN_TEXT]
+    first = dropout_tokenizer.encode_batch_with_dropout(texts, 0.1, seed=1)
+    assert dropout_tokenizer.encode_batch_with_dropout(texts, 0.1, seed=1) == first
+    assert dropout_tokenizer.encode_batch_with_dropout(texts, 0.1, seed=2) != first
+    assert dropout_tokenizer.decode_batch(first) == texts
+    assert len(set(map(tuple, first[:30]))) > 1  # the same line is segmented in several ways
+    lengths = [sum(map(len, dropout_tokenizer.encode_batch_with_dropout(texts, p, seed=1))) for p in (0, 0.1, 0.5)]
+    assert lengths[0] < lengths[1] < lengths[2]
+
+
+def test_bpe_dropout_refuses_a_char_tokenizer_and_bad_probabilities(char_tokenizer, bpe_tokenizer):
+    with pytest.raises(ValueError, match="BPE-dropout needs a BPE tokenizer; this one is 'char'"):
+        char_tokenizer.encode_batch_with_dropout(["a"], 0.1, seed=0)
+    with pytest.raises(ValueError, match=r"dropout=1.5 must be a probability in \[0, 1\]"):
+        bpe_tokenizer.encode_batch_with_dropout(["a"], 1.5, seed=0)

@@ -321,6 +321,33 @@ def test_ranks_get_disjoint_batches_of_equal_number(num_replicas, count):
     assert len(single) <= len(ranks[0]) * num_replicas < len(single) + num_replicas
 
 
+@pytest.mark.parametrize("num_replicas", [1, 2])
+def test_blocks_give_each_epoch_one_block_in_as_many_batches(num_replicas):
+    size, blocks = 400, 3
+    lengths = np.concatenate([random_lengths(size, seed=block) for block in range(blocks)])
+    ranks = [
+        TokenBudgetBatchSampler(lengths, 200, shuffle=True, seed=1, num_replicas=num_replicas, rank=r, blocks=blocks)
+        for r in range(num_replicas)
+    ]
+    counts = [len(TokenBudgetBatchSampler(lengths[b * size : (b + 1) * size], 200)) for b in range(blocks)]
+    assert len(set(counts)) > 1  # the blocks group into different numbers of batches ...
+    for epoch in range(2 * blocks):
+        for sampler in ranks:
+            sampler.set_epoch(epoch)
+        batches = [list(sampler) for sampler in ranks]
+        assert [len(b) for b in batches] == [len(ranks[0])] * num_replicas  # ... yet every epoch has as many
+        assert len(ranks[0]) * num_replicas >= max(counts)
+        block = epoch % blocks
+        indices = sorted(itertools.chain.from_iterable(itertools.chain.from_iterable(batches)))
+        assert indices == list(range(block * size, (block + 1) * size))
+        assert all(len(batch) * lengths[batch].max() <= 200 for b in batches for batch in b)
+
+
+def test_blocks_must_divide_the_examples():
+    with pytest.raises(ValueError, match="blocks=3 must be at least 1 and divide the 10 examples"):
+        TokenBudgetBatchSampler(np.ones(10), 100, blocks=3)
+
+
 def test_ranks_and_epoch_come_from_an_injected_distributed_sampler():
     lengths = random_lengths()
     explicit = TokenBudgetBatchSampler(lengths, max_tokens=200, shuffle=True, num_replicas=2, rank=1)
@@ -467,6 +494,42 @@ def test_cache_is_reused_and_follows_the_files(tmp_path, tsv, monkeypatch):
         read_sources(make_module(tmp_path, tsv_files=[str(tsv)]))
 
 
+def test_bpe_dropout_trains_on_a_new_segmentation_each_epoch(tmp_path, tsv):
+    module = make_module(tmp_path, tsv_files=[str(tsv)], bpe_dropout=0.1, bpe_dropout_segmentations=3)
+    module.setup("fit")
+    plain = make_module(tmp_path, tsv_files=[str(tsv)])
+    plain.setup("fit")
+    train, size = module.datasets["train"], len(plain.datasets["train"])
+    assert len(train) == 3 * size and train.src_texts == plain.datasets["train"].src_texts * 3
+    assert module.datasets["val"].src.ids.tolist() == plain.datasets["val"].src.ids.tolist()  # plain BPE there
+    tokenizer = module.src_tokenizer  # joint
+    for i in range(len(train)):
+        assert tokenizer.decode(train[i]["src"]) == train.src_texts[i]
+        assert tokenizer.decode(train[i]["tgt"]) == train.tgt_texts[i]
+    segmentations = [[train.src[k * size + i].tolist() for k in range(3)] for i in range(size)]
+    assert sum(len(set(map(tuple, versions))) > 1 for versions in segmentations) > size // 2
+    assert train.src.ids.size > 3 * plain.datasets["train"].src.ids.size  # dropout splits words into more tokens
+
+    loader = module.train_dataloader()
+    for epoch in range(4):
+        _set_sampler_epoch(loader, epoch)
+        batches = list(loader)
+        assert len(batches) == len(loader)
+        texts = [text for batch in batches for text in batch["src_text"]]
+        assert sorted(texts) == sorted(plain.datasets["train"].src_texts)  # every pair once an epoch
+        block = epoch % 3
+        expected = {train.src_texts[i]: train.src[i].tolist() for i in range(block * size, (block + 1) * size)}
+        for batch in batches:
+            for row, text in enumerate(batch["src_text"]):
+                ids = batch["src"][row].tolist()
+                assert ids[: len(expected[text])] == expected[text]
+
+    again = make_module(tmp_path / "elsewhere", tsv_files=[str(tsv)], bpe_dropout=0.1, bpe_dropout_segmentations=3)
+    again.setup("fit")  # drawn afresh in another cache: the same segmentations
+    assert again.datasets["train"].src.ids.tolist() == train.src.ids.tolist()
+    assert again.datasets["train"].tgt.ids.tolist() == train.tgt.ids.tolist()
+
+
 # --- file sources and their splits --------------------------------------------------------------------------------
 
 
@@ -573,6 +636,8 @@ def test_max_tokens_below_max_sentence_tokens_names_both(tmp_path, tsv):
         ({"tsv_files": ["x.tsv"], "ding_phrases": True}, r"ding_phrases=True applies to corpus='ding' only"),
         ({"tsv_files": ["x.tsv"], "bpe_vocab_size": 100}, r"bpe_vocab_size=100 is too small"),
         ({"corpus": "ding", "sentence_repeats": 0}, r"sentence_repeats=0 must be at least 1"),
+        ({"corpus": "ding", "bpe_dropout": 1.0}, r"bpe_dropout=1.0 must be in \[0, 1\)"),
+        ({"corpus": "ding", "bpe_dropout_segmentations": 0}, r"bpe_dropout_segmentations=0 must be at least 1"),
     ],
 )
 def test_invalid_arguments_are_named(kwargs, message):

@@ -78,6 +78,11 @@ class TokenBudgetBatchSampler(BatchSampler):
     `num_replicas`, `rank` and `epoch` are used), from `num_replicas` / `rank`, or from `torch.distributed` when
     it is initialized. Every rank must build the sampler with the same lengths, seed and budget.
 
+    **Blocks.** With `blocks=K`, the examples are K consecutive blocks of equal size that are versions of the same
+    examples (each train sentence segmented K ways by BPE-dropout): epoch e batches block e mod K only. Lightning
+    counts an epoch's batches once, so every epoch has as many: a block that groups into fewer batches halves its
+    largest ones until it has the most any block has.
+
     Args:
         lengths: per example, the longer of its source and target length in tokens.
         max_tokens: budget of one batch in padded tokens (per side).
@@ -86,6 +91,7 @@ class TokenBudgetBatchSampler(BatchSampler):
         num_replicas: number of distributed ranks; default: from `sampler`, else `torch.distributed`, else 1.
         rank: this process's rank; default: from `sampler`, else `torch.distributed`, else 0.
         sampler: a `DistributedSampler` to take the ranks and epoch from (see above); its order is not used.
+        blocks: the number of blocks (see above); `len(lengths)` must be a multiple of it.
     """
 
     def __init__(
@@ -97,6 +103,7 @@ class TokenBudgetBatchSampler(BatchSampler):
         num_replicas: int | None = None,
         rank: int | None = None,
         sampler: Sampler | None = None,
+        blocks: int = 1,
     ) -> None:
         # BatchSampler.__init__ is not called: it wants a fixed batch size. Subclassing lets Lightning inject a
         # DistributedSampler through `sampler` instead of failing on an unknown batch sampler.
@@ -108,7 +115,10 @@ class TokenBudgetBatchSampler(BatchSampler):
             )
         if num_replicas is not None and not 0 <= rank < num_replicas:
             raise ValueError(f"rank={rank} must be in [0, num_replicas={num_replicas})")
+        if blocks < 1 or len(lengths) % blocks:
+            raise ValueError(f"blocks={blocks} must be at least 1 and divide the {len(lengths)} examples")
         self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.blocks = blocks
         self.max_tokens = max_tokens
         self.shuffle = shuffle
         self.seed = seed
@@ -138,26 +148,33 @@ class TokenBudgetBatchSampler(BatchSampler):
     def all_batches(self, epoch: int | None = None) -> list[list[int]]:
         """Every rank's batches of `epoch` (default: the current one); this rank's are `[rank::num_replicas]`."""
         epoch = self.epoch if epoch is None else epoch
-        if self.shuffle:
-            rng = np.random.default_rng((self.seed, epoch))
-            order = np.lexsort((rng.random(len(self.lengths)), self.lengths))
-        else:
-            order = np.argsort(self.lengths, kind="stable")
-        batches = _group_by_budget(order.tolist(), self.lengths.tolist(), self.max_tokens)
-        if self.shuffle:
+        rng = np.random.default_rng((self.seed, epoch)) if self.shuffle else None
+        batches = self._block_batches(epoch % self.blocks, rng)
+        if rng is not None:
             batches = [batches[i] for i in rng.permutation(len(batches))]
-        return _divisible_by(batches, self.replicas()[0])
+        num_replicas = self.replicas()[0]
+        return _split_to_count(batches, len(self) * num_replicas)
 
     def __iter__(self) -> Iterator[list[int]]:
         num_replicas, rank = self.replicas()
         yield from self.all_batches()[rank::num_replicas]
 
     def __len__(self) -> int:
+        """Batches per rank and epoch: the most any block groups into, rounded up to a multiple of the ranks."""
         num_replicas, _ = self.replicas()
         if num_replicas not in self._num_batches:
             # The count depends only on the sorted lengths, not on the tie-breaking or the batch order.
-            self._num_batches[num_replicas] = len(self.all_batches(epoch=0)) // num_replicas
+            most = max(len(self._block_batches(block)) for block in range(self.blocks))
+            self._num_batches[num_replicas] = -(-most // num_replicas)
         return self._num_batches[num_replicas]
+
+    def _block_batches(self, block: int, rng: np.random.Generator | None = None) -> list[list[int]]:
+        """A block's examples grouped by length under the budget, in length order (ties broken by `rng` if given,
+        else by index)."""
+        size = len(self.lengths) // self.blocks
+        lengths = self.lengths[block * size : (block + 1) * size]
+        order = np.argsort(lengths, kind="stable") if rng is None else np.lexsort((rng.random(size), lengths))
+        return _group_by_budget((order + block * size).tolist(), self.lengths.tolist(), self.max_tokens)
 
 
 def _group_by_budget(order: list[int], lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -177,15 +194,15 @@ def _group_by_budget(order: list[int], lengths: list[int], max_tokens: int) -> l
     return batches
 
 
-def _divisible_by(batches: list[list[int]], num_replicas: int) -> list[list[int]]:
-    """Halve the batches with the most examples until the count is a multiple of `num_replicas`; if too few
-    examples for that, repeat batches from the start."""
+def _split_to_count(batches: list[list[int]], count: int) -> list[list[int]]:
+    """Halve the batches with the most examples until there are `count`; if too few examples for that, repeat
+    batches from the start."""
     batches = list(batches)
-    while (shortfall := -len(batches) % num_replicas) and any(len(batch) > 1 for batch in batches):
+    while (shortfall := count - len(batches)) > 0 and any(len(batch) > 1 for batch in batches):
         largest = sorted(range(len(batches)), key=lambda i: -len(batches[i]))[:shortfall]
         for i in sorted((i for i in largest if len(batches[i]) > 1), reverse=True):
             half = len(batches[i]) // 2
             batches[i : i + 1] = [batches[i][:half], batches[i][half:]]
-    if batches and (shortfall := -len(batches) % num_replicas):
+    if batches and (shortfall := count - len(batches)) > 0:
         batches += [batches[i % len(batches)] for i in range(shortfall)]
     return batches

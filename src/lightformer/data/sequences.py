@@ -30,6 +30,16 @@ class PackedSequences:
         ids = np.fromiter((i for sequence in sequences for i in sequence), dtype=np.int32, count=int(offsets[-1]))
         return cls(ids, offsets)
 
+    @classmethod
+    def concatenate(cls, parts: Sequence[PackedSequences]) -> PackedSequences:
+        """The sequences of `parts`, one after another."""
+        if len(parts) == 1:
+            return parts[0]
+        lengths = np.concatenate([part.lengths for part in parts])
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(np.concatenate([part.ids for part in parts]), offsets)
+
     def __len__(self) -> int:
         return len(self.offsets) - 1
 

@@ -12,6 +12,8 @@ any text with BPE, and for any text made of seen characters with the character t
 
 from __future__ import annotations
 
+import json
+import random
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -44,6 +46,18 @@ MIN_BPE_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256
 # gives exactly the ids of encoding the whole text.
 _BPE_PIECE_BOUNDARY = re.compile(r"(?<=[!-~]\n)(?=[!-~])")
 _BPE_PIECES_PER_BATCH = 4096
+
+
+def _byte_symbols() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte in a pre-tokenized word (printable
+    Latin-1 bytes stand for themselves, the others for code points from 256 on)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [byte for byte in range(256) if byte not in printable]
+    return {**{byte: chr(byte) for byte in printable}, **{byte: chr(256 + n) for n, byte in enumerate(others)}}
+
+
+# The symbols of UTF-8 continuation bytes (10xxxxxx): a merge whose right symbol starts with one is inside a character.
+_CONTINUATION_BYTES = frozenset(symbol for byte, symbol in _byte_symbols().items() if 0x80 <= byte < 0xC0)
 
 
 def token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
@@ -79,6 +93,7 @@ class Tokenizer:
         self._hf_tokenizer = hf_tokenizer
         self._kind = kinds[model_type]
         self._char_lookup: tuple[np.ndarray, np.ndarray] | None = None
+        self._bpe_tables: tuple[dict[tuple[str, str], int], dict[str, int]] | None = None
 
     @classmethod
     def train_char(cls, texts: Iterable[str], extra_special_tokens: Sequence[str] = ()) -> Tokenizer:
@@ -185,6 +200,34 @@ class Tokenizer:
         encodings = self._hf_tokenizer.encode_batch(list(texts), add_special_tokens=False)
         return [self._frame(encoding.ids, add_bos, add_eos) for encoding in encodings]
 
+    def encode_batch_with_dropout(self, texts: Sequence[str], dropout: float, seed: int) -> list[list[int]]:
+        """`encode_batch` with BPE-dropout (Provilkov et al. 2020): a random segmentation of each text, drawn from
+        `seed` alone.
+
+        Each word is split into bytes and merged as BPE does (the lowest-ranked merge first, all its places at once,
+        as subword-nmt), except that at each step every candidate merge is skipped with probability `dropout`; when
+        all are skipped the word is done. Merges inside a character are never skipped, so that, as in the paper's
+        character-level BPE, a segmentation splits words into characters at most (an "ä" or a "’" is not cut into
+        bytes). `dropout=0` gives exactly `encode_batch`'s ids, `dropout=1` the characters. The text always decodes
+        back whole. Hugging Face's own `BPE(dropout=...)` draws from an unseeded generator, so
+        its segmentations could not be repeated on resume or agreed between ranks; this one is pure Python.
+        """
+        if self.kind != "bpe":
+            raise ValueError(f"BPE-dropout needs a BPE tokenizer; this one is {self.kind!r}")
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"dropout={dropout} must be a probability in [0, 1]")
+        ranks, vocab = self._merge_ranks()
+        rng = random.Random(seed)
+        pre_tokenize = self._hf_tokenizer.pre_tokenizer.pre_tokenize_str
+        return [
+            [
+                vocab[token]
+                for word, _ in pre_tokenize(text)
+                for token in _merge_with_dropout(list(word), ranks, dropout, rng)
+            ]
+            for text in texts
+        ]
+
     def encode_to_array(self, text: str) -> np.ndarray:
         """Ids of a long text (a whole corpus) as a 1-D array of `token_dtype(vocab_size)`.
 
@@ -277,6 +320,15 @@ class Tokenizer:
     def _frame(ids: list[int], add_bos: bool, add_eos: bool) -> list[int]:
         return [BOS_ID] * add_bos + ids + [EOS_ID] * add_eos
 
+    def _merge_ranks(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+        """({(left, right): rank} of the BPE merges, {token: id}) read from the tokenizer's JSON."""
+        if self._bpe_tables is None:
+            model = json.loads(self._hf_tokenizer.to_str())["model"]
+            # tokenizers writes a merge as ["left", "right"] (0.20 on) or as "left right" (before)
+            merges = [tuple(merge) if isinstance(merge, list) else tuple(merge.split(" ")) for merge in model["merges"]]
+            self._bpe_tables = ({merge: rank for rank, merge in enumerate(merges)}, model["vocab"])
+        return self._bpe_tables
+
     def _char_table(self) -> tuple[np.ndarray, np.ndarray]:
         """(sorted code points, their ids) of the character vocabulary, for `encode_to_array`."""
         if self._char_lookup is None:
@@ -289,3 +341,28 @@ class Tokenizer:
             ids = np.array([i for _, i in pairs] or [UNK_ID], dtype=np.int64)
             self._char_lookup = (codepoints, ids)
         return self._char_lookup
+
+
+def _merge_with_dropout(
+    symbols: list[str], ranks: dict[tuple[str, str], int], dropout: float, rng: random.Random
+) -> list[str]:
+    """BPE on one pre-tokenized word (its byte symbols), each candidate merge skipped with probability `dropout`,
+    except merges inside a character (the right symbol starts with a UTF-8 continuation byte)."""
+    while len(symbols) > 1:
+        candidates = [
+            (ranks[pair], i)
+            for i, pair in enumerate(zip(symbols[:-1], symbols[1:], strict=True))
+            if pair in ranks and (dropout == 0.0 or pair[1][0] in _CONTINUATION_BYTES or rng.random() >= dropout)
+        ]
+        if not candidates:
+            break
+        best = min(candidates)[0]
+        merged, start = [], 0
+        for rank, i in candidates:
+            if rank == best and i >= start:  # not overlapping the previous merge ("a a a" -> "aa a")
+                merged.extend(symbols[start:i])
+                merged.append(symbols[i] + symbols[i + 1])
+                start = i + 2
+        merged.extend(symbols[start:])
+        symbols = merged
+    return symbols

@@ -92,6 +92,13 @@ class TranslationDataModule(L.LightningDataModule):
             False trains one BPE per side.
         bpe_vocab_size: size of each trained BPE vocabulary (named so as not to clash with the model's
             `src_vocab_size` / `tgt_vocab_size`, which are linked from this module's actual sizes).
+        bpe_dropout: BPE-dropout (Provilkov et al. 2020; 0.1 in the paper) on the train split: each merge is skipped
+            with this probability, so the model sees each train sentence split into subwords in several ways
+            (`Tokenizer.encode_batch_with_dropout`). Validation and test keep the one segmentation of plain BPE.
+            0 turns it off.
+        bpe_dropout_segmentations: with bpe_dropout, how many segmentations of each train sentence are drawn (from
+            `seed`, cached under `cache_dir`); epoch e trains on the (e mod this)-th of each, so runs repeat exactly
+            on resume and on every rank.
         max_sentence_tokens: longest train sentence in tokens, BOS/EOS included; longer train pairs are dropped.
             Val and test pairs are all kept, their ids cut to this length with EOS kept last, and their texts
             kept whole, so BLEU is computed on the full split against the full references. (Not named `max_len`:
@@ -122,6 +129,8 @@ class TranslationDataModule(L.LightningDataModule):
         direction: Literal["de-en", "en-de"] = "de-en",
         joint_vocab: bool = True,
         bpe_vocab_size: int = 8000,
+        bpe_dropout: float = 0.0,
+        bpe_dropout_segmentations: int = 8,
         max_sentence_tokens: int = 128,
         max_tokens: int = 4096,
         num_workers: int = 0,
@@ -183,6 +192,10 @@ class TranslationDataModule(L.LightningDataModule):
             raise ValueError(
                 f"bpe_vocab_size={bpe_vocab_size} is too small for byte-level BPE: use at least {MIN_BPE_VOCAB_SIZE}"
             )
+        if not 0.0 <= bpe_dropout < 1.0:
+            raise ValueError(f"bpe_dropout={bpe_dropout} must be in [0, 1) (0.1 in the paper; 0 turns it off)")
+        if bpe_dropout_segmentations < 1:
+            raise ValueError(f"bpe_dropout_segmentations={bpe_dropout_segmentations} must be at least 1")
         if max_sentence_tokens < 3:
             raise ValueError(f"max_sentence_tokens={max_sentence_tokens} must be at least 3 (BOS, a token, EOS)")
         if max_tokens < max_sentence_tokens:
@@ -205,6 +218,8 @@ class TranslationDataModule(L.LightningDataModule):
         self.direction = direction
         self.joint_vocab = joint_vocab
         self.bpe_vocab_size = bpe_vocab_size
+        self.bpe_dropout = bpe_dropout
+        self.bpe_dropout_segmentations = bpe_dropout_segmentations
         self.max_sentence_tokens = max_sentence_tokens
         self.max_tokens = max_tokens
         self.num_workers = num_workers
@@ -279,9 +294,12 @@ class TranslationDataModule(L.LightningDataModule):
         dataset = self.datasets[split]
         if len(dataset) == 0:
             raise ValueError(f"the {split} split has no sentence pairs ({self._describe_source(split)})")
+        blocks = self.bpe_dropout_segmentations if split == "train" and self.bpe_dropout else 1
         return DataLoader(
             dataset,
-            batch_sampler=TokenBudgetBatchSampler(dataset.lengths, self.max_tokens, shuffle=shuffle, seed=self.seed),
+            batch_sampler=TokenBudgetBatchSampler(
+                dataset.lengths, self.max_tokens, shuffle=shuffle, seed=self.seed, blocks=blocks
+            ),
             collate_fn=partial(collate_pairs, pad_id=self.pad_id),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
@@ -289,43 +307,52 @@ class TranslationDataModule(L.LightningDataModule):
         )
 
     def _encode_split(self, split: str) -> TranslationDataset:
-        """The split's dataset: source + EOS, BOS + target + EOS; over-long train pairs dropped, val/test cut."""
+        """The split's dataset: source + EOS, BOS + target + EOS; over-long train pairs dropped, val/test cut.
+
+        With `bpe_dropout`, the train dataset is `bpe_dropout_segmentations` blocks, one per segmentation of the
+        pairs (the batch sampler draws each epoch from one block).
+        """
         pairs = self._split_pairs()[split]
         src_side, tgt_side = self._source_side, 1 - self._source_side
-        packed = self._encoded_pairs()
-        src = packed[f"{split}-{src_side}"].framed(bos=False, eos=True)
-        tgt = packed[f"{split}-{tgt_side}"].framed(bos=True, eos=True)
+        if split == "train" and self.bpe_dropout:
+            segmentations = self._dropout_segmentations()
+        else:
+            packed = self._encoded_pairs()
+            segmentations = [{side: packed[f"{split}-{side}"] for side in (0, 1)}]
+        srcs = [segmented[src_side].framed(bos=False, eos=True) for segmented in segmentations]
+        tgts = [segmented[tgt_side].framed(bos=True, eos=True) for segmented in segmentations]
         src_texts, tgt_texts = [pair[src_side] for pair in pairs], [pair[tgt_side] for pair in pairs]
         limit = self.max_sentence_tokens
-        too_long = (src.lengths > limit) | (tgt.lengths > limit)
+        too_long = np.logical_or.reduce(
+            [(src.lengths > limit) | (tgt.lengths > limit) for src, tgt in zip(srcs, tgts, strict=True)]
+        )
         if split == "train":
             self.stats["train_dropped_too_long"] = int(too_long.sum())
             if too_long.any():
                 rank_zero_info(
                     f"TranslationDataModule: dropped {int(too_long.sum())} of {len(pairs)} train pairs longer than "
-                    f"max_sentence_tokens={limit}"
+                    f"max_sentence_tokens={limit}" + (" in one of their segmentations" if len(srcs) > 1 else "")
                 )
                 keep = ~too_long
-                src, tgt = src.select(keep), tgt.select(keep)
+                srcs, tgts = [src.select(keep) for src in srcs], [tgt.select(keep) for tgt in tgts]
                 src_texts = [text for text, kept in zip(src_texts, keep, strict=True) if kept]
                 tgt_texts = [text for text, kept in zip(tgt_texts, keep, strict=True) if kept]
         else:
             self.stats[f"{split}_truncated"] = int(too_long.sum())
-            src, tgt = src.truncated(limit), tgt.truncated(limit)
-        return TranslationDataset(src, tgt, src_texts, tgt_texts)
+            srcs, tgts = [src.truncated(limit) for src in srcs], [tgt.truncated(limit) for tgt in tgts]
+        return TranslationDataset(
+            PackedSequences.concatenate(srcs),
+            PackedSequences.concatenate(tgts),
+            src_texts * len(srcs),
+            tgt_texts * len(tgts),
+        )
 
     def _encoded_pairs(self) -> dict[str, PackedSequences]:
         """Ids of every split's pairs without special tokens, keyed "{split}-{stored side}"; cached as .npz."""
         if self._encoded is None:
-            tokenizer_hashes = [content_hash(self._tokenizer(side).to_str()) for side in (0, 1)]
-            key = content_hash({"pairs": self._fingerprint(), "tokenizers": tokenizer_hashes})
-            path = self.cache_dir / f"translation-ids-{key}.npz"
+            path = self.cache_dir / f"translation-ids-{self._encoding_key()}.npz"
             if path.exists():
-                with np.load(path) as arrays:
-                    self._encoded = {
-                        name: PackedSequences(arrays[f"{name}-ids"], arrays[f"{name}-offsets"])
-                        for name in (f"{split}-{side}" for split in SPLITS for side in (0, 1))
-                    }
+                self._encoded = _load_packed(path)
             else:
                 pairs_of = self._split_pairs()
                 with preparing(f"encoding {sum(map(len, pairs_of.values())):,} sentence pairs into {path}"):
@@ -336,12 +363,37 @@ class TranslationDataModule(L.LightningDataModule):
                         for split, pairs in pairs_of.items()
                         for side in (0, 1)
                     }
-                arrays = {}
-                for name, packed in self._encoded.items():
-                    arrays[f"{name}-ids"], arrays[f"{name}-offsets"] = packed.ids, packed.offsets
-                with atomic_open(path) as f:
-                    np.savez(f, **arrays)
+                _save_packed(path, self._encoded)
         return self._encoded
+
+    def _dropout_segmentations(self) -> list[dict[int, PackedSequences]]:
+        """`bpe_dropout_segmentations` BPE-dropout segmentations of the train pairs, each {stored side: ids without
+        special tokens}; drawn from `seed`, cached as .npz."""
+        count, train = self.bpe_dropout_segmentations, self._split_pairs()["train"]
+        settings = {"bpe_dropout": self.bpe_dropout, "segmentations": count, "seed": self.seed}
+        path = self.cache_dir / f"translation-bpe-dropout-{content_hash([self._encoding_key(), settings])}.npz"
+        if path.exists():
+            packed = _load_packed(path)
+        else:
+            with preparing(f"drawing {count} BPE-dropout segmentations of {len(train):,} train pairs into {path}"):
+                packed = {
+                    f"{k}-{side}": PackedSequences.from_lists(
+                        self._tokenizer(side).encode_batch_with_dropout(
+                            [pair[side] for pair in train],
+                            self.bpe_dropout,
+                            seed=int(np.random.SeedSequence([self.seed, k, side]).generate_state(1)[0]),
+                        )
+                    )
+                    for k in range(count)
+                    for side in (0, 1)
+                }
+            _save_packed(path, packed)
+        return [{side: packed[f"{k}-{side}"] for side in (0, 1)} for k in range(count)]
+
+    def _encoding_key(self) -> str:
+        """What the encoded ids depend on: the pairs and the tokenizers."""
+        tokenizer_hashes = [content_hash(self._tokenizer(side).to_str()) for side in (0, 1)]
+        return content_hash({"pairs": self._fingerprint(), "tokenizers": tokenizer_hashes})
 
     def _tokenizer(self, side: int) -> Tokenizer:
         """The tokenizer of stored side 0 or 1 (both the joint one), loaded from the cache or trained."""
@@ -478,6 +530,20 @@ class TranslationDataModule(L.LightningDataModule):
         if not files:
             return f"the md5 bucket split of the training files ({self._describe_source('train')})"
         return ", ".join(f"{kind} {', '.join(map(str, paths))}" for kind, paths in files.items())
+
+
+def _save_packed(path: Path, packed: dict[str, PackedSequences]) -> None:
+    arrays = {}
+    for name, sequences in packed.items():
+        arrays[f"{name}-ids"], arrays[f"{name}-offsets"] = sequences.ids, sequences.offsets
+    with atomic_open(path) as f:
+        np.savez(f, **arrays)
+
+
+def _load_packed(path: Path) -> dict[str, PackedSequences]:
+    with np.load(path) as arrays:
+        names = [name.removesuffix("-ids") for name in arrays.files if name.endswith("-ids")]
+        return {name: PackedSequences(arrays[f"{name}-ids"], arrays[f"{name}-offsets"]) for name in names}
 
 
 def _named_split_files(split_files: dict[str, tuple]) -> list[tuple[str, object]]:
