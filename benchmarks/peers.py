@@ -9,7 +9,7 @@ fixed learning rate, cross-entropy) in one process, in alternating timed rounds;
 - ``vision``: our ViT against timm's ``VisionTransformer`` with the same initial weights (``vit_vs_timm.py``) at
   the shape of configs/vision/vit_fashion_mnist.yaml, batch 128 images of 1×28×28, 10 classes. Images/s.
 - ``translation``: our ``EncoderDecoder`` against PyTorch's tutorial model around ``torch.nn.Transformer``
-  (``translation_vs_torch.py``) at the shape of configs/translation/ding_de_en.yaml, joint vocabulary 4000. The
+  (``translation_vs_torch.py``) at the shape of configs/translation/ding_de_en.yaml and its vocabulary size. The
   config's budget of 2048 tokens per side becomes a fixed batch of 64 pairs × 32 tokens: sources hold 25 to 32
   real tokens followed by padding (so the padding mask is exercised), targets are unpadded. Throughput: target
   tokens/s (64 × 32 = 2048 predicted tokens per step).
