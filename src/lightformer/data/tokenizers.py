@@ -207,10 +207,11 @@ class Tokenizer:
         Each word is split into bytes and merged as BPE does (the lowest-ranked merge first, all its places at once,
         as subword-nmt), except that at each step every candidate merge is skipped with probability `dropout`; when
         all are skipped the word is done. Merges inside a character are never skipped, so that, as in the paper's
-        character-level BPE, a segmentation splits words into characters at most (an "ä" or a "’" is not cut into
-        bytes). `dropout=0` gives exactly `encode_batch`'s ids, `dropout=1` the characters. The text always decodes
-        back whole. Hugging Face's own `BPE(dropout=...)` draws from an unseeded generator, so
-        its segmentations could not be repeated on resume or agreed between ranks; this one is pure Python.
+        character-level BPE, a character that plain BPE encodes as one token (an "ä" or a "’" in a vocabulary
+        trained on German) is never cut into bytes. `dropout=0` gives exactly `encode_batch`'s ids; `dropout=1`
+        gives each character as plain BPE encodes it alone. The text always decodes back whole. Hugging Face's own
+        `BPE(dropout=...)` draws from an unseeded generator, so its segmentations could not be repeated on resume
+        or agreed between ranks; this one is pure Python.
         """
         if self.kind != "bpe":
             raise ValueError(f"BPE-dropout needs a BPE tokenizer; this one is {self.kind!r}")
