@@ -1,10 +1,12 @@
-"""The optimizer every task shares: decay groups, the schedules, and the schedule a resumed run keeps."""
+"""The optimizer every task shares: decay groups, the schedules, and the schedule a resumed run keeps; late dropout."""
 
 import math
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 
+from lightformer.callbacks import LateDropout, drop_rates
 from lightformer.cli import cli_main
 from lightformer.models import GPT, GPTConfig
 from lightformer.tasks.base import FIT_TO_TIME_EVERY
@@ -126,3 +128,51 @@ def test_fit_to_max_time_without_max_time_says_the_decay_ends_at_max_steps(tmp_p
         cli_main(["fit", *task_args("lm", tmp_path), "--trainer.max_steps=5", "--model.optimizer.fit_to_max_time=true"])
     checkpoint = torch.load(last_checkpoint(tmp_path), map_location="cpu", weights_only=False)
     assert checkpoint["lr_schedulers"][0]["lr_lambdas"][0]["total_steps"] == 5
+
+
+LATE_DROPOUT_FROM_STEP_5 = [
+    "--trainer.callbacks+=lightformer.callbacks.LateDropout",
+    "--trainer.callbacks.start_step=5",
+]
+
+
+def named_drop_rates(model) -> dict[str, float]:
+    rates = drop_rates(model)
+    return {name: rates[module][1] for name, module in model.named_modules() if module in rates}
+
+
+class DropRateProbe(Callback):
+    """The drop rate of every module at each training step, as the step's forward pass sees it."""
+
+    def __init__(self) -> None:
+        self.rates = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.rates[trainer.global_step] = named_drop_rates(pl_module)
+
+
+def test_late_dropout_turns_every_dropout_on_at_its_step_and_leaves_the_model_as_configured(tmp_path, caplog):
+    args = [*task_args("vision", tmp_path), "--trainer.max_epochs=1", "--model.net.attn_dropout=0.1"]
+    cli = cli_main([*args, *LATE_DROPOUT_FROM_STEP_5], run=False)
+    probe = DropRateProbe()
+    cli.trainer.callbacks.append(probe)  # after LateDropout: it sees the rates the step trains with
+    configured = named_drop_rates(cli.model)
+    dropping = {type(module).__name__ for module, (_, rate) in drop_rates(cli.model).items() if rate > 0}
+    assert dropping == {"Dropout", "DropPath", "MultiHeadAttention"}, dropping
+    caplog.set_level("INFO")
+    cli.trainer.fit(cli.model, cli.datamodule)
+
+    assert max(probe.rates) > 5
+    for step, rates in probe.rates.items():
+        assert rates == (configured if step >= 5 else dict.fromkeys(configured, 0.0)), step
+    assert "LateDropout: dropout on from step 5" in caplog.text
+    assert named_drop_rates(cli.model) == configured
+
+
+def test_late_dropout_without_dropout_or_with_a_negative_step_says_so(tmp_path):
+    with pytest.raises(ValueError, match=r"start_step must be a training step >= 0, got -1"):
+        LateDropout(start_step=-1)
+    args = [*task_args("vision", tmp_path), "--model.net.dropout=0", "--model.net.drop_path=0"]
+    cli = cli_main([*args, *LATE_DROPOUT_FROM_STEP_5], run=False)
+    with pytest.raises(ValueError, match=r"LateDropout\(start_step=5\): the model has no dropout to start late"):
+        cli.trainer.fit(cli.model, cli.datamodule)

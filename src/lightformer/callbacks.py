@@ -4,7 +4,8 @@ exact resume of random state and of epoch-end checkpoints, a stop on non-finite 
 
 ``python -m lightformer fit`` installs them all (see ``lightformer.cli``); with the Python API, pass
 ``plugins=[AtomicCheckpointIO()]`` and ``callbacks=[ModelCheckpoint(save_last=True), NonFiniteLossGuard(),
-RandomStateCheckpoint(), ResumeAfterEpochEnd(), Throughput()]`` to the ``Trainer``.
+RandomStateCheckpoint(), ResumeAfterEpochEnd(), Throughput()]`` to the ``Trainer``. ``LateDropout`` is a part of a
+recipe that a config adds to ``trainer.callbacks``.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from lightning.pytorch import callbacks
 from lightning.pytorch.callbacks import Callback, ThroughputMonitor
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info
+from timm.layers import DropPath
+from torch import nn
 
 from lightformer.files import atomic_open, remove_orphaned_temporary_files
+from lightformer.nn import Dropout, MultiHeadAttention, TokenDropout
 
 MIB = 2**20
 
@@ -293,6 +297,78 @@ class ResumeAfterEpochEnd(Callback):
         for name in ("epoch_loop.batch_progress", "epoch_loop.scheduler_progress"):
             loop[name]["current"] = dict.fromkeys(loop[name]["current"], 0)
         loop["epoch_loop.batch_progress"]["is_last_batch"] = False
+
+
+# Where each kind of module keeps its drop rate: every dropout a lightformer (or timm) model can hold.
+_DROP_RATE_ATTRIBUTES = (
+    (nn.modules.dropout._DropoutNd, "p"),  # torch's nn.Dropout family (timm's blocks use these)
+    (Dropout, "p"),
+    (TokenDropout, "p"),
+    (DropPath, "drop_prob"),
+    (MultiHeadAttention, "dropout"),  # on the attention weights
+)
+
+
+def drop_rates(model: nn.Module) -> dict[nn.Module, tuple[str, float]]:
+    """Every module of ``model`` that drops at random: its rate's attribute name and its rate now."""
+    rates = {}
+    for module in model.modules():
+        for kind, attribute in _DROP_RATE_ATTRIBUTES:
+            if isinstance(module, kind):
+                rates[module] = (attribute, getattr(module, attribute))
+    return rates
+
+
+class LateDropout(Callback):
+    """Late dropout (Liu et al. 2023, "Dropout Reduces Underfitting"): every dropout of the model is off until
+    training step ``start_step``, then at its configured rate to the end.
+
+    A model that overfits a small dataset late, not early, learns faster without dropout in its first epochs
+    and still gets dropout's regularisation for the rest of the run. All dropouts follow: on activations and
+    embeddings, on attention weights, word dropout and stochastic depth (``drop_path``). The switch reads only
+    ``trainer.global_step``, so a resumed run drops out exactly as the run it continues, and evaluation is
+    untouched (dropout is off there anyway). Add it to a config's ``trainer.callbacks``::
+
+        - class_path: lightformer.callbacks.LateDropout
+          init_args:
+            start_step: 600
+    """
+
+    def __init__(self, start_step: int) -> None:
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise ValueError(f"LateDropout: start_step must be a training step >= 0, got {start_step!r}")
+        self.start_step = start_step
+        self._rates: dict[nn.Module, tuple[str, float]] = {}
+        self._on: bool | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._rates = drop_rates(pl_module)
+        if not any(rate for _, rate in self._rates.values()):
+            raise ValueError(
+                f"LateDropout(start_step={self.start_step}): the model has no dropout to start late (every rate is "
+                "0): set one, e.g. model.net.dropout, or remove the callback"
+            )
+        self._on = None
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int):
+        on = trainer.global_step >= self.start_step
+        if on == self._on:
+            return
+        self._set_rates(on)
+        if on and self._on is not None:
+            rank_zero_info(f"LateDropout: dropout on from step {trainer.global_step}")
+        self._on = on
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._set_rates(True)  # the model as configured again, whenever fit ended
+            self._on = None
+
+    def _set_rates(self, on: bool) -> None:
+        for module, (attribute, rate) in self._rates.items():
+            setattr(module, attribute, rate if on else 0.0)
 
 
 class Throughput(ThroughputMonitor):
