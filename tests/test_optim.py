@@ -118,7 +118,7 @@ def test_a_schedule_fitted_to_max_time_decays_over_the_whole_run_and_ends_at_min
     steps, planned = checkpoint["global_step"], checkpoint["lr_schedulers"][0]["lr_lambdas"][0]["total_steps"]
     peak = max(lr.values())
     halfway = lr[min(lr, key=lambda step: abs(step - steps / 2))]
-    assert steps > 10 * FIT_TO_TIME_EVERY  # planned anew many times
+    assert steps > 5 * FIT_TO_TIME_EVERY  # planned anew many times (~10 alone; a loaded machine does half the steps)
     assert 0.9 * steps <= planned <= 1.1 * steps, (steps, planned)  # the last plan: the step max_time ended at
     assert 0.3 * peak < halfway < 0.7 * peak and lr[max(lr)] < 0.1 * peak, (halfway, lr[max(lr)], peak)
 
