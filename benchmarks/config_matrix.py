@@ -33,7 +33,11 @@ GPU_PRESETS = ("gpu", "ddp", "fsdp")
 CPU_PRESETS = ("cpu", "ddp_cpu", "fsdp_cpu")
 # --quick: small batches (and short LM windows), so that a CPU runs every config in seconds.
 QUICK_DATA = {
-    "lightformer.data.TextDataModule": ["--data.batch_size=2", "--data.block_size=64", "--data.num_workers=0"],
+    "lightformer.data.TextDataModule": [
+        "--data.loader.batch_size=2",
+        "--data.block_size=64",
+        "--data.loader.num_workers=0",
+    ],
     "lightformer.data.ImageDataModule": ["--data.batch_size=8", "--data.num_workers=0"],
     "lightformer.data.TranslationDataModule": ["--data.max_tokens=256", "--data.num_workers=0"],
     "lightformer.data.TextClassificationDataModule": ["--data.batch_size=4", "--data.num_workers=0"],

@@ -55,7 +55,7 @@ VISION = ["fit", "--config=configs/vision/vit_digits.yaml", "--trainer.logger=fa
         ([*LM, "--model.optimizer.lr=-1"], "model.optimizer: lr=-1.0 must be positive"),
         ([*LM, "--model.optimizer.warmup_steps=-5"], "model.optimizer: warmup_steps=-5 must be at least 0"),
         ([*VISION, "--data.batch_size=0"], "data: ImageDataModule: batch_size=0 must be at least 1"),
-        ([*LM, "--data.batch_size=0"], "data: batch_size=0 must be at least 1"),
+        ([*LM, "--data.loader.batch_size=0"], "data.loader.batch_size=0 must be at least 1"),
         ([*VISION, "--data.val_size=100", "--data.val_fraction=0.5"], "give val_size .* or val_fraction .*, not both"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,

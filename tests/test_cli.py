@@ -30,7 +30,41 @@ def test_help_lists_every_command_with_a_line_each(capsys):
 def test_an_unknown_command_names_the_commands():
     with pytest.raises(SystemExit) as exit_info:
         main(["trian"])
-    assert exit_info.value.code.startswith("lightformer: unknown command 'trian'; the commands are: fit, validate")
+    assert exit_info.value.code.startswith(
+        "lightformer: unknown command 'trian'; the commands are: prepare, fit, validate"
+    )
+
+
+def test_prepare_takes_fits_command_line_and_fit_then_prepares_nothing(tmp_path, capsys, monkeypatch):
+    from lightformer.cli import cli_main
+    from lightformer.data import prepare
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("It is a truth universally acknowledged.\n" * 50, encoding="utf-8")
+    args = [
+        "--config=configs/lm/austen_char.yaml",
+        "--data.source.corpus=null",
+        f"--data.source.train_files=[{corpus}]",
+        f"--data.prepare.dir={tmp_path / 'prepared'}",
+        "--data.block_size=16",
+        "--model.net.n_layers", "1",  # fit's options are read and ignored
+        "--trainer.max_steps=2",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.logger=false",
+    ]  # fmt: skip
+    main(["prepare", *args])
+    folder = Path(capsys.readouterr().out.strip().removeprefix("prepared: "))
+    assert folder.parent == tmp_path / "prepared" and (folder / "prepared.json").is_file()
+    assert (folder / "train" / "index.json").is_file() and (folder / "val" / "index.json").is_file()
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("fit should have found the data prepared")
+
+    monkeypatch.setattr(prepare, "_prepare", no_work)
+    cli = cli_main(["fit", *args, "--trainer.enable_progress_bar=false"])
+    assert cli.trainer.global_step == 2 and cli.datamodule.prepared.folder == folder
+    with pytest.raises(SystemExit, match=r"lightformer: data: .*train_files: the file '.*nope\.txt' does not exist"):
+        main(["prepare", *args, f"--data.source.train_files=[{tmp_path / 'nope.txt'}]"])
 
 
 def test_fit_help_with_a_config_shows_its_task_model_and_data_options(capsys):

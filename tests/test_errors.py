@@ -11,6 +11,8 @@ from PIL import Image
 from lightformer.cli import cli_main, main
 from lightformer.data import ImageDataModule, TextDataModule, TranslationDataModule
 from lightformer.data.image_files import load_image
+from lightformer.data.sources import TextSource
+from lightformer.data.text import PrepareConfig
 from lightformer.data.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer
 from lightformer.models import GPT, EncoderDecoderConfig, GPTConfig, VisionTransformer, ViTConfig
 from lightformer.nn import MultiHeadAttention
@@ -133,10 +135,15 @@ def test_5_vocabulary_smaller_than_the_tokenizer():
 # --- data errors ------------------------------------------------------------------------------------------------
 
 
+def text_data(tmp_path, path) -> TextDataModule:
+    source = TextSource(train_files=[str(path)])
+    return TextDataModule(source=source, prepare=PrepareConfig(dir=str(tmp_path / "prepared")))
+
+
 def test_6_missing_paths_are_named(tmp_path, capsys):
     missing = tmp_path / "missing.txt"
     with pytest.raises(FileNotFoundError, match=r"train_files: the file '.*missing\.txt' does not exist"):
-        TextDataModule(train_files=[str(missing)], cache_dir=str(tmp_path / "cache")).prepare_data()
+        text_data(tmp_path, missing).prepare_data()
     with pytest.raises(FileNotFoundError, match=r"tsv_files: the file '.*missing\.tsv' does not exist"):
         translation_data(tmp_path, tmp_path / "missing.tsv").prepare_data()
     present = write_pairs(tmp_path / "present.de")
@@ -157,8 +164,8 @@ def test_6_missing_paths_are_named(tmp_path, capsys):
 def test_7_empty_corpus(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"the training text is empty: .*empty\.txt; it needs at least block_size"):
-        TextDataModule(train_files=[str(empty)], cache_dir=str(tmp_path / "cache")).prepare_data()
+    with pytest.raises(ValueError, match=r"the training text is empty \(.*empty\.txt\); give files that hold text"):
+        text_data(tmp_path, empty).prepare_data()
     blank = tmp_path / "blank.tsv"
     blank.write_text("\n\n", encoding="utf-8")
     for tsv in (tmp_path / "empty.txt", blank):
@@ -171,7 +178,7 @@ def test_8_bytes_that_are_not_utf8_are_located(tmp_path):
     text = tmp_path / "latin1.txt"
     text.write_bytes(latin1)
     with pytest.raises(ValueError, match=r"latin1\.txt is not UTF-8 text: byte 0xef at byte offset 10"):
-        TextDataModule(train_files=[str(text)], cache_dir=str(tmp_path / "cache")).prepare_data()
+        text_data(tmp_path, text).prepare_data()
     tsv = tmp_path / "latin1.tsv"
     tsv.write_bytes(b"a b c\tx y z\n" + latin1.replace(b"\n", b"\tq\n"))
     with pytest.raises(ValueError, match=r"latin1\.tsv is not UTF-8 text: byte 0xef at byte offset 24 \(line 3"):

@@ -25,11 +25,11 @@ def fit_tiny(tmp_path, *extra: str) -> str:
         [
             "fit",
             "--config=configs/lm/austen_char.yaml",
-            "--data.corpus=null",
-            f"--data.train_files=[{corpus}]",
-            f"--data.cache_dir={tmp_path / 'cache'}",
+            "--data.source.corpus=null",
+            f"--data.source.train_files=[{corpus}]",
+            f"--data.prepare.dir={tmp_path / 'prepared'}",
             "--data.block_size=32",
-            "--data.batch_size=8",
+            "--data.loader.batch_size=8",
             "--model.net.n_layers=2",
             "--model.net.d_model=32",
             "--model.optimizer.warmup_steps=2",
@@ -122,7 +122,7 @@ def test_fit_help_works(capsys):
 
 
 def test_fit_validates_on_fixed_windows_and_ends_with_the_whole_split(tmp_path):
-    log_dir = fit_tiny(tmp_path, "--data.val_windows=3")
+    log_dir = fit_tiny(tmp_path, "--data.loader.val_windows=3")
     events = EventAccumulator(log_dir)
     events.Reload()
     val = events.Scalars("val/loss")
@@ -130,8 +130,12 @@ def test_fit_validates_on_fixed_windows_and_ends_with_the_whole_split(tmp_path):
     # The last one is the whole split's loss of the last weights, as `validate` computes it.
     ckpt = f"{log_dir}/checkpoints/last.ckpt"
     corpus = tmp_path / "corpus.txt"
-    options = [f"--data.train_files=[{corpus}]", f"--data.cache_dir={tmp_path / 'cache'}", "--data.block_size=32"]
-    config = ["--config=configs/lm/austen_char.yaml", "--data.corpus=null", *options, "--trainer.logger=false",
+    options = [
+        f"--data.source.train_files=[{corpus}]",
+        f"--data.prepare.dir={tmp_path / 'prepared'}",
+        "--data.block_size=32",
+    ]
+    config = ["--config=configs/lm/austen_char.yaml", "--data.source.corpus=null", *options, "--trainer.logger=false",
               f"--trainer.default_root_dir={tmp_path}"]  # fmt: skip
     validated = cli_main(["validate", *config, f"--ckpt_path={ckpt}"]).trainer.callback_metrics["val/loss"]
     assert val[2].value == pytest.approx(validated.item(), rel=1e-5)

@@ -108,7 +108,6 @@ def test_a_schedule_fitted_to_max_time_decays_over_the_whole_run_and_ends_at_min
             "--trainer.max_steps=1000000",
             "--trainer.max_epochs=-1",
             "--trainer.log_every_n_steps=5",
-            "--data.samples_per_epoch=4000",  # 500 steps an epoch, then a validation: its time counts too
             "--model.optimizer.fit_to_max_time=true",
             "--model.optimizer.min_lr=0",
         ]

@@ -15,9 +15,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from lightformer.cli import cli_main
 from lightformer.commands import fill_mask
 from lightformer.data.masking import IGNORE_INDEX, random_spans_noise_mask, reconstruct_from_spans, span_corruption
-from lightformer.data.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
+from lightformer.data.pretraining import SPLITS, MaskedLMDataModule, SpanCorruptionDataModule, split_by_fraction
 from lightformer.data.sequences import collate_pairs
-from lightformer.data.text import SPLITS, split_by_fraction
 from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
 from lightformer.tasks.denoising import sentinel_numbers, sentinel_spans
 from lightformer.tasks.masked_lm import MaskedLanguageModelTask

@@ -209,7 +209,6 @@ def test_ddp_processes_share_the_schedule_fitted_to_max_time(tmp_path):
         "--trainer.max_time=00:00:00:10",
         "--trainer.max_steps=1000000",
         "--trainer.max_epochs=-1",
-        "--data.samples_per_epoch=4000",
         "--model.optimizer.fit_to_max_time=true",
         f"--trainer.callbacks+={json.dumps(record)}",
     ]

@@ -1,8 +1,9 @@
-"""TextDataModule, its datasets and the corpus sources, on small corpora written to tmp_path."""
+"""TextDataModule over the preparation pipeline (sources → tokenizer + shards → streamed windows), and the corpus
+sources, on small corpora written to tmp_path."""
 
 import hashlib
 import http.server
-import pickle
+import json
 import shutil
 import threading
 from functools import partial
@@ -10,14 +11,20 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
+from litdata import StreamingDataset, TokensLoader
 
-from lightformer.data import corpora
+from lightformer.data import corpora, prepare, sources
 from lightformer.data.corpora import CorpusUnavailableError, austen_text, download
-from lightformer.data.text import ContiguousWindowDataset, RandomWindowDataset, TextDataModule
-from lightformer.data.tokenizers import Tokenizer
+from lightformer.data.prepare import PreparedText, TokenizerConfig, prepare_text
+from lightformer.data.sources import TextSource, format_of, read_piece, split_pieces
+from lightformer.data.streaming import EvaluationWindows, LoaderConfig
+from lightformer.data.text import PrepareConfig, TextDataModule
+from lightformer.data.tokenizers import EOS_ID, Tokenizer
 
 WORDS = ["the", "of", "and", "to", "a", "in", "was", "her", "it", "that", "she", "be", "not", "had", "he"]
 
@@ -35,9 +42,28 @@ def corpus(tmp_path) -> Path:
     return path
 
 
-def make_module(tmp_path: Path, **kwargs) -> TextDataModule:
-    defaults = dict(block_size=8, batch_size=4, cache_dir=str(tmp_path / "cache"), data_root=str(tmp_path / "data"))
-    return TextDataModule(**{**defaults, **kwargs})
+def make_module(
+    tmp_path: Path,
+    tokenizer: dict | None = None,
+    loader: dict | None = None,
+    block_size: int = 8,
+    seed: int = 1337,
+    **source,
+) -> TextDataModule:
+    return TextDataModule(
+        source=TextSource(**{"data_root": str(tmp_path / "data"), **source}),
+        tokenizer=TokenizerConfig(**(tokenizer or {})),
+        loader=LoaderConfig(**{"batch_size": 4, **(loader or {})}),
+        prepare=PrepareConfig(dir=str(tmp_path / "prepared"), num_workers=1),
+        block_size=block_size,
+        seed=seed,
+    )
+
+
+def split_ids(module: TextDataModule, split: str) -> list[int]:
+    """Every token id of a prepared split, in order."""
+    dataset = StreamingDataset(module.prepared.split_dir(split), item_loader=TokensLoader(block_size=1))
+    return [int(dataset[i][0]) for i in range(len(dataset))]
 
 
 def test_batches_have_shapes_and_shifted_targets(tmp_path, corpus):
@@ -60,68 +86,43 @@ def test_vocab_size_is_known_right_after_construction(tmp_path, corpus):
     assert module.vocab_size == 4 + len(set(corpus.read_text()))
     assert module.tokenizer.kind == "char"
     assert module.block_size == 8
-    # The BPE target is `bpe_vocab_size`, so hparams never clash with the model's linked vocab_size.
-    assert "vocab_size" not in module.hparams and module.hparams.block_size == 8
 
 
-def test_windows_are_reproducible_for_a_seed(tmp_path, corpus):
-    def first_batches(seed: int) -> list[torch.Tensor]:
-        module = make_module(tmp_path, train_files=[str(corpus)], seed=seed)
-        module.setup("fit")
-        return [x for x, _ in list(module.train_dataloader())[:3]]
+def test_an_epoch_is_every_window_once_in_an_order_of_seed_and_epoch(tmp_path, corpus):
+    module = make_module(tmp_path, train_files=[str(corpus)], val_fraction=0.0, loader={"batch_size": 1})
+    loader = module.train_dataloader()
+    epochs = [[tuple(x[0].tolist()) for x, _ in loader] for _ in range(2)]
+    ids = split_ids(module, "train")
+    windows = [tuple(ids[i : i + 8]) for i in range(0, len(ids) - 8, 9)]  # block_size + 1 = 9 ids a window
+    assert sorted(epochs[0]) == sorted(epochs[1]) == sorted(windows)
+    assert epochs[0] != epochs[1] and epochs[0] != windows  # shuffled, anew each epoch
+    again = make_module(tmp_path, train_files=[str(corpus)], val_fraction=0.0, loader={"batch_size": 1})
+    assert [tuple(x[0].tolist()) for x, _ in again.train_dataloader()] == epochs[0]  # a function of the seed
+    other = make_module(tmp_path, train_files=[str(corpus)], val_fraction=0.0, loader={"batch_size": 1}, seed=2)
+    assert [tuple(x[0].tolist()) for x, _ in other.train_dataloader()] != epochs[0]
 
-    same = first_batches(1)
-    assert all(torch.equal(a, b) for a, b in zip(same, first_batches(1), strict=True))
-    assert not all(torch.equal(a, b) for a, b in zip(same, first_batches(2), strict=True))
 
-
-def test_random_window_item_depends_only_on_seed_and_index():
-    tokens = np.arange(1000, dtype=np.uint16)
-    dataset = RandomWindowDataset(tokens, block_size=16, num_samples=50, seed=7)
-    again = RandomWindowDataset(tokens, block_size=16, num_samples=50, seed=7)
-    other = RandomWindowDataset(tokens, block_size=16, num_samples=50, seed=8)
-    for i in (0, 13, 49):
-        x, y = dataset[i]
-        assert torch.equal(x, again[i][0])
-        assert torch.equal(y, x + 1)  # arange: the target is the next id
-    assert any(not torch.equal(dataset[i][0], other[i][0]) for i in range(50))
+def test_evaluation_windows_cover_the_split_in_order(tmp_path, corpus):
+    module = make_module(tmp_path, train_files=[str(corpus)])
+    ids = split_ids(module, "val")
+    dataset = EvaluationWindows(module.prepared.split_dir("val"), 8)
+    assert len(dataset) == len(ids) // 9
+    assert torch.equal(dataset[1][0], torch.tensor(ids[9:17])) and torch.equal(dataset[1][1], torch.tensor(ids[10:18]))
     with pytest.raises(IndexError):
-        dataset[50]
+        dataset[len(dataset)]
+    val_x = torch.cat([x for x, _ in module.val_dataloader()])
+    assert torch.equal(val_x, torch.stack([dataset[i][0] for i in range(len(dataset))]))
 
 
-def test_contiguous_windows_cover_the_split_in_order():
-    tokens = np.arange(35, dtype=np.uint16)
-    dataset = ContiguousWindowDataset(tokens, block_size=8)
-    assert len(dataset) == 4  # (35 - 1) // 8; the last 2 tokens do not fill a window
-    xs = torch.cat([dataset[i][0] for i in range(len(dataset))])
-    assert torch.equal(xs, torch.arange(32))
-    assert torch.equal(dataset[3][1], torch.arange(25, 33))
-
-
-def test_dataset_pickles_without_its_tokens(tmp_path):
-    path = tmp_path / "tokens.npy"
-    np.save(path, np.arange(100_000, dtype=np.uint16))
-    dataset = RandomWindowDataset(path, block_size=8, num_samples=10, seed=0)
-    _ = dataset[0]  # memory-maps the file
-    payload = pickle.dumps(dataset)
-    assert len(payload) < 2_000  # the path travels to DataLoader workers, not 200 kB of ids
-    assert torch.equal(pickle.loads(payload)[3][0], dataset[3][0])
-
-
-def test_val_and_test_are_the_end_of_the_text(tmp_path, corpus):
+def test_val_and_test_are_the_end_of_the_text_cut_at_line_breaks(tmp_path, corpus):
     text = corpus.read_text()
     module = make_module(tmp_path, train_files=[str(corpus)], val_fraction=0.1, test_fraction=0.05)
     module.setup()
-    n = len(text)
-    n_val, n_test = int(n * 0.1), int(n * 0.05)
-    tokenizer = module.tokenizer
-    tokens = {split: np.asarray(module.datasets[split].tokens) for split in ("train", "val", "test")}
-    assert tokens["train"].tolist() == tokenizer.encode(text[: n - n_val - n_test])
-    assert tokens["val"].tolist() == tokenizer.encode(text[n - n_val - n_test : n - n_test])
-    assert tokens["test"].tolist() == tokenizer.encode(text[n - n_test :])
-    assert tokens["train"].dtype == np.uint16
-    val_x = torch.cat([x.flatten() for x, _ in module.val_dataloader()])
-    assert torch.equal(val_x, torch.from_numpy(tokens["val"][: len(val_x)].astype(np.int64)))  # in order
+    texts = {split: module.tokenizer.decode(split_ids(module, split)) for split in ("train", "val", "test")}
+    assert texts["train"] + texts["val"] + texts["test"] == text
+    assert all(part.endswith("\n") for part in texts.values())  # each split is whole lines
+    for split, share in (("val", 0.1), ("test", 0.05)):
+        assert abs(len(texts[split]) - share * len(text)) <= 60  # within a line of the share
     assert len(list(module.test_dataloader())) > 0
 
 
@@ -131,77 +132,153 @@ def test_explicit_val_and_test_files(tmp_path, corpus):
     test_file.write_text(make_text(20, seed=2))
     module = make_module(tmp_path, train_files=[str(corpus)], val_files=[str(val_file)], test_files=[str(test_file)])
     module.setup()
-    assert np.asarray(module.datasets["train"].tokens).tolist() == module.tokenizer.encode(corpus.read_text())
-    val_ids = np.asarray(module.datasets["val"].tokens).tolist()
+    assert split_ids(module, "train") == module.tokenizer.encode(corpus.read_text())
+    val_ids = split_ids(module, "val")
     assert module.tokenizer.unk_id not in val_ids  # the char vocabulary covers every split's text
-    assert module.decode(val_ids) == val_file.read_text()
+    assert module.decode(val_ids) == val_file.read_text() + "\n"  # a file ends with a line break
 
 
 def test_no_validation_split_when_val_fraction_is_zero(tmp_path, corpus):
     module = make_module(tmp_path, train_files=[str(corpus)], val_fraction=0.0)
     module.setup("fit")
-    assert "val" not in module.datasets
+    assert not module.prepared.has("val")
     assert module.val_dataloader() == []
     with pytest.raises(ValueError, match="no test split"):
         module.test_dataloader()
 
 
-def test_globs_are_expanded_and_sorted(tmp_path):
+def test_globs_and_folders_are_expanded_and_sorted(tmp_path):
     parts = tmp_path / "parts"
-    parts.mkdir()
+    (parts / "more").mkdir(parents=True)
     (parts / "b.txt").write_text("bbbb bbbb\n" * 20)
     (parts / "a.txt").write_text("aaaa aaaa" * 20)  # no final newline: one is added before b.txt
     (parts / "notes.md").write_text("ignored")
     module = make_module(tmp_path, train_files=[str(parts / "*.txt")], val_fraction=0.0)
-    module.setup("fit")
-    ids = np.asarray(module.datasets["train"].tokens)
-    assert module.decode(ids) == "aaaa aaaa" * 20 + "\n" + "bbbb bbbb\n" * 20
+    assert module.decode(split_ids(module, "train")) == "aaaa aaaa" * 20 + "\n" + "bbbb bbbb\n" * 20
+    (parts / "more" / "c.txt").write_text("cc\n")
+    folder = make_module(tmp_path, train_files=[str(parts)], val_fraction=0.0)
+    expected = "aaaa aaaa" * 20 + "\n" + "bbbb bbbb\n" * 20 + "cc\n" + "ignored\n"  # a, b, more/c, notes
+    assert folder.decode(split_ids(folder, "train")) == expected
+
+
+def test_jsonl_and_parquet_records_are_documents_ended_by_eos(tmp_path):
+    records = [{"text": f"document {i}: " + make_text(2, seed=i), "id": i} for i in range(40)]
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in records[:20]) + "\n")  # a blank line is skipped
+    parquet = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"text": [r["text"] for r in records[20:]]}), parquet, row_group_size=7)
+    assert (format_of(jsonl), format_of(parquet), format_of(tmp_path / "a.txt")) == ("jsonl", "parquet", "text")
+    module = make_module(
+        tmp_path, train_files=[str(jsonl), str(parquet)], val_fraction=0.0, tokenizer={"kind": "bpe", "vocab_size": 300}
+    )
+    ids = split_ids(module, "train")
+    assert ids.count(EOS_ID) == 40
+    documents = module.tokenizer.decode(ids, skip_special=False).split("<eos>")
+    assert documents == [r["text"] for r in records] + [""]
+
+
+def test_a_split_cut_falls_between_records_and_rows(tmp_path):
+    parquet = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"body": [f"row {i} " * 20 for i in range(100)]}), parquet, row_group_size=30)
+    pieces = split_pieces([parquet], {}, 0.2, 0.1, piece_bytes=400)
+    rows = {split: [(p.start, p.end) for p in pieces[split]] for split in pieces}
+    assert rows["train"][0][0] == 0 and rows["train"][-1][1] == rows["val"][0][0] == 70
+    assert rows["val"][-1][1] == rows["test"][0][0] == 90 and rows["test"][-1][1] == 100
+    assert len(rows["train"]) > 1  # cut into pieces of about 400 bytes
+    texts = [t for split in ("train", "val", "test") for p in pieces[split] for t in read_piece(p, "body")]
+    assert texts == [f"row {i} " * 20 for i in range(100)]
 
 
 def test_bpe_module(tmp_path, corpus):
-    module = make_module(tmp_path, train_files=[str(corpus)], tokenizer="bpe", bpe_vocab_size=300)
+    module = make_module(tmp_path, train_files=[str(corpus)], tokenizer={"kind": "bpe", "vocab_size": 300})
     assert module.tokenizer.kind == "bpe"
     assert module.vocab_size <= 300
     module.setup("fit")
     x, y = next(iter(module.train_dataloader()))
     assert x.shape == (4, 8) and int(x.max()) < module.vocab_size
     text = corpus.read_text()
-    n_val = int(len(text) * 0.1)
-    assert module.decode(module.datasets["val"].tokens) == text[len(text) - n_val :]
+    assert module.decode(split_ids(module, "train") + split_ids(module, "val")) == text
+
+
+def test_the_tokenizer_trains_on_a_bounded_sample_of_every_piece(tmp_path, monkeypatch):
+    big = tmp_path / "big.txt"
+    big.write_text("".join(f"line {i} of the corpus\n" for i in range(20_000)))  # ~460 kB
+    monkeypatch.setattr(sources, "PIECE_BYTES", 50_000)
+    sampled = []
+    real = Tokenizer.train_char
+
+    def spy(texts, *args, **kwargs):
+        texts = list(texts)
+        sampled.extend(texts)
+        return real(texts, *args, **kwargs)
+
+    monkeypatch.setattr(Tokenizer, "train_char", spy)
+    source = TextSource(train_files=[str(big)], val_fraction=0.0)
+    num_pieces = len(source.pieces()["train"])
+    prepared = prepare_text(source, TokenizerConfig(sample_bytes=20_000), tmp_path / "prepared", num_workers=2)
+    assert num_pieces == 10 and len(sampled) == num_pieces  # a part of every piece
+    assert all(0 < len(text) <= 20_000 // num_pieces and text.endswith("\n") for text in sampled)
+    assert sampled[-1].startswith("line 18")  # the sample reaches the end of the corpus
+    assert prepared.num_tokens("train") == big.stat().st_size  # and every piece is encoded, by two processes
+    assert len(list((prepared.folder / "train").glob("chunk-1-*.bin"))) >= 1
 
 
 def test_tokenizer_file_is_loaded_not_trained(tmp_path, corpus, monkeypatch):
     path = Tokenizer.train_char([corpus.read_text() + "XYZ"]).save(tmp_path / "tok.json")
     monkeypatch.setattr(Tokenizer, "train_char", None)  # any training attempt would fail
-    module = make_module(tmp_path, train_files=[str(corpus)], tokenizer_file=str(path))
+    module = make_module(tmp_path, train_files=[str(corpus)], tokenizer={"file": str(path)})
     assert module.vocab_size == 4 + len(set(corpus.read_text() + "XYZ"))
     module.setup("fit")
 
 
-def test_caches_are_reused_and_follow_the_corpus(tmp_path, corpus, monkeypatch):
+def test_preparing_again_does_nothing_and_a_changed_source_prepares_anew(tmp_path, corpus, monkeypatch):
     first = make_module(tmp_path, train_files=[str(corpus)])
     first.prepare_data()
-    cache_files = sorted((tmp_path / "cache").iterdir())
-    assert sorted(p.suffix for p in cache_files) == [".json", ".npy", ".npy"]  # tokenizer, train and val ids
-    mtimes = {p: p.stat().st_mtime_ns for p in cache_files}
+    folders = list((tmp_path / "prepared").iterdir())
+    files = {p: p.stat().st_mtime_ns for p in (tmp_path / "prepared").rglob("*") if p.is_file()}
+    assert {p.name for p in folders} == {first.prepared.folder.name, first.prepared.folder.name + ".lock"}
+    assert {"prepared.json", "tokenizer.json"} <= {p.name for p in first.prepared.folder.iterdir()}
 
-    def no_training(*args, **kwargs):
-        raise AssertionError("the cached tokenizer should have been used")
+    def no_work(*args, **kwargs):
+        raise AssertionError("the prepared folder should have been used")
 
-    monkeypatch.setattr(Tokenizer, "train_char", no_training)
-    monkeypatch.setattr(Tokenizer, "encode_to_array", no_training)
+    monkeypatch.setattr(prepare, "_prepare", no_work)
     second = make_module(tmp_path, train_files=[str(corpus)])
     assert second.vocab_size == first.vocab_size
-    second.prepare_data()
     second.setup("fit")
-    assert {p: p.stat().st_mtime_ns for p in cache_files} == mtimes
-    assert sorted((tmp_path / "cache").iterdir()) == cache_files
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "prepared").rglob("*") if p.is_file()} == files
 
     monkeypatch.undo()
     corpus.write_text(corpus.read_text() + "A new character: Q\n")
     third = make_module(tmp_path, train_files=[str(corpus)])
-    assert third.vocab_size > first.vocab_size  # a changed file is a new cache key
-    third.setup("fit")
+    assert third.vocab_size > first.vocab_size  # a changed file is a new folder
+    assert third.prepared.folder != first.prepared.folder
+
+
+def test_a_half_written_folder_is_prepared_again(tmp_path, corpus):
+    module = make_module(tmp_path, train_files=[str(corpus)])
+    folder = module.prepared.folder
+    (folder / "prepared.json").unlink()  # as a kill before the last write leaves it
+    (folder / "train" / "index.json").unlink()
+    again = make_module(tmp_path, train_files=[str(corpus)])
+    assert again.prepared.folder == folder and (folder / "train" / "index.json").is_file()
+    assert split_ids(again, "train") == split_ids(module, "train")
+
+
+def test_a_missing_or_cut_short_shard_is_named(tmp_path, corpus):
+    module = make_module(tmp_path, train_files=[str(corpus)])
+    shard = next((module.prepared.folder / "train").glob("chunk-*.bin"))
+    shard.write_bytes(shard.read_bytes()[:10])
+    with pytest.raises(ValueError, match=rf"the shard .*{shard.name} is cut short \(10 bytes\): delete .* and prepare"):
+        module.train_dataloader()
+    shard.unlink()
+    with pytest.raises(ValueError, match=rf"the shard .*{shard.name} is missing"):
+        module.train_dataloader()
+
+
+def test_a_folder_that_was_not_prepared_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a prepared folder .*lightformer prepare"):
+        PreparedText(tmp_path)
 
 
 def test_missing_file_is_named(tmp_path, corpus):
@@ -219,7 +296,7 @@ def test_glob_matching_nothing_is_named(tmp_path):
 def test_empty_corpus_is_an_error(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    with pytest.raises(ValueError, match=r"training text is empty: .*empty\.txt"):
+    with pytest.raises(ValueError, match=r"training text is empty \(.*empty\.txt\)"):
         _ = make_module(tmp_path, train_files=[str(empty)]).vocab_size
 
 
@@ -230,9 +307,23 @@ def test_non_utf8_file_names_file_and_offset(tmp_path):
         _ = make_module(tmp_path, train_files=[str(latin1)]).vocab_size
 
 
+def test_a_record_without_its_text_field_is_named(tmp_path):
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text('{"text": "fine"}\n{"body": "no text field"}\n')
+    with pytest.raises(
+        ValueError,
+        match=r"docs\.jsonl: the record at byte offset 17 has no text field 'text' \(found fields \['body'\]\)",
+    ):
+        _ = make_module(tmp_path, train_files=[str(jsonl)], val_fraction=0.0).vocab_size
+    parquet = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"body": ["a", "b"]}), parquet)
+    with pytest.raises(ValueError, match=r"docs\.parquet has no column 'text' \(its columns: \['body'\]\)"):
+        _ = make_module(tmp_path, train_files=[str(parquet)], val_fraction=0.0).vocab_size
+
+
 def test_split_too_small_names_split_and_sizes(tmp_path):
     short = tmp_path / "short.txt"
-    short.write_text("abcdefghij" * 10)  # 100 characters: val gets 10 tokens
+    short.write_text("abcdefghi\n" * 10)  # 100 characters: val gets the last line, 10 tokens
     module = make_module(tmp_path, train_files=[str(short)], block_size=16)
     with pytest.raises(ValueError, match=r"the val split has 10 tokens, fewer than block_size \+ 1 = 17"):
         module.setup("fit")
@@ -255,6 +346,29 @@ def test_exactly_one_source(tmp_path, corpus):
         make_module(tmp_path)
     with pytest.raises(ValueError, match="exactly one source.*got train_files, corpus"):
         make_module(tmp_path, train_files=[str(corpus)], corpus="austen")
+
+
+def test_config_groups_check_their_values():
+    with pytest.raises(ValueError, match="data.loader.val_windows=0 must be at least 1"):
+        LoaderConfig(val_windows=0)
+    with pytest.raises(ValueError, match="data.loader.batch_size=0 must be at least 1"):
+        LoaderConfig(batch_size=0)
+    with pytest.raises(ValueError, match="data.tokenizer.vocab_size=100 is too small for byte-level BPE"):
+        TokenizerConfig(kind="bpe", vocab_size=100)
+    with pytest.raises(FileNotFoundError, match="data.tokenizer.file: the tokenizer file 'nope.json' does not exist"):
+        TokenizerConfig(file="nope.json")
+    with pytest.raises(ValueError, match="data.prepare.num_workers=0 must be at least 1"):
+        PrepareConfig(num_workers=0)
+
+
+def test_val_windows_are_a_fixed_random_subset_while_fitting(tmp_path, corpus):
+    data = make_module(tmp_path, train_files=[str(corpus)], loader={"val_windows": 5})
+    whole = len(EvaluationWindows(data.prepared.split_dir("val"), 8))
+    assert len(data.val_dataloader().dataset) == whole > 5  # outside fit (validate): the whole split
+    data.trainer = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.FITTING))
+    chosen = data.val_dataloader().dataset
+    assert len(chosen) == 5 and chosen.indices == data.val_dataloader().dataset.indices  # the same at every call
+    assert chosen.indices != list(range(5)) and chosen.indices == sorted(chosen.indices)
 
 
 def test_download_verifies_the_checksum(tmp_path):
@@ -314,16 +428,3 @@ def test_austen_without_apt_get_says_what_to_run(tmp_path, monkeypatch):
     monkeypatch.setattr(corpora.shutil, "which", lambda tool: None)
     with pytest.raises(CorpusUnavailableError, match=r"apt-get download r-cran-janeaustenr && dpkg-deb -x"):
         austen_text(tmp_path / "austen")
-
-
-def test_val_windows_are_a_fixed_random_subset_while_fitting(tmp_path, corpus):
-    data = TextDataModule(train_files=[str(corpus)], cache_dir=str(tmp_path), block_size=8, val_windows=5)
-    data.setup("fit")
-    whole = len(data.datasets["val"])
-    assert len(data.val_dataloader().dataset) == whole > 5  # outside fit (validate): the whole split
-    data.trainer = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.FITTING))
-    chosen = data.val_dataloader().dataset
-    assert len(chosen) == 5 and chosen.indices == data.val_dataloader().dataset.indices  # the same at every call
-    assert chosen.indices != list(range(5)) and chosen.indices == sorted(chosen.indices)
-    with pytest.raises(ValueError, match="val_windows=0 must be at least 1"):
-        TextDataModule(train_files=[str(corpus)], cache_dir=str(tmp_path), val_windows=0)

@@ -49,12 +49,11 @@ def task_args(task: str, tmp_path: Path) -> list[str]:
         corpus.write_text(CORPUS, encoding="utf-8")
         return [
             "--config=configs/lm/austen_char.yaml",
-            "--data.corpus=null",
-            f"--data.train_files=[{corpus}]",
-            f"--data.cache_dir={tmp_path / 'cache'}",
+            "--data.source.corpus=null",
+            f"--data.source.train_files=[{corpus}]",
+            f"--data.prepare.dir={tmp_path / 'prepared'}",
             "--data.block_size=16",
-            "--data.batch_size=8",
-            "--data.samples_per_epoch=64",
+            "--data.loader.batch_size=8",
             "--model.net.n_layers=1",
             "--model.net.d_model=32",
             "--model.net.n_heads=2",
@@ -234,3 +233,44 @@ class RecordSchedule(Callback):
         }
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+class RecordBatches(Callback):
+    """Writes ``<out_dir>/<stage>-rank<r>.jsonl``: one line per batch this process trains or validates on, its step
+    and the windows' token ids (the first row's, and every row's sum), to compare runs batch by batch."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def _write(self, trainer, stage: str, batch) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        x = batch[0]
+        line = {"step": trainer.global_step, "rows": [row.tolist() for row in x]}
+        with open(self.out_dir / f"{stage}-rank{trainer.global_rank}.jsonl", "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._write(trainer, "train", batch)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if not trainer.sanity_checking:
+            self._write(trainer, f"val{trainer.global_step}", batch)
+
+
+class KillAt(Callback):
+    """SIGKILL this process when training reaches ``step``, as a crash or a lost node would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def recorded(out_dir: Path, stage: str, rank: int) -> list[dict]:
+    path = out_dir / f"{stage}-rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

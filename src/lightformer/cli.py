@@ -151,7 +151,8 @@ class LightformerCLI(LightningCLI):
             )
 
     def after_fit(self) -> None:
-        """A run that validated on a subset of the validation split (``TextDataModule(val_windows=N)``) ends with one
+        """A run that validated on a subset of the validation split (``TextDataModule``'s ``loader.val_windows``) ends
+        with one
         validation on all of it, of the last weights, logged at the last step."""
         if getattr(self.datamodule, "validates_on_a_subset", False) and not self.trainer.interrupted:
             self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
@@ -303,6 +304,8 @@ def quiet_library_noise() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")  # main() passes args
     noise = ("💡 Tip:", "Trainer already configured with model summary callbacks")
+    # LitData's StreamingDataset has a length (each rank's share) and shards across loader workers itself.
+    warnings.filterwarnings("ignore", message=r"Your `IterableDataset` has `__len__` defined")
     logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if not any(getattr(f, "lightformer", False) for f in logger.filters):
         quiet = logging.Filter()
@@ -311,9 +314,24 @@ def quiet_library_noise() -> None:
         logger.addFilter(quiet)
 
 
+def null_group_fields(args: list[str]) -> list[str]:
+    """``--data.source.corpus=null`` → ``--data.source={"corpus": null}``: jsonargparse 4.53 turns a null given to a
+    field of a config group of a subclass (the data module's, the task's) into the string "None" or refuses it, but
+    merges the same value given as a dict."""
+    rewritten = []
+    for arg in args:
+        name, _, value = arg.partition("=")
+        parts = name.removeprefix("--").split(".")
+        if value == "null" and len(parts) == 3 and parts[0] in ("data", "model") and parts[1] != "init_args":
+            arg = f"--{parts[0]}.{parts[1]}={json.dumps({parts[2]: None})}"
+        rewritten.append(arg)
+    return rewritten
+
+
 def cli_main(args: list[str] | None = None, run: bool = True) -> LightformerCLI:
     """Build (and by default run) the LightningCLI over every task and data module (subclass mode)."""
     quiet_library_noise()
+    args = null_group_fields(sys.argv[1:] if args is None else list(args))
     return LightformerCLI(
         L.LightningModule,
         L.LightningDataModule,
@@ -332,6 +350,7 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> LightformerCLI:
 
 
 TRAINER_COMMANDS = {
+    "prepare": "prepare a config's data once (tokenizer, shards); fit does it too on first use",
     "fit": "train a task from a config             lightformer fit --config configs/lm/austen_char.yaml",
     "validate": "evaluate on the validation split (a config and --ckpt_path)",
     "test": "evaluate on the test split; the metrics join the run the checkpoint comes from",
@@ -407,6 +426,44 @@ def _gather_list_option(args: list[str], option: str) -> list[str]:
     return [*args[: start - 1], f"{option}={json.dumps(args[start:end])}", *args[end:]]
 
 
+def prepare_main(args: list[str]) -> None:
+    """``lightformer prepare --config FILE [--data.OPTION=VALUE ...]``: prepare the config's data (its tokenizer and
+    shards, or whatever the data module's ``prepare_data`` caches) and exit. It takes the command line of ``fit``:
+    the options of the trainer and the model are read and ignored, so the same command line prepares and trains."""
+    from jsonargparse import ArgumentParser
+
+    kept, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        name, has_value, value = arg.partition("=")
+        if name in ("--config", "-c"):
+            path = value if has_value else (args[i + 1] if i + 1 < len(args) else "")
+            i += 1 if has_value else 2
+            config = yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
+            if config is None:
+                raise ConfigError(f"--config {path!r}: no such config file")
+            if isinstance(config, dict) and "data" in config:
+                kept.append(f"--data={json.dumps(config['data'])}")
+            continue
+        if name.startswith("--data") or name in ("-h", "--help"):
+            kept.append(arg)
+            if not has_value and name.startswith("--data") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                kept.append(args[i + 1])
+                i += 1
+        elif not has_value and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            i += 1  # another section's option and its value: fit's, not prepare's
+        i += 1
+    parser = ArgumentParser(prog="lightformer prepare", description=prepare_main.__doc__)
+    parser.add_subclass_arguments(L.LightningDataModule, "data", required=True)
+    try:
+        datamodule = parser.instantiate_classes(parser.parse_args(null_group_fields(kept))).data
+        datamodule.prepare_data()
+    except (ValueError, OSError, CorpusUnavailableError) as error:
+        raise ConfigError(f"data: {error}") from None
+    prepared = getattr(datamodule, "prepared", None)
+    print(f"prepared: {prepared.folder}" if prepared is not None else f"prepared: {type(datamodule).__name__}'s data")
+
+
 def main(argv: list[str] | None = None) -> None:
     """``lightformer`` (also ``python -m lightformer``): dispatch to the command named first."""
     args = sys.argv[1:] if argv is None else list(argv)
@@ -419,7 +476,9 @@ def main(argv: list[str] | None = None) -> None:
         commands = ", ".join([*TRAINER_COMMANDS, *CHECKPOINT_COMMANDS])
         raise SystemExit(f"lightformer: unknown command {command!r}; the commands are: {commands} (lightformer --help)")
     try:
-        if command in CHECKPOINT_COMMANDS:
+        if command == "prepare":
+            prepare_main(args[1:])
+        elif command in CHECKPOINT_COMMANDS:
             from jsonargparse import auto_cli
 
             from lightformer.commands import COMMANDS

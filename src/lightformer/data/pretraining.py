@@ -24,7 +24,8 @@ text, its tokenizer and cached ids, the loaders).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import io
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -35,22 +36,15 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
-from lightformer.data.caching import content_hash, file_stamp
+from lightformer.data.caching import content_hash, file_stamp, preparing
 from lightformer.data.corpora import austen_text, split_austen_text
 from lightformer.data.masking import IGNORE_INDEX, mask_tokens, nsp_pair, random_spans_noise_mask, span_corruption
 from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
 from lightformer.data.sequences import collate_pairs
-from lightformer.data.text import (
-    SPLITS,
-    cached_bpe,
-    read_texts,
-    split_by_fraction,
-    token_cache_paths,
-    write_token_caches,
-)
 from lightformer.data.tokenizers import BOS_ID, EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
-from lightformer.files import as_list, expand_patterns, read_utf8, sha256_of
+from lightformer.files import as_list, atomic_open, expand_patterns, read_utf8, sha256_of
 
+SPLITS = ("train", "val", "test")
 # Bump when the cached files' meaning changes, so old caches are not reused.
 _CACHE_FORMAT_VERSION = 1
 _STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}
@@ -731,3 +725,64 @@ def word_boundary_tables(tokenizer: Tokenizer) -> tuple[np.ndarray, np.ndarray]:
     starts = np.array([i not in special and t[:1].isspace() for i, t in enumerate(texts)], dtype=bool)
     ends = np.array([i not in special and t.endswith("\n") for i, t in enumerate(texts)], dtype=bool)
     return starts, ends
+
+
+def read_texts(paths: list[Path]) -> str:
+    """The files' UTF-8 text, joined in order with a newline between files that lack a final one."""
+    texts = []
+    for path in paths:
+        text = read_utf8(path)
+        if texts and not texts[-1].endswith("\n"):
+            texts.append("\n")
+        texts.append(text)
+    return "".join(texts)
+
+
+def split_by_fraction(text: str, val_fraction: float, test_fraction: float) -> dict[str, str]:
+    """train | val | test, cut in characters: the last ``test_fraction`` of ``text`` for test, the
+    ``val_fraction`` before it for validation, the rest for training."""
+    n = len(text)
+    n_val, n_test = int(n * val_fraction), int(n * test_fraction)
+    return {
+        "train": text[: n - n_val - n_test],
+        "val": text[n - n_val - n_test : n - n_test],
+        "test": text[n - n_test :],
+    }
+
+
+def cached_bpe(
+    path: Path, vocab_size: int, train_text: Callable[[], str], special_tokens: Sequence[str] = ()
+) -> Tokenizer:
+    """The byte-level BPE cached at ``path``, or trained on ``train_text()`` (with ``special_tokens`` after PAD,
+    BOS, EOS, UNK) and cached there."""
+    if path.exists():
+        return Tokenizer.from_file(path)
+    text = train_text()
+    extra = f" with {len(special_tokens)} extra special tokens" if special_tokens else ""
+    with preparing(f"training a byte-level BPE of {vocab_size} tokens{extra} on {len(text):,} characters"):
+        tokenizer = Tokenizer.train_bpe(io.StringIO(text), vocab_size, extra_special_tokens=list(special_tokens))
+    tokenizer.save(path)
+    return tokenizer
+
+
+def token_cache_paths(
+    cache_dir: Path, fingerprint: dict, tokenizer: Tokenizer, has_text: dict[str, bool]
+) -> dict[str, Path | None]:
+    """The cache file of each split's ids, named by what they depend on (the text and the tokenizer); None for a
+    split without text."""
+    key = content_hash({"fingerprint": fingerprint, "tokenizer": content_hash(tokenizer.to_str())})
+    return {split: cache_dir / f"tokens-{key}-{split}.npy" if has_text[split] else None for split in SPLITS}
+
+
+def write_token_caches(
+    paths: dict[str, Path | None], tokenizer: Tokenizer, split_texts: Callable[[], dict[str, str]]
+) -> None:
+    """Encode each split whose cache file is missing and save its ids as .npy (uint16 for vocabularies up to
+    65,536), atomically; ``split_texts`` is called only then."""
+    for split, path in paths.items():
+        if path is not None and not path.exists():
+            text = split_texts()[split]
+            with preparing(f"encoding the {split} split ({len(text):,} characters) into {path}"):
+                ids = tokenizer.encode_to_array(text)
+            with atomic_open(path) as f:
+                np.save(f, ids)

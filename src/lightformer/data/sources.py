@@ -1,0 +1,322 @@
+"""Raw text sources, read in bounded pieces: plain text files, JSONL and Parquet with a text field.
+
+Nothing here holds a whole corpus in memory. A source's files are cut into `Piece`s of at most a few megabytes
+(byte ranges that begin and end at a line break for text and JSONL, row ranges for Parquet); preparation encodes
+each piece on its own (in parallel), the tokenizer trains on a bounded sample of them, and the train | val | test
+split is a cut in that sequence.
+
+**Splits.** Unless val or test files are given, the last `test_fraction` of the training files (in bytes, files in
+order) is the test split and the `val_fraction` before it the validation split, nanoGPT-style; each cut moves to
+the next line break (JSONL and text) or row (Parquet), so no line or record is split.
+
+**What a piece reads as.** Text files are one running text: a file that does not end with a line break gets one, so
+two files never join mid-line. JSONL and Parquet records are documents: each record's `text_field` is one
+document, and preparation ends every document with EOS.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from lightformer.files import expand_patterns
+
+Format = Literal["text", "jsonl", "parquet"]
+SPLITS = ("train", "val", "test")
+PIECE_BYTES = 8 << 20  # the most bytes of one piece: what one preparation worker holds at a time
+_FORMAT_OF_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+_SEARCH_BYTES = 1 << 16  # how far a text cut looks for a line break before it cuts between two characters
+
+
+def format_of(path: str | Path) -> Format:
+    """A file's format by its suffix: ``.jsonl`` / ``.ndjson`` → jsonl, ``.parquet`` / ``.pq`` → parquet, else text."""
+    return _FORMAT_OF_SUFFIX.get(Path(path).suffix.lower(), "text")
+
+
+def resolve_files(patterns: list[str], field_name: str) -> list[Path]:
+    """The files named by paths, globs (``**`` allowed) and folders (every file under them, sorted), in order; an
+    error names ``field_name`` and the pattern when one matches nothing."""
+    expanded = []
+    for pattern in patterns:
+        if Path(pattern).is_dir():
+            files = sorted(p for p in Path(pattern).rglob("*") if p.is_file() and not p.name.startswith("."))
+            if not files:
+                raise FileNotFoundError(f"{field_name}: the folder {pattern!r} holds no file")
+            expanded.extend(files)
+        else:
+            expanded.extend(expand_patterns([pattern], field_name))
+    return expanded
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A part of one file that preparation reads on its own: bytes [start, end) of a text or JSONL file, rows
+    [start, end) of a Parquet file. ``file_end``: the piece ends its file (a text file's last line may lack a break).
+    """
+
+    path: str
+    format: Format
+    start: int
+    end: int
+    file_end: bool
+
+    @property
+    def weight(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class FileSpan:
+    """A file with its extent in the units its pieces use (bytes, or rows for Parquet) and its size in bytes."""
+
+    path: Path
+    format: Format
+    extent: int
+    size: int = field(default=0)
+
+    @classmethod
+    def of(cls, path: Path) -> FileSpan:
+        kind = format_of(path)
+        size = path.stat().st_size
+        return cls(path, kind, parquet_rows(path) if kind == "parquet" else size, size)
+
+    def bytes_per_unit(self) -> float:
+        return self.size / self.extent if self.extent else 0.0
+
+
+def parquet_rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception as error:  # pyarrow raises ArrowInvalid and OSError for a file that is not Parquet
+        raise ValueError(f"{path} is not a readable Parquet file: {error}") from None
+
+
+def align(span: FileSpan, position: int) -> int:
+    """The first place at or after ``position`` where a piece may begin: the start of a line (text, JSONL), a row
+    (Parquet). A text file with no line break within 64 KiB is cut before the next character instead."""
+    if span.format == "parquet" or position <= 0 or position >= span.extent:
+        return min(max(position, 0), span.extent)
+    with open(span.path, "rb") as f:
+        f.seek(position - 1)
+        scanned = 0
+        while True:
+            block = f.read(_SEARCH_BYTES)
+            if not block:
+                return span.extent
+            found = block.find(b"\n")
+            if found >= 0:
+                return position + scanned + found
+            scanned += len(block)
+            if span.format == "text" and scanned >= _SEARCH_BYTES:
+                break
+        f.seek(position)
+        block = f.read(4)  # a UTF-8 character is at most 4 bytes; skip its continuation bytes (10xxxxxx)
+        return position + next((i for i, byte in enumerate(block) if byte & 0xC0 != 0x80), len(block))
+
+
+def pieces_of(span: FileSpan, start: int, end: int, piece_bytes: int = PIECE_BYTES) -> list[Piece]:
+    """[start, end) of a file (aligned places) cut into pieces of about ``piece_bytes`` at aligned places."""
+    step = max(1, int(piece_bytes / span.bytes_per_unit())) if span.bytes_per_unit() else span.extent or 1
+    pieces, position = [], start
+    while position < end:
+        stop = min(end, align(span, position + step)) if position + step < end else end
+        pieces.append(Piece(str(span.path), span.format, position, stop, stop == span.extent))
+        position = stop
+    return pieces
+
+
+def split_pieces(
+    train: list[Path],
+    held_out: dict[str, list[Path]],
+    val_fraction: float,
+    test_fraction: float,
+    piece_bytes: int = PIECE_BYTES,
+) -> dict[str, list[Piece]]:
+    """Each split's pieces: the val and test files given in ``held_out``, else the end of the training files."""
+    spans = [FileSpan.of(path) for path in train]
+    fractions = {
+        split: 0.0 if held_out.get(split) else fraction
+        for split, fraction in (("val", val_fraction), ("test", test_fraction))
+    }
+    total = sum(span.size for span in spans)
+    # Cut points in bytes of the joined training files: train | val | test.
+    cuts = [total - int(total * (fractions["val"] + fractions["test"])), total - int(total * fractions["test"]), total]
+    result: dict[str, list[Piece]] = {split: [] for split in SPLITS}
+    offset = 0
+    for span in spans:
+        unit = span.bytes_per_unit() or 1.0
+        bounds = [0]
+        for cut in cuts[:2]:  # the split boundaries inside this file, in its own units
+            local = min(max(int((cut - offset) / unit), 0), span.extent)
+            bounds.append(max(bounds[-1], align(span, local)))
+        bounds.append(span.extent)
+        for split, (lo, hi) in zip(SPLITS, zip(bounds, bounds[1:], strict=False), strict=True):
+            result[split] += pieces_of(span, lo, hi, piece_bytes)
+        offset += span.size
+    for split in ("val", "test"):
+        for path in held_out.get(split) or []:
+            span = FileSpan.of(path)
+            result[split] += pieces_of(span, 0, span.extent, piece_bytes)
+    return result
+
+
+def read_piece(piece: Piece, text_field: str = "text", limit: int | None = None) -> Iterator[str]:
+    """The text of a piece: one string for text files; one string per record (a document) for JSONL and Parquet.
+    ``limit``: read about this many bytes at most (a sample). Errors name the file, the place and what is wrong."""
+    if piece.format == "parquet":
+        yield from _parquet_texts(piece, text_field, limit)
+        return
+    end = piece.end if limit is None else min(piece.end, piece.start + limit)
+    with open(piece.path, "rb") as f:
+        f.seek(piece.start)
+        data = f.read(end - piece.start)
+    if limit is not None and end < piece.end:  # a sample stops at the end of its last whole line
+        data = data[: data.rfind(b"\n") + 1] if b"\n" in data else data[: _last_character_start(data)]
+    if piece.format == "text":
+        text = _decode(data, piece.path, piece.start).removeprefix("\ufeff" if piece.start == 0 else "")
+        yield text + ("\n" if piece.file_end and limit is None and text and not text.endswith("\n") else "")
+        return
+    offset = piece.start
+    for line in data.split(b"\n"):
+        if line.strip():
+            yield _record_text(_decode(line, piece.path, offset), text_field, piece.path, offset)
+        offset += len(line) + 1
+
+
+def _decode(data: bytes, path: str, offset: int) -> str:
+    """UTF-8 text of ``data``, read from ``path`` at byte ``offset``; an error names the file and the byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at byte offset {offset + error.start} "
+            f"({error.reason}); convert it, e.g. `iconv -f latin1 -t utf-8`"
+        ) from None
+
+
+def _last_character_start(data: bytes) -> int:
+    """Where the last (possibly incomplete) UTF-8 character of ``data`` starts: ``data[:it]`` decodes whole."""
+    end = len(data)
+    while end > 0 and data[end - 1] & 0xC0 == 0x80:  # continuation bytes, 10xxxxxx
+        end -= 1
+    return end - 1 if end > 0 and data[end - 1] >= 0xC0 else end
+
+
+def _record_text(line: str, text_field: str, path: str, offset: int) -> str:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: the line at byte offset {offset} is not JSON: {error}") from None
+    value = record.get(text_field) if isinstance(record, dict) else None
+    if not isinstance(value, str):
+        found = f"fields {sorted(record)}" if isinstance(record, dict) else f"a {type(record).__name__}"
+        raise ValueError(
+            f"{path}: the record at byte offset {offset} has no text field {text_field!r} (found {found}); set "
+            "data.source.text_field to the field that holds the text"
+        )
+    return value
+
+
+def _parquet_texts(piece: Piece, text_field: str, limit: int | None) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(piece.path)
+    if text_field not in parquet.schema_arrow.names:
+        raise ValueError(
+            f"{piece.path} has no column {text_field!r} (its columns: {parquet.schema_arrow.names}); set "
+            "data.source.text_field to the column that holds the text"
+        )
+    row, read = 0, 0
+    for batch in parquet.iter_batches(batch_size=1024, columns=[text_field]):
+        lo, hi = max(piece.start - row, 0), min(piece.end - row, len(batch))
+        row += len(batch)
+        if hi <= lo:
+            if row >= piece.end:
+                return
+            continue
+        for text in batch.column(0).slice(lo, hi - lo).to_pylist():
+            if text is None:
+                continue
+            yield text
+            read += len(text)
+            if limit is not None and read >= limit:
+                return
+        if row >= piece.end:
+            return
+
+
+@dataclass(frozen=True)
+class TextSource:
+    """Where a text corpus comes from, and how it splits into train | val | test.
+
+    Args:
+        train_files: training text: files, globs (``**`` allowed; a glob's matches are sorted) or folders (every
+            file under them). ``.jsonl`` / ``.ndjson`` and ``.parquet`` files are records with a ``text_field``; any
+            other file is plain UTF-8 text.
+        val_files: validation text; default: the last ``val_fraction`` of the training text.
+        test_files: test text; default: the last ``test_fraction`` of the training text.
+        corpus: a built-in offline corpus: "austen" (Jane Austen's six novels, 4.0 M characters, fetched from a
+            Debian package into ``<data_root>/austen``).
+        url: download the training text from this URL into ``<data_root>/downloads/``.
+        sha256: the expected SHA-256 (hex) of the file at ``url``; None skips the check.
+        text_field: the field (JSONL) or column (Parquet) that holds each record's text.
+        val_fraction: share of the training text held out for validation, in [0, 1), when no ``val_files``.
+        test_fraction: share held out for testing, in [0, 1), when no ``test_files``.
+        data_root: where built-in and downloaded corpora are stored.
+    """
+
+    train_files: list[str] | None = None
+    val_files: list[str] | None = None
+    test_files: list[str] | None = None
+    corpus: str | None = None
+    url: str | None = None
+    sha256: str | None = None
+    text_field: str = "text"
+    val_fraction: float = 0.1
+    test_fraction: float = 0.0
+    data_root: str = "data"
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("train_files", "corpus", "url") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "data.source needs exactly one source of training text: train_files (files, globs or folders), "
+                f"corpus ('austen') or url; got {', '.join(given) if given else 'none'}"
+            )
+        if self.corpus not in (None, "austen"):
+            raise ValueError(f"data.source.corpus={self.corpus!r} is not a built-in corpus; valid: 'austen'")
+        for name in ("val_fraction", "test_fraction"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"data.source.{name}={getattr(self, name)} must be in [0, 1)")
+        held_out = (self.val_fraction if not self.val_files else 0) + (self.test_fraction if not self.test_files else 0)
+        if held_out >= 1:
+            raise ValueError(
+                f"data.source: val_fraction={self.val_fraction} + test_fraction={self.test_fraction} leaves no "
+                "training text; their sum must be below 1"
+            )
+
+    def files(self) -> dict[str, list[Path]]:
+        """Each split's files (fetching a built-in or downloaded corpus); val and test are [] when cut from train."""
+        from lightformer.data.corpora import austen_text, download
+
+        if self.corpus == "austen":
+            train = [austen_text(Path(self.data_root) / "austen")]
+        elif self.url is not None:
+            name = Path(self.url.split("?")[0]).name or "corpus.txt"
+            train = [download(self.url, Path(self.data_root) / "downloads" / name, self.sha256)]
+        else:
+            train = resolve_files(list(self.train_files), "data.source.train_files")
+        return {
+            "train": train,
+            "val": resolve_files(list(self.val_files or []), "data.source.val_files"),
+            "test": resolve_files(list(self.test_files or []), "data.source.test_files"),
+        }
+
+    def pieces(self, piece_bytes: int | None = None) -> dict[str, list[Piece]]:
+        files = self.files()
+        return split_pieces(files["train"], files, self.val_fraction, self.test_fraction, piece_bytes or PIECE_BYTES)

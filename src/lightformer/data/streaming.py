@@ -1,0 +1,142 @@
+"""Streaming prepared token shards to every process: training windows through LitData's ``StreamingDataset`` and
+``StreamingDataLoader`` (sharded across ranks and nodes, shuffled by seed and epoch, its position saved in every
+checkpoint so that a resumed run continues mid-epoch with exactly the batches it would have seen), and evaluation
+windows by index (every window evaluated once under DDP, ``data.sampling.evaluation_sampler``).
+
+A window is ``block_size + 1`` consecutive token ids of one shard, as LitGPT reads them: x the first ``block_size``,
+y the last. Windows do not overlap and do not cross a shard (at most one window's tokens per 64 MB shard go unused).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+from torch.utils.data import DataLoader, Dataset
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """How batches are loaded.
+
+    Args:
+        batch_size: examples per batch (per process).
+        num_workers: loader worker processes per training process.
+        val_windows: validate during ``fit`` on this many windows of the validation split, drawn once at random
+            (from the data's seed), instead of all of them: cheaper validations, always the same windows. ``fit`` then
+            ends with one validation on the whole split, as ``validate`` does. None: all of them.
+    """
+
+    batch_size: int = 12
+    num_workers: int = 0
+    val_windows: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"data.loader.batch_size={self.batch_size} must be at least 1")
+        if self.num_workers < 0:
+            raise ValueError(f"data.loader.num_workers={self.num_workers} must be at least 0")
+        if self.val_windows is not None and self.val_windows < 1:
+            raise ValueError(
+                f"data.loader.val_windows={self.val_windows} must be at least 1, or null to validate on the whole split"
+            )
+
+
+def as_pair(window: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) of a window of ``block_size + 1`` ids: y is the id after each of x; both (block_size,) int64."""
+    ids = torch.as_tensor(np.asarray(window, dtype=np.int64))
+    return ids[:-1], ids[1:]
+
+
+def training_loader(
+    split_dir: str, block_size: int, loader: LoaderConfig, seed: int, epoch: Callable[[], int] | None = None
+) -> StreamingDataLoader:
+    """Shuffled training windows of a prepared split, a rank's share of them, with a resumable position; ``epoch``
+    gives the number of epochs done (Lightning's), which picks the next epoch's order."""
+    dataset = StreamingDataset(
+        split_dir,
+        item_loader=TokensLoader(block_size=block_size + 1),
+        shuffle=True,
+        seed=seed,
+        drop_last=True,  # every rank gets as many windows
+        item_shuffle_window="full",  # a permutation of each shard's windows, not of blocks of 256
+        transform=as_pair,
+    )
+    return ResumableStreamingDataLoader(
+        dataset,
+        batch_size=loader.batch_size,
+        num_workers=loader.num_workers,
+        drop_last=True,  # one batch shape
+        pin_memory=torch.cuda.is_available(),
+        persistent_workers=loader.num_workers > 0,
+        epoch=epoch,
+    )
+
+
+class ResumableStreamingDataLoader(StreamingDataLoader):
+    """LitData's loader, whose order depends on the epoch and seed alone, at the start of an epoch as in its middle.
+
+    Lightning hands a loader its saved position only for a checkpoint written inside an epoch; one written at an
+    epoch's end resumes with a fresh loader, whose own epoch count would start again at 0. So each epoch's order is
+    drawn from ``epoch()`` (the epochs done, from the trainer) unless a position was restored. And with ``drop_last``
+    the samples LitData counts stop short of its dataset's length by the left-out partial batch, which it takes for a
+    position inside the epoch: a position less than one batch from the end is the end.
+    """
+
+    def __init__(self, *args, epoch: Callable[[], int] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.epoch = epoch
+
+    def __iter__(self):
+        if not self.restore and self.epoch is not None:
+            self.current_epoch = self.epoch()  # LitData counts the epoch it starts from here
+        yield from super().__iter__()
+
+    def load_state_dict(self, obj: dict) -> None:
+        super().load_state_dict(obj)
+        left = len(self.dataset) - self._num_samples_yielded_streaming
+        if self.restore and self.drop_last and left < self.batch_size:
+            self.restore = False
+
+
+class EvaluationWindows(Dataset):
+    """Every window of a prepared split, in order, by index (map-style: a sampler decides which rank reads which).
+
+    The streaming dataset behind it opens on first use, so a copy sent to a loader worker carries only the path.
+    """
+
+    def __init__(self, split_dir: str, block_size: int) -> None:
+        self.split_dir = split_dir
+        self.window = block_size + 1
+        chunks = json.loads((Path(split_dir) / "index.json").read_text())["chunks"]
+        self.length = sum(chunk["dim"] // self.window for chunk in chunks)  # TokensLoader's count of windows
+        self._dataset: StreamingDataset | None = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < self.length:
+            raise IndexError(f"index {index} is out of range for {self.length} windows")
+        if self._dataset is None:
+            self._dataset = StreamingDataset(self.split_dir, item_loader=TokensLoader(block_size=self.window))
+        return as_pair(self._dataset[index])
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_dataset": None}
+
+
+def evaluation_loader(dataset: Dataset, loader: LoaderConfig, sampler) -> DataLoader:
+    return DataLoader(
+        dataset,
+        batch_size=loader.batch_size,
+        sampler=sampler,
+        num_workers=loader.num_workers,
+        persistent_workers=loader.num_workers > 0,
+        pin_memory=torch.cuda.is_available(),
+    )

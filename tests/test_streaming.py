@@ -1,0 +1,157 @@
+"""The language-model data streamed from prepared shards: a run killed mid-epoch resumes with exactly the batches an
+uninterrupted run sees (one process, two DDP processes), and two nodes launched by torchrun share every epoch."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiny_runs import quiet_run_args, recorded
+
+REPO = Path(__file__).resolve().parents[1]
+TEXT = "".join(
+    f"Line {i}: it is a truth universally acknowledged, that a single man wants a wife.\n" for i in range(60)
+)
+
+
+def lm_args(tmp_path: Path, *extra: str) -> list[str]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT, encoding="utf-8")  # 4.9 k tokens: 287 windows of 17, 36 batches of 8 an epoch
+    return [
+        "--config=configs/lm/austen_char.yaml",
+        "--data.source.corpus=null",
+        f"--data.source.train_files=[{corpus}]",
+        f"--data.prepare.dir={tmp_path / 'prepared'}",
+        "--data.source.val_fraction=0.1",
+        "--data.block_size=16",
+        "--data.loader.batch_size=8",
+        "--model.net.n_layers=1",
+        "--model.net.d_model=32",
+        "--model.net.n_heads=2",
+        "--model.net.dropout=0.1",
+        "--model.optimizer.warmup_steps=2",
+        "--model.sample_tokens=4",
+        "--trainer.max_epochs=-1",
+        "--trainer.val_check_interval=null",
+        "--trainer.check_val_every_n_epoch=1",
+        *quiet_run_args(tmp_path),
+        *extra,
+    ]
+
+
+def run(args: list[str], tmp_path: Path, command: list[str] | None = None, check: bool = True):
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO / "src")]),
+    }
+    command = command or [sys.executable, "-m", "lightformer", "fit"]
+    result = subprocess.run([*command, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    if check and result.returncode != 0:
+        raise AssertionError(f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    return result
+
+
+def callback(name: str, **init_args) -> str:
+    return f"--trainer.callbacks+={json.dumps({'class_path': f'tiny_runs.{name}', 'init_args': init_args})}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_run_killed_mid_epoch_resumes_with_exactly_the_batches_it_would_have_seen(tmp_path, processes):
+    ddp = ["--config=configs/trainer/ddp_cpu.yaml"] if processes == 2 else []
+    every = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+             "--trainer.callbacks.every_n_train_steps=5", "--trainer.callbacks.save_top_k=-1",
+             "--trainer.callbacks.monitor=null", "--trainer.callbacks.filename={step}",
+             "--trainer.callbacks.save_last=true"]  # fmt: skip
+    per_epoch = 36 // processes
+    max_steps = per_epoch + per_epoch // 2 + 3  # into the second epoch
+    kill_at = per_epoch // 2 + 2  # mid-epoch; the last checkpoint before it is at a multiple of 5
+    straight = tmp_path / "straight"
+    run(
+        [
+            *lm_args(straight, *ddp),
+            f"--trainer.max_steps={max_steps}",
+            callback("RecordBatches", out_dir=str(straight / "batches")),
+        ],
+        straight,
+    )
+
+    killed = tmp_path / "killed"
+    args = [*lm_args(killed, *ddp, *every), f"--trainer.max_steps={max_steps}"]
+    result = run([*args, callback("KillAt", step=kill_at)], killed, check=False)
+    assert result.returncode == -signal.SIGKILL or result.returncode != 0, result.stderr[-2000:]
+    checkpoints = killed / "runs" / "austen_char" / "version_0" / "checkpoints"
+    resumed_from = torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"]
+    assert 0 < resumed_from < kill_at and resumed_from % 5 == 0
+    run(
+        [*args, callback("RecordBatches", out_dir=str(killed / "batches")), f"--ckpt_path={checkpoints / 'last.ckpt'}"],
+        killed,
+    )
+
+    for rank in range(processes):
+        expected = [b for b in recorded(straight / "batches", "train", rank) if b["step"] >= resumed_from]
+        actual = recorded(killed / "batches", "train", rank)
+        assert [b["step"] for b in actual] == list(range(resumed_from, max_steps))
+        assert actual == expected, f"rank {rank}: the resumed run saw other batches"
+    final = torch.load(checkpoints / "last.ckpt", weights_only=True)
+    reference = torch.load(next((straight / "runs").rglob("last.ckpt")), weights_only=True)
+    assert final["global_step"] == reference["global_step"] == max_steps
+    for name, value in reference["state_dict"].items():
+        torch.testing.assert_close(final["state_dict"][name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_launched_by_torchrun_share_each_epoch_and_evaluate_every_window_once(tmp_path):
+    """The README's multi-node command, as two nodes of one CPU process each meeting on 127.0.0.1."""
+    port = free_port()
+    args = [
+        *lm_args(tmp_path, "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.num_nodes=2",
+                 "--trainer.strategy=ddp", "--trainer.max_epochs=1", "--trainer.logger=false",
+                 f"--trainer.default_root_dir={tmp_path}"),
+        callback("RecordBatches", out_dir=str(tmp_path / "batches")),
+    ]  # fmt: skip
+    nodes = []
+    for node in (0, 1):
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
+                    "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}",
+                    "-m", "lightformer", "fit"]  # fmt: skip
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO / "src")]),
+        }
+        nodes.append(
+            subprocess.Popen(
+                [*torchrun, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert len(list((tmp_path / "prepared").glob("*/prepared.json"))) == 1  # prepared once, for both nodes
+
+    train = [
+        [tuple(row) for batch in recorded(tmp_path / "batches", "train", rank) for row in batch["rows"]]
+        for rank in (0, 1)
+    ]
+    assert len(train[0]) == len(train[1]) == 18 * 8  # 287 windows: 143 a node, 18 batches of 8
+    assert not set(train[0]) & set(train[1]) and len(set(train[0] + train[1])) == 2 * 18 * 8  # no window twice
+    step = recorded(tmp_path / "batches", "train", 0)[-1]["step"] + 1
+    val = [
+        [tuple(row) for batch in recorded(tmp_path / "batches", f"val{step}", rank) for row in batch["rows"]]
+        for rank in (0, 1)
+    ]
+    assert not set(val[0]) & set(val[1]) and len(val[0]) + len(val[1]) == len(set(val[0] + val[1])) > 0
