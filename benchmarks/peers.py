@@ -96,7 +96,7 @@ def lm_task(shape: str) -> Task:
         model, data = config_args("lm/austen_char.yaml")
         dims = {"vocab_size": 85, "block_size": data["block_size"]}  # Austen's characters + 4 special tokens
         dims |= {key: model[key] for key in ("n_layers", "n_heads", "d_model")}
-        batch_size = data["batch_size"]
+        batch_size = data["loader"]["batch_size"]
     vocab_size, block_size = dims["vocab_size"], dims["block_size"]
     names = {"ours": "lightformer", "peer": "huggingface"}
 

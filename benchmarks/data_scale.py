@@ -1,0 +1,119 @@
+"""How preparation and streaming grow with the corpus: prepare wall time (1 and 2 workers), peak RSS of prepare and of
+`fit`, and the streaming loader's tokens/s per process, for corpora built by repeating Jane Austen's novels.
+
+    python benchmarks/data_scale.py --sizes-mb 40 400 4000 --tokenizer char
+
+Each measurement runs in a fresh process (`lightformer prepare` / `fit`); peak RSS is the largest of the process and
+its preparation workers (``getrusage(RUSAGE_CHILDREN)``). The corpora go under ``--work`` (not committed; 4 GB needs
+8 GB of free disk with its shards). Repeated text is fine for memory and speed figures, not for quality ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build_corpus(path: Path, size_mb: int) -> Path:
+    """A file of ``size_mb`` MB: Austen's novels repeated (written in 4 MB appends, never held whole)."""
+    if path.exists() and path.stat().st_size >= size_mb * 1_000_000:
+        return path
+    from lightformer.data.corpora import austen_text
+
+    novels = austen_text(REPO / "data" / "austen").read_text(encoding="utf-8") + "\n"
+    with open(path, "w", encoding="utf-8") as f:
+        while f.tell() < size_mb * 1_000_000:
+            f.write(novels)
+    return path
+
+
+# Runs a command and prints the peak RSS (kB) of the largest process among it and its descendants.
+PEAK = (
+    "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)"
+)
+
+
+def run(args: list[str]) -> tuple[float, float, str]:
+    """(wall seconds, peak RSS in GB of the command and its workers, stdout) of a fresh process."""
+    start = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-c", PEAK, sys.executable, *args], cwd=REPO, capture_output=True, text=True
+    )
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-3000:])
+    return wall, int(result.stderr.strip().splitlines()[-1]) / 1e6, result.stdout
+
+
+def data_args(corpus: Path, prepared: Path, tokenizer: str, workers: int) -> list[str]:
+    return [
+        "--config=configs/lm/austen_char.yaml",
+        "--data.source.corpus=null",
+        f"--data.source.train_files=[{corpus}]",
+        f"--data.prepare.dir={prepared}",
+        f"--data.prepare.num_workers={workers}",
+        f"--data.tokenizer.kind={tokenizer}",
+        "--data.tokenizer.vocab_size=8192",
+    ]
+
+
+LOADER_SPEED = """
+import sys, time
+from lightformer.data.prepare import PreparedText
+from lightformer.data.streaming import LoaderConfig, training_loader
+prepared = PreparedText(sys.argv[1])
+loader = training_loader(prepared.split_dir("train"), 1024, LoaderConfig(batch_size=16), seed=0)
+start, tokens = time.perf_counter(), 0
+for x, _ in loader:
+    tokens += x.numel()
+    if time.perf_counter() - start > 10:
+        break
+print(tokens / (time.perf_counter() - start))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes-mb", type=int, nargs="+", default=[40, 400])
+    parser.add_argument("--tokenizer", choices=["char", "bpe"], default="char")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/lightformer-data-scale"))
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    options = parser.parse_args()
+    options.work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for size in options.sizes_mb:
+        corpus = build_corpus(options.work / f"corpus-{size}mb.txt", size)
+        row = {"size_mb": size, "tokenizer": options.tokenizer}
+        for workers in options.workers:
+            prepared = options.work / f"prepared-{size}-{workers}"
+            shutil.rmtree(prepared, ignore_errors=True)
+            wall, rss, out = run(
+                ["-m", "lightformer", "prepare", *data_args(corpus, prepared, options.tokenizer, workers)]
+            )
+            row[f"prepare_s_{workers}w"], row[f"prepare_rss_gb_{workers}w"] = round(wall, 1), round(rss, 2)
+            folder = out.strip().removeprefix("prepared: ")
+        _, fit_rss, _ = run(
+            ["-m", "lightformer", "fit", *data_args(corpus, prepared, options.tokenizer, workers)]
+            + ["--trainer.max_steps=20", "--trainer.logger=false", "--trainer.enable_checkpointing=false",
+               "--trainer.limit_val_batches=2", "--trainer.val_check_interval=10",
+               f"--trainer.default_root_dir={options.work}"]
+        )  # fmt: skip
+        row["fit_rss_gb"] = round(fit_rss, 2)
+        speed = subprocess.run([sys.executable, "-c", LOADER_SPEED, folder], capture_output=True, text=True, check=True)
+        row["loader_tokens_per_s"] = round(float(speed.stdout.strip()))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"{os.cpu_count()} cores; {' | '.join(rows[0])}")
+
+
+if __name__ == "__main__":
+    main()
