@@ -209,6 +209,7 @@ def test_ddp_processes_share_the_schedule_fitted_to_max_time(tmp_path):
         "--trainer.max_time=00:00:00:10",
         "--trainer.max_steps=1000000",
         "--trainer.max_epochs=-1",
+        "--trainer.check_val_every_n_epoch=100",  # epochs of a few steps: validations would take most of the time
         "--model.optimizer.fit_to_max_time=true",
         f"--trainer.callbacks+={json.dumps(record)}",
     ]

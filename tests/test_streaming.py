@@ -9,21 +9,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from tiny_runs import quiet_run_args, recorded
 
 REPO = Path(__file__).resolve().parents[1]
-TEXT = "".join(
-    f"Line {i}: it is a truth universally acknowledged, that a single man wants a wife.\n" for i in range(60)
-)
+# Random numbers: no two windows of the corpus hold the same ids, so windows can be told apart by their ids.
+TEXT = "".join(" ".join(map(str, np.random.default_rng(i).integers(0, 10**6, 11))) + ".\n" for i in range(60))
 
 
 def lm_args(tmp_path: Path, *extra: str) -> list[str]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text(TEXT, encoding="utf-8")  # 4.9 k tokens: 287 windows of 17, 36 batches of 8 an epoch
+    corpus.write_text(TEXT, encoding="utf-8")  # about 4.5 k tokens: 240 windows of 17 ids
     return [
         "--config=configs/lm/austen_char.yaml",
         "--data.source.corpus=null",
@@ -71,9 +71,9 @@ def test_a_run_killed_mid_epoch_resumes_with_exactly_the_batches_it_would_have_s
              "--trainer.callbacks.every_n_train_steps=5", "--trainer.callbacks.save_top_k=-1",
              "--trainer.callbacks.monitor=null", "--trainer.callbacks.filename={step}",
              "--trainer.callbacks.save_last=true"]  # fmt: skip
-    per_epoch = 36 // processes
+    per_epoch = 28 // processes  # about: LitData gives each rank as many windows, in whole batches
     max_steps = per_epoch + per_epoch // 2 + 3  # into the second epoch
-    kill_at = per_epoch // 2 + 2  # mid-epoch; the last checkpoint before it is at a multiple of 5
+    kill_at = 5 * (per_epoch // 10) + 2  # mid-epoch, 2 steps after a checkpoint (one every 5 steps)
     straight = tmp_path / "straight"
     run(
         [
@@ -147,8 +147,10 @@ def test_two_nodes_launched_by_torchrun_share_each_epoch_and_evaluate_every_wind
         [tuple(row) for batch in recorded(tmp_path / "batches", "train", rank) for row in batch["rows"]]
         for rank in (0, 1)
     ]
-    assert len(train[0]) == len(train[1]) == 18 * 8  # 287 windows: 143 a node, 18 batches of 8
-    assert not set(train[0]) & set(train[1]) and len(set(train[0] + train[1])) == 2 * 18 * 8  # no window twice
+    windows = json.loads(next((tmp_path / "prepared").glob("*/prepared.json")).read_text())["tokens"]["train"] // 17
+    assert len(train[0]) == len(train[1]) > 0  # as many windows each, in batches of 8
+    assert len(set(train[0] + train[1])) == len(train[0]) + len(train[1])  # no window twice, on a node or across
+    assert windows - 4 * 8 < len(train[0]) + len(train[1]) <= windows  # all but what evens out the ranks' batches
     step = recorded(tmp_path / "batches", "train", 0)[-1]["step"] + 1
     val = [
         [tuple(row) for batch in recorded(tmp_path / "batches", f"val{step}", rank) for row in batch["rows"]]

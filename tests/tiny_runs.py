@@ -10,6 +10,7 @@ import pytest
 import yaml
 from lightning.pytorch.callbacks import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import IterableDataset
 
 from lightformer.cli import cli_main
 
@@ -200,15 +201,32 @@ class ShardProbe(Callback):
         self.record: dict = {"train_indices": [], "train_examples": 0, "metrics": {}}
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        if trainer.current_epoch == 0:
-            loader = trainer.train_dataloader
-            keys = [key for batch in loader.batch_sampler for key in batch]  # indices, or (index, epoch) pairs
-            self.record["train_indices"] = [int(key[0] if isinstance(key, tuple) else key) for key in keys]
+        if trainer.current_epoch != 0:
+            return
+        loader = trainer.train_dataloader
+        if isinstance(loader.dataset, IterableDataset):  # LitData's: each item is read through __getitem__
+            read, self.read_indices = loader.dataset.__getitem__, []
+
+            def recording(index):
+                self.read_indices.append(int(getattr(index, "index", index)))
+                return read(index)
+
+            loader.dataset.__getitem__ = recording
+            return
+        keys = [key for batch in loader.batch_sampler for key in batch]  # indices, or (index, epoch) pairs
+        self.record["train_indices"] = [int(key[0] if isinstance(key, tuple) else key) for key in keys]
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if trainer.current_epoch == 0:
             first = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
             self.record["train_examples"] += len(first)
+            if hasattr(self, "read_indices"):  # the items of this batch (a dropped last partial batch never arrives)
+                self.record["train_indices"] += self.read_indices[: len(first)]
+                del self.read_indices[: len(first)]
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if hasattr(self, "read_indices"):
+            del trainer.train_dataloader.dataset.__getitem__, self.read_indices
 
     def on_validation_end(self, trainer, pl_module) -> None:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}

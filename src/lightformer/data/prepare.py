@@ -31,6 +31,7 @@ from typing import Literal
 
 import numpy as np
 from filelock import FileLock
+from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightformer.data.caching import content_hash, file_stamp, preparing
@@ -147,7 +148,7 @@ def prepare_text(
     if (folder / MANIFEST).is_file():
         return PreparedText(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(folder):
+    with _lock(folder), _random_state_kept():
         if not (folder / MANIFEST).is_file():  # another process may have prepared it while this one waited
             _prepare(folder, fingerprint, source, tokenizer, num_workers, extra_special_tokens)
     return PreparedText(folder)
@@ -278,6 +279,18 @@ def _lock(folder: Path):
         yield
     finally:
         lock.release()
+
+
+@contextmanager
+def _random_state_kept():
+    """Preparation runs in whichever process gets there first, before the model is built: it must not move the
+    random generators, or that process would start from other weights than the others (and than a rerun that finds
+    the data prepared)."""
+    states = _collect_rng_states()
+    try:
+        yield
+    finally:
+        _set_rng_states(states)
 
 
 @contextmanager

@@ -79,26 +79,39 @@ def training_loader(
 
 
 class ResumableStreamingDataLoader(StreamingDataLoader):
-    """LitData's loader, whose order depends on the epoch and seed alone, at the start of an epoch as in its middle.
+    """LitData's loader, whose epoch order depends on the seed and the epoch alone, however the run was resumed.
 
-    Lightning hands a loader its saved position only for a checkpoint written inside an epoch; one written at an
-    epoch's end resumes with a fresh loader, whose own epoch count would start again at 0. So each epoch's order is
-    drawn from ``epoch()`` (the epochs done, from the trainer) unless a position was restored. And with ``drop_last``
-    the samples LitData counts stop short of its dataset's length by the left-out partial batch, which it takes for a
-    position inside the epoch: a position less than one batch from the end is the end.
+    LitData counts epochs itself and saves the count with its position. Lightning hands a loader that position only
+    for a checkpoint written inside an epoch; one written at an epoch's end resumes with a fresh loader, whose count
+    would start again at 0. So a fresh loader starts from ``epoch()`` (the epochs the trainer has done) and counts on
+    from there, as does a restored one from its saved count (Lightning's own count is one ahead after a mid-epoch
+    resume, so it is not asked again). And with ``drop_last`` the samples LitData counts stop short of its dataset's
+    length by the left-out partial batch, which it takes for a position inside the epoch: less than a batch from the
+    end is the end.
     """
 
     def __init__(self, *args, epoch: Callable[[], int] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.epoch = epoch
+        self._counting = False  # whether current_epoch is this loader's own count (restored or iterated)
 
     def __iter__(self):
-        if not self.restore and self.epoch is not None:
-            self.current_epoch = self.epoch()  # LitData counts the epoch it starts from here
-        yield from super().__iter__()
+        if not self._counting and not self.restore and self.epoch is not None:
+            self.current_epoch = self.epoch()  # LitData adds one as the epoch starts
+        self._counting = True
+        batches = super().__iter__()
+        if self.restore:  # a DataLoader iterator draws its base seed from the global generator as it starts: the
+            # run being resumed drew it at the epoch's start, so here it must not move dropout's random numbers
+            with torch.random.fork_rng(devices=[]):
+                first = next(batches, None)
+            if first is None:
+                return
+            yield first
+        yield from batches
 
     def load_state_dict(self, obj: dict) -> None:
         super().load_state_dict(obj)
+        self._counting = True
         left = len(self.dataset) - self._num_samples_yielded_streaming
         if self.restore and self.drop_last and left < self.batch_size:
             self.restore = False
