@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tiny_runs import quiet_run_args, recorded
+from tiny_runs import recorded, task_args
 
 REPO = Path(__file__).resolve().parents[1]
 # Random numbers: no two windows of the corpus hold the same ids, so windows can be told apart by their ids.
@@ -21,29 +21,10 @@ TEXT = "".join(" ".join(map(str, np.random.default_rng(i).integers(0, 10**6, 11)
 
 
 def lm_args(tmp_path: Path, *extra: str) -> list[str]:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(TEXT, encoding="utf-8")  # about 4.5 k tokens: 240 windows of 17 ids
-    return [
-        "--config=configs/lm/austen_char.yaml",
-        "--data.source.corpus=null",
-        f"--data.source.train_files=[{corpus}]",
-        f"--data.prepare.dir={tmp_path / 'prepared'}",
-        "--data.source.val_fraction=0.1",
-        "--data.block_size=16",
-        "--data.loader.batch_size=8",
-        "--model.net.n_layers=1",
-        "--model.net.d_model=32",
-        "--model.net.n_heads=2",
-        "--model.net.dropout=0.1",
-        "--model.optimizer.warmup_steps=2",
-        "--model.sample_tokens=4",
-        "--trainer.max_epochs=-1",
-        "--trainer.val_check_interval=null",
-        "--trainer.check_val_every_n_epoch=1",
-        *quiet_run_args(tmp_path),
-        *extra,
-    ]
+    """The tiny language-model run of ``tiny_runs``, on TEXT (about 4.5 k tokens: 240 windows of 17 ids)."""
+    args = task_args("lm", tmp_path)
+    (tmp_path / "corpus.txt").write_text(TEXT, encoding="utf-8")
+    return [*args, "--data.source.val_fraction=0.1", "--trainer.max_epochs=-1", *extra]
 
 
 def run(args: list[str], tmp_path: Path, command: list[str] | None = None, check: bool = True):
