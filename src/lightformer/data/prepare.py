@@ -150,7 +150,7 @@ def prepare_text(
     folder.parent.mkdir(parents=True, exist_ok=True)
     with _lock(folder), _random_state_kept():
         if not (folder / MANIFEST).is_file():  # another process may have prepared it while this one waited
-            _prepare(folder, fingerprint, source, tokenizer, num_workers, extra_special_tokens)
+            _prepare(folder, fingerprint, source, files, tokenizer, num_workers, extra_special_tokens)
     return PreparedText(folder)
 
 
@@ -158,15 +158,16 @@ def _prepare(
     folder: Path,
     fingerprint: dict,
     source: TextSource,
+    files: dict[str, list[Path]],
     config: TokenizerConfig,
     num_workers: int | None,
     extra_special_tokens: tuple[str, ...],
 ) -> None:
     shutil.rmtree(folder, ignore_errors=True)  # what a killed preparation left
     folder.mkdir(parents=True)
-    pieces = source.pieces()
+    pieces = source.pieces(files)
     if not pieces["train"]:
-        names = ", ".join(str(p) for p in source.files()["train"])
+        names = ", ".join(str(p) for p in files["train"])
         raise ValueError(f"data.source: the training text is empty ({names}); give files that hold text")
     tokenizer = _tokenizer(config, pieces, source.text_field, extra_special_tokens)
     tokenizer.save(folder / TOKENIZER)

@@ -317,6 +317,9 @@ class TextSource:
             "test": resolve_files(list(self.test_files or []), "data.source.test_files"),
         }
 
-    def pieces(self, piece_bytes: int | None = None) -> dict[str, list[Piece]]:
-        files = self.files()
+    def pieces(
+        self, files: dict[str, list[Path]] | None = None, piece_bytes: int | None = None
+    ) -> dict[str, list[Piece]]:
+        """Each split's pieces, of ``files`` (what ``files()`` returned) or of the files resolved now."""
+        files = files or self.files()
         return split_pieces(files["train"], files, self.val_fraction, self.test_fraction, piece_bytes or PIECE_BYTES)
