@@ -1,5 +1,6 @@
-"""Checkpoint operations: load a task for inference, start a model from another run's weights (fine-tuning),
-export weights to safetensors, average checkpoints.
+"""Checkpoint operations: read a checkpoint safely, start a model from another run's weights (fine-tuning), average
+checkpoints. This module knows checkpoints, not the tasks that write them: loading a task for a command, and
+exporting its model, are ``lightformer.commands``'.
 
 A checkpoint written by ``fit`` is self-contained: the task's class and hyperparameters (so the model is rebuilt
 with its shape), and what its data module taught it (tokenizers, class names, image normalisation). Every load is
@@ -8,7 +9,6 @@ with its shape), and what its data module taught it (tokenizers, class names, im
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,23 +16,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from lightformer.files import atomic_open, atomic_write_bytes
+from lightformer.files import atomic_open
 from lightformer.nn.checks import check_at_least
 
 if TYPE_CHECKING:
     from lightformer.data.tokenizers import Tokenizer
-    from lightformer.tasks import Task
 
 # What a checkpoint carries besides weights and hyperparameters, stored in exports as metadata.
 CARRIED = ("tokenizer", "src_tokenizer", "tgt_tokenizer", "image_classification")
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks", "loops")
-COMMAND_OF_TASK = {
-    "LanguageModelTask": "generate",
-    "TranslationTask": "translate",
-    "ImageClassificationTask": "classify",
-    "MaskedLanguageModelTask": "fill-mask",
-    "ImageGPTTask": "sample-images",
-}
 
 
 class CheckpointError(ValueError):
@@ -45,18 +37,6 @@ def require_file(path: str, what: str) -> None:
         return
     if not Path(path).is_file():
         raise CheckpointError(f"{what} {path!r} {'is a folder' if Path(path).is_dir() else 'does not exist'}")
-
-
-def task_name(checkpoint: dict) -> str | None:
-    """The lightformer task class that wrote ``checkpoint``, or None if it was not written by one."""
-    from lightformer import tasks
-
-    name = str(checkpoint.get("hyper_parameters", {}).get("_class_path", "")).rsplit(".", 1)[-1]
-    if name not in tasks.__all__:  # written through the Python API before the class path was stored with it
-        carried = {"tokenizer": "LanguageModelTask", "src_tokenizer": "TranslationTask"}
-        carried["image_classification"] = "ImageClassificationTask"
-        name = next((task for key, task in carried.items() if key in checkpoint), None)
-    return name
 
 
 def check_same_tokenizer(saved: Tokenizer, data: Tokenizer, side: str = "") -> None:
@@ -79,19 +59,6 @@ def read_checkpoint(path: str, option: str = "--ckpt_path") -> dict:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:  # torch raises pickle, zip and weights_only errors of many kinds
         raise CheckpointError(f"{option}: {path} is not a readable lightformer checkpoint ({error})") from None
-
-
-def load_task(path: str, expected: str, command: str, device: str = "cpu") -> Task:
-    """The ``expected`` task (class name) rebuilt from the checkpoint at ``path``, on ``device``, for ``command``;
-    a checkpoint of another task is refused naming the command that takes it."""
-    from lightformer import tasks
-
-    found = task_name(read_checkpoint(path))
-    if found != expected:
-        other = f" (use `lightformer {COMMAND_OF_TASK[found]}`)" if found in COMMAND_OF_TASK else ""
-        written_by = f"a {found} checkpoint{other}" if found else "not written by a lightformer task"
-        raise CheckpointError(f"--ckpt_path: {path} is {written_by}; `lightformer {command}` needs a {expected} one")
-    return getattr(tasks, expected).load_from_checkpoint(path, map_location=device, weights_only=True)
 
 
 @dataclass(frozen=True)
@@ -180,40 +147,6 @@ def describe_loading(report: dict[str, list[str]], source: str) -> str:
     line += f"; new {counts['new']} ({names(report['new'])})" if report["new"] else "; nothing new"
     line += f"; dropped {counts['dropped']} ({names(report['dropped'])})" if report["dropped"] else "; nothing dropped"
     return line
-
-
-def export(ckpt_path: str, output: str, layout: str = "lightformer") -> str:
-    """Write a checkpoint's model weights to a safetensors file with what rebuilds the model as metadata; returns a
-    one-line description. ``layout="timm"`` writes an image classifier under timm's ``VisionTransformer`` names."""
-    from safetensors.torch import save, save_model
-
-    from lightformer import tasks
-    from lightformer.models.vit import lightformer_to_timm
-
-    checkpoint = read_checkpoint(ckpt_path)
-    name = task_name(checkpoint)
-    if name is None:
-        raise CheckpointError(f"{ckpt_path} was not written by a lightformer task (tasks: {', '.join(tasks.__all__)})")
-    if layout == "timm" and name != "ImageClassificationTask":
-        raise CheckpointError(f"--layout timm applies to image classification, not to a {name} checkpoint")
-    task = load_task(ckpt_path, name, "export")
-    hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if not k.startswith("_")}
-    metadata = {"format": "pt", "lightformer.task": name, "lightformer.hyper_parameters": json.dumps(hparams)}
-    for key in CARRIED:
-        if key in checkpoint:
-            value = checkpoint[key]
-            metadata[f"lightformer.{key}"] = value if isinstance(value, str) else json.dumps(value)
-    if layout == "timm":
-        tensors = {k: v.contiguous() for k, v in lightformer_to_timm(task.model.state_dict()).items()}
-        atomic_write_bytes(output, save(tensors, metadata))
-    else:
-        staging = Path(f"{output}.partial")
-        try:
-            save_model(task.model, str(staging), metadata)  # stores tied weights once
-            staging.replace(output)
-        finally:
-            staging.unlink(missing_ok=True)
-    return f"wrote {output} ({name}, {sum(p.numel() for p in task.model.parameters()):,} parameters)"
 
 
 def average(paths: list[str], output: str, last: int | None = None) -> str:

@@ -38,6 +38,7 @@ from lightformer.callbacks import (
 )
 from lightformer.checkpoints import CheckpointError
 from lightformer.data.corpora import CorpusUnavailableError
+from lightformer.errors import ConfigError
 from lightformer.progress import Summary, validation_line
 
 DATA_LINKS = (
@@ -263,10 +264,6 @@ def _run_folder(checkpoint: Path) -> Path | None:
     """``<save_dir>/<name>/version_N`` for a checkpoint at ``version_N/checkpoints/<file>``, else None."""
     run = checkpoint.parent.parent
     return run if checkpoint.parent.name == "checkpoints" and run.name.startswith("version_") else None
-
-
-class ConfigError(ValueError):
-    """A value in the config files or on the command line is invalid; the message names it and what is valid."""
 
 
 def check_model_config(config) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import io
+import json
 import math
 import re
 import sys
@@ -20,15 +21,45 @@ from typing import Literal
 import yaml
 from torch import Tensor
 
-from lightformer import checkpoints
-from lightformer.checkpoints import load_task, read_checkpoint, require_file
-from lightformer.cli import ConfigError
+from lightformer import checkpoints, tasks
+from lightformer.checkpoints import CARRIED, CheckpointError, read_checkpoint, require_file
 from lightformer.data.tokenizers import MASK
+from lightformer.errors import ConfigError
 from lightformer.files import atomic_write_bytes, read_lines
 from lightformer.generation import check_sampling
 from lightformer.tasks.image_gpt import check_same_palette, completion_rows, read_image_files
 from lightformer.tasks.masked_lm import MASK_MARKERS
 from lightformer.tensorboard import image_grid
+
+# The command that takes each task's checkpoints, named when a checkpoint of another task is given.
+COMMAND_OF_TASK = {
+    "LanguageModelTask": "generate",
+    "TranslationTask": "translate",
+    "ImageClassificationTask": "classify",
+    "MaskedLanguageModelTask": "fill-mask",
+    "ImageGPTTask": "sample-images",
+}
+
+
+def task_name(checkpoint: dict) -> str | None:
+    """The lightformer task class that wrote ``checkpoint``, or None if it was not written by one."""
+    name = str(checkpoint.get("hyper_parameters", {}).get("_class_path", "")).rsplit(".", 1)[-1]
+    if name not in tasks.__all__:  # written through the Python API before the class path was stored with it
+        carried = {"tokenizer": "LanguageModelTask", "src_tokenizer": "TranslationTask"}
+        carried["image_classification"] = "ImageClassificationTask"
+        name = next((task for key, task in carried.items() if key in checkpoint), None)
+    return name
+
+
+def load_task(path: str, expected: str, command: str, device: str = "cpu") -> tasks.Task:
+    """The ``expected`` task (class name) rebuilt from the checkpoint at ``path``, on ``device``, for ``command``;
+    a checkpoint of another task is refused naming the command that takes it."""
+    found = task_name(read_checkpoint(path))
+    if found != expected:
+        other = f" (use `lightformer {COMMAND_OF_TASK[found]}`)" if found in COMMAND_OF_TASK else ""
+        written_by = f"a {found} checkpoint{other}" if found else "not written by a lightformer task"
+        raise CheckpointError(f"--ckpt_path: {path} is {written_by}; `lightformer {command}` needs a {expected} one")
+    return getattr(tasks, expected).load_from_checkpoint(path, map_location=device, weights_only=True)
 
 
 def _expand_patterns(patterns: list[str] | str) -> list[str]:
@@ -168,7 +199,34 @@ def export(*, ckpt_path: str, output: str, layout: Literal["lightformer", "timm"
         output: the ``.safetensors`` file to write (atomically).
         layout: "lightformer" (our parameter names) or "timm" (image classification only).
     """
-    print(checkpoints.export(ckpt_path, output, layout))
+    from safetensors.torch import save, save_model
+
+    from lightformer.models.vit import lightformer_to_timm
+
+    checkpoint = read_checkpoint(ckpt_path)
+    name = task_name(checkpoint)
+    if name is None:
+        raise CheckpointError(f"{ckpt_path} was not written by a lightformer task (tasks: {', '.join(tasks.__all__)})")
+    if layout == "timm" and name != "ImageClassificationTask":
+        raise CheckpointError(f"--layout timm applies to image classification, not to a {name} checkpoint")
+    task = load_task(ckpt_path, name, "export")
+    hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if not k.startswith("_")}
+    metadata = {"format": "pt", "lightformer.task": name, "lightformer.hyper_parameters": json.dumps(hparams)}
+    for key in CARRIED:
+        if key in checkpoint:
+            value = checkpoint[key]
+            metadata[f"lightformer.{key}"] = value if isinstance(value, str) else json.dumps(value)
+    if layout == "timm":
+        tensors = {k: v.contiguous() for k, v in lightformer_to_timm(task.model.state_dict()).items()}
+        atomic_write_bytes(output, save(tensors, metadata))
+    else:
+        staging = Path(f"{output}.partial")
+        try:
+            save_model(task.model, str(staging), metadata)  # stores tied weights once
+            staging.replace(output)
+        finally:
+            staging.unlink(missing_ok=True)
+    print(f"wrote {output} ({name}, {sum(p.numel() for p in task.model.parameters()):,} parameters)")
 
 
 def average(*, ckpt_paths: list[str] | str, output: str, last: int | None = None) -> None:

@@ -1,0 +1,5 @@
+"""The errors a person fixes by changing what they gave: the command line prints their message alone."""
+
+
+class ConfigError(ValueError):
+    """A value in the config files or on the command line is invalid; the message names it and what is valid."""

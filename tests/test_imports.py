@@ -1,0 +1,161 @@
+"""The package's modules import one another without a cycle, lazy (function-level) imports included: each module
+depends only on modules below it, so it can be read, tested and changed without the ones above it.
+
+The graph is read from the source with ``ast``: an edge for every ``import lightformer.x`` and ``from lightformer.x
+import y`` (relative ones resolved), wherever it stands in the module, except under ``if TYPE_CHECKING:``. ``from
+lightformer.x import y`` is an edge to the submodule ``lightformer.x.y`` when there is one, else to the package
+``lightformer.x``, whose ``__init__.py`` has edges to the submodules it re-exports. Importing a submodule runs its
+parent packages' ``__init__.py`` too, but those are not edges: a package that re-exports a module that imports a
+sibling is the usual layout, not a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "lightformer"
+
+
+def module_names(root: Path) -> dict[str, Path]:
+    """Dotted module name → file, for every module of the package at ``root`` (a package is its ``__init__``)."""
+    names = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [root.name, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``tree``, at any depth, except those under ``if TYPE_CHECKING:``."""
+    found, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module → the package's modules it imports (see the module docstring for what counts)."""
+    modules = module_names(root)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in _imports(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")
+                    parent = parent[: len(parent) - node.level + 1]
+                    base = ".".join([*parent, *([base] if base else [])])
+                submodules = [f"{base}.{alias.name}" for alias in node.names]
+                targets = [submodule if submodule in modules else base for submodule in submodules]
+            for target in targets:
+                while target and target not in modules and target.startswith(f"{root.name}."):
+                    target = target.rpartition(".")[0]  # `import pkg.mod.attr`-style names: the module holding it
+                if target in modules and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (its path, first module repeated at the end) per strongly connected component of ``graph`` that
+    has one (Tarjan's algorithm, then a breadth-first search inside the component)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            components.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    found = []
+    for component in components:
+        if len(component) < 2:
+            continue
+        members, start = set(component), min(component)
+        previous, queue = {start: None}, [start]
+        while queue:  # the shortest way back to start
+            node = queue.pop(0)
+            if start in graph[node]:
+                path = [node]
+                while previous[path[-1]] is not None:
+                    path.append(previous[path[-1]])
+                found.append([*reversed(path), start])
+                break
+            for target in sorted(graph[node] & members):
+                if target not in previous:
+                    previous[target] = node
+                    queue.append(target)
+    return found
+
+
+def test_lightformer_has_no_import_cycle():
+    graph = import_graph(PACKAGE)
+    assert len(graph) > 40 and graph["lightformer.cli"], "the graph was not read"
+    found = cycles(graph)
+    assert not found, "import cycles inside lightformer (lazy imports included):\n" + "\n".join(
+        " → ".join(cycle) for cycle in found
+    )
+
+
+def test_the_cycle_check_sees_lazy_and_package_imports_and_skips_type_checking(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "a.py": "from pkg.b import thing\n",
+        "b.py": "def thing():\n    from . import c\n",  # lazy, relative
+        "c.py": "import pkg.a\n",
+        "d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.e import E\n",
+        "e.py": "from pkg import d\n",
+        "sub/__init__.py": "from .f import F\n",  # a re-export: the package's edge to its submodule
+        "sub/f.py": "def F():\n    from pkg.g import G\n",
+        "g.py": "from pkg.sub import F\n",  # an edge to the package, so through its __init__ to f
+    }
+    for name, text in files.items():
+        (package / name).write_text(textwrap.dedent(text))
+    graph = import_graph(package)
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.c"} and graph["pkg.d"] == set()
+    assert graph["pkg.e"] == {"pkg.d"} and graph["pkg.sub"] == {"pkg.sub.f"} and graph["pkg.g"] == {"pkg.sub"}
+    assert sorted(cycles(graph)) == [
+        ["pkg.a", "pkg.b", "pkg.c", "pkg.a"],
+        ["pkg.g", "pkg.sub", "pkg.sub.f", "pkg.g"],
+    ]
