@@ -158,6 +158,21 @@ def test_command_options_out_of_range_are_refused(trained, task, command, messag
     assert re.search(message, refused(argv))
 
 
+def test_file_options_of_the_commands_name_the_missing_file_the_folder_or_the_empty_pattern(trained, tmp_path):
+    vision = ["classify", f"--ckpt_path={trained['vision']}"]
+    assert (
+        refused([*vision, f"--images={tmp_path}/x.png"])
+        == f"lightformer: --images: the image file '{tmp_path}/x.png' does not exist"
+    )
+    assert refused([*vision, f"--images={tmp_path}"]) == (
+        f"lightformer: --images: '{tmp_path}' is a folder; name files or a glob like '{tmp_path}/*.png'"
+    )
+    nothing = f"{tmp_path}/*.ckpt"
+    assert refused(["average", f"--ckpt_paths={nothing}", f"--output={tmp_path}/a.ckpt"]) == (
+        f"lightformer: --ckpt_paths: the pattern '{nothing}' matches no checkpoint file"
+    )
+
+
 def test_prompt_characters_outside_the_vocabulary_are_reported(trained, capsys):
     main(["generate", f"--ckpt_path={trained['lm']}", "--prompt=It ∑é", "--max_new_tokens=3", "--seed=0"])
     captured = capsys.readouterr()

@@ -9,7 +9,6 @@ and docstrings), so it runs the same from Python; a bad option raises ``ConfigEr
 
 from __future__ import annotations
 
-import glob
 import io
 import json
 import math
@@ -25,7 +24,7 @@ from lightformer import checkpoints, tasks
 from lightformer.checkpoints import CARRIED, CheckpointError, read_checkpoint, require_file
 from lightformer.data.tokenizers import MASK
 from lightformer.errors import ConfigError
-from lightformer.files import atomic_write_bytes, read_lines
+from lightformer.files import atomic_write_bytes, expand_patterns, read_lines
 from lightformer.generation import check_sampling
 from lightformer.tasks.image_gpt import check_same_palette, completion_rows, read_image_files
 from lightformer.tasks.masked_lm import MASK_MARKERS
@@ -62,10 +61,12 @@ def load_task(path: str, expected: str, command: str, device: str = "cpu") -> ta
     return getattr(tasks, expected).load_from_checkpoint(path, map_location=device, weights_only=True)
 
 
-def _expand_patterns(patterns: list[str] | str) -> list[str]:
-    """Paths and glob patterns (each pattern's matches sorted) → paths, in the order given."""
-    patterns = [patterns] if isinstance(patterns, str) else patterns
-    return [path for p in patterns for path in (sorted(glob.glob(p)) if glob.has_magic(p) else [p])]
+def _paths(patterns: list[str] | str, option: str, noun: str, suffix: str) -> list[str]:
+    """The files that an option's paths and glob patterns name (``files.expand_patterns``), or ``ConfigError``."""
+    try:
+        return [str(path) for path in expand_patterns(patterns, option, noun, suffix)]
+    except OSError as error:  # a missing file, a folder, a pattern that matches nothing
+        raise ConfigError(str(error)) from None
 
 
 def _check(condition: bool, message: str) -> None:
@@ -179,9 +180,7 @@ def classify(
     _check(ckpt_path is not None and bool(images), "classify needs --ckpt_path CHECKPOINT and --images FILE ...")
     _check(top_k >= 1, f"--top_k={top_k} must be at least 1")
     task = load_task(ckpt_path, "ImageClassificationTask", "classify", device)
-    paths = _expand_patterns(images)
-    for path in paths:
-        require_file(path, "--images: the image file")
+    paths = _paths(images, "--images", "image file", ".png")
     for path, ranked in zip(paths, task.classify_files(paths, top_k), strict=True):
         print(f"{path}: " + ", ".join(f"{name} ({probability:.1%})" for name, probability in ranked))
 
@@ -242,13 +241,10 @@ def average(*, ckpt_paths: list[str] | str, output: str, last: int | None = None
         output: the averaged checkpoint to write (atomically).
         last: average only the ``last`` checkpoints with the highest global step.
     """
-    paths = sorted(set(_expand_patterns(ckpt_paths)))
+    paths = sorted(set(_paths(ckpt_paths, "--ckpt_paths", "checkpoint file", ".ckpt")))
     if not paths:
-        raise ConfigError(f"--ckpt_paths: no checkpoint file matches {ckpt_paths}")
+        raise ConfigError("--ckpt_paths: no checkpoint file given")
     print(checkpoints.average(paths, output, last))
-
-
-COMMANDS = {"generate": generate, "translate": translate, "classify": classify, "export": export, "average": average}
 
 
 def fill_mask(*, ckpt_path: str, text: str, top_k: int = 5, device: str = "cpu") -> None:
@@ -326,14 +322,9 @@ def sample_images(
         raise ConfigError(f"--num_samples={num_samples} must be at least 0")
     if num_completions < 1:
         raise ConfigError(f"--num_completions={num_completions} must be at least 1")
-    paths = _expand_patterns(complete_from) if complete_from else []
-    if complete_from and not paths:
-        raise ConfigError(f"--complete_from: no image file matches {complete_from}")
+    paths = _paths(complete_from, "--complete_from", "image file", ".png") if complete_from else []
     if num_samples == 0 and not paths:
         raise ConfigError("--num_samples=0 and no --complete_from: there is nothing to draw")
-    for path in paths:
-        if not Path(path).is_file():
-            raise ConfigError(f"--complete_from: the image file {path!r} does not exist")
     task = load_task(ckpt_path, "ImageGPTTask", "sample-images", device)
     tokenizer = task._require_palette()
     size = tokenizer.image_size

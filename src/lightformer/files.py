@@ -99,20 +99,26 @@ def as_list(patterns: list[str] | str | None) -> list[str]:
     return [patterns] if isinstance(patterns, str) else list(patterns)
 
 
-def expand_patterns(patterns: list[str], field: str) -> list[Path]:
-    """Paths named by ``patterns`` (plain paths or globs, ``**`` allowed), each glob's matches sorted; a missing
-    file, a folder or a pattern without matches raises an error that names ``field`` and the pattern."""
+def expand_patterns(
+    patterns: list[str] | str | None, field: str, noun: str = "file", suffix: str = ".txt"
+) -> list[Path]:
+    """Paths named by ``patterns`` (plain paths or globs, ``**`` allowed; one string or a list), in the order given,
+    each glob's matches sorted. A missing file, a folder or a pattern without matches raises an error that names
+    ``field`` and the pattern: "train_files: the file 'a.txt' does not exist", "--images: the pattern 'x/*.png'
+    matches no image file" (``noun``: what the files are; ``suffix``: the files' usual ending, for the glob a folder
+    is told to use instead)."""
     paths = []
-    for pattern in patterns:
+    for pattern in as_list(patterns):
         if glob.has_magic(pattern):
             matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True) if Path(p).is_file())
             if not matches:
-                raise FileNotFoundError(f"{field}: the pattern {pattern!r} matches no file")
+                raise FileNotFoundError(f"{field}: the pattern {pattern!r} matches no {noun}")
             paths.extend(matches)
         elif Path(pattern).is_file():
             paths.append(Path(pattern))
         elif Path(pattern).is_dir():
-            raise IsADirectoryError(f"{field}: {pattern!r} is a folder; name files or a glob like '{pattern}/*.txt'")
+            hint = f"name files or a glob like '{pattern}/*{suffix}'"
+            raise IsADirectoryError(f"{field}: {pattern!r} is a folder; {hint}")
         else:
-            raise FileNotFoundError(f"{field}: the file {pattern!r} does not exist")
+            raise FileNotFoundError(f"{field}: the {noun} {pattern!r} does not exist")
     return paths
