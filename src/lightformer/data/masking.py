@@ -1,6 +1,6 @@
 """Data-side transforms of the self-supervised text objectives: BERT masking, T5 span corruption, NSP pairs.
 
-An objective is data plus a loss (see DESIGN.md): these functions turn a plain sequence of token ids into the
+An objective is data plus a loss (docs/architecture.md): these functions turn a plain sequence of token ids into the
 (inputs, labels) a shared model is trained on, so masked-language modelling and span corruption need no model or
 task of their own. Each is a pure function of 1-D integer arrays whose only randomness is the
 `numpy.random.Generator` passed in; a caller that seeds it from (seed, epoch, example index) gets the same
