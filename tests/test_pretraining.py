@@ -5,6 +5,7 @@ import importlib.util
 import itertools
 import math
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +16,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from lightformer.cli import cli_main
 from lightformer.commands import fill_mask
 from lightformer.data.masking import IGNORE_INDEX, random_spans_noise_mask, reconstruct_from_spans, span_corruption
-from lightformer.data.pretraining import SPLITS, MaskedLMDataModule, SpanCorruptionDataModule, split_by_fraction
+from lightformer.data.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
 from lightformer.data.sequences import collate_pairs
-from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
+from lightformer.data.sources import TextSource, read_piece
+from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from lightformer.tasks.denoising import sentinel_numbers, sentinel_spans
 from lightformer.tasks.masked_lm import MaskedLanguageModelTask
 from tiny_runs import events_of, last_checkpoint, quiet_run_args
@@ -34,20 +36,18 @@ def random_words(n: int, seed: int = 0) -> str:
     """Words of random letters: any run of a dozen tokens occurs once, so a pair's origin can be checked."""
     rng = random.Random(seed)
     words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7))) for _ in range(n)]
-    return " ".join(words) + "\n"
+    return "".join(" ".join(words[i : i + 12]) + "\n" for i in range(0, n, 12))  # lines of 12 words
 
 
-def data_options(tmp_path, text: str, **options) -> dict:
+def data_options(tmp_path, text: str, source: dict | None = None, loader: dict | None = None, **options) -> dict:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(text, encoding="utf-8")
     defaults = {
-        "train_files": [str(corpus)],
-        "corpus": None,
-        "cache_dir": str(tmp_path / "cache"),
-        "bpe_vocab_size": 600,
+        "source": TextSource(**{"train_files": [str(corpus)], "val_fraction": 0.1, **(source or {})}),
+        "tokenizer": {"kind": "bpe", "vocab_size": 600},
+        "loader": {"batch_size": 16, **(loader or {})},
+        "prepare": {"dir": str(tmp_path / "prepared"), "num_workers": 1},
         "num_sentinels": 8,
-        "val_fraction": 0.1,
-        "batch_size": 16,
     }
     return defaults | options
 
@@ -131,7 +131,7 @@ def test_masks_are_drawn_afresh_each_epoch_and_again_on_resume_with_any_number_o
     assert not np.array_equal(dataset[(5, 0)]["labels"], dataset[(5, 1)]["labels"])  # the same segment, new masks
     first = epoch_batches(mlm.train_dataloader(), 1, 3)
     # a new process resuming at epoch 1: a fresh data module (cached data), loaded by two worker processes
-    resumed = MaskedLMDataModule(**{**mlm.hparams, "num_workers": 2})
+    resumed = MaskedLMDataModule(**{**mlm.hparams, "loader": {**mlm.hparams["loader"], "num_workers": 2}})
     again = epoch_batches(resumed.train_dataloader(), 1, 3)
     for batch, repeated in zip(first, again, strict=True):
         for key in batch:
@@ -164,7 +164,8 @@ def test_whole_word_masking_selects_whole_words_and_no_nsp_gives_single_runs(tmp
     ids = torch.where(selected, batch["labels"], batch["ids"])
     for row, chosen in zip(ids.tolist(), selected.tolist(), strict=True):
         for i in range(2, len(row) - 1):
-            continues_word = not tokenizer.decode([row[i]])[:1].isspace()
+            starts_word = tokenizer.decode([row[i]])[:1].isspace() or tokenizer.decode([row[i - 1]]).endswith("\n")
+            continues_word = not starts_word
             if continues_word and chosen[i - 1] != chosen[i]:  # a word is selected whole or not at all ...
                 assert row[i - 1] == BOS_ID  # ... except where the text starts mid-word
     assert selected[:, 1:-1].float().mean() == pytest.approx(0.15, abs=0.05)
@@ -172,37 +173,51 @@ def test_whole_word_masking_selects_whole_words_and_no_nsp_gives_single_runs(tmp
 
 def test_options_are_checked_with_their_names(tmp_path):
     options = data_options(tmp_path, CYCLIC)
-    with pytest.raises(ValueError, match="set corpus=null"):
-        MaskedLMDataModule(**{**options, "corpus": "austen"})
     with pytest.raises(ValueError, match="mlm_probability=0"):
         MaskedLMDataModule(**{**options, "mlm_probability": 0.0})
-    with pytest.raises(ValueError, match="bpe_vocab_size=265 is too small.*at least 269"):
-        MaskedLMDataModule(**{**options, "bpe_vocab_size": 265})
+    with pytest.raises(ValueError, match="vocab_size=265 is too small.*at least 269"):
+        MaskedLMDataModule(**{**options, "tokenizer": {"kind": "bpe", "vocab_size": 265}})
     with pytest.raises(ValueError, match="num_sentinels=2 is too few.*3 spans"):
         SpanCorruptionDataModule(**{**options, "num_sentinels": 2}, segment_tokens=64)
     with pytest.raises(ValueError, match="noise_density"):
         SpanCorruptionDataModule(**options, noise_density=1.5)
-    with pytest.raises(ValueError, match="the val split is too short.*raise val_fraction"):
-        MaskedLMDataModule(**{**options, "val_fraction": 0.001}).setup("fit")
+    with pytest.raises(ValueError, match=r"the val split \(.* tokens\) is too short.*raise data.source.val_fraction"):
+        MaskedLMDataModule(
+            **{**options, "source": TextSource(**{**options["source"].__dict__, "val_fraction": 0.01})}
+        ).setup("fit")
+    plain = Tokenizer.train_bpe([CYCLIC], 300)  # no <mask>, no sentinels
+    plain.save(tmp_path / "plain.json")
+    with pytest.raises(ValueError, match=r"tokenizer .*plain.json lacks the special tokens \['<mask>'"):
+        MaskedLMDataModule(**options | {"tokenizer": {"file": str(tmp_path / "plain.json")}}).setup("fit")
 
 
-def test_each_document_split_holds_out_the_end_of_every_file(tmp_path):
-    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
-    first.write_text(random_words(3000, seed=1), encoding="utf-8")
-    second.write_text(random_words(1000, seed=2), encoding="utf-8")
-    options = data_options(tmp_path, CYCLIC, train_files=[str(first), str(second)], test_fraction=0.1)
-    texts = MaskedLMDataModule(**options, split="each_document")._split_texts()
-    for path in (first, second):
+def test_the_each_file_split_holds_out_the_end_of_every_file(tmp_path):
+    files = [tmp_path / "first.txt", tmp_path / "second.txt"]
+    for path, (n, seed) in zip(files, ((3000, 1), (1000, 2)), strict=True):
+        words = random_words(n, seed).split()
+        path.write_text("".join(" ".join(words[i : i + 8]) + "\n" for i in range(0, n, 8)), encoding="utf-8")
+    source = {"train_files": [str(path) for path in files], "val_fraction": 0.1, "test_fraction": 0.1}
+
+    def texts(split: str) -> dict[str, str]:
+        pieces = TextSource(**source, split=split).pieces()
+        return {name: "".join(text for piece in pieces[name] for text in read_piece(piece)) for name in pieces}
+
+    def at_line(text: str, cut: int) -> int:  # the first line start at or after ``cut``
+        return text.index("\n", cut - 1) + 1
+
+    expected = {"train": "", "val": "", "test": ""}
+    for path in files:  # each file's last 10% + 10%, in bytes, cut at the next line break
         text = path.read_text(encoding="utf-8")
-        parts = split_by_fraction(text, 0.1, 0.1)
-        assert all(parts[name] in texts[name] for name in SPLITS)
-    assert (
-        sum(map(len, texts.values())) == len(first.read_text()) + len(second.read_text()) + 3 * 2
-    )  # a blank line joins the two parts of each split
-    by_end = MaskedLMDataModule(**options)._split_texts()  # split="end": val and test are the second file's end
-    assert first.read_text(encoding="utf-8") in by_end["train"] and by_end["test"] in second.read_text()
-    with pytest.raises(ValueError, match="split='tail' is not a way.*'each_document'"):
-        MaskedLMDataModule(**options, split="tail")
+        val, test = at_line(text, len(text) - int(len(text) * 0.2)), at_line(text, len(text) - int(len(text) * 0.1))
+        for name, part in zip(expected, (text[:val], text[val:test], text[test:]), strict=True):
+            expected[name] += part
+    assert texts("each_file") == expected
+    by_end = texts("end")  # val and test are the end of the second file
+    assert by_end["train"].startswith(files[0].read_text()) and files[1].read_text().endswith(
+        by_end["val"] + by_end["test"]
+    )
+    with pytest.raises(ValueError, match=r"split='tail' is not a way to split; valid: \('end', 'each_file'\)"):
+        TextSource(**source, split="tail")
 
 
 # --- span-corruption data ------------------------------------------------------------------------------------
@@ -270,12 +285,12 @@ def tiny_run_args(tmp_path, config: str, text: str) -> list[str]:
     return [
         "fit",
         f"--config={config}",
-        "--data.corpus=null",
-        f"--data.train_files=[{corpus}]",
-        f"--data.cache_dir={tmp_path / 'cache'}",
-        "--data.bpe_vocab_size=400",
+        "--data.source.corpus=null",
+        f"--data.source.train_files=[{corpus}]",
+        f"--data.prepare.dir={tmp_path / 'prepared'}",
+        "--data.tokenizer.vocab_size=400",
         "--data.num_sentinels=8",
-        "--data.batch_size=16",
+        "--data.loader.batch_size=16",
         "--model.optimizer.warmup_steps=5",
         *quiet_run_args(tmp_path),
         "--trainer.log_every_n_steps=1",
@@ -320,8 +335,8 @@ def test_masked_lm_task_learns_and_its_checkpoint_alone_fills_masks(tmp_path, ca
     assert "[MASK]" in text and "**" in text
 
     # The checkpoint alone (no corpus, no cache) fills masks with the model's own tokenizer.
-    for path in (tmp_path / "corpus.txt", *(tmp_path / "cache").iterdir()):
-        path.unlink()
+    (tmp_path / "corpus.txt").unlink()
+    shutil.rmtree(tmp_path / "prepared")
     ckpt = f"{run}/checkpoints/last.ckpt"
     task = MaskedLanguageModelTask.load_from_checkpoint(ckpt, weights_only=True)
     ranked = task.fill_mask("in the house of [MASK] king <mask> son", top_k=3)
@@ -381,8 +396,8 @@ def test_denoising_task_learns_to_write_the_dropped_spans(tmp_path, one_thread):
     events = tiny_t5_run(
         tmp_path,
         "--model.encoder_loss_weight=0",  # T5's objective alone
-        "--data.val_fraction=0.25",  # 32 segments in the 2 validation batches
-        "--data.test_fraction=0.05",
+        "--data.source.val_fraction=0.25",  # 32 segments in the 2 validation batches
+        "--data.source.test_fraction=0.05",
         "--trainer.max_steps=50",
         "--trainer.val_check_interval=10",
         "--trainer.limit_val_batches=2",
@@ -418,7 +433,7 @@ def test_the_encoder_loss_teaches_the_encoder_what_each_sentinel_hides(tmp_path,
     events = tiny_t5_run(
         tmp_path,
         "--model.encoder_loss_weight=0.5",
-        "--data.val_fraction=0.1",
+        "--data.source.val_fraction=0.1",
         "--trainer.max_steps=60",
         "--trainer.limit_val_batches=0",
     )

@@ -24,7 +24,7 @@ from lightformer.data.classification import (
     split_sentences,
 )
 from lightformer.data.corpora import AUSTEN_NOVELS, CorpusUnavailableError, austen_text, split_austen_text
-from lightformer.data.pretraining import MaskedLMDataModule
+from lightformer.data.sources import TextSource, read_piece
 from lightformer.data.tokenizers import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
 from lightformer.models.bert import BertConfig, BertForPreTraining
 from lightformer.tasks.text_classification import TextClassificationTask
@@ -376,17 +376,19 @@ def test_fine_tuning_loads_the_encoder_and_refuses_another_tokenizer(tmp_path):
 
 
 def test_pretraining_split_by_novel_reads_no_passage_the_classifier_is_tested_on(austen):
-    """configs/mlm/austen.yaml cuts val and test from the end of each novel (split="each_document"), so the pretrained
+    """configs/mlm/austen.yaml cuts val and test from the end of each novel (split="each_file"), so the pretrained
     encoder has read most of every novel's training passages and none of its test passages; cut from the end of the
     whole text, it would read the test passages of the first novels and little of Persuasion."""
     examples = austen.examples()
 
     def read_by_pretraining(split: str) -> tuple[float, float]:
-        options = {"data_root": str(REPO / "data"), "val_fraction": 0.1, "test_fraction": 0.1, "split": split}
-        text = " ".join(MaskedLMDataModule(**options)._split_texts()["train"].split())
+        source = TextSource(
+            corpus="austen", data_root=str(REPO / "data"), val_fraction=0.1, test_fraction=0.1, split=split
+        )
+        text = " ".join("".join(t for piece in source.pieces()["train"] for t in read_piece(piece)).split())
         return tuple(np.mean([passage in text for passage, _, _ in examples[name]]) for name in ("train", "test"))
 
-    train_read, test_read = read_by_pretraining("each_document")
+    train_read, test_read = read_by_pretraining("each_file")
     assert train_read > 0.85 and test_read == 0
     train_read, test_read = read_by_pretraining("end")
     assert test_read > 0.3

@@ -135,6 +135,19 @@ def austen_text(root: str | Path = "data/austen") -> Path:
     return atomic_write_bytes(target, text.encode("utf-8"))
 
 
+def austen_novels(root: str | Path = "data/austen") -> list[Path]:
+    """The six novels of ``austen_text`` as six files ``<root>/novels/<n>-<name>.txt``, in the package's order, created
+    if missing. Each file is its novel from its title line up to the next novel's (the separating blank line
+    included), so the files read in order are ``austen.txt`` byte for byte."""
+    folder = Path(root) / "novels"
+    paths = [folder / f"{n}-{name}.txt" for n, (name, _) in enumerate(AUSTEN_NOVELS, start=1)]
+    if not all(path.is_file() for path in paths):
+        novels = split_austen_text(read_utf8(austen_text(root)))
+        for path, (name, _) in zip(paths, AUSTEN_NOVELS, strict=True):
+            atomic_write_bytes(path, novels[name].encode("utf-8"))
+    return paths
+
+
 def split_austen_text(text: str) -> dict[str, str]:
     """The six novels of ``austen.txt`` (``austen_text``), keyed by package name, cut at each novel's title line (a
     line equal to the title, any case: "Persuasion" has a title line in title case)."""

@@ -141,6 +141,7 @@ def prepare_text(
         "sources": {split: [_identity(path, source) for path in paths] for split, paths in files.items()},
         "val_fraction": None if files["val"] else source.val_fraction,
         "test_fraction": None if files["test"] else source.test_fraction,
+        "split": source.split,
         "text_field": source.text_field,
         "tokenizer": _tokenizer_key(tokenizer, extra_special_tokens),
     }

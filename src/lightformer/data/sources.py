@@ -6,7 +6,8 @@ each piece on its own (in parallel), the tokenizer trains on a bounded sample of
 split is a cut in that sequence.
 
 **Splits.** Unless val or test files are given, the last `test_fraction` of the training files (in bytes, files in
-order) is the test split and the `val_fraction` before it the validation split, nanoGPT-style; each cut moves to
+order) is the test split and the `val_fraction` before it the validation split, nanoGPT-style, or with
+`split="each_file"` the same shares of the end of every file (every document is in every split); each cut moves to
 the next line break (JSONL and text) or row (Parquet), so no line or record is split.
 
 **What a piece reads as.** Text files are one running text: a file that does not end with a line break gets one, so
@@ -20,11 +21,12 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from lightformer.files import expand_patterns
 
 Format = Literal["text", "jsonl", "parquet"]
+Split = Literal["end", "each_file"]
 SPLITS = ("train", "val", "test")
 PIECE_BYTES = 8 << 20  # the most bytes of one piece: what one preparation worker holds at a time
 _FORMAT_OF_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
@@ -136,23 +138,28 @@ def split_pieces(
     val_fraction: float,
     test_fraction: float,
     piece_bytes: int = PIECE_BYTES,
+    cut: Split = "end",
 ) -> dict[str, list[Piece]]:
-    """Each split's pieces: the val and test files given in ``held_out``, else the end of the training files."""
+    """Each split's pieces: the val and test files given in ``held_out``, else the end of the training files (of
+    them all, or of each file: ``cut``)."""
     spans = [FileSpan.of(path) for path in train]
     fractions = {
         split: 0.0 if held_out.get(split) else fraction
         for split, fraction in (("val", val_fraction), ("test", test_fraction))
     }
-    total = sum(span.size for span in spans)
-    # Cut points in bytes of the joined training files: train | val | test.
-    cuts = [total - int(total * (fractions["val"] + fractions["test"])), total - int(total * fractions["test"]), total]
+
+    def cut_points(total: int) -> list[int]:  # in bytes of ``total`` bytes: train | val | test
+        return [total - int(total * (fractions["val"] + fractions["test"])), total - int(total * fractions["test"])]
+
     result: dict[str, list[Piece]] = {split: [] for split in SPLITS}
-    offset = 0
+    offset, cuts = 0, cut_points(sum(span.size for span in spans))
     for span in spans:
         unit = span.bytes_per_unit() or 1.0
+        if cut == "each_file":
+            offset, cuts = 0, cut_points(span.size)
         bounds = [0]
-        for cut in cuts[:2]:  # the split boundaries inside this file, in its own units
-            local = min(max(int((cut - offset) / unit), 0), span.extent)
+        for point in cuts:  # the split boundaries inside this file, in its own units
+            local = min(max(int((point - offset) / unit), 0), span.extent)
             bounds.append(max(bounds[-1], align(span, local)))
         bounds.append(span.extent)
         for split, (lo, hi) in zip(SPLITS, zip(bounds, bounds[1:], strict=False), strict=True):
@@ -267,6 +274,8 @@ class TextSource:
         text_field: the field (JSONL) or column (Parquet) that holds each record's text.
         val_fraction: share of the training text held out for validation, in [0, 1), when no ``val_files``.
         test_fraction: share held out for testing, in [0, 1), when no ``test_files``.
+        split: where val and test are cut from the training files: "end" (of them all, in order) or "each_file"
+            (the same shares of the end of every file: each novel of corpus "austen").
         data_root: where built-in and downloaded corpora are stored.
     """
 
@@ -279,6 +288,7 @@ class TextSource:
     text_field: str = "text"
     val_fraction: float = 0.1
     test_fraction: float = 0.0
+    split: Split = "end"
     data_root: str = "data"
 
     def __post_init__(self) -> None:
@@ -290,6 +300,8 @@ class TextSource:
             )
         if self.corpus not in (None, "austen"):
             raise ValueError(f"data.source.corpus={self.corpus!r} is not a built-in corpus; valid: 'austen'")
+        if self.split not in get_args(Split):
+            raise ValueError(f"data.source.split={self.split!r} is not a way to split; valid: {get_args(Split)}")
         for name in ("val_fraction", "test_fraction"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"data.source.{name}={getattr(self, name)} must be in [0, 1)")
@@ -302,10 +314,10 @@ class TextSource:
 
     def files(self) -> dict[str, list[Path]]:
         """Each split's files (fetching a built-in or downloaded corpus); val and test are [] when cut from train."""
-        from lightformer.data.corpora import austen_text, download
+        from lightformer.data.corpora import austen_novels, download
 
         if self.corpus == "austen":
-            train = [austen_text(Path(self.data_root) / "austen")]
+            train = austen_novels(Path(self.data_root) / "austen")
         elif self.url is not None:
             name = Path(self.url.split("?")[0]).name or "corpus.txt"
             train = [download(self.url, Path(self.data_root) / "downloads" / name, self.sha256)]
@@ -322,4 +334,5 @@ class TextSource:
     ) -> dict[str, list[Piece]]:
         """Each split's pieces, of ``files`` (what ``files()`` returned) or of the files resolved now."""
         files = files or self.files()
-        return split_pieces(files["train"], files, self.val_fraction, self.test_fraction, piece_bytes or PIECE_BYTES)
+        fractions = (self.val_fraction, self.test_fraction)
+        return split_pieces(files["train"], files, *fractions, piece_bytes or PIECE_BYTES, self.split)

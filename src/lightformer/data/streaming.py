@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 
 @dataclass(frozen=True)
@@ -117,31 +117,42 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
             self.restore = False
 
 
-class EvaluationWindows(Dataset):
-    """Every window of a prepared split, in order, by index (map-style: a sampler decides which rank reads which).
+class Windows(Dataset):
+    """Every window of ``window`` token ids of a prepared split, in order, by index (int64 arrays): map-style, so a
+    sampler decides which rank reads which. Windows do not cross a shard, as the training windows'.
 
     The streaming dataset behind it opens on first use, so a copy sent to a loader worker carries only the path.
     """
 
-    def __init__(self, split_dir: str, block_size: int) -> None:
+    def __init__(self, split_dir: str, window: int) -> None:
         self.split_dir = split_dir
-        self.window = block_size + 1
+        self.window = window
         chunks = json.loads((Path(split_dir) / "index.json").read_text())["chunks"]
-        self.length = sum(chunk["dim"] // self.window for chunk in chunks)  # TokensLoader's count of windows
+        self.length = sum(chunk["dim"] // window for chunk in chunks)  # TokensLoader's count of windows
         self._dataset: StreamingDataset | None = None
 
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, index: int) -> np.ndarray:
         if not 0 <= index < self.length:
             raise IndexError(f"index {index} is out of range for {self.length} windows")
         if self._dataset is None:
             self._dataset = StreamingDataset(self.split_dir, item_loader=TokensLoader(block_size=self.window))
-        return as_pair(self._dataset[index])
+        return np.asarray(self._dataset[index], dtype=np.int64)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_dataset": None}
+
+
+class EvaluationWindows(Windows):
+    """Every (x, y) pair of a prepared split, in order, by index: windows of ``block_size + 1`` ids (``as_pair``)."""
+
+    def __init__(self, split_dir: str, block_size: int) -> None:
+        super().__init__(split_dir, block_size + 1)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return as_pair(super().__getitem__(index))
 
 
 def evaluation_loader(dataset: Dataset, loader: LoaderConfig, sampler) -> DataLoader:
@@ -153,3 +164,10 @@ def evaluation_loader(dataset: Dataset, loader: LoaderConfig, sampler) -> DataLo
         persistent_workers=loader.num_workers > 0,
         pin_memory=torch.cuda.is_available(),
     )
+
+
+def validation_subset(dataset: Dataset, count: int, seed: int) -> Subset:
+    """``count`` examples of ``dataset`` drawn once by ``seed``, in order: what ``fit`` validates on when
+    ``loader.val_windows`` is set (the same examples at every validation)."""
+    chosen = np.random.default_rng(seed).choice(len(dataset), count, replace=False)
+    return Subset(dataset, np.sort(chosen).tolist())

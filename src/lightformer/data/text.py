@@ -13,12 +13,18 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader
 
 from lightformer.data.prepare import PreparedText, TokenizerConfig, prepare_text
 from lightformer.data.sampling import evaluation_sampler
 from lightformer.data.sources import TextSource
-from lightformer.data.streaming import EvaluationWindows, LoaderConfig, evaluation_loader, training_loader
+from lightformer.data.streaming import (
+    EvaluationWindows,
+    LoaderConfig,
+    evaluation_loader,
+    training_loader,
+    validation_subset,
+)
 from lightformer.data.tokenizers import Tokenizer
 
 
@@ -128,8 +134,7 @@ class TextDataModule(L.LightningDataModule):
         dataset = self._evaluation("val")
         fitting = self.trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
         if fitting and self.validates_on_a_subset:
-            chosen = np.random.default_rng(self.seed).choice(len(dataset), self.loader.val_windows, replace=False)
-            dataset = Subset(dataset, np.sort(chosen).tolist())
+            dataset = validation_subset(dataset, self.loader.val_windows, self.seed)
         return evaluation_loader(dataset, self.loader, evaluation_sampler(dataset))
 
     def test_dataloader(self) -> DataLoader:
