@@ -9,25 +9,27 @@ classifier fine-tunes from a pre-training checkpoint by loading the names that m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor, nn
 
 from lightformer.nn import (
-    Activation,
     Dropout,
     Encoder,
     EncoderLayer,
     LearnedPositionalEmbedding,
+    PointwiseActivation,
     RotaryEmbedding,
     TokenEmbedding,
+    pointwise_activation,
 )
 from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_heads
 
-# The activations BERT offers: each one serves the feed-forward networks and the masked-LM head's transform, which
-# needs a pointwise function (so not SwiGLU). HF's "gelu" is the exact erf GELU, its "gelu_new" our "gelu_tanh".
-_POINTWISE = {"gelu": lambda: nn.GELU(), "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "relu": lambda: nn.ReLU()}
+# BERT's activations are the pointwise ones (``nn.PointwiseActivation``): each serves the feed-forward networks and
+# the masked-LM head's transform, which needs a pointwise function (so not SwiGLU). HF's "gelu" is the exact erf
+# GELU, its "gelu_new" our "gelu_tanh".
+BertPosition = Literal["learned", "rope"]  # the positions BERT offers, a subset of ``nn.PositionKind``
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,9 @@ class BertConfig:
     d_ff: int | None = 3072
     dropout: float = 0.1
     attn_dropout: float = 0.1
-    activation: Activation = "gelu"
+    activation: PointwiseActivation = "gelu"
     norm_first: bool = False
-    position: Literal["learned", "rope"] = "learned"
+    position: BertPosition = "learned"
     norm_eps: float = 1e-12
     pad_id: int = 0
     num_classes: int = 2
@@ -88,8 +90,8 @@ class BertConfig:
         check_at_least("d_ff", self.d_ff, 1)
         check_fraction("dropout", self.dropout)
         check_fraction("attn_dropout", self.attn_dropout)
-        check_choice("activation", self.activation, tuple(_POINTWISE))
-        check_choice("position", self.position, ("learned", "rope"))
+        check_choice("activation", self.activation, get_args(PointwiseActivation))
+        check_choice("position", self.position, get_args(BertPosition))
         check_at_least("pad_id", self.pad_id, 0)
         check_at_least("num_classes", self.num_classes, 1)
         if self.classifier_dropout is not None:
@@ -189,14 +191,13 @@ class MaskedLMHead(nn.Module):
         self,
         d_model: int,
         vocab_size: int,
-        activation: Activation = "gelu",
+        activation: PointwiseActivation = "gelu",
         norm_eps: float = 1e-12,
         tied_weight: nn.Parameter | None = None,
     ) -> None:
         super().__init__()
-        check_choice("activation", activation, tuple(_POINTWISE))
         self.dense = nn.Linear(d_model, d_model)
-        self.activation = _POINTWISE[activation]()
+        self.activation = pointwise_activation(activation)
         self.norm = nn.LayerNorm(d_model, eps=norm_eps)
         self.decoder = nn.Linear(d_model, vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(vocab_size))

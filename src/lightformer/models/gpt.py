@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 from torch import Tensor, nn
@@ -36,9 +37,10 @@ class GPTConfig:
         d_model: width of the residual stream.
         d_ff: hidden width of the feed-forward networks; None: 4·d_model (SwiGLU: the same width per branch).
         dropout: dropout on the embeddings, the attention weights and each sublayer's output.
-        position: "learned" absolute positions (GPT-2), "rope" rotary embeddings, "sinusoidal" or "none".
-        activation: feed-forward activation: "gelu", "gelu_tanh" (GPT-2's), "relu" or "swiglu".
-        norm: "layernorm" or "rmsnorm".
+        position: how positions are given (``nn.PositionKind``): "learned" absolute positions (GPT-2), "rope"
+            rotary embeddings in every attention layer, fixed "sinusoidal" ones, or "none".
+        activation: feed-forward activation (``nn.Activation``); GPT-2's is "gelu_tanh".
+        norm: the norm layers (``nn.NormKind``).
         norm_eps: epsilon of every norm.
         bias: biases in the linear layers and norms (GPT-2: yes; LLaMA-style: no).
         tie_weights: the output layer shares the token embedding's weight.
@@ -65,9 +67,9 @@ class GPTConfig:
         check_heads(self.d_model, self.n_heads)
         check_at_least("d_ff", self.d_ff, 1)
         check_fraction("dropout", self.dropout)
-        check_choice("position", self.position, ("learned", "rope", "sinusoidal", "none"))
-        check_choice("activation", self.activation, ("gelu", "gelu_tanh", "relu", "swiglu"))
-        check_choice("norm", self.norm, ("layernorm", "rmsnorm"))
+        check_choice("position", self.position, get_args(PositionKind))
+        check_choice("activation", self.activation, get_args(Activation))
+        check_choice("norm", self.norm, get_args(NormKind))
 
 
 class GPT(nn.Module):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 from torch import Tensor, nn
 
@@ -47,12 +48,12 @@ class EncoderDecoderConfig:
         attn_dropout: dropout on the attention weights.
         token_dropout: in training, the embedding of each source and target-input token is zeroed with this
             probability (word dropout, a regulariser for small corpora; ``nn.TokenDropout``).
-        activation: feed-forward activation: "relu" (the paper), "gelu", "gelu_tanh" or "swiglu".
-        norm: "layernorm" or "rmsnorm".
+        activation: feed-forward activation (``nn.Activation``); the paper's is "relu".
+        norm: the norm layers (``nn.NormKind``).
         norm_first: pre-norm (x + f(norm(x))), more stable for deep or short-warm-up training; False is the
             paper's post-norm.
         norm_eps: epsilon of every norm.
-        position: "sinusoidal" (the paper), "learned", "rope" or "none".
+        position: how positions are given (``nn.PositionKind``); the paper's are "sinusoidal".
         share_embeddings: one embedding for source and target (needs a joint vocabulary).
         tie_output: the output layer shares the target embedding's weight.
     """
@@ -89,9 +90,9 @@ class EncoderDecoderConfig:
         check_fraction("dropout", self.dropout)
         check_fraction("attn_dropout", self.attn_dropout)
         check_fraction("token_dropout", self.token_dropout)
-        check_choice("activation", self.activation, ("relu", "gelu", "gelu_tanh", "swiglu"))
-        check_choice("norm", self.norm, ("layernorm", "rmsnorm"))
-        check_choice("position", self.position, ("sinusoidal", "learned", "rope", "none"))
+        check_choice("activation", self.activation, get_args(Activation))
+        check_choice("norm", self.norm, get_args(NormKind))
+        check_choice("position", self.position, get_args(PositionKind))
         sizes = (self.src_vocab_size, self.tgt_vocab_size)
         if self.share_embeddings and None not in sizes and sizes[0] != sizes[1]:
             raise ValueError(

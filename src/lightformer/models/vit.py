@@ -8,7 +8,7 @@ Parameter layout and initialisation follow timm's ``VisionTransformer``, so weig
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from timm.layers import build_sincos2d_pos_embed, trunc_normal_
@@ -52,9 +52,9 @@ class ViTConfig:
         position: "learned" absolute positions, or "sincos" fixed 2-D sin-cos positions (timm's
             ``build_sincos2d_pos_embed``: a quarter of the channels each for sin and cos of the patch's column and
             row; zero for the class token).
-        norm: "layernorm" or "rmsnorm".
+        norm: the norm layers (``nn.NormKind``).
         norm_eps: epsilon of every norm (timm uses 1e-6).
-        activation: feed-forward activation.
+        activation: feed-forward activation (``nn.Activation``).
         qkv_bias: biases in the attention and feed-forward projections.
     """
 
@@ -88,10 +88,10 @@ class ViTConfig:
         check_fraction("dropout", self.dropout)
         check_fraction("attn_dropout", self.attn_dropout)
         check_fraction("drop_path", self.drop_path)
-        check_choice("pool", self.pool, ("cls", "mean"))
-        check_choice("position", self.position, ("learned", "sincos"))
-        check_choice("norm", self.norm, ("layernorm", "rmsnorm"))
-        check_choice("activation", self.activation, ("gelu", "gelu_tanh", "relu", "swiglu"))
+        check_choice("pool", self.pool, get_args(Pool))
+        check_choice("position", self.position, get_args(ViTPosition))
+        check_choice("norm", self.norm, get_args(NormKind))
+        check_choice("activation", self.activation, get_args(Activation))
         if self.position == "sincos" and self.d_model % 4:
             raise ValueError(
                 f"position='sincos' needs d_model divisible by 4 (rows and columns, sin and cos); "

@@ -6,7 +6,7 @@ Masks are boolean and True means "may attend" / "real token" everywhere (see ``a
 from lightformer.nn.attention import KVCache, MultiHeadAttention, causal_mask, explicit_attention, record_attention
 from lightformer.nn.dropout import Dropout, TokenDropout, dropout
 from lightformer.nn.embedding import PatchEmbedding, TokenEmbedding
-from lightformer.nn.feedforward import Activation, FeedForward
+from lightformer.nn.feedforward import Activation, FeedForward, PointwiseActivation, pointwise_activation
 from lightformer.nn.layers import Decoder, DecoderCache, DecoderLayer, Encoder, EncoderLayer
 from lightformer.nn.norm import NormKind, make_norm
 from lightformer.nn.position import (
@@ -32,6 +32,7 @@ __all__ = [
     "MultiHeadAttention",
     "NormKind",
     "PatchEmbedding",
+    "PointwiseActivation",
     "PositionKind",
     "RotaryEmbedding",
     "SinusoidalPositionalEmbedding",
@@ -42,6 +43,7 @@ __all__ = [
     "dropout",
     "explicit_attention",
     "make_norm",
+    "pointwise_activation",
     "record_attention",
     "sinusoidal_table",
 ]

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from torch import nn
 
-NormKind = Literal["layernorm", "rmsnorm"]
+from lightformer.nn.checks import check_choice
+
+NormKind = Literal["layernorm", "rmsnorm"]  # declared once: configs use this type, checks read it
 
 
 def make_norm(kind: NormKind, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
-    """``nn.LayerNorm`` or ``nn.RMSNorm`` over the last dimension."""
+    """``nn.LayerNorm`` or ``nn.RMSNorm`` over the last dimension (RMSNorm has no bias)."""
+    check_choice("norm", kind, get_args(NormKind))
     if kind == "layernorm":
         return nn.LayerNorm(d_model, eps=eps, bias=bias)
-    if kind == "rmsnorm":
-        return nn.RMSNorm(d_model, eps=eps)
-    raise ValueError(f"unknown norm {kind!r}; valid: 'layernorm', 'rmsnorm'")
+    return nn.RMSNorm(d_model, eps=eps)

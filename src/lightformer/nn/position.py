@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor, nn
 
+from lightformer.nn.checks import check_choice
+
+# Declared once: configs use this type (a model that offers fewer declares its own subset), checks read it.
 PositionKind = Literal["learned", "sinusoidal", "rope", "none"]
 
 
@@ -86,10 +89,9 @@ class RotaryEmbedding(nn.Module):
 
 def absolute_position(kind: PositionKind, d_model: int, max_len: int) -> nn.Module | None:
     """The module that adds absolute positions to token embeddings, or None for "rope"/"none"."""
+    check_choice("position", kind, get_args(PositionKind))
     if kind == "learned":
         return LearnedPositionalEmbedding(d_model, max_len)
     if kind == "sinusoidal":
         return SinusoidalPositionalEmbedding(d_model, max_len)
-    if kind in ("rope", "none"):
-        return None
-    raise ValueError(f"unknown position kind {kind!r}; valid: 'learned', 'sinusoidal', 'rope', 'none'")
+    return None  # "rope" rotates queries and keys in attention instead; "none" adds nothing
