@@ -407,3 +407,20 @@ def test_train_examples_labels_a_fixed_subset_of_the_training_passages(austen, t
     assert few["val"] == everything["val"] and few["test"] == everything["test"]
     with pytest.raises(ValueError, match="train_examples=0 must be at least 1"):
         TextClassificationDataModule(train_examples=0)
+
+
+def test_damaged_cache_files_are_named_and_prepared_again(tmp_path):
+    files = write_toy(tmp_path / "toy")
+    first = toy_module(files, tmp_path / "cache")
+    first.setup("fit")
+    expected = first.examples(), first.tokenizer.to_str()
+    damaged = sorted((tmp_path / "cache").glob("classification-*"))
+    assert len(damaged) == 2  # the examples and the tokenizer
+    for path in damaged:
+        path.write_text('{"cut": ', encoding="utf-8")
+    again = toy_module(files, tmp_path / "cache")
+    with pytest.warns(UserWarning) as warned:
+        again.setup("fit")
+    messages = "\n".join(str(w.message) for w in warned)
+    assert all(f"the cached file {path} is damaged" in messages for path in damaged)
+    assert (again.examples(), again.tokenizer.to_str()) == expected

@@ -643,3 +643,25 @@ def test_max_tokens_below_max_sentence_tokens_names_both(tmp_path, tsv):
 def test_invalid_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TranslationDataModule(**kwargs)
+
+
+def test_damaged_cache_files_are_named_and_prepared_again(tsv, tmp_path):
+    """A cut-short or overwritten cache file (pairs, tokenizer, ids) is reported by name and rebuilt, with the same
+    result, instead of failing this and every later run."""
+    first = make_module(tmp_path, tsv_files=[str(tsv)])
+    first.setup("fit")
+    expected = [batch["src"] for batch in first.val_dataloader()]
+    cache = tmp_path / "cache"
+    damaged = sorted(cache.glob("translation-*"))
+    assert {path.suffix for path in damaged} == {".json", ".npz"} and len(damaged) == 3  # pairs, tokenizer, ids
+    for path in damaged:
+        path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    again = make_module(tmp_path, tsv_files=[str(tsv)])
+    with pytest.warns(UserWarning) as warned:
+        again.setup("fit")
+    messages = "\n".join(str(w.message) for w in warned)
+    for path in damaged:
+        assert f"the cached file {path} is damaged" in messages
+    assert all(
+        torch.equal(a, b) for a, b in zip(expected, [batch["src"] for batch in again.val_dataloader()], strict=True)
+    )

@@ -54,12 +54,12 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
-from lightformer.data.caching import content_hash, file_stamp, preparing
+from lightformer.data.caching import cached, content_hash, file_stamp, preparing, write_json, write_tokenizer
 from lightformer.data.corpora import AUSTEN_NOVELS, austen_text, split_austen_text, split_of
 from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
 from lightformer.data.sequences import PackedSequences
 from lightformer.data.tokenizers import MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
-from lightformer.files import as_list, atomic_write_bytes, expand_patterns, read_lines, read_utf8, sha256_of
+from lightformer.files import as_list, expand_patterns, read_lines, read_utf8, sha256_of
 
 SPLITS = ("train", "val", "test")
 _PREFIX = {"train": "", "val": "val_", "test": "test_"}  # of each split's option: tsv_files, val_tsv_files, ...
@@ -350,14 +350,14 @@ class TextClassificationDataModule(L.LightningDataModule):
         if self._examples is None:
             key = content_hash(self._fingerprint())
             path = self.cache_dir / f"classification-examples-{key}.json"
-            if path.exists():
-                cached = json.loads(path.read_text(encoding="utf-8"))
-            else:
+
+            def read() -> dict:
                 with preparing(f"reading the labelled texts of {self._describe_source()}"):
-                    cached = self._read_examples()
-                atomic_write_bytes(path, json.dumps(cached, ensure_ascii=False).encode("utf-8"))
-            self._class_names = cached["class_names"]
-            self._examples = {split: [tuple(example) for example in cached[split]] for split in SPLITS}
+                    return self._read_examples()
+
+            found = cached(path, _load_examples, read, write_json)
+            self._class_names = found["class_names"]
+            self._examples = {split: [tuple(example) for example in found[split]] for split in SPLITS}
             train = self._examples["train"]
             if self.train_examples is not None and self.train_examples < len(train):
                 chosen = np.random.default_rng(0).choice(len(train), self.train_examples, replace=False)
@@ -484,10 +484,17 @@ class TextClassificationDataModule(L.LightningDataModule):
             "format": _CACHE_FORMAT_VERSION,
         }
         path = self.cache_dir / f"classification-tokenizer-{content_hash(key)}.json"
-        if path.exists():
-            return Tokenizer.from_file(path)
-        characters = sum(map(len, train))
-        with preparing(f"training a byte-level BPE of {self.bpe_vocab_size} tokens on {characters:,} characters"):
-            tokenizer = Tokenizer.train_bpe(train, self.bpe_vocab_size, extra_special_tokens=EXTRA_SPECIAL_TOKENS)
-        tokenizer.save(path)
-        return tokenizer
+
+        def train_tokenizer() -> Tokenizer:
+            characters = sum(map(len, train))
+            with preparing(f"training a byte-level BPE of {self.bpe_vocab_size} tokens on {characters:,} characters"):
+                return Tokenizer.train_bpe(train, self.bpe_vocab_size, extra_special_tokens=EXTRA_SPECIAL_TOKENS)
+
+        return cached(path, Tokenizer.from_file, train_tokenizer, write_tokenizer)
+
+
+def _load_examples(path: Path) -> dict:
+    found = json.loads(path.read_text(encoding="utf-8"))
+    if not {"class_names", *SPLITS} <= set(found):
+        raise ValueError(f"expected the class names and the examples of {SPLITS}, found {sorted(found)}")
+    return found

@@ -29,7 +29,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from lightformer.data.caching import content_hash, file_stamp, preparing
+from lightformer.data.caching import cached, content_hash, file_stamp, preparing, write_json, write_tokenizer
 from lightformer.data.corpora import (
     DING_DEB_PACKAGE,
     DING_FILE,
@@ -43,7 +43,7 @@ from lightformer.data.corpora import (
 from lightformer.data.sampling import TokenBudgetBatchSampler
 from lightformer.data.sequences import PackedSequences, TranslationDataset, collate_pairs
 from lightformer.data.tokenizers import MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer
-from lightformer.files import as_list, atomic_open, atomic_write_bytes, expand_patterns, sha256_of
+from lightformer.files import as_list, atomic_open, expand_patterns, sha256_of
 
 SPLITS = ("train", "val", "test")
 # Bump when the cached pairs' or tokenizers' meaning changes (extraction rules, split rule), so old caches are
@@ -351,19 +351,19 @@ class TranslationDataModule(L.LightningDataModule):
         """Ids of every split's pairs without special tokens, keyed "{split}-{stored side}"; cached as .npz."""
         if self._encoded is None:
             path = self.cache_dir / f"translation-ids-{self._encoding_key()}.npz"
-            if path.exists():
-                self._encoded = _load_packed(path)
-            else:
+
+            def encode() -> dict[str, PackedSequences]:
                 pairs_of = self._split_pairs()
                 with preparing(f"encoding {sum(map(len, pairs_of.values())):,} sentence pairs into {path}"):
-                    self._encoded = {
+                    return {
                         f"{split}-{side}": PackedSequences.from_lists(
                             self._tokenizer(side).encode_batch([pair[side] for pair in pairs])
                         )
                         for split, pairs in pairs_of.items()
                         for side in (0, 1)
                     }
-                _save_packed(path, self._encoded)
+
+            self._encoded = cached(path, _load_packed, encode, _save_packed)
         return self._encoded
 
     def _dropout_segmentations(self) -> list[dict[int, PackedSequences]]:
@@ -372,11 +372,10 @@ class TranslationDataModule(L.LightningDataModule):
         count, train = self.bpe_dropout_segmentations, self._split_pairs()["train"]
         settings = {"bpe_dropout": self.bpe_dropout, "segmentations": count, "seed": self.seed}
         path = self.cache_dir / f"translation-bpe-dropout-{content_hash([self._encoding_key(), settings])}.npz"
-        if path.exists():
-            packed = _load_packed(path)
-        else:
+
+        def draw() -> dict[str, PackedSequences]:
             with preparing(f"drawing {count} BPE-dropout segmentations of {len(train):,} train pairs into {path}"):
-                packed = {
+                return {
                     f"{k}-{side}": PackedSequences.from_lists(
                         self._tokenizer(side).encode_batch_with_dropout(
                             [pair[side] for pair in train],
@@ -387,7 +386,8 @@ class TranslationDataModule(L.LightningDataModule):
                     for k in range(count)
                     for side in (0, 1)
                 }
-            _save_packed(path, packed)
+
+        packed = cached(path, _load_packed, draw, _save_packed)
         return [{side: packed[f"{k}-{side}"] for side in (0, 1)} for k in range(count)]
 
     def _encoding_key(self) -> str:
@@ -401,19 +401,17 @@ class TranslationDataModule(L.LightningDataModule):
         if name not in self._tokenizers:
             key = content_hash({"pairs": self._fingerprint(), "vocab_size": self.bpe_vocab_size, "side": name})
             path = self.cache_dir / f"translation-tokenizer-{key}-{name}.json"
-            if path.exists():
-                tokenizer = Tokenizer.from_file(path)
-            else:
+
+            def train_tokenizer() -> Tokenizer:
                 train = self._split_pairs()["train"]
                 if not train:
                     raise ValueError(f"the train split has no sentence pairs ({self._describe_source('train')})")
                 sides = (0, 1) if self.joint_vocab else (side,)
-                with preparing(
-                    f"training a {name} byte-level BPE of {self.bpe_vocab_size} tokens on {len(train):,} pairs"
-                ):
-                    tokenizer = Tokenizer.train_bpe((pair[s] for s in sides for pair in train), self.bpe_vocab_size)
-                tokenizer.save(path)
-            self._tokenizers[name] = tokenizer
+                what = f"training a {name} byte-level BPE of {self.bpe_vocab_size} tokens on {len(train):,} pairs"
+                with preparing(what):
+                    return Tokenizer.train_bpe((pair[s] for s in sides for pair in train), self.bpe_vocab_size)
+
+            self._tokenizers[name] = cached(path, Tokenizer.from_file, train_tokenizer, write_tokenizer)
         return self._tokenizers[name]
 
     def _fingerprint(self) -> dict:
@@ -439,15 +437,15 @@ class TranslationDataModule(L.LightningDataModule):
         """Each split's (first side, second side) pairs, from the cache or extracted (and cached)."""
         if self._pairs is None:
             path = self.cache_dir / f"translation-pairs-{content_hash(self._fingerprint())}.json"
-            if path.exists():
-                cached = json.loads(path.read_text(encoding="utf-8"))
-            else:
+
+            def extract() -> dict:
                 with preparing(f"reading the sentence pairs of {self._describe_source('train')}"):
                     pairs, stats = self._extract_pairs()
-                cached = {"pairs": pairs, "stats": stats}
-                atomic_write_bytes(path, json.dumps(cached, ensure_ascii=False).encode("utf-8"))
-            self._pairs = {split: [tuple(pair) for pair in cached["pairs"][split]] for split in SPLITS}
-            self.stats.update(cached["stats"])
+                return {"pairs": pairs, "stats": stats}
+
+            found = cached(path, _load_pairs, extract, write_json)
+            self._pairs = {split: [tuple(pair) for pair in found["pairs"][split]] for split in SPLITS}
+            self.stats.update(found["stats"])
         return self._pairs
 
     def _extract_pairs(self) -> tuple[dict[str, list[Pair]], dict[str, object]]:
@@ -538,6 +536,13 @@ def _save_packed(path: Path, packed: dict[str, PackedSequences]) -> None:
         arrays[f"{name}-ids"], arrays[f"{name}-offsets"] = sequences.ids, sequences.offsets
     with atomic_open(path) as f:
         np.savez(f, **arrays)
+
+
+def _load_pairs(path: Path) -> dict:
+    found = json.loads(path.read_text(encoding="utf-8"))
+    if set(found) != {"pairs", "stats"} or set(found["pairs"]) != set(SPLITS):
+        raise ValueError(f"expected the pairs of {SPLITS} and their statistics, found {sorted(found)}")
+    return found
 
 
 def _load_packed(path: Path) -> dict[str, PackedSequences]:
