@@ -258,6 +258,41 @@ def test_lightning_module_checkpoints_hold_only_safe_types(tmp_path):
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
 
 
+def test_lightning_collects_the_init_arguments_through_a_method_without_super():
+    """Task.save_hyperparameters relies on this Lightning behaviour: called from a method of the module that holds no
+    ``__class__`` (it calls Lightning's as ``L.LightningModule.save_hyperparameters``, not through ``super()``), it
+    still stores the arguments of the ``__init__`` that called the method. A Lightning upgrade that changes it fails
+    here."""
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self, width: int, name: str = "x") -> None:
+            super().__init__()
+            self.store()
+
+        def store(self) -> None:
+            L.LightningModule.save_hyperparameters(self)
+
+    assert dict(Module(3).hparams) == {"width": 3, "name": "x"}
+
+
+def test_a_task_built_in_python_stores_its_configs_as_plain_dicts_and_its_class_path(tmp_path):
+    from dataclasses import asdict
+
+    from lightformer.models.gpt import GPTConfig
+    from lightformer.tasks import ImageGPTTask, LanguageModelTask, OptimizerConfig
+
+    net = GPTConfig(vocab_size=11, block_size=8, n_layers=1, d_model=16, n_heads=2)
+    task = LanguageModelTask(net, optimizer=OptimizerConfig(lr=0.01), sample_tokens=5)
+    assert task.hparams["net"] == asdict(net) and task.hparams["optimizer"]["lr"] == 0.01
+    assert task.hparams["sample_tokens"] == 5 and task.hparams["init"]["checkpoint"] is None
+    assert task.hparams["_class_path"] == "lightformer.tasks.language_model.LanguageModelTask"
+    torch.save({"hyper_parameters": dict(task.hparams)}, tmp_path / "h.ckpt")
+    assert torch.load(tmp_path / "h.ckpt", weights_only=True)["hyper_parameters"]["net"] == asdict(net)
+    image_gpt = ImageGPTTask(net, num_samples=2)  # a subclass's task: the configs it was built with, as dicts
+    assert image_gpt.hparams["num_samples"] == 2 and image_gpt.hparams["net"] == asdict(net)
+
+
 def test_export_writes_safetensors_that_rebuild_the_model(tmp_path):
     """LM (tied embeddings): the weights and the tokenizer come back from the safetensors file alone."""
     from safetensors import safe_open

@@ -105,3 +105,30 @@ def test_the_progress_bar_counts_steps_of_step_bound_runs():
     bar = ProgressBar()
     bar._trainer = type("T", (), {"max_steps": 2000, "max_epochs": -1, "global_step": 500})()
     assert bar._get_train_description(0) == "Epoch 0 (step 500/2000)"
+
+
+def test_lightning_puts_a_checkpoints_hyperparameters_into_the_config_between_parsing_and_instantiation(tmp_path):
+    """LightformerCLI.keep_command_line_model_options relies on this LightningCLI behaviour (done by its private
+    ``_parse_ckpt_path``): with --ckpt_path, the model config that ``before_instantiate_classes`` sees is the
+    checkpoint's hyperparameters, over what ``parse_arguments`` read from the command line. A Lightning upgrade that
+    changes it fails here."""
+    import torch
+
+    from lightformer.cli import LightformerCLI, quiet_library_noise
+
+    class Seen(Exception):
+        pass
+
+    class Probe(LightformerCLI):
+        def before_instantiate_classes(self) -> None:  # Lightning's result, without ours over it
+            raise Seen(self.parsed_config["validate.model.init_args"], self.config["validate.model.init_args"])
+
+    checkpoint = tmp_path / "hparams.ckpt"
+    hyper_parameters = {"_class_path": "lightformer.tasks.LanguageModelTask", "sample_tokens": 7, "sample_top_k": 3}
+    torch.save({"hyper_parameters": hyper_parameters}, checkpoint)
+    quiet_library_noise()
+    args = ["validate", "--config=configs/lm/austen_char.yaml", "--model.sample_tokens=5", f"--ckpt_path={checkpoint}"]
+    with pytest.raises(Seen) as seen:
+        Probe(subclass_mode_model=True, subclass_mode_data=True, args=args, auto_configure_optimizers=False)
+    parsed, after = seen.value.args
+    assert parsed.sample_tokens == 5 and after.sample_tokens == 7 and after.sample_top_k == 3

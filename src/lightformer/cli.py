@@ -83,6 +83,7 @@ class LightformerCLI(LightningCLI):
             parser.link_arguments(f"data.{name}", f"model.init_args.net.{name}", apply_on="instantiate")
 
     def before_instantiate_classes(self) -> None:
+        self.keep_command_line_model_options()
         config = self.config[self.subcommand] if self.subcommand else self.config
         keep_last_checkpoint_current(config.trainer)
         show_progress(config.trainer)
@@ -120,19 +121,20 @@ class LightformerCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         check_model_config(self.config[subcommand] if subcommand else self.config)
         self.command_line_model_options = model_options_given(sys.argv[1:] if args is None else args)
+        self.parsed_config = self.config.clone()
 
-    def _parse_ckpt_path(self) -> None:
-        """With --ckpt_path, LightningCLI replaces the whole model config by the checkpoint's hyperparameters, so
-        that the model is built as it was trained. For ``validate``, ``test`` and ``predict`` the model options given
-        on the command line then apply over them (a beam size or test-time flips to try; an option the weights do
-        not fit fails at loading). ``fit`` resumes the run: its optimizer and schedule come back from the checkpoint
-        too, so a model option that differs from the checkpoint's would be ignored, and is refused instead."""
-        if not self.command_line_model_options:
-            super()._parse_ckpt_path()
-            return
+    def keep_command_line_model_options(self) -> None:
+        """With --ckpt_path, LightningCLI replaces the model config by the checkpoint's hyperparameters after
+        ``parse_arguments`` and before ``before_instantiate_classes``, so that the model is built as it was trained
+        (``tests/test_cli.py`` pins this: ``LightningCLI._parse_ckpt_path`` does it, a private method that this
+        class no longer overrides). For ``validate``, ``test`` and ``predict`` the model options given on the
+        command line then apply over them (a beam size or test-time flips to try; an option the weights do not fit
+        fails at loading). ``fit`` resumes the run: its optimizer and schedule come back from the checkpoint too,
+        so a model option that differs from the checkpoint's would be ignored, and is refused instead."""
         subcommand = self.config.get("subcommand")
-        given = self.config.clone()
-        super()._parse_ckpt_path()
+        if not self.command_line_model_options or not subcommand or not self.config[subcommand].get("ckpt_path"):
+            return
+        given = self.parsed_config
         keys = [key for key in self.command_line_model_options if f"{subcommand}.{key}" in given]
         if subcommand != "fit":
             for key in keys:

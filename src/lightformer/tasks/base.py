@@ -81,19 +81,46 @@ class Task(L.LightningModule):
         self.flops_per_batch: int | None = None  # of the current batch, read by lightformer.callbacks.Throughput
         self.tested_step = 0  # the step the weights under test were trained to (on_test_start)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Task:
+        """Record the arguments the task is built with (its ``__init__``'s, defaults filled in), for
+        ``save_hyperparameters``."""
+        task = super().__new__(cls)
+        try:
+            bound = inspect.signature(cls.__init__).bind(task, *args, **kwargs)
+        except TypeError:  # arguments __init__ does not take: it raises its own error
+            arguments = {}
+        else:
+            bound.apply_defaults()
+            parameters = inspect.signature(cls.__init__).parameters
+            arguments = {}
+            for name, value in list(bound.arguments.items())[1:]:
+                kind = parameters[name].kind
+                if kind is inspect.Parameter.VAR_KEYWORD:
+                    arguments.update(value)
+                elif kind is not inspect.Parameter.VAR_POSITIONAL:
+                    arguments[name] = value
+        object.__setattr__(task, "_init_arguments", arguments)
+        return task
+
     def save_hyperparameters(self, *args: Any, **kwargs: Any) -> None:
-        """Lightning's, from the calling ``__init__``, with every config stored as a plain dict: checkpoints then
-        load with ``torch.load(weights_only=True)`` and TensorBoard lists each field. A config is stored as the task
-        was built with it: the command line hands Lightning its raw arguments, where a data link can add a field
-        that this task's config lacks (a data module's ``block_size`` beside a BERT config). The task's class path
-        is stored as the command line stores it, so a checkpoint written through the Python API names its task."""
-        frame = kwargs.setdefault("frame", inspect.currentframe().f_back)
-        super().save_hyperparameters(*args, **kwargs)
+        """Lightning's, with every config stored as a plain dict: checkpoints then load with
+        ``torch.load(weights_only=True)`` and TensorBoard lists each field. A config is stored as the task was built
+        with it (the arguments ``__new__`` recorded): the command line hands Lightning its raw arguments, where a data
+        link can add a field that this task's config lacks (a data module's ``block_size`` beside a BERT config). The
+        task's class path is stored as the command line stores it, so a checkpoint written through the Python API
+        names its task.
+
+        Lightning's is called as ``L.LightningModule.save_hyperparameters``, not through ``super()``: outside the
+        command line, Lightning collects the arguments from the ``__init__`` that called this method, stepping over
+        this frame only if it holds no ``__class__`` (which ``super()`` would put there). ``tests/test_checkpoints.py``
+        pins it."""
+        L.LightningModule.save_hyperparameters(self, *args, **kwargs)
         self.hparams.setdefault("_class_path", f"{type(self).__module__}.{type(self).__qualname__}")
+        built = getattr(self, "_init_arguments", {})
         for key, value in self.hparams.items():
-            built = frame.f_locals.get(key, value)
-            if is_dataclass(built):
-                self.hparams[key] = asdict(built)
+            value = built.get(key, value)
+            if is_dataclass(value):
+                self.hparams[key] = asdict(value)
 
     def forward(self, *inputs: Tensor) -> Tensor:
         """The model's forward pass, compiled on first use when ``compile`` (see the model for the shapes).
