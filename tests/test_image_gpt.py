@@ -205,7 +205,7 @@ def test_fit_lowers_bits_per_dim_and_draws_images_at_each_validation(fitted):
     log_dir, _ = fitted
     events = EventAccumulator(str(log_dir), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
     events.Reload()
-    assert {"train/loss", "train/bpd", "val/loss", "val/bpd", "train/device/items_per_sec"} <= set(
+    assert {"train/loss", "train/bpd", "val/loss", "val/bpd", "velocity/train/device/items_per_sec"} <= set(
         events.Tags()["scalars"]
     )
     bpd, loss = events.Scalars("val/bpd"), events.Scalars("val/loss")

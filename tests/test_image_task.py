@@ -46,8 +46,8 @@ def test_fit_logs_scalars_and_attention_maps(fitted):
     cli, _ = fitted
     logged = events(Path(cli.trainer.logger.log_dir))
     scalars = set(logged.Tags()["scalars"])
-    assert {"train/loss", "train/acc", "train/lr/decayed", "train/device/items_per_sec"} <= scalars
-    assert {"train/device/flops_per_sec"} <= scalars
+    assert {"train/loss", "train/acc", "train/lr/decayed", "velocity/train/device/items_per_sec"} <= scalars
+    assert {"velocity/train/device/flops_per_sec"} <= scalars
     assert {"val/loss", "val/acc", "val/acc_top5"} <= scalars
     assert len(logged.Scalars("val/acc")) >= 8  # one per epoch (plus the sanity check)
     (attention,) = logged.Images("val/attention_rollout")[-1:]

@@ -54,10 +54,12 @@ def test_fit_writes_tensorboard_scalars_and_samples_and_a_checkpoint_that_genera
     scalars = set(events.Tags()["scalars"])
     assert {"train/loss", "train/ppl", "train/lr/decayed", "train/lr/not_decayed", "val/loss", "val/ppl"} <= scalars
     # throughput: tokens (8 windows of 32 per batch) and FLOPs per second, and MFU against the given peak
-    last = {tag: events.Scalars(tag)[-1].value for tag in scalars if tag.startswith("train/device/")}
-    assert last["train/device/items_per_sec"] == pytest.approx(8 * 32 * last["train/device/batches_per_sec"])
-    assert last["train/device/mfu"] == pytest.approx(last["train/device/flops_per_sec"] / 1e12)
-    flops_per_batch = last["train/device/flops_per_sec"] / last["train/device/batches_per_sec"]
+    last = {tag: events.Scalars(tag)[-1].value for tag in scalars if tag.startswith("velocity/train/device/")}
+    assert last["velocity/train/device/items_per_sec"] == pytest.approx(
+        8 * 32 * last["velocity/train/device/batches_per_sec"]
+    )
+    assert last["velocity/train/device/mfu"] == pytest.approx(last["velocity/train/device/flops_per_sec"] / 1e12)
+    flops_per_batch = last["velocity/train/device/flops_per_sec"] / last["velocity/train/device/batches_per_sec"]
     n_params = 2 * 12 * 32 * 32 + 85 * 32  # 2 layers of 12·d² (attention 4d², feed-forward 8d²) and the tied head
     estimate = 6 * n_params * 8 * 32  # forward + backward ≈ 6 FLOPs per parameter per token (Kaplan et al.)
     assert 1.0 < flops_per_batch / estimate < 1.5  # plus attention scores, which the estimate leaves out

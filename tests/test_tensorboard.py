@@ -2,6 +2,7 @@
 
 import json
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,7 @@ def board(tmp_path_factory):
     for d_model in (16, 32, 48):
         args = [*task_args("vision", root / f"d{d_model}"), "--trainer.max_epochs=2", f"--model.net.d_model={d_model}"]
         args += [f"--trainer.logger.init_args.save_dir={root / 'runs'}", "--trainer.log_every_n_steps=5"]
+        args += ["--trainer.logger.init_args.hparam_columns=[model/net/d_model, model/optimizer/lr]"]
         main(["fit", *args])
     tested = sorted((root / "runs").glob("*/version_0/checkpoints/last.ckpt"))[0]
     main(["test", *task_args("vision", root / "test"), f"--trainer.logger.init_args.save_dir={root / 'runs'}",
@@ -45,7 +47,7 @@ def test_scalars_open_on_the_task_curves_and_test_joins_its_run(board):
     assert set(tags) == {f"vit_digits/version_{i}" for i in range(3)}  # the test did not start a fourth run
     scalars = set(tags[run])
     assert {"train/loss", "train/acc", "val/loss", "val/acc", "test/acc", "test/loss", "train/lr/decayed"} <= scalars
-    assert {"train/device/items_per_sec", "train/device/flops_per_sec"} <= scalars
+    assert {"velocity/train/device/items_per_sec", "velocity/train/device/flops_per_sec"} <= scalars
     assert not scalars & {"hp_metric", "epoch", "train/time", "train/batches", "train/samples"}
     val = query(url, f"/data/plugin/scalars/scalars?run={run}&tag=val/acc")
     test = query(url, f"/data/plugin/scalars/scalars?run={run}&tag=test/acc")
@@ -68,9 +70,8 @@ def test_pictures_stand_at_the_step_of_their_validation(board):
 def test_hparams_compare_the_runs_by_their_settings_and_results(board):
     url, _ = board
     experiment = query(url, "/data/plugin/hparams/experiment", {"experimentName": ""})
-    names = {info["name"] for info in experiment["hparamInfos"]}
-    assert {"model/net/d_model", "model/net/n_layers", "model/optimizer/lr", "data/batch_size"} <= names
-    assert not any(name.startswith("_") or "/_" in name for name in names)  # no _class_path, no _instantiator
+    names = [info["name"] for info in experiment["hparamInfos"]]
+    assert names == ["model/net/d_model", "model/optimizer/lr"]  # the columns asked for; the metrics beside them
     metrics = [info["name"]["tag"] for info in experiment["metricInfos"]]
     assert metrics[:2] == ["val/acc", "val/loss"] and "test/acc" in metrics
     request = {
@@ -83,6 +84,93 @@ def test_hparams_compare_the_runs_by_their_settings_and_results(board):
     groups = query(url, "/data/plugin/hparams/session_groups", request)["sessionGroups"]
     rows = {group["hparams"]["model/net/d_model"]: group for group in groups}
     assert sorted(rows) == [16, 32, 48]
+    recorded = set(groups[0]["hparams"])  # every hyperparameter is recorded with the run
+    assert {"model/net/d_model", "model/net/n_layers", "model/optimizer/lr", "data/batch_size"} <= recorded
+    assert not any(name.startswith("_") or "/_" in name for name in recorded)  # no _class_path, no _instantiator
     for group in rows.values():  # each run's validation accuracy, side by side
         values = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}
         assert 0 <= values["val/acc"] <= 1
+
+
+def tensorboard_sorted(tags: list[str]) -> list[str]:
+    """``tags`` in the order TensorBoard's dashboards list them (its ``compareTagNames``: runs of digits compare as
+    numbers, and the separators "/" and "_" and digits come before every other character)."""
+    import functools
+    import re
+
+    def compare(a: str, b: str) -> int:
+        i = j = 0
+        while True:
+            if i == len(a):
+                return 0 if j == len(b) else -1
+            if j == len(b):
+                return 1
+            if a[i].isdigit() and b[j].isdigit():
+                x, y = re.match(r"\d+(\.\d*)?", a[i:]).group(), re.match(r"\d+(\.\d*)?", b[j:]).group()
+                if float(x) != float(y):
+                    return -1 if float(x) < float(y) else 1
+                i, j = i + len(x), j + len(y)
+                continue
+            first, second = a[i] in "/_" or a[i].isdigit(), b[j] in "/_" or b[j].isdigit()
+            if first != second:
+                return -1 if first else 1
+            if not first and a[i] != b[j]:
+                return -1 if a[i] < b[j] else 1
+            i, j = i + 1, j + 1
+
+    return sorted(tags, key=functools.cmp_to_key(compare))
+
+
+def tensorboard_groups(tags: list[str]) -> dict[str, list[str]]:
+    """The sections of TensorBoard's Scalars tab, in their order: tags grouped by the part before the first "/"."""
+    groups: dict[str, list[str]] = {}
+    for tag in tensorboard_sorted(tags):
+        groups.setdefault(tag.split("/", 1)[0], []).append(tag)
+    return groups
+
+
+def test_tensorboard_sorts_like_its_dashboards():
+    tags = ["val/loss", "train/loss", "train/device/mfu", "train_x/a", "train/ppl", "step10", "step9", "Zeta/a"]
+    assert tensorboard_sorted(tags) == [
+        "Zeta/a", "step9", "step10", "train/device/mfu", "train/loss", "train/ppl", "train_x/a", "val/loss",
+    ]  # fmt: skip
+
+
+def test_tensorboard_opens_on_the_loss_shows_metrics_first_and_one_sample_per_step(tmp_path):
+    """A language-model run that validates on a subset and ends with a validation on the whole split."""
+    from tensorboard.plugins.hparams import metadata
+
+    from tiny_runs import events_of
+
+    throughput = {"class_path": "lightformer.callbacks.Throughput", "init_args": {"window_size": 2}}
+    args = [*task_args("lm", tmp_path), "--trainer.max_steps=6", "--trainer.val_check_interval=3"]
+    args += [
+        "--data.loader.val_windows=4",
+        "--trainer.log_every_n_steps=1",
+        f"--trainer.callbacks+={json.dumps(throughput)}",
+    ]
+    main(["fit", *args])
+    run, events = events_of(tmp_path, "austen_char")
+    groups = tensorboard_groups(events.Tags()["scalars"])
+    assert list(groups)[:2] == ["train", "val"] and list(groups)[-1] == "velocity", groups
+    assert groups["train"][0] == "train/loss" and groups["val"][0] == "val/loss"
+    assert "velocity/train/device/items_per_sec" in groups["velocity"]
+    assert not any("per_sec" in tag or "mfu" in tag for group in ("train", "val") for tag in groups[group])
+    assert [e.step for e in events.Scalars("val/loss")] == [2, 5, 6]  # on 4 windows, then on the whole split
+    for tag in events.Tags()["tensors"]:
+        if tag.startswith("val/"):  # text samples: one per validation of new weights
+            assert [e.step for e in events.Tensors(tag)] == [2, 5], tag
+
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    hparams = {}  # the HParams plugin's records, as TensorBoard reads them from the run's event files
+    for path in sorted(Path(run).glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME:
+                    hparams[value.tag] = value.metadata.plugin_data.content
+    experiment = metadata.parse_experiment_plugin_data(hparams[metadata.EXPERIMENT_TAG])
+    assert [info.name for info in experiment.hparam_infos] == ["model/optimizer/lr"]
+    assert [info.name.tag for info in experiment.metric_infos] == ["val/loss", "val/ppl", "test/loss", "test/ppl"]
+    session = metadata.parse_session_start_info_plugin_data(hparams[metadata.SESSION_START_INFO_TAG])
+    assert {"model/net/d_model", "model/optimizer/lr", "data/block_size"} <= set(session.hparams)

@@ -373,8 +373,9 @@ class LateDropout(Callback):
 
 class Throughput(ThroughputMonitor):
     """Lightning's ``ThroughputMonitor`` for every lightformer task: samples, items (tokens or images) and FLOPs per
-    second, and MFU (model FLOPs utilisation: achieved / peak FLOP/s), each a TensorBoard curve under ``train/``
-    (``train/device/...`` per process, and for the whole job when there are several) and ``validate/``.
+    second, and MFU (model FLOPs utilisation: achieved / peak FLOP/s), each a curve under ``train/``
+    (``train/device/...`` per process, and for the whole job when there are several) and ``validate/``, which
+    lightformer's ``TensorBoardLogger`` shows in a section after the loss and metrics: ``velocity/train/device/mfu``.
 
     The task says what a batch holds (``Task.throughput_counts``) and what it costs (``Task.batch_flops``: counted by
     PyTorch on the model's own operations, backward included in training). MFU needs the device's peak: Lightning

@@ -40,6 +40,7 @@ from lightformer.checkpoints import CheckpointError
 from lightformer.data.corpora import CorpusUnavailableError
 from lightformer.errors import ConfigError
 from lightformer.progress import Summary, validation_line
+from lightformer.tensorboard import samples_already_drawn
 
 DATA_LINKS = (
     "vocab_size",
@@ -155,10 +156,12 @@ class LightformerCLI(LightningCLI):
 
     def after_fit(self) -> None:
         """A run that validated on a subset of the validation split (``TextDataModule``'s ``loader.val_windows``) ends
-        with one
-        validation on all of it, of the last weights, logged at the last step."""
+        with one validation on all of it, of the last weights, logged at the last step. Its pictures and text samples
+        are not drawn again when the fit's last validation drew them from the same weights."""
         if getattr(self.datamodule, "validates_on_a_subset", False) and not self.trainer.interrupted:
-            self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
+            drawn = getattr(self.model, "validated_at_step", None) == self.trainer.global_step
+            with samples_already_drawn(self.model) if drawn else contextlib.nullcontext():
+                self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
             rank_zero_info(validation_line(self.trainer, "validation on the whole split"))
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:

@@ -1,15 +1,23 @@
 """What a run shows in TensorBoard: the logger, and the figures the tasks draw (with matplotlib).
 
-``TensorBoardLogger`` is Lightning's with three changes, so that TensorBoard opens on the answer:
+``TensorBoardLogger`` is Lightning's with these changes, so that TensorBoard opens on the answer:
 
 - no placeholder ``hp_metric`` and no ``epoch`` curve (the epoch is in each event's wall time and step);
-- the HParams tab lists each run's hyperparameters (every field of ``model.net``, ``model.optimizer``, the data's
-  options, flattened) beside its final validation and test metrics, so a sweep of runs sorts by BLEU or accuracy;
+- the Scalars tab opens on the loss and the task's metrics: TensorBoard groups curves by the part of their name
+  before the first ``/`` and orders the groups by name, so the throughput curves of Lightning's
+  ``ThroughputMonitor`` (``train/device/items_per_sec``, ...) move to a group of their own that sorts after
+  ``test/``, ``train/`` and ``val/``: ``velocity/train/device/items_per_sec``, ... (``THROUGHPUT_GROUP``);
+- the HParams table shows each run's final validation and test metrics beside its name, so a sweep of runs sorts
+  by BLEU or accuracy: its columns are the hyperparameters named in ``hparam_columns`` (the table shows its first
+  five hyperparameter columns before any metric), and every hyperparameter (each field of ``model.net``,
+  ``model.optimizer``, the data's options, flattened) is recorded with the run;
 - ``test`` run on a checkpoint of a run writes into that run's folder (see ``lightformer.cli``), and every task
   logs test metrics at the step of the tested weights (``Task.on_test_start``), beside the training curves.
 
 Images and text are written at the step Lightning logs scalars at (``logging_step``), so a validation's metrics,
-pictures and samples line up. The pictures and text the tasks show are drawn here: matplotlib figures (attention
+pictures and samples line up; one picture or sample per step: the validation on the whole split that ends a run
+validated on a subset draws none when the fit's last validation drew them from the same weights
+(``samples_already_drawn``). The pictures and text the tasks show are drawn here: matplotlib figures (attention
 maps, rollouts, confusion matrices), grids of images (``image_grid``), Markdown of masked text (``render_masked``).
 """
 
@@ -17,7 +25,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import lightning as L
@@ -36,6 +45,10 @@ if TYPE_CHECKING:
 # Curves that only count up (the epoch; ThroughputMonitor's running totals of time, batches, samples and items):
 # their rates are logged, so they would only push the curves that matter down the page.
 COUNTERS = ("epoch", "time", "batches", "samples", "lengths")
+# The group of the throughput curves: after the groups of the loss and metrics (test/, train/, val/) in TensorBoard's
+# order of groups (by name; letters after the separators "/" and "_"), and after Lightning's "validate/".
+THROUGHPUT_GROUP = "velocity"
+_THROUGHPUT = re.compile(r"(?:[a-z_]+)/(?:device/)?(?:batches_per_sec|samples_per_sec|items_per_sec|flops_per_sec|mfu)")
 
 
 class TensorBoardLogger(loggers.TensorBoardLogger):
@@ -57,19 +70,30 @@ class TensorBoardLogger(loggers.TensorBoardLogger):
         version: int | str | None = None,
         default_hp_metric: bool = False,
         prefix: str = "",
+        hparam_columns: Sequence[str] = ("model/optimizer/lr",),
     ) -> None:
         super().__init__(save_dir, name, version, default_hp_metric=default_hp_metric, prefix=prefix)
+        self.hparam_columns = tuple(hparam_columns)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        kept = {k: v for k, v in metrics.items() if k.rsplit("/", 1)[-1] not in COUNTERS}
+        kept = {
+            f"{THROUGHPUT_GROUP}/{k}" if _THROUGHPUT.fullmatch(k) else k: v
+            for k, v in metrics.items()
+            if k.rsplit("/", 1)[-1] not in COUNTERS
+        }
         if kept:
             super().log_metrics(kept, step)
 
     def log_hparams_summary(self, params: Mapping[str, Any], metric_names: Sequence[str]) -> None:
         """Write the HParams tab's record of this run: ``params`` (nested dicts flattened to ``a/b``) and the names
-        of the scalars to show beside them (their latest values, read from the run's curves)."""
+        of the scalars to show beside them (their latest values, read from the run's curves). The table's columns
+        are the metrics and the hyperparameters of ``hparam_columns`` (those of them the run has); TensorBoard's
+        HParams table shows its first five hyperparameter columns before the metrics, so these are few."""
         flat = {k: v if isinstance(v, int | float | str | bool) else str(v) for k, v in _flatten(params).items()}
-        experiment, session_start, session_end = hparams_summary(flat, {name: 0.0 for name in metric_names})
+        metrics = {name: 0.0 for name in metric_names}
+        columns = {k: flat[k] for k in self.hparam_columns if k in flat} or dict(list(flat.items())[:1])
+        experiment, _, _ = hparams_summary(columns, metrics)  # the table's columns (it needs one hyperparameter)
+        _, session_start, session_end = hparams_summary(flat, metrics)  # every hyperparameter of the run
         writer = self.experiment._get_file_writer()
         for summary in (experiment, session_start, session_end):
             writer.add_summary(summary)
@@ -88,17 +112,30 @@ def _flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def tensorboard_writer(module: L.LightningModule) -> SummaryWriter | None:
-    """The run's ``SummaryWriter`` on global rank zero, or None (no TensorBoard logger, or another rank)."""
+    """The run's ``SummaryWriter`` on global rank zero, or None (no TensorBoard logger, another rank, or inside
+    ``samples_already_drawn``)."""
     logger = tensorboard_logger(module)
     return logger.experiment if logger is not None and module.trainer.is_global_zero else None
 
 
 def tensorboard_logger(module: L.LightningModule) -> loggers.TensorBoardLogger | None:
     """The run's TensorBoard logger on every rank (what decides whether to draw: a forward pass under FSDP2 needs
-    every process), or None."""
-    if module._trainer is None:
+    every process), or None (none, or inside ``samples_already_drawn``: nothing to draw)."""
+    if module._trainer is None or getattr(module, "_samples_already_drawn", False):
         return None
     return next((lg for lg in module.trainer.loggers if isinstance(lg, loggers.TensorBoardLogger)), None)
+
+
+@contextmanager
+def samples_already_drawn(module: L.LightningModule) -> Iterator[None]:
+    """Inside the block, the tasks draw no pictures and write no text samples (``tensorboard_logger`` and
+    ``tensorboard_writer`` are None): for a validation of weights whose samples a validation has already drawn (the
+    whole-split validation that ends a run validated on a subset), so that TensorBoard shows one sample per step."""
+    module._samples_already_drawn = True
+    try:
+        yield
+    finally:
+        module._samples_already_drawn = False
 
 
 def logging_step(trainer: L.Trainer) -> int:

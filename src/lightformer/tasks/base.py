@@ -180,6 +180,8 @@ class Task(L.LightningModule):
 
     def on_validation_end(self) -> None:
         set_gathered(self.model, False)
+        if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
+            self.validated_at_step = self.trainer.global_step  # the weights a fit's validation last drew samples of
 
     def on_test_end(self) -> None:
         set_gathered(self.model, False)
