@@ -311,3 +311,35 @@ def test_atomic_writes_leave_the_previous_file_when_interrupted(tmp_path):
         f.write(b"new but unfinished")
         raise KeyboardInterrupt
     assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["file.bin"]
+
+
+# --- training text and tokenizer files: the message names the file, not only what a library said ------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "option", "message"),
+    [
+        ("hello world\n".encode("utf-16") * 50, None, r"utf16\.txt is not UTF-8 text: byte 0xff at byte offset 0"),
+        (bytes(range(256)) * 4, None, r"utf16\.txt is not UTF-8 text: byte 0x80 at byte offset 128"),
+        (b"some text\n" * 50, "tokenizer", r"tokenizer file .*tok\.json is not a valid tokenizer JSON"),
+    ],
+    ids=["utf-16", "binary", "tokenizer-not-json"],
+)
+def test_text_a_library_cannot_read_is_refused_naming_the_file(tmp_path, content, option, message):
+    import re
+
+    corpus = tmp_path / "utf16.txt"
+    corpus.write_bytes(content)
+    (tmp_path / "tok.json").write_text("not json at all", encoding="utf-8")
+    argv = [
+        *LM,
+        "--data.source.corpus",  # two words: the same option as --data.source.corpus=null
+        "null",
+        f"--data.source.train_files=[{corpus}]",
+        f"--data.prepare.dir={tmp_path / 'prepared'}",
+        "--trainer.logger=false",
+    ]
+    if option == "tokenizer":
+        argv.append(f"--data.tokenizer.file={tmp_path / 'tok.json'}")
+    found = refused(argv)
+    assert re.search(message, found), found

@@ -15,6 +15,7 @@ import importlib
 import json
 import logging
 import sys
+import traceback
 import typing
 import warnings
 from pathlib import Path
@@ -101,10 +102,8 @@ class LightformerCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except (ValueError, OSError, CorpusUnavailableError) as error:
-            # jsonargparse wraps what a data module or task raised in its own errors; show the one that says why.
-            while error.__cause__ is not None or error.__context__ is not None:
-                error = error.__cause__ or error.__context__
-            raise ConfigError(f"{_section_of(error)}{error}") from None
+            reason = reason_of(error)
+            raise ConfigError(f"{_section_of(reason)}{reason}") from None
 
     def after_instantiate_classes(self) -> None:
         net = self.model.hparams.get("net", {})
@@ -316,12 +315,36 @@ def quiet_library_noise() -> None:
         logger.addFilter(quiet)
 
 
+def reason_of(error: BaseException) -> BaseException:
+    """The error of a chain that says why: jsonargparse wraps what a data module or task raised in its own errors,
+    and ours may wrap a library's (``raise ... from error``) whose message does not name the file or field. So the
+    outermost error raised in lightformer's own code, else the innermost of all (a context suppressed with
+    ``from None`` is not followed)."""
+    package = str(Path(__file__).resolve().parent)
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    ours = [e for e in chain if _raised_in(e, package)]
+    return ours[0] if ours else chain[-1]
+
+
+def _raised_in(error: BaseException, folder: str) -> bool:
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and str(Path(frames[-1].filename).resolve()).startswith(folder)
+
+
 def null_group_fields(args: list[str]) -> list[str]:
     """``--data.source.corpus=null`` → ``--data.source={"corpus": null}``: jsonargparse 4.53 turns a null given to a
     field of a config group of a subclass (the data module's, the task's) into the string "None" or refuses it, but
-    merges the same value given as a dict."""
-    rewritten = []
-    for arg in args:
+    merges the same value given as a dict. ``--data.source.corpus null`` (two words) is the same option."""
+    rewritten, args = [], list(args)
+    for i, arg in enumerate(args):
+        if arg is None:
+            continue
+        if arg.startswith("--") and "=" not in arg and i + 1 < len(args) and args[i + 1] == "null":
+            arg, args[i + 1] = f"{arg}=null", None
         name, _, value = arg.partition("=")
         parts = name.removeprefix("--").split(".")
         if value == "null" and len(parts) == 3 and parts[0] in ("data", "model") and parts[1] != "init_args":
