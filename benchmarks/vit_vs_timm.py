@@ -40,6 +40,7 @@ SHAPE_KEYS = (
     "norm",
     "activation",
     "qkv_bias",
+    "bias",
 )
 
 
@@ -56,6 +57,8 @@ def build_models(shape: dict, image_size: int, in_channels: int, num_classes: in
     )
     if shape.get("norm", "layernorm") != "layernorm":
         raise ValueError("the timm side of this benchmark is built with LayerNorm only")
+    if not shape.get("bias", True):
+        raise ValueError("timm's ViT has no switch for its norms' biases: the timm side needs bias=true")
     pool = shape.get("pool", "cls")
     d_model = shape.get("d_model", 768)
     theirs = TimmViT(

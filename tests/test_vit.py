@@ -148,3 +148,39 @@ def test_overfits_a_tiny_batch():
         loss.backward()
         optimizer.step()
     assert loss.item() < 0.05
+
+
+def test_qkv_bias_switches_off_the_qkv_bias_only_as_timms():
+    ours = small_vit(qkv_bias=False)
+    names = ours.state_dict().keys()
+    assert "encoder.layers.0.self_attn.qkv.bias" not in names
+    layer = "encoder.layers.0."
+    assert {f"{layer}self_attn.proj.bias", f"{layer}ffn.fc1.bias", f"{layer}norm1.bias"} <= names
+    torch.manual_seed(1)
+    theirs = TimmViT(**TIMM_SHAPE, **POOLS["cls"], qkv_bias=False).eval()
+    load_timm_weights(ours, theirs.state_dict())
+    images = torch.randn(2, 1, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(images), theirs(images), atol=1e-6, rtol=1e-5)
+
+    no_bias = small_vit(bias=False).state_dict().keys()
+    assert "encoder.layers.0.self_attn.qkv.bias" in no_bias
+    layer_biases = [name for name in no_bias if name.startswith("encoder.layers.") and name.endswith(".bias")]
+    assert layer_biases == ["encoder.layers.0.self_attn.qkv.bias", "encoder.layers.1.self_attn.qkv.bias"]
+
+
+def test_weights_saved_when_qkv_bias_switched_off_every_layer_bias_load_and_compute_the_same():
+    # Before `bias` existed, qkv_bias=False built the layers of today's qkv_bias=False, bias=False.
+    old = small_vit(qkv_bias=False, bias=False)
+    with torch.no_grad():
+        for p in old.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    saved = {f"model.{k}": v for k, v in old.state_dict().items()}  # as a task's checkpoint holds them
+    ours = small_vit(qkv_bias=False)  # the saved config, {"qkv_bias": False, ...}, read today
+    holder = torch.nn.Module()
+    holder.model = ours
+    holder.load_state_dict(saved, strict=True)
+    assert ours.encoder.layers[0].ffn.fc1.bias.abs().max().item() == 0
+    images = torch.randn(2, 1, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(images), old(images))

@@ -55,7 +55,10 @@ class ViTConfig:
         norm: the norm layers (``nn.NormKind``).
         norm_eps: epsilon of every norm (timm uses 1e-6).
         activation: feed-forward activation (``nn.Activation``).
-        qkv_bias: biases in the attention and feed-forward projections.
+        qkv_bias: biases in the attention's query, key and value projection (timm's qkv_bias).
+        bias: biases in the encoder layers' other linear layers and norms: the attention output projection, the
+            feed-forward layers, the two norms of each layer (timm has no switch for its norms' biases: build its
+            counterpart with bias=true). The final norm and the head always have biases.
     """
 
     image_size: int | None = None
@@ -75,6 +78,7 @@ class ViTConfig:
     norm_eps: float = 1e-6
     activation: Activation = "gelu"
     qkv_bias: bool = True
+    bias: bool = True
 
     def __post_init__(self) -> None:
         check_choice("in_channels", self.in_channels, (1, 3))
@@ -137,7 +141,8 @@ class VisionTransformer(nn.Module):
                 norm=c.norm,
                 norm_first=True,
                 norm_eps=c.norm_eps,
-                bias=c.qkv_bias,
+                bias=c.bias,
+                qkv_bias=c.qkv_bias,
                 drop_path=rate,
             )
             for rate in rates
@@ -159,6 +164,20 @@ class VisionTransformer(nn.Module):
                 trunc_normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Tensor], prefix: str, *args, **kwargs) -> None:
+        """Weights saved when ``qkv_bias=False`` also switched off every other bias of the encoder layers (before
+        ``bias`` existed) load into the same config today, which keeps those biases: they are filled with zeros, so
+        the model computes what it computed (it may then train them)."""
+        layers = [f"{prefix}encoder.layers.{i}." for i in range(len(self.encoder.layers))]
+        biases = [f"{layer}{name}.bias" for layer in layers for name in _LEGACY_BIAS_FREE]
+        legacy = not self.config.qkv_bias and all(key not in state_dict for key in biases)
+        if legacy and all(key.removesuffix("bias") + "weight" in state_dict for key in biases):
+            own = self.state_dict(prefix=prefix)
+            for key in biases:
+                if key in own:
+                    state_dict[key] = torch.zeros_like(own[key])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def no_weight_decay(self) -> set[str]:
         """Parameters never decayed (timm's convention, read by ``tasks.optim.parameter_groups``)."""
@@ -186,6 +205,10 @@ class VisionTransformer(nn.Module):
     def forward(self, images: Tensor) -> Tensor:
         """Images ``(batch, in_channels, image_size, image_size)`` → logits ``(batch, num_classes)``."""
         return self.forward_head(self.forward_features(images))
+
+
+# The biases of an encoder layer that ``qkv_bias=False`` also switched off before ``bias`` existed.
+_LEGACY_BIAS_FREE = ("self_attn.proj", "ffn.fc1", "ffn.fc2", "norm1", "norm2")
 
 
 @torch.no_grad()

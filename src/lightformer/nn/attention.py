@@ -82,7 +82,8 @@ class MultiHeadAttention(nn.Module):
 
     Queries come from ``x``; keys and values from ``context`` (cross-attention) or from ``x``
     (self-attention). The projection weights are stored as one ``qkv`` matrix ``(3·d_model, d_model)``
-    with rows [W^Q; W^K; W^V], the layout of ``torch.nn.MultiheadAttention`` and timm.
+    with rows [W^Q; W^K; W^V], the layout of ``torch.nn.MultiheadAttention`` and timm. ``bias``: biases in the
+    projections; ``qkv_bias`` (default: ``bias``) overrides it for the input projections alone (timm's ``qkv_bias``).
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         rotary: RotaryEmbedding | None = None,
+        qkv_bias: bool | None = None,
     ) -> None:
         super().__init__()
         check_heads(d_model, n_heads)
@@ -99,7 +101,7 @@ class MultiHeadAttention(nn.Module):
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
         self.dropout = dropout
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias if qkv_bias is None else qkv_bias)
         self.proj = nn.Linear(d_model, d_model, bias=bias)
         self.rotary = rotary
         self.on_weights: Callable[[Tensor], None] | None = None  # set by `record_attention`

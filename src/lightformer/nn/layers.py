@@ -37,39 +37,10 @@ class _ResidualLayer(nn.Module):
 
 
 class EncoderLayer(_ResidualLayer):
-    """Self-attention (bidirectional by default) followed by a feed-forward network."""
+    """Self-attention (bidirectional by default) followed by a feed-forward network.
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int | None = None,
-        dropout: float = 0.1,
-        attn_dropout: float = 0.0,
-        activation: Activation = "relu",
-        norm: NormKind = "layernorm",
-        norm_first: bool = True,
-        norm_eps: float = 1e-5,
-        bias: bool = True,
-        drop_path: float = 0.0,
-        rotary: RotaryEmbedding | None = None,
-    ) -> None:
-        super().__init__(dropout, drop_path, norm_first)
-        self.norm1 = make_norm(norm, d_model, norm_eps, bias)
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, bias, rotary)
-        self.norm2 = make_norm(norm, d_model, norm_eps, bias)
-        self.ffn = FeedForward(d_model, d_ff, activation, bias)
-
-    def forward(self, x: Tensor, key_mask: Tensor | None = None, causal: bool = False) -> Tensor:
-        """``(batch, seq, d_model)`` → same; ``key_mask`` ``(batch, seq)`` is True at real tokens."""
-        x = self.residual(x, self.norm1, lambda h: self.self_attn(h, key_mask=key_mask, causal=causal))
-        return self.residual(x, self.norm2, self.ffn)
-
-
-class DecoderLayer(_ResidualLayer):
-    """Masked (causal) self-attention, cross-attention to the encoder output, then a feed-forward network.
-
-    With ``cross_attention=False`` it is the block of a decoder-only model (GPT).
+    ``bias``: biases in every linear layer and LayerNorm of the layer; ``qkv_bias`` (default: ``bias``) overrides it
+    for the attention's input projections alone.
     """
 
     def __init__(
@@ -86,14 +57,50 @@ class DecoderLayer(_ResidualLayer):
         bias: bool = True,
         drop_path: float = 0.0,
         rotary: RotaryEmbedding | None = None,
+        qkv_bias: bool | None = None,
+    ) -> None:
+        super().__init__(dropout, drop_path, norm_first)
+        self.norm1 = make_norm(norm, d_model, norm_eps, bias)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, bias, rotary, qkv_bias)
+        self.norm2 = make_norm(norm, d_model, norm_eps, bias)
+        self.ffn = FeedForward(d_model, d_ff, activation, bias)
+
+    def forward(self, x: Tensor, key_mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        """``(batch, seq, d_model)`` → same; ``key_mask`` ``(batch, seq)`` is True at real tokens."""
+        x = self.residual(x, self.norm1, lambda h: self.self_attn(h, key_mask=key_mask, causal=causal))
+        return self.residual(x, self.norm2, self.ffn)
+
+
+class DecoderLayer(_ResidualLayer):
+    """Masked (causal) self-attention, cross-attention to the encoder output, then a feed-forward network.
+
+    With ``cross_attention=False`` it is the block of a decoder-only model (GPT). ``bias`` and ``qkv_bias`` as in
+    ``EncoderLayer``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int | None = None,
+        dropout: float = 0.1,
+        attn_dropout: float = 0.0,
+        activation: Activation = "relu",
+        norm: NormKind = "layernorm",
+        norm_first: bool = True,
+        norm_eps: float = 1e-5,
+        bias: bool = True,
+        drop_path: float = 0.0,
+        rotary: RotaryEmbedding | None = None,
+        qkv_bias: bool | None = None,
         cross_attention: bool = True,
     ) -> None:
         super().__init__(dropout, drop_path, norm_first)
         self.norm1 = make_norm(norm, d_model, norm_eps, bias)
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, bias, rotary)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, bias, rotary, qkv_bias)
         if cross_attention:
             self.norm_cross = make_norm(norm, d_model, norm_eps, bias)
-            self.cross_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, bias)
+            self.cross_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, bias, qkv_bias=qkv_bias)
         else:
             self.norm_cross = self.cross_attn = None
         self.norm2 = make_norm(norm, d_model, norm_eps, bias)
