@@ -6,14 +6,28 @@ import pytest
 import torch
 from torch import nn
 
-from lightformer.nn import KVCache, MultiHeadAttention, RotaryEmbedding, causal_mask, explicit_attention
+from lightformer.nn import (
+    KVCache,
+    MultiHeadAttention,
+    RotaryEmbedding,
+    attention_kernel,
+    causal_mask,
+    explicit_attention,
+)
+from lightformer.nn import attention as attention_module
+
+
+def in_projection(mha: MultiHeadAttention) -> tuple[torch.Tensor, torch.Tensor]:
+    """The input projection's weight and bias packed as rows [W^Q; W^K; W^V] (torch's ``in_proj_weight``)."""
+    if mha.cross_attention:
+        return torch.cat([mha.q.weight, mha.kv.weight]), torch.cat([mha.q.bias, mha.kv.bias])
+    return mha.qkv.weight, mha.qkv.bias
 
 
 def reference_attention(mha: MultiHeadAttention, x, context=None, mask=None):
     """softmax(QKᵀ/√d_k + M)V per head, heads concatenated, then W^O, in float64 loops."""
     context = x if context is None else context
-    w = mha.qkv.weight.double()
-    b = mha.qkv.bias.double()
+    w, b = (t.double() for t in in_projection(mha))
     d, h = mha.d_model, mha.n_heads
     dk = d // h
     q = x.double() @ w[:d].T + b[:d]
@@ -38,6 +52,12 @@ def mha():
     return MultiHeadAttention(d_model=32, n_heads=4).eval()
 
 
+@pytest.fixture
+def cross_mha():
+    torch.manual_seed(0)
+    return MultiHeadAttention(d_model=32, n_heads=4, cross_attention=True).eval()
+
+
 def padding_mask(lengths, max_len):
     return torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None]
 
@@ -45,7 +65,8 @@ def padding_mask(lengths, max_len):
 @pytest.mark.parametrize("path", ["fast", "explicit"])
 @pytest.mark.parametrize("kind", ["self", "causal", "cross"])
 @pytest.mark.parametrize("padded", [False, True])
-def test_attention_matches_float64_reference(mha, path, kind, padded):
+def test_attention_matches_float64_reference(mha, cross_mha, path, kind, padded):
+    mha = cross_mha if kind == "cross" else mha
     x = torch.randn(3, 7, 32)
     context = torch.randn(3, 5, 32) if kind == "cross" else None
     k_len = 5 if kind == "cross" else 7
@@ -68,11 +89,12 @@ def test_attention_matches_float64_reference(mha, path, kind, padded):
 
 
 @pytest.mark.parametrize("kind", ["self", "causal", "cross"])
-def test_attention_equals_torch_multihead_attention(mha, kind):
+def test_attention_equals_torch_multihead_attention(mha, cross_mha, kind):
+    mha = cross_mha if kind == "cross" else mha
     torch_mha = nn.MultiheadAttention(32, 4, batch_first=True).eval()
     with torch.no_grad():
-        torch_mha.in_proj_weight.copy_(mha.qkv.weight)
-        torch_mha.in_proj_bias.copy_(mha.qkv.bias)
+        torch_mha.in_proj_weight.copy_(in_projection(mha)[0])
+        torch_mha.in_proj_bias.copy_(in_projection(mha)[1])
         torch_mha.out_proj.weight.copy_(mha.proj.weight)
         torch_mha.out_proj.bias.copy_(mha.proj.bias)
     x = torch.randn(2, 6, 32)
@@ -117,7 +139,8 @@ def test_fully_cached_attention_matches_full_pass(mha):
         assert cache.length == 9
 
 
-def test_cached_cross_attention_projects_memory_once(mha):
+def test_cached_cross_attention_projects_memory_once(cross_mha):
+    mha = cross_mha
     memory, x = torch.randn(2, 5, 32), torch.randn(2, 4, 32)
     cache = KVCache()
     first = mha(x[:, :2], memory, cache=cache)
@@ -170,3 +193,67 @@ def test_bf16_autocast_on_cpu_matches_fp32(length, padded, causal):
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), reference, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(grad, reference_grad, atol=5e-2, rtol=5e-2)
+
+
+def test_self_and_cross_attention_refuse_the_other_call():
+    with pytest.raises(ValueError, match="self-attention: build MultiHeadAttention\\(cross_attention=True\\)"):
+        MultiHeadAttention(32, 4)(torch.randn(1, 2, 32), torch.randn(1, 3, 32))
+    with pytest.raises(ValueError, match="cross-attention: pass the sequence to attend to as `context`"):
+        MultiHeadAttention(32, 4, cross_attention=True)(torch.randn(1, 2, 32))
+
+
+def test_cross_attention_saved_with_one_packed_qkv_loads_split(cross_mha):
+    packed_w, packed_b = in_projection(cross_mha)
+    old = {"qkv.weight": packed_w.clone(), "qkv.bias": packed_b.clone()}
+    old |= {k: v.clone() for k, v in cross_mha.state_dict().items() if k.startswith("proj.")}
+    torch.manual_seed(5)
+    fresh = MultiHeadAttention(32, 4, cross_attention=True).eval()
+    fresh.load_state_dict(old, strict=True)
+    x, memory = torch.randn(2, 3, 32), torch.randn(2, 5, 32)
+    torch.testing.assert_close(fresh(x, memory), cross_mha(x, memory), atol=0, rtol=0)
+
+
+BF16, FP32 = torch.bfloat16, torch.float32
+
+
+@pytest.mark.parametrize(
+    ("device", "dtype", "keys", "masked", "dropout", "need_weights", "kernel"),
+    [
+        # the weights are needed: only the written-out form has them, on every device
+        ("cpu", FP32, 16, True, True, True, "explicit"),
+        ("cuda", BF16, 4096, False, False, True, "explicit"),
+        # GPUs: SDPA picks its kernel, whatever the mask, dtype, length or dropout
+        ("cuda", BF16, 16, False, False, False, "sdpa"),
+        ("cuda", FP32, 16, True, True, False, "sdpa"),
+        ("mps", torch.float16, 64, False, True, False, "sdpa"),
+        # CPU, 16 bits, short unmasked keys: written out in 16 bits (with or without dropout)
+        ("cpu", BF16, 128, False, False, False, "explicit"),
+        ("cpu", torch.float16, 16, False, True, False, "explicit"),
+        # CPU with dropout otherwise: written out in fp32 with fast masks
+        ("cpu", BF16, 129, False, True, False, "explicit_fp32"),
+        ("cpu", BF16, 16, True, True, False, "explicit_fp32"),
+        ("cpu", FP32, 16, False, True, False, "explicit_fp32"),
+        # CPU with a mask tensor, no dropout: SDPA's math kernel (also in 16 bits)
+        ("cpu", FP32, 16, True, False, False, "sdpa_math"),
+        ("cpu", BF16, 16, True, False, False, "sdpa_math"),
+        # CPU otherwise: SDPA's choice
+        ("cpu", FP32, 16, False, False, False, "sdpa"),
+        ("cpu", BF16, 512, False, False, False, "sdpa"),
+    ],
+)
+def test_attention_kernel_choice(device, dtype, keys, masked, dropout, need_weights, kernel):
+    assert attention_kernel(device, dtype, keys, masked=masked, dropout=dropout, need_weights=need_weights) == kernel
+
+
+@pytest.mark.parametrize("kernel", ["explicit", "explicit_fp32", "sdpa_math", "sdpa"])
+@pytest.mark.parametrize("kind", ["causal", "padded"])
+def test_every_kernel_computes_the_same_attention(mha, monkeypatch, kernel, kind):
+    x = torch.randn(3, 7, 32)
+    key_mask = padding_mask([7, 5, 3], 7) if kind == "padded" else None
+    mask = torch.ones(3, 7, 7, dtype=torch.bool)
+    mask = mask & (key_mask[:, None, :] if kind == "padded" else causal_mask(7, 7))
+    chosen = []
+    monkeypatch.setattr(attention_module, "attention_kernel", lambda *args, **kwargs: chosen.append(1) or kernel)
+    out = mha(x, key_mask=key_mask, causal=kind == "causal")
+    assert chosen
+    torch.testing.assert_close(out.double(), reference_attention(mha, x, None, mask), atol=1e-5, rtol=1e-5)

@@ -185,13 +185,15 @@ def test_ddp_on_two_cpu_processes_shards_the_data_and_matches_one_process(task, 
     replicated = torch.load(last_checkpoint(tmp_path), weights_only=True)["state_dict"]
     assert sharded.keys() == replicated.keys()
     for name, value in replicated.items():
-        if name.endswith("qkv.bias"):
+        if name.endswith(("qkv.bias", "cross_attn.kv.bias")):
             # The key bias shifts every score of a query equally, which softmax ignores: its true gradient is 0, so
             # Adam amplifies rounding noise (which differs between all-reduce and reduce-scatter) into its updates.
-            d = value.shape[0] // 3
+            # It is the second third of a qkv bias, the first half of a cross-attention's kv bias.
+            d = value.shape[0] // (3 if name.endswith("qkv.bias") else 2)
+            start = d if name.endswith("qkv.bias") else 0
             value, sharded[name] = (
-                torch.cat([value[:d], value[2 * d :]]),
-                torch.cat([sharded[name][:d], sharded[name][2 * d :]]),
+                torch.cat([value[:start], value[start + d :]]),
+                torch.cat([sharded[name][:start], sharded[name][start + d :]]),
             )
         torch.testing.assert_close(sharded[name], value, rtol=1e-4, atol=1e-5, msg=name)
     fsdp_metrics = json.loads((fsdp_dir / "probe" / "rank0.json").read_text())["metrics"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import get_args
 
+import torch
 from torch import Tensor, nn
 
 from lightformer.nn import (
@@ -148,8 +149,19 @@ class EncoderDecoder(nn.Module):
             self.output.weight = self.tgt_embed.weight
 
     def _init_weights(self) -> None:
+        """Xavier-uniform matrices (but the embeddings), zero biases. A cross-attention's input projections are
+        initialised as one ``(3·d_model, d_model)`` matrix, as ``torch.nn.MultiheadAttention`` does its
+        ``in_proj_weight``."""
         for name, p in self.named_parameters():
-            if p.ndim >= 2 and "embed" not in name:
+            if name.endswith("cross_attn.q.weight"):
+                with torch.no_grad():
+                    packed = nn.init.xavier_uniform_(p.new_empty(3 * p.shape[1], p.shape[1]))
+                    kv = self.get_parameter(name.removesuffix("q.weight") + "kv.weight")
+                    p.copy_(packed[: p.shape[0]])
+                    kv.copy_(packed[p.shape[0] :])
+            elif name.endswith("cross_attn.kv.weight"):
+                continue  # with its q above
+            elif p.ndim >= 2 and "embed" not in name:
                 nn.init.xavier_uniform_(p)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)

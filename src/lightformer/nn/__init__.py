@@ -3,7 +3,15 @@
 Masks are boolean and True means "may attend" / "real token" everywhere (see ``attention``).
 """
 
-from lightformer.nn.attention import KVCache, MultiHeadAttention, causal_mask, explicit_attention, record_attention
+from lightformer.nn.attention import (
+    AttentionKernel,
+    KVCache,
+    MultiHeadAttention,
+    attention_kernel,
+    causal_mask,
+    explicit_attention,
+    record_attention,
+)
 from lightformer.nn.dropout import Dropout, TokenDropout, dropout
 from lightformer.nn.embedding import PatchEmbedding, TokenEmbedding
 from lightformer.nn.feedforward import Activation, FeedForward, PointwiseActivation, pointwise_activation
@@ -20,6 +28,7 @@ from lightformer.nn.position import (
 
 __all__ = [
     "Activation",
+    "AttentionKernel",
     "Decoder",
     "DecoderCache",
     "DecoderLayer",
@@ -39,6 +48,7 @@ __all__ = [
     "TokenDropout",
     "TokenEmbedding",
     "absolute_position",
+    "attention_kernel",
     "causal_mask",
     "dropout",
     "explicit_attention",

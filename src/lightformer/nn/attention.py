@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from functools import partial
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -80,10 +81,12 @@ def causal_mask(query_len: int, key_len: int, device: torch.device | None = None
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over ``n_heads`` heads with input projections and output projection W^O.
 
-    Queries come from ``x``; keys and values from ``context`` (cross-attention) or from ``x``
-    (self-attention). The projection weights are stored as one ``qkv`` matrix ``(3·d_model, d_model)``
-    with rows [W^Q; W^K; W^V], the layout of ``torch.nn.MultiheadAttention`` and timm. ``bias``: biases in the
-    projections; ``qkv_bias`` (default: ``bias``) overrides it for the input projections alone (timm's ``qkv_bias``).
+    Self-attention: queries, keys and values come from ``x``, through one ``qkv`` projection ``(3·d_model,
+    d_model)`` with rows [W^Q; W^K; W^V], the layout of ``torch.nn.MultiheadAttention`` and timm. Cross-attention
+    (``cross_attention=True``): queries come from ``x`` through ``q`` ``(d_model, d_model)``, keys and values from
+    ``context`` through ``kv`` ``(2·d_model, d_model)`` with rows [W^K; W^V]; ``torch.nn.MultiheadAttention``'s
+    ``in_proj_weight`` is their concatenation. ``bias``: biases in the projections; ``qkv_bias`` (default: ``bias``)
+    overrides it for the input projections alone (timm's ``qkv_bias``).
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         rotary: RotaryEmbedding | None = None,
         qkv_bias: bool | None = None,
+        cross_attention: bool = False,
     ) -> None:
         super().__init__()
         check_heads(d_model, n_heads)
@@ -101,7 +105,13 @@ class MultiHeadAttention(nn.Module):
         self.n_heads = n_heads
         self.head_dim = d_model // n_heads
         self.dropout = dropout
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias if qkv_bias is None else qkv_bias)
+        self.cross_attention = cross_attention
+        in_bias = bias if qkv_bias is None else qkv_bias
+        if cross_attention:
+            self.q = nn.Linear(d_model, d_model, bias=in_bias)
+            self.kv = nn.Linear(d_model, 2 * d_model, bias=in_bias)
+        else:
+            self.qkv = nn.Linear(d_model, 3 * d_model, bias=in_bias)
         self.proj = nn.Linear(d_model, d_model, bias=bias)
         self.rotary = rotary
         self.on_weights: Callable[[Tensor], None] | None = None  # set by `record_attention`
@@ -112,24 +122,39 @@ class MultiHeadAttention(nn.Module):
 
     def _project(self, x: Tensor, context: Tensor | None, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
         """Project to per-head q, k, v ``(batch, heads, len, head_dim)``, using and updating ``cache``."""
-        if context is None:
-            q, k, v = (self._split_heads(t) for t in self.qkv(x).chunk(3, dim=-1))
-            if self.rotary is not None:
-                offset = cache.length if cache is not None else 0
-                q, k = self.rotary(q, offset), self.rotary(k, offset)
-            if cache is not None:
-                k, v = cache.append(k, v)
-            return q, k, v
-        w_q, w_kv = self.qkv.weight.split([self.d_model, 2 * self.d_model])
-        b_q, b_kv = self.qkv.bias.split([self.d_model, 2 * self.d_model]) if self.qkv.bias is not None else (None, None)
-        q = self._split_heads(F.linear(x, w_q, b_q))
-        if cache is not None and cache.length > 0:  # the encoder output was projected at the first step
-            k, v = cache.get()
-        else:
-            k, v = (self._split_heads(t) for t in F.linear(context, w_kv, b_kv).chunk(2, dim=-1))
+        if self.cross_attention:
+            if context is None:
+                raise ValueError("this is cross-attention: pass the sequence to attend to as `context`")
+            q = self._split_heads(self.q(x))
+            if cache is not None and cache.length > 0:  # the encoder output was projected at the first step
+                return q, *cache.get()
+            k, v = (self._split_heads(t) for t in self.kv(context).chunk(2, dim=-1))
             if cache is not None:
                 cache.append(k, v)
+            return q, k, v
+        if context is not None:
+            raise ValueError(
+                "this is self-attention: build MultiHeadAttention(cross_attention=True) to attend to a context"
+            )
+        q, k, v = (self._split_heads(t) for t in self.qkv(x).chunk(3, dim=-1))
+        if self.rotary is not None:
+            offset = cache.length if cache is not None else 0
+            q, k = self.rotary(q, offset), self.rotary(k, offset)
+        if cache is not None:
+            k, v = cache.append(k, v)
         return q, k, v
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        """Cross-attention weights saved packed (one ``qkv`` with rows [W^Q; W^K; W^V], before ``q`` and ``kv``) are
+        split on loading."""
+        if self.cross_attention:
+            for leaf in ("weight", "bias"):
+                packed = state_dict.pop(f"{prefix}qkv.{leaf}", None)
+                if packed is not None:
+                    state_dict[f"{prefix}q.{leaf}"], state_dict[f"{prefix}kv.{leaf}"] = packed.split(
+                        [self.d_model, 2 * self.d_model]
+                    )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(
         self,
@@ -159,23 +184,24 @@ class MultiHeadAttention(nn.Module):
             mask = _and(mask, causal_mask(q_len, k_len, q.device))
 
         dropout_p = self.dropout if self.training else 0.0
-        written_out = return_weights or self.on_weights is not None or _explicit_is_faster(q, k_len, mask)
-        # SDPA's CPU kernels draw dropout masks one Bernoulli sample at a time (see nn/dropout.py): with dropout on
-        # CPU, SDPA's math kernel's computation (fp32 inside) is written out instead, with fast masks.
-        fp32_in_place_of_sdpa = not written_out and dropout_p > 0 and q.device.type == "cpu"
-        if written_out or fp32_in_place_of_sdpa:
+        kernel = attention_kernel(
+            q.device.type,
+            q.dtype,
+            k_len,
+            masked=mask is not None,
+            dropout=dropout_p > 0,
+            need_weights=return_weights or self.on_weights is not None,
+        )
+        if kernel in ("explicit", "explicit_fp32"):
             if use_is_causal:
                 mask = causal_mask(q_len, k_len, q.device)
-            qkv = (q.float(), k.float(), v.float()) if fp32_in_place_of_sdpa else (q, k, v)
+            qkv = (q.float(), k.float(), v.float()) if kernel == "explicit_fp32" else (q, k, v)
             out, weights = explicit_attention(*qkv, mask, dropout_p)
             out = out.to(q.dtype)
             if self.on_weights is not None:
                 self.on_weights(weights.detach())
         else:
-            # With an explicit mask on CPU, SDPA's fused kernel's backward is ~2x slower than its math kernel at
-            # translation shapes (short padded sequences, fp32): benchmarks/translation_vs_torch.py.
-            math_kernel = mask is not None and q.device.type == "cpu"
-            with sdpa_kernel(SDPBackend.MATH) if math_kernel else nullcontext():
+            with sdpa_kernel(SDPBackend.MATH) if kernel == "sdpa_math" else nullcontext():
                 out = F.scaled_dot_product_attention(
                     q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_is_causal
                 )
@@ -184,20 +210,44 @@ class MultiHeadAttention(nn.Module):
         return (out, weights) if return_weights else out
 
 
-# Longest keys for which, on CPU in bf16/fp16, attention written out (two batched matrix multiplies and a
-# softmax, all in 16 bits) trains faster than SDPA: its fused CPU kernel is 3-8x slower than that at 16-128 keys
-# and its math kernel computes in fp32 (slower, and it stores fp32 copies of q, k, v and the weights). At 512
-# keys and more the fused kernel wins. Measured with torch 2.14 on an AVX-512 CPU, forward and backward.
+AttentionKernel = Literal["explicit", "explicit_fp32", "sdpa_math", "sdpa"]
+
+# The longest keys for which attention written out in 16 bits on CPU beats SDPA (``attention_kernel``).
 EXPLICIT_MAX_KEYS = 128
 
 
-def _explicit_is_faster(q: Tensor, k_len: int, mask: Tensor | None) -> bool:
-    """Whether to write attention out: on CPU, 16-bit, short keys, no padding or other explicit mask (the ViT;
-    the GPT's causal training pass). Masked attention (the translator's padding) keeps SDPA's math kernel, with
-    fp32 inside, the path its BLEU was measured with: one 28-minute run with masked attention written out in
-    bf16 scored 5.73 test BLEU against 6.15, not enough runs to tell a loss of precision from noise."""
-    short = k_len <= EXPLICIT_MAX_KEYS and mask is None
-    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and short
+def attention_kernel(
+    device_type: str, dtype: torch.dtype, key_len: int, *, masked: bool, dropout: bool, need_weights: bool
+) -> AttentionKernel:
+    """Which path computes softmax(QKᵀ/√d_k + M)·V, from the device type ("cpu", "cuda", ...), the dtype of q, k
+    and v, the number of keys, whether a boolean mask tensor is given (padding, or a causal mask that SDPA's
+    top-left ``is_causal`` cannot express), whether dropout is on, and whether the weights are needed. Pure: the
+    choices of every device are tested on CPU.
+
+    - ``"explicit"``: written out (two batched matrix multiplies and a softmax, ``explicit_attention``) in the
+      input dtype. Whenever the weights are needed (``return_weights``, ``record_attention``): only this path
+      has them. And on CPU in bf16/fp16 with at most ``EXPLICIT_MAX_KEYS`` keys and no mask tensor (the ViT, the
+      GPT's causal training pass): there SDPA's fused CPU kernel is several times slower than the written-out
+      form, and its math kernel computes in fp32 (slower, and it stores fp32 copies of q, k, v and the weights).
+      With longer keys the fused kernel wins.
+    - ``"explicit_fp32"``: written out in fp32 (the computation of SDPA's math kernel), on CPU with dropout:
+      SDPA's CPU kernels draw dropout masks one Bernoulli sample at a time, the written-out form uses
+      ``nn.dropout``'s fast masks.
+    - ``"sdpa_math"``: SDPA held to its math kernel (fp32 inside), on CPU with a mask tensor (the translator's
+      padding): the fused kernel's backward is slower at short padded sequences. Masked 16-bit attention stays
+      here rather than being written out in 16 bits: the translation results were measured on this path, and
+      the 16-bit form was not shown to match them.
+    - ``"sdpa"``: everywhere else (GPUs above all), where SDPA picks its own kernel (flash, memory-efficient).
+    """
+    if need_weights:
+        return "explicit"
+    if device_type != "cpu":
+        return "sdpa"
+    if dtype in (torch.bfloat16, torch.float16) and key_len <= EXPLICIT_MAX_KEYS and not masked:
+        return "explicit"
+    if dropout:
+        return "explicit_fp32"
+    return "sdpa_math" if masked else "sdpa"
 
 
 def _and(mask: Tensor | None, other: Tensor) -> Tensor:

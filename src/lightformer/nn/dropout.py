@@ -1,10 +1,9 @@
 """Dropout with fast masks on CPU, and word (token) dropout.
 
-PyTorch's CPU dropout draws one Bernoulli sample per element from its Mersenne Twister, which made dropout 17%
-of a training step of the CPU translation recipe (torch 2.14, 26 dropouts a step). `dropout` draws four
-16-bit uniform integers from each random 64-bit integer instead and keeps an element when its integer clears
-the threshold: about 2x faster forward and backward at those shapes (`benchmarks/dropout.py`; its statistics
-are tested in `tests/test_blocks.py`).
+PyTorch's CPU dropout draws one Bernoulli sample per element from its Mersenne Twister, a large share of a CPU
+training step with many dropouts (the translation recipe's). `dropout` draws four 16-bit uniform integers from
+each random 64-bit integer instead and keeps an element when its integer clears the threshold, which is faster
+forward and backward (`benchmarks/dropout.py` measures both; the statistics are tested in `tests/test_blocks.py`).
 On other devices it is `F.dropout` (GPU kernels draw masks in parallel; nothing to gain).
 """
 

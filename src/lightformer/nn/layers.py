@@ -100,7 +100,9 @@ class DecoderLayer(_ResidualLayer):
         self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, bias, rotary, qkv_bias)
         if cross_attention:
             self.norm_cross = make_norm(norm, d_model, norm_eps, bias)
-            self.cross_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, bias, qkv_bias=qkv_bias)
+            self.cross_attn = MultiHeadAttention(
+                d_model, n_heads, attn_dropout, bias, qkv_bias=qkv_bias, cross_attention=True
+            )
         else:
             self.norm_cross = self.cross_attn = None
         self.norm2 = make_norm(norm, d_model, norm_eps, bias)
