@@ -1,5 +1,6 @@
 """The encoder-decoder model and its decoding: masks, cache, greedy vs beam search."""
 
+import dataclasses
 import math
 
 import pytest
@@ -133,3 +134,14 @@ def test_initial_logits_have_unit_variance():
     assert logits.std().item() == pytest.approx(1.0, abs=0.15)
     loss = F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten())
     assert loss.item() == pytest.approx(math.log(300) + 0.5, abs=0.2)
+
+
+def test_hyperparameters_saved_under_the_former_name_tie_output_still_build_the_same_model():
+    saved = {"src_vocab_size": 20, "tgt_vocab_size": 20, "d_model": 32, "n_heads": 4, "tie_output": False}
+    config = EncoderDecoderConfig(**saved)  # as a task rebuilds it from a checkpoint's hyperparameters
+    assert config.tie_weights is False and "tie_output" not in dataclasses.asdict(config)
+    model = EncoderDecoder(config)
+    assert model.output.weight is not model.tgt_embed.weight
+    assert EncoderDecoderConfig(**(saved | {"tie_output": True})).tie_weights is True
+    with pytest.raises(ValueError, match="tie_output=True .* contradicts tie_weights=False; give tie_weights only"):
+        EncoderDecoderConfig(tie_weights=False, tie_output=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import get_args
 
 import torch
@@ -56,7 +56,9 @@ class EncoderDecoderConfig:
         norm_eps: epsilon of every norm.
         position: how positions are given (``nn.PositionKind``); the paper's are "sinusoidal".
         share_embeddings: one embedding for source and target (needs a joint vocabulary).
-        tie_output: the output layer shares the target embedding's weight.
+        tie_weights: the output layer shares the target embedding's weight (as ``GPTConfig.tie_weights``).
+        tie_output: the former name of ``tie_weights``, read from the hyperparameters of checkpoints saved before
+            the rename; not stored. Give ``tie_weights``.
     """
 
     src_vocab_size: int | None = None
@@ -77,9 +79,17 @@ class EncoderDecoderConfig:
     norm_eps: float = 1e-5
     position: PositionKind = "sinusoidal"
     share_embeddings: bool = True
-    tie_output: bool = True
+    tie_weights: bool = True
+    tie_output: InitVar[bool | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, tie_output: bool | None) -> None:
+        if tie_output is not None and tie_output != self.tie_weights:
+            if not self.tie_weights:
+                raise ValueError(
+                    f"tie_output={tie_output} (the former name of tie_weights) contradicts tie_weights=False; "
+                    "give tie_weights only"
+                )
+            object.__setattr__(self, "tie_weights", tie_output)
         check_at_least("src_vocab_size", self.src_vocab_size, 1)
         check_at_least("tgt_vocab_size", self.tgt_vocab_size, 1)
         check_at_least("pad_id", self.pad_id, 0)
@@ -145,7 +155,7 @@ class EncoderDecoder(nn.Module):
         self.decoder = Decoder([DecoderLayer(**layer_args) for _ in range(c.n_decoder_layers)], final_norm())
         self.output = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         self._init_weights()
-        if c.tie_output:
+        if c.tie_weights:
             self.output.weight = self.tgt_embed.weight
 
     def _init_weights(self) -> None:
