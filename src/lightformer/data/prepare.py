@@ -189,7 +189,16 @@ def _tokenizer(
     config: TokenizerConfig, pieces: dict[str, list[Piece]], text_field: str, extra_special_tokens: tuple[str, ...]
 ) -> Tokenizer:
     if config.file is not None:
-        return Tokenizer.from_file(config.file)
+        tokenizer = Tokenizer.from_file(config.file)
+        specials = {tokenizer.decode([i], skip_special=False) for i in tokenizer.special_ids}
+        missing = [token for token in extra_special_tokens if token not in specials]
+        if missing:
+            raise ValueError(
+                f"data.tokenizer.file: the tokenizer {config.file} lacks the special tokens {missing[:3]}"
+                f"{' ...' if len(missing) > 3 else ''} ({len(missing)} of them) that this data needs; train one here "
+                "(data.tokenizer.file=null)"
+            )
+        return tokenizer
     sampled = pieces["train"] if config.kind == "bpe" else [p for split in SPLITS for p in pieces[split]]
     total = sum(piece.weight for piece in sampled)
     limit = None if total <= config.sample_bytes else config.sample_bytes // len(sampled)
@@ -264,7 +273,8 @@ def _stem(paths: list[Path]) -> list[str]:
 
 def _tokenizer_key(config: TokenizerConfig, extra_special_tokens: tuple[str, ...]) -> dict:
     if config.file is not None:
-        return {"file": content_hash(Path(config.file).read_text(encoding="utf-8", errors="replace"))}
+        text = Path(config.file).read_text(encoding="utf-8", errors="replace")
+        return {"file": content_hash(text), "special": list(extra_special_tokens)}
     key = {"kind": config.kind, "sample_bytes": config.sample_bytes, "special": list(extra_special_tokens)}
     return {**key, "vocab_size": config.vocab_size} if config.kind == "bpe" else key
 

@@ -256,19 +256,9 @@ class _SegmentDataModule(L.LightningDataModule):
         """The prepared tokenizer and shards, prepared on first use (once per job: see ``data.prepare``)."""
         if self._prepared is None:
             config = self.prepare_config
-            prepared = prepare_text(
+            self._prepared = prepare_text(
                 self.source, self.tokenizer_config, config.dir, config.num_workers, tuple(self.special_tokens)
             )
-            specials = {prepared.tokenizer.decode([i], skip_special=False) for i in prepared.tokenizer.special_ids}
-            missing = [token for token in self.special_tokens if token not in specials]
-            if missing:
-                raise ValueError(
-                    f"data.tokenizer.file: the tokenizer {self.tokenizer_config.file} lacks the special tokens "
-                    f"{missing[:3]}{' ...' if len(missing) > 3 else ''} ({len(missing)} of them): pretraining needs "
-                    f"{MASK} and num_sentinels={self.num_sentinels} sentinels; train one here "
-                    "(data.tokenizer.file=null)"
-                )
-            self._prepared = prepared
         return self._prepared
 
     # --- what the CLI links into the model (available right after construction). A subclass exposes only the sizes
