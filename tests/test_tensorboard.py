@@ -174,3 +174,23 @@ def test_tensorboard_opens_on_the_loss_shows_metrics_first_and_one_sample_per_st
     assert [info.name.tag for info in experiment.metric_infos] == ["val/loss", "val/ppl", "test/loss", "test/ppl"]
     session = metadata.parse_session_start_info_plugin_data(hparams[metadata.SESSION_START_INFO_TAG])
     assert {"model/net/d_model", "model/optimizer/lr", "data/block_size"} <= set(session.hparams)
+
+
+def test_a_writer_reopened_after_finalize_is_read_after_the_first(tmp_path, monkeypatch):
+    """fit then validate in one process writes two events files in one second; TensorBoard must read them in order
+    even when the counter in their names goes from 9 to 10 (compared as text, "10" sorts first)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.summary.writer import event_file_writer
+
+    from lightformer.tensorboard import TensorBoardLogger
+
+    monkeypatch.setattr(event_file_writer, "_global_uid", event_file_writer.AtomicCounter(9))
+    logger = TensorBoardLogger(str(tmp_path), name="run", version=0)
+    logger.log_metrics({"val/loss": 2.0}, step=5)
+    logger.finalize("success")
+    logger.log_metrics({"val/loss": 1.0}, step=6)
+    logger.finalize("success")
+    assert len(list((tmp_path / "run" / "version_0").glob("events.out.tfevents.*"))) == 2
+    events = EventAccumulator(str(tmp_path / "run" / "version_0"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("val/loss")] == [5, 6]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,25 @@ class TensorBoardLogger(loggers.TensorBoardLogger):
     ) -> None:
         super().__init__(save_dir, name, version, default_hp_metric=default_hp_metric, prefix=prefix)
         self.hparam_columns = tuple(hparam_columns)
+        self._file_second: int | None = None  # the creation second in the name of the latest events file
+
+    @property
+    def experiment(self) -> SummaryWriter:
+        """Lightning's, except that a writer opened after ``finalize`` (a ``validate`` or ``test`` after ``fit`` in one
+        process) starts a new events file in a later second than the previous one: TensorBoard reads a run's files in
+        name order, and a name orders by its creation second, then by a counter compared as text ("10" < "9"), so a
+        second file from the same second could be read first, and its steps would then purge the earlier ones."""
+        if self._experiment is None and self._file_second is not None:
+            time.sleep(max(0.0, self._file_second + 1 - time.time()))
+        opening = self._experiment is None
+        experiment = super().experiment
+        if opening and self._experiment is not None:
+            self._file_second = int(time.time())
+        return experiment
+
+    def finalize(self, status: str) -> None:
+        super().finalize(status)
+        self._experiment = None  # closed: the next log opens a new writer (through ``experiment``)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         kept = {
