@@ -1,9 +1,12 @@
 """The table of bad inputs and faults of the reliability issue: each gets a clear message (naming the option, file
 or value and what would be valid) before work is lost, or works correctly. Earlier cases are in test_errors.py."""
 
+import dataclasses
 import os
+import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -343,3 +346,128 @@ def test_text_a_library_cannot_read_is_refused_naming_the_file(tmp_path, content
         argv.append(f"--data.tokenizer.file={tmp_path / 'tok.json'}")
     found = refused(argv)
     assert re.search(message, found), found
+
+
+# --- model.init: a start from weights that do not fit, refused before any data work ----------------------------------
+
+T5 = ["fit", "--config=configs/t5/austen.yaml", "--trainer.logger=false"]
+
+
+def masked_lm_checkpoint(path: Path) -> str:
+    """A masked-LM run's checkpoint as its task writes it: a ``BertForPreTraining`` under ``model.``."""
+    from lightformer.models.bert import BertConfig, BertForPreTraining
+
+    model = BertForPreTraining(BertConfig(vocab_size=300, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_len=16))
+    torch.save({"state_dict": {f"model.{name}": value for name, value in model.state_dict().items()}}, path)
+    return str(path)
+
+
+def classifier_export(path: Path, d_model: int = 32, num_classes: int = 2) -> str:
+    """A text classifier's weights as ``lightformer export`` writes them (safetensors)."""
+    from safetensors.torch import save_file
+
+    from lightformer.models.bert import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=300, n_layers=1, d_model=d_model, n_heads=2, d_ff=64, max_len=16)
+    model = BertForSequenceClassification(dataclasses.replace(config, num_classes=num_classes))
+    save_file({name: value.contiguous() for name, value in model.state_dict().items()}, path)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("init", "message"),
+    [
+        ([], r"model.init.checkpoint .*mlm\.ckpt: no tensor of it fits this model, so the run would start from "
+             r"scratch \(loaded 0 tensors; new \d+ \(decoder.*; dropped \d+ \(bert.*\)\)\. Start from a checkpoint "
+             r"of this kind of model .* or set model.init.strict=false"),
+        (["--model.init.checkpoint=MISSING"], r"model.init.checkpoint: the file '.*missing\.ckpt' does not exist"),
+        (["--model.init.skip=[bert.nope]"], r"model.init.skip: no weight of .*mlm\.ckpt is under 'bert.nope' \(its "
+                                            r"modules: bert, bert.encoder.layers.0"),
+        (["--model.init.freeze=[encder]"], r"model.init.freeze: no parameter of the model is under 'encder' \(its "
+                                           r"modules: decoder"),
+    ],
+    ids=["loads nothing", "missing file", "skip matches nothing", "freeze matches nothing"],
+)  # fmt: skip
+def test_a_start_from_weights_that_do_not_fit_is_refused_before_any_data_work(tmp_path, init, message):
+    """T5 from a masked-LM run's checkpoint loaded nothing and trained from scratch, exit 0; a missing file or a
+    pattern matching nothing was found after the data was read and a tokenizer trained."""
+    import re
+
+    checkpoint = masked_lm_checkpoint(tmp_path / "mlm.ckpt")
+    init = [arg.replace("MISSING", str(tmp_path / "missing.ckpt")) for arg in init]
+    prepared = tmp_path / "prepared"
+    found = refused([*T5, f"--model.init.checkpoint={checkpoint}", *init, f"--data.prepare.dir={prepared}"])
+    assert re.search(message, found), found
+    assert not prepared.exists()
+
+
+def test_a_start_that_leaves_tensors_fresh_for_their_shape_is_refused_unless_asked_for(tmp_path):
+    """A classifier of d_model 32 from a d_model-64 export loaded 1 tensor and dropped the others for their shapes,
+    exit 0. Refused now, naming a tensor and both shapes; a head of another number of classes is fine when
+    init.skip names it, and any start when init.strict is off. Tensors the model has no place for (a masked-LM
+    head) and parameters the checkpoint lacks (a new classifier) are normal."""
+    from lightformer.checkpoints import InitConfig
+    from lightformer.errors import ConfigError
+    from lightformer.models.bert import BertConfig
+    from lightformer.tasks import TextClassificationTask
+
+    wider = classifier_export(tmp_path / "wide.safetensors", d_model=64)
+    message = refused(["fit", *task_args("classify", tmp_path), f"--model.init.checkpoint={wider}"])
+    expected = (
+        r"wide\.safetensors: \d+ of its tensors have another shape than this model's, so those parameters would stay "
+        r"fresh \(e.g. bert\.\S+: \[\d+, 64\] in the checkpoint, \[\d+, 32\] in the model; loaded \d+ tensors; "
+        r"new \d+ \(bert.*; dropped \d+ \(.*\), \d+ of them for their shape\)\. Build the model with the "
+        r"checkpoint's sizes \(model\.net\)"
+    )
+    assert re.search(expected, message), message
+
+    def task(init: InitConfig) -> TextClassificationTask:
+        net = BertConfig(vocab_size=300, n_layers=1, d_model=32, n_heads=2, d_ff=64, max_len=16, num_classes=3)
+        return TextClassificationTask(net=net, init=init)
+
+    two_classes = classifier_export(tmp_path / "two.safetensors")
+    head = (
+        r"e.g. classifier.weight: \[2, 32\] in the checkpoint, \[3, 32\] in the model.* model.init.skip=\[classifier\],"
+    )
+    with pytest.raises(ConfigError, match=head + " or set model.init.strict=false"):
+        task(InitConfig(checkpoint=two_classes)).check_init(starting=True)
+    started = task(InitConfig(checkpoint=two_classes))  # outside the command line: checked when the fit starts
+    started._trainer = SimpleNamespace(ckpt_path=None, datamodule=None)
+    started.setup("fit")  # loads what fits; a task's own checks of the data follow (another tokenizer, classes)
+    with pytest.raises(ConfigError, match=head):
+        started.on_fit_start()
+    task(InitConfig(checkpoint=two_classes, skip=("classifier",))).check_init(starting=True)
+    task(InitConfig(checkpoint=two_classes, strict=False)).check_init(starting=True)
+    task(InitConfig(checkpoint=wider, strict=False)).check_init(starting=True)
+    task(InitConfig(checkpoint=masked_lm_checkpoint(tmp_path / "mlm.ckpt"))).check_init(starting=True)
+    task(InitConfig(checkpoint=str(tmp_path / "gone.ckpt"))).check_init(starting=False)  # resuming: not read
+
+
+# --- checkpoint files: missing, cut short, or not a checkpoint, named before anything is built -----------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "content", "message"),
+    [
+        ("fit", None, r"--ckpt_path: the checkpoint file '.*given\.ckpt' does not exist"),
+        ("test", None, r"--ckpt_path: the checkpoint file '.*given\.ckpt' does not exist"),
+        ("fit", "truncated", r"--ckpt_path: .*given\.ckpt is not a readable lightformer checkpoint \(.+\)$"),
+        ("validate", "truncated", r"--ckpt_path: .*given\.ckpt is not a readable lightformer checkpoint \(.+\)$"),
+        ("test", b"step,loss\n1,2.5\n", r"--ckpt_path: .*given\.ckpt is not a readable lightformer checkpoint"),
+        ("validate", "weights", r"--ckpt_path: .*given\.ckpt holds no state_dict, so it is not a checkpoint of a run "
+                                r"\(to start from weights alone, give them as --model.init.checkpoint\)"),
+    ],
+)  # fmt: skip
+def test_a_checkpoint_file_that_is_missing_cut_short_or_not_one_is_named(tmp_path, command, content, message):
+    """A torch traceback that did not name the file (a missing one gave a message about in_channels)."""
+    import re
+
+    given = tmp_path / "given.ckpt"
+    if content in ("truncated", "weights"):
+        torch.save({"state_dict": {"w": torch.zeros(1000)}} if content == "truncated" else {"w": torch.zeros(3)}, given)
+        if content == "truncated":
+            given.write_bytes(given.read_bytes()[:2000])
+    elif content is not None:
+        given.write_bytes(content)
+    found = refused([command, "--config=configs/lm/austen_char.yaml", f"--ckpt_path={given}"])
+    assert "\n" not in found and re.search(message, found), found

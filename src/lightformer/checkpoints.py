@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from lightformer.errors import ConfigError
 from lightformer.files import atomic_open
 from lightformer.nn.checks import check_at_least
 
@@ -57,8 +58,9 @@ def read_checkpoint(path: str, option: str = "--ckpt_path") -> dict:
     require_file(path, f"{option}: the checkpoint file")
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as error:  # torch raises pickle, zip and weights_only errors of many kinds
-        raise CheckpointError(f"{option}: {path} is not a readable lightformer checkpoint ({error})") from None
+    except Exception as error:  # torch raises pickle, zip and weights_only errors of many kinds, some of many lines
+        reason = str(error).strip().split("\n", 1)[0]
+        raise CheckpointError(f"{option}: {path} is not a readable lightformer checkpoint ({reason})") from None
 
 
 @dataclass(frozen=True)
@@ -78,12 +80,19 @@ class InitConfig:
             objective specialises most; Zhang et al., "Revisiting Few-sample BERT Fine-tuning", 2021).
         pretrained_lr_scale: the learning rate of the loaded parameters relative to the new ones (e.g. 0.1: the
             pretrained encoder moves ten times more slowly than the new head).
+        strict: refuse a start that is probably not the one meant, before any data is prepared: one that loads no
+            tensor (a checkpoint of another kind of model), or one where a tensor of the checkpoint has another shape
+            than the model's parameter of that name (another width, vocabulary or number of classes), which would
+            leave that parameter fresh. Name the modules meant to stay fresh in ``skip`` (e.g. "head" for a head of
+            another number of classes), or set false to load whatever fits. Either way, tensors the model has no
+            place for (a pretraining head) and parameters the checkpoint lacks (a new head) are expected.
     """
 
     checkpoint: str | None = None
     freeze: tuple[str, ...] = ()
     skip: tuple[str, ...] = ()
     pretrained_lr_scale: float = 1.0
+    strict: bool = True
 
     def __post_init__(self) -> None:
         check_at_least("pretrained_lr_scale", self.pretrained_lr_scale, 0.0)
@@ -121,32 +130,74 @@ def under(name: str, path: str) -> bool:
     return name == path or name.startswith(f"{path}.")
 
 
+def match_weights(state: dict[str, Tensor], weights: dict[str, Tensor]) -> dict[str, list[str]]:
+    """What loading ``weights`` into a model of ``state`` (its ``state_dict()``) does, by name and shape: the names
+    ``loaded``, ``new`` (in the model, not loaded), ``dropped`` (in the weights, not loaded) and ``reshaped`` (those
+    of ``dropped`` that the model has with another shape)."""
+    loaded = [name for name, value in weights.items() if name in state and state[name].shape == value.shape]
+    taken = set(loaded)
+    return {
+        "loaded": loaded,
+        "new": [name for name in state if name not in taken],
+        "dropped": [name for name in weights if name not in taken],
+        "reshaped": [name for name in weights if name in state and name not in taken],
+    }
+
+
 @torch.no_grad()
 def load_matching(model: nn.Module, weights: dict[str, Tensor]) -> dict[str, list[str]]:
     """Copy into ``model`` each of ``weights`` whose name and shape match one of its parameters or buffers; returns
-    the names ``loaded``, ``new`` (in the model, not loaded) and ``dropped`` (in the weights, not loaded)."""
-    state = model.state_dict()
-    loaded = [name for name, value in weights.items() if name in state and state[name].shape == value.shape]
-    model.load_state_dict({name: weights[name] for name in loaded}, strict=False)
-    return {
-        "loaded": loaded,
-        "new": [name for name in state if name not in set(loaded)],
-        "dropped": [name for name in weights if name not in set(loaded)],
-    }
+    what it did (``match_weights``)."""
+    report = match_weights(model.state_dict(), weights)
+    model.load_state_dict({name: weights[name] for name in report["loaded"]}, strict=False)
+    return report
+
+
+def module_names(names: list[str], most: int = 6) -> str:
+    """The modules ``names`` (tensor names) belong to, two levels up, for one line: "bert.embed, head.weight"."""
+    tops = sorted({name.rsplit(".", 2)[0] if name.count(".") > 1 else name for name in names})
+    return ", ".join(tops[:most]) + (f" (+{len(tops) - most} more)" if len(tops) > most else "")
 
 
 def describe_loading(report: dict[str, list[str]], source: str) -> str:
     """The one line a run prints about what it took from ``source``."""
-
-    def names(items: list[str]) -> str:
-        tops = sorted({name.rsplit(".", 2)[0] if name.count(".") > 1 else name for name in items})
-        return ", ".join(tops[:6]) + (f" (+{len(tops) - 6} more)" if len(tops) > 6 else "")
-
     counts = {key: len(value) for key, value in report.items()}
     line = f"initialised from {source}: loaded {counts['loaded']} tensors"
-    line += f"; new {counts['new']} ({names(report['new'])})" if report["new"] else "; nothing new"
-    line += f"; dropped {counts['dropped']} ({names(report['dropped'])})" if report["dropped"] else "; nothing dropped"
+    line += f"; new {counts['new']} ({module_names(report['new'])})" if report["new"] else "; nothing new"
+    if report["dropped"]:
+        line += f"; dropped {counts['dropped']} ({module_names(report['dropped'])})"
+        line += f", {counts['reshaped']} of them for their shape" if report.get("reshaped") else ""
+    else:
+        line += "; nothing dropped"
     return line
+
+
+def check_start(
+    report: dict[str, list[str]], model: dict[str, torch.Size], weights: dict[str, torch.Size], init: InitConfig
+) -> None:
+    """Refuse (``ConfigError``) the start from ``init.checkpoint`` that ``report`` (``match_weights`` of the model's
+    state and the weights, whose shapes ``model`` and ``weights`` hold) describes, when it is probably not the one
+    meant and ``init.strict`` is on: nothing loaded, or a tensor left out for its shape (``InitConfig.strict`` says
+    why). The message says what matched and what did not, and what to change."""
+    if not init.strict or (report["loaded"] and not report["reshaped"]):
+        return
+    summary = describe_loading(report, init.checkpoint).removeprefix(f"initialised from {init.checkpoint}: ")
+    if not report["loaded"]:
+        raise ConfigError(
+            f"model.init.checkpoint {init.checkpoint}: no tensor of it fits this model, so the run would start from "
+            f"scratch ({summary}). Start from a checkpoint of this kind of model (a model of the same names "
+            "and sizes), or set model.init.strict=false to train anyway"
+        )
+    name = max(report["reshaped"], key=lambda name: len(weights[name]))  # a matrix shows both sizes
+    modules = sorted({name.rsplit(".", 1)[0] for name in report["reshaped"]})
+    skip = f"model.init.skip=[{', '.join(modules)}]" if len(modules) <= 4 else "model.init.skip"
+    raise ConfigError(
+        f"model.init.checkpoint {init.checkpoint}: {len(report['reshaped'])} of its tensors have another shape than "
+        f"this model's, so those parameters would stay fresh (e.g. {name}: {list(weights[name])} in the "
+        f"checkpoint, {list(model[name])} in the model; {summary}). Build the model with the checkpoint's sizes "
+        f"(model.net), or keep those modules fresh on purpose with {skip}, or set model.init.strict=false to load "
+        "what fits"
+    )
 
 
 def average(paths: list[str], output: str, last: int | None = None) -> str:

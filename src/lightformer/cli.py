@@ -37,10 +37,11 @@ from lightformer.callbacks import (
     ResumeAfterEpochEnd,
     Throughput,
 )
-from lightformer.checkpoints import CheckpointError
+from lightformer.checkpoints import CheckpointError, read_checkpoint, require_file
 from lightformer.data.corpora import CorpusUnavailableError
 from lightformer.errors import ConfigError
 from lightformer.progress import Summary, validation_line
+from lightformer.tasks.base import Task
 from lightformer.tensorboard import samples_already_drawn
 
 DATA_LINKS = (
@@ -93,6 +94,8 @@ class LightformerCLI(LightningCLI):
             log_into_tested_run(config.trainer, config.ckpt_path)
         if self.subcommand == "fit" and config.get("ckpt_path"):
             continue_resumed_run(config.trainer, config.ckpt_path)
+        if self.subcommand == "fit" and not config.get("ckpt_path"):
+            check_init_before_data(config.model)
         # With --ckpt_path, LightningCLI has put the checkpoint's hyperparameters into the config: keep the sizes its
         # model was built with, which the data's linked values replace at instantiation.
         net = config.model.init_args.get("net") if config.get("ckpt_path") else None
@@ -120,6 +123,8 @@ class LightformerCLI(LightningCLI):
         # Before LightningCLI merges the hyperparameters of a --ckpt_path checkpoint (linked values included).
         subcommand = self.config.get("subcommand")
         check_model_config(self.config[subcommand] if subcommand else self.config)
+        if subcommand:
+            check_checkpoint_files(subcommand, self.config[subcommand])
         self.command_line_model_options = model_options_given(sys.argv[1:] if args is None else args)
         self.parsed_config = self.config.clone()
 
@@ -297,6 +302,76 @@ def check_model_config(config) -> None:
             config_class(**values)
         except ValueError as error:
             raise ConfigError(f"model.{group}: {error}") from None
+
+
+# The --ckpt_path values Lightning reads as words, not file names: the best or last checkpoint of the trainer's own
+# ModelCheckpoint, a SLURM requeue's, a model registry's ("registry" or "registry:<name>...").
+CKPT_PATH_WORDS = ("best", "last", "hpc", "registry")
+
+
+def check_checkpoint_files(subcommand: str, config) -> None:
+    """Refuse, before anything is built or any data is read, a checkpoint file that is missing or not a checkpoint:
+    ``--ckpt_path`` (which LightningCLI reads for its hyperparameters only if the file exists, and Lightning loads
+    after the data is prepared), and the ``model.init.checkpoint`` a new fit starts from (its weights are checked
+    against the model once it is built: ``Task.check_init``)."""
+    ckpt_path = config.get("ckpt_path")
+    word = str(ckpt_path).lower().partition(":")[0] if ckpt_path else None
+    if ckpt_path and word not in CKPT_PATH_WORDS and "://" not in str(ckpt_path):  # remote: Lightning's fsspec reads
+        checkpoint = read_checkpoint(str(ckpt_path))
+        if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+            raise CheckpointError(
+                f"--ckpt_path: {ckpt_path} holds no state_dict, so it is not a checkpoint of a run (to start from "
+                "weights alone, give them as --model.init.checkpoint)"
+            )
+    init_checkpoint = (config.get("model.init_args.init") or {}).get("checkpoint")
+    if subcommand == "fit" and not ckpt_path and init_checkpoint:
+        require_file(str(init_checkpoint), "model.init.checkpoint: the file")
+
+
+def check_init_before_data(model: Namespace) -> None:
+    """Check the ``model.init`` of a new fit against the model its config builds, before the data module is built,
+    which for most tasks prepares the data (the tokenizer that the linked ``vocab_size`` comes from). The sizes
+    linked from the data are not known yet, so the task is built twice on the meta device (no memory, no compute)
+    with two sets of stand-in sizes: the tensors whose shapes differ between the two depend on the data and are
+    compared by name only, the others by name and shape (``Task.check_init``). ``Task.setup`` checks again before
+    loading, with every shape known, after the task's own checks of the data (a tokenizer or classes other than the
+    checkpoint's, which name the cause of a mismatch in those tensors better)."""
+    init = model.init_args.get("init") if model.get("init_args") else None
+    module, _, name = model.class_path.rpartition(".")
+    task_class = getattr(importlib.import_module(module), name, None)
+    if not init or not init.get("checkpoint") or not (isinstance(task_class, type) and issubclass(task_class, Task)):
+        return
+    arguments = model.init_args.as_dict()
+    net_class = typing.get_type_hints(task_class.__init__).get("net")
+    try:
+        with torch.device("meta"):
+            tasks = [
+                task_class(
+                    **{**arguments, "net": {**arguments["net"], **stand_in_sizes(net_class, arguments["net"], i)}}
+                )
+                for i in (0, 1)
+            ]
+    except (ValueError, TypeError, KeyError):  # a config the real instantiation refuses, with its own message
+        return
+    first, second = (task.model.state_dict() for task in tasks)
+    unknown = frozenset(name for name, value in first.items() if value.shape != second[name].shape)
+    tasks[0].check_init(starting=True, unknown_shapes=unknown)
+
+
+def stand_in_sizes(net_class: type, net: dict, which: int) -> dict[str, int]:
+    """Valid sizes for the fields of ``net_class`` that the data fills (``DATA_LINKS``), two different sets
+    (``which`` 0 or 1), for ``check_init_before_data``."""
+    fields = {field.name: field.default for field in dataclasses.fields(net_class)}
+    sizes = {
+        "vocab_size": 512 + which,
+        "src_vocab_size": 512 + which,
+        "tgt_vocab_size": 512 + which,
+        "num_classes": 10 + which,
+        "block_size": (net.get("block_size") or fields.get("block_size") or 64) + 8 * which,
+        "image_size": (net.get("patch_size") or fields.get("patch_size") or 4) * (4 + which),
+        "in_channels": 3 - 2 * which,
+    }
+    return {name: size for name, size in sizes.items() if name in fields}
 
 
 def quiet_library_noise() -> None:

@@ -30,13 +30,17 @@ from torch.optim import Optimizer
 from lightformer.checkpoints import (
     InitConfig,
     check_same_tokenizer,
+    check_start,
     describe_loading,
     load_matching,
+    match_weights,
+    module_names,
     pretrained_weights,
     under,
 )
 from lightformer.data.tokenizers import Tokenizer
 from lightformer.distributed import set_gathered, shard_model
+from lightformer.errors import ConfigError
 from lightformer.nn import Decoder, Encoder
 from lightformer.progress import max_time_timer
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw, steps_within
@@ -74,6 +78,7 @@ class Task(L.LightningModule):
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
         self.init_config = as_config(InitConfig, init)
         self.pretrained: set[str] = set()  # names of the parameters loaded by init (their learning rate is scaled)
+        self.unchecked_start = None  # what setup loaded from init.checkpoint, for on_fit_start's check_start
         self.compile = compile
         self.activation_checkpointing = activation_checkpointing
         self._forward = None  # the model's __call__, compiled or not; a method, never a registered module
@@ -195,28 +200,66 @@ class Task(L.LightningModule):
     def setup(self, stage: str) -> None:
         """Start from ``init.checkpoint``, all but the weights under ``init.skip`` (not when resuming: the run's own
         checkpoint holds the weights), and freeze ``init.freeze``; before the optimizer is made, which gives the
-        loaded weights their learning rate."""
+        loaded weights their learning rate. Whether ``init.strict`` allows the start is checked when the fit starts
+        (``on_fit_start``), after the task's own checks of the data in its ``setup``: a tokenizer or classes other
+        than the checkpoint's name the cause of a shape mismatch better."""
+        if stage == "fit" and self.init_config.checkpoint:
+            weights = self.initial_weights(check=False)
+            if self.trainer.ckpt_path is not None:
+                self.pretrained = set(match_weights(self.model.state_dict(), weights)["loaded"])
+            else:
+                shapes = {name: value.shape for name, value in self.model.state_dict().items()}
+                report = load_matching(self.model, weights)
+                self.pretrained = set(report["loaded"])
+                rank_zero_info(describe_loading(report, self.init_config.checkpoint))
+                reshaped = {name: weights[name].shape for name in report["reshaped"]}
+                self.unchecked_start = (report, shapes, reshaped)
+        for parameter in self.frozen_parameters():
+            parameter.requires_grad_(False)
+
+    def check_init(self, starting: bool, unknown_shapes: frozenset[str] = frozenset()) -> None:
+        """Refuse a ``model.init`` that cannot do what it says, as soon as the model is built (the command line calls
+        this on a model built on the meta device, before any data is prepared: ``cli.check_init_before_data``).
+        Every ``freeze`` pattern must name parameters of the model; when ``starting`` (a fit that does not resume),
+        the checkpoint must exist, every ``skip`` pattern must name weights of it, and the start must be one
+        ``init.strict`` allows. ``unknown_shapes``: tensors of the model whose shapes are not known yet (sized by the
+        data), compared by name only."""
+        self.frozen_parameters()
+        if starting and self.init_config.checkpoint:
+            self.initial_weights(check=True, unknown_shapes=unknown_shapes)
+
+    def frozen_parameters(self) -> list[nn.Parameter]:
+        """The parameters under ``init.freeze``; a pattern that names none is refused (a typo would train them)."""
+        frozen = []
+        for prefix in self.init_config.freeze:
+            matched = [p for name, p in self.model.named_parameters() if under(name, prefix)]
+            if not matched:
+                modules = module_names([name for name, _ in self.model.named_parameters()], most=12)
+                raise ConfigError(
+                    f"model.init.freeze: no parameter of the model is under {prefix!r} (its modules: {modules})"
+                )
+            frozen += matched
+        return frozen
+
+    def initial_weights(self, check: bool, unknown_shapes: frozenset[str] = frozenset()) -> dict[str, Tensor]:
+        """The weights of ``init.checkpoint`` this model starts from: all but those under ``init.skip``, a pattern
+        that names none refused. With ``check``, a start that ``init.strict`` refuses raises too (the tensors named
+        in ``unknown_shapes`` are taken to have the checkpoint's shapes)."""
         init = self.init_config
-        if stage == "fit" and init.checkpoint:
-            weights = pretrained_weights(init.checkpoint)
-            for prefix in init.skip:
-                if not any(under(name, prefix) for name in weights):
-                    modules = sorted({name.rsplit(".", 1)[0] for name in weights})
-                    raise ValueError(
-                        f"model.init.skip: no weight of {init.checkpoint} is under {prefix!r} (its modules: "
-                        f"{', '.join(modules[:12])}{', ...' if len(modules) > 12 else ''})"
-                    )
-            weights = {name: value for name, value in weights.items() if not any(under(name, p) for p in init.skip)}
+        weights = pretrained_weights(init.checkpoint)
+        for prefix in init.skip:
+            if not any(under(name, prefix) for name in weights):
+                modules = module_names(list(weights), most=12)
+                raise ConfigError(
+                    f"model.init.skip: no weight of {init.checkpoint} is under {prefix!r} (its modules: {modules})"
+                )
+        weights = {name: value for name, value in weights.items() if not any(under(name, p) for p in init.skip)}
+        if check:
             state = self.model.state_dict()
-            self.pretrained = {n for n, v in weights.items() if n in state and state[n].shape == v.shape}
-            if self.trainer.ckpt_path is None:
-                rank_zero_info(describe_loading(load_matching(self.model, weights), init.checkpoint))
-        for prefix in init.freeze:
-            frozen = [p for name, p in self.model.named_parameters() if under(name, prefix)]
-            if not frozen:
-                raise ValueError(f"model.init.freeze: no parameter of the model is under {prefix!r}")
-            for parameter in frozen:
-                parameter.requires_grad_(False)
+            state.update({name: weights[name] for name in unknown_shapes if name in weights})
+            shapes = [{name: value.shape for name, value in tensors.items()} for tensors in (state, weights)]
+            check_start(match_weights(state, weights), *shapes, init)
+        return weights
 
     def configure_optimizers(self) -> dict:
         return configure_adamw(
@@ -235,6 +278,9 @@ class Task(L.LightningModule):
     # --- what TensorBoard shows beside the curves -----------------------------------------------------------
 
     def on_fit_start(self) -> None:
+        unchecked, self.unchecked_start = self.unchecked_start, None
+        if unchecked is not None:
+            check_start(*unchecked, self.init_config)
         if self.optimizer_config.fit_to_max_time and max_time_timer(self.trainer) is None:
             rank_zero_warn(
                 "model.optimizer.fit_to_max_time=true fits the learning-rate decay to trainer.max_time, which is not "
