@@ -125,7 +125,7 @@ def test_lightning_puts_a_checkpoints_hyperparameters_into_the_config_between_pa
 
     checkpoint = tmp_path / "hparams.ckpt"
     hyper_parameters = {"_class_path": "lightformer.tasks.LanguageModelTask", "sample_tokens": 7, "sample_top_k": 3}
-    torch.save({"hyper_parameters": hyper_parameters}, checkpoint)
+    torch.save({"state_dict": {}, "hyper_parameters": hyper_parameters}, checkpoint)
     quiet_library_noise()
     args = ["validate", "--config=configs/lm/austen_char.yaml", "--model.sample_tokens=5", f"--ckpt_path={checkpoint}"]
     with pytest.raises(Seen) as seen:
