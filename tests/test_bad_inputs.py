@@ -471,3 +471,40 @@ def test_a_checkpoint_file_that_is_missing_cut_short_or_not_one_is_named(tmp_pat
         given.write_bytes(content)
     found = refused([command, "--config=configs/lm/austen_char.yaml", f"--ckpt_path={given}"])
     assert "\n" not in found and re.search(message, found), found
+
+
+# --- a run folder is written by one fit at a time ----------------------------------------------------------------
+
+
+def test_a_run_folder_held_by_a_live_fit_is_refused_and_a_stale_lock_is_replaced(tmp_path):
+    """Two fits into one run folder both exited 0, leaving two event files, last.ckpt and last-v1.ckpt and one
+    config.yaml describing only one of them."""
+    import socket
+    import subprocess
+
+    args = [*task_args("vision", tmp_path), "--trainer.logger.init_args.version=0", "--trainer.max_steps=1"]
+    folder = tmp_path / "runs" / "vit_digits" / "version_0"
+    folder.mkdir(parents=True)
+    lock = folder / "run.lock"
+    lock.write_text(f"{socket.gethostname()} {os.getpid()}\n")  # a live process: this one
+    assert refused(["fit", *args]) == (
+        f"lightformer: the run folder {folder} is in use by another fit (process {os.getpid()} on "
+        f"{socket.gethostname()}, which holds {lock}): give this run a folder of its own (another "
+        "--trainer.logger.init_args.version, or none for the next free one), or wait for that run to end"
+    )
+    assert sorted(p.name for p in folder.iterdir()) == ["run.lock"]  # nothing written there
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    lock.write_text(f"{socket.gethostname()} {gone.pid}\n")  # a killed run's
+
+    class Holder(callbacks.Callback):
+        def on_train_start(self, trainer, pl_module):
+            self.lock = lock.read_text()
+
+    holder = Holder()
+    cli = build([*args, "--trainer.limit_val_batches=1"], holder)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert holder.lock == f"{socket.gethostname()} {os.getpid()}\n" and not lock.exists()  # taken, then released
+    lock.write_text(f"{socket.gethostname()} {os.getpid()}\n")
+    cli.trainer.test(cli.model, cli.datamodule)  # test (and validate) write beside a run: no lock taken

@@ -24,10 +24,10 @@ import lightning as L
 import torch
 import yaml
 from jsonargparse import Namespace
-from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lightformer.callbacks import (
     AtomicCheckpointIO,
@@ -40,6 +40,7 @@ from lightformer.callbacks import (
 from lightformer.checkpoints import CheckpointError, read_checkpoint, require_file
 from lightformer.data.corpora import CorpusUnavailableError
 from lightformer.errors import ConfigError
+from lightformer.files import release_lock, take_lock
 from lightformer.progress import Summary, validation_line
 from lightformer.tasks.base import Task
 from lightformer.tensorboard import samples_already_drawn
@@ -69,6 +70,54 @@ class SaveRunConfig(SaveConfigCallback):
             folder.mkdir(parents=True, exist_ok=True)
             self.parser.save(self.config, folder / self.config_filename, skip_none=False, overwrite=self.overwrite)
         self.already_saved = True
+
+
+class RunFolderLock(Callback):
+    """A run folder (the logger's ``<save_dir>/<name>/<version>``) is written by one fit at a time: a second fit into
+    a folder a live run holds is refused (two event files, ``last.ckpt`` and ``last-v1.ckpt``, and a ``config.yaml``
+    of only one of them, otherwise). The lock is the file ``run.lock`` in the folder (``files.take_lock``: host name
+    and process id), taken by rank 0 and removed when the fit ends, also by an exception; one left by a killed
+    process does not block the next run. The command line takes it before the fit starts (``before_fit``: before the
+    data is prepared and anything is written there); a fit started otherwise takes it at set-up. Only ``fit`` takes
+    it: ``test`` writes its results into the tested run's folder, and ``validate`` beside it."""
+
+    FILE = "run.lock"
+
+    def __init__(self) -> None:
+        self.held: Path | None = None
+
+    def take(self, log_dir: str | None) -> None:
+        """Hold ``log_dir`` (this process must be rank 0), or raise ``ConfigError`` naming the live run holding it."""
+        if self.held is not None or not log_dir:
+            return
+        path = Path(log_dir) / self.FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        holder = take_lock(path)
+        if holder is not None:
+            host, pid = holder
+            raise ConfigError(
+                f"the run folder {log_dir} is in use by another fit (process {pid} on {host}, which holds {path}): "
+                "give this run a folder of its own (another --trainer.logger.init_args.version, or none for the next "
+                "free one), or wait for that run to end"
+            )
+        self.held = path
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and trainer.logger is not None:
+            log_dir = trainer.log_dir  # a broadcast under DDP: every process must ask, or rank 0 waits forever
+            if trainer.is_global_zero:
+                self.take(log_dir)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.release()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.release()
+
+    def release(self) -> None:
+        if self.held is not None:
+            release_lock(self.held)
+            self.held = None
 
 
 class LightformerCLI(LightningCLI):
@@ -158,6 +207,13 @@ class LightformerCLI(LightningCLI):
                 "them: --model.init.checkpoint=<the checkpoint> instead of --ckpt_path"
             )
 
+    def before_fit(self) -> None:
+        """Hold the run folder before the data is prepared (``RunFolderLock``). Rank 0 alone resolves the folder
+        here, before the processes of a DDP run are connected; the others learn it by broadcast at set-up."""
+        lock = next((c for c in self.trainer.callbacks if isinstance(c, RunFolderLock)), None)
+        if lock is not None and self.trainer.logger is not None and rank_zero_only.rank == 0:
+            lock.take(self.trainer.log_dir)
+
     def after_fit(self) -> None:
         """A run that validated on a subset of the validation split (``TextDataModule``'s ``loader.val_windows``) ends
         with one validation on all of it, of the last weights, logged at the last step. Its pictures and text samples
@@ -170,6 +226,7 @@ class LightformerCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs) -> L.Trainer:
         trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks.insert(0, RunFolderLock())  # first: before SaveRunConfig writes config.yaml into the folder
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # keep a user's own CheckpointIO plugin
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         if trainer.loggers:  # the same learning-rate and throughput curves for every task, unless configured

@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -122,3 +123,50 @@ def expand_patterns(
         else:
             raise FileNotFoundError(f"{field}: the {noun} {pattern!r} does not exist")
     return paths
+
+
+def take_lock(path: str | Path) -> tuple[str, int] | None:
+    """Create the lock file ``path`` holding this machine's host name and this process's id, atomically
+    (``O_CREAT | O_EXCL``: of two processes, one creates it); returns None, or ``(host, pid)`` of the live process
+    that holds it. A lock whose process is gone (killed before it could remove it), or that another host wrote (its
+    processes cannot be seen from here), is replaced."""
+    path = Path(path)
+    for _ in range(3):  # a stale lock removed here may be taken by another process before this one retries
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = lock_holder(path)
+            if holder is not None and holder[0] == socket.gethostname() and _alive(holder[1]):
+                return holder
+            path.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{socket.gethostname()} {os.getpid()}\n")
+        return None
+    return lock_holder(path) or ("?", -1)
+
+
+def lock_holder(path: str | Path) -> tuple[str, int] | None:
+    """The (host, pid) a lock file of ``take_lock`` names; None when it is gone or not one (a half-written lock)."""
+    try:
+        host, pid = Path(path).read_text().split()
+        return host, int(pid)
+    except (OSError, ValueError):
+        return None
+
+
+def release_lock(path: str | Path) -> None:
+    """Remove a lock this process holds (not one another process took after it was found stale)."""
+    if lock_holder(path) == (socket.gethostname(), os.getpid()):
+        Path(path).unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
