@@ -197,6 +197,21 @@ def test_translate_reports_cut_lines_and_names_a_file_that_is_not_utf8(trained, 
     assert f"--input: {latin1} is not UTF-8 text: byte 0xe9 at byte offset 7 (line 2" in message
 
 
+def test_translate_keeps_blank_lines_blank_and_says_so(trained, tmp_path, capsys):
+    """A blank line came out as a run of repeated words (the model given nothing); now it stays blank, is not sent
+    to the model, and the output stays aligned with the input."""
+    source = tmp_path / "blank.de"
+    source.write_text("\na b c\n   \nd e f\n\n", encoding="utf-8")
+    main(["translate", f"--ckpt_path={trained['translation']}", f"--input={source}", "--beam_size=1"])
+    captured = capsys.readouterr()
+    assert "note: lines 1, 3, 5 of --input are blank: not translated, printed as an empty line" in captured.err
+    text = tmp_path / "text.de"
+    text.write_text("a b c\nd e f\n", encoding="utf-8")
+    main(["translate", f"--ckpt_path={trained['translation']}", f"--input={text}", "--beam_size=1"])
+    first, second = capsys.readouterr().out.split("\n")[:2]
+    assert captured.out == f"\n{first}\n\n{second}\n\n"  # five lines: the blank ones blank, the others in place
+
+
 # --- faults during training ------------------------------------------------------------------------------------
 
 

@@ -156,9 +156,24 @@ def translate(
             f"{task.model.max_len - 1}, so its end is cut",
             file=sys.stderr,
         )
-    for start in range(0, len(lines), batch_size):
-        for translation in task.translate(lines[start : start + batch_size], beam_size):
-            print(translation)
+    blank = [number for number, line in enumerate(lines) if not line.strip()]
+    if blank:
+        shown = ", ".join(str(number + 1) for number in blank[:10]) + (
+            f", ... ({len(blank)} in all)" * (len(blank) > 10)
+        )
+        print(
+            f"note: line{'s' * (len(blank) > 1)} {shown} of --input {'are' if len(blank) > 1 else 'is'} blank: not "
+            "translated, printed as an empty line (the output stays aligned with the input line for line)",
+            file=sys.stderr,
+        )
+    text = [(number, line) for number, line in enumerate(lines) if line.strip()]  # a model given nothing repeats words
+    printed = 0  # input lines answered so far
+    for start in range(0, len(text), batch_size):
+        batch = text[start : start + batch_size]
+        for (number, _), translation in zip(batch, task.translate([line for _, line in batch], beam_size), strict=True):
+            print("\n" * (number - printed) + translation)  # the blank lines before this one, then its translation
+            printed = number + 1
+    print("\n" * (len(lines) - printed), end="")
 
 
 def classify(
