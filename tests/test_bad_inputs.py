@@ -60,6 +60,12 @@ VISION = ["fit", "--config=configs/vision/vit_digits.yaml", "--trainer.logger=fa
         ([*VISION, "--data.batch_size=0"], "data: ImageDataModule: batch_size=0 must be at least 1"),
         ([*LM, "--data.loader.batch_size=0"], "data.loader.batch_size=0 must be at least 1"),
         ([*VISION, "--data.val_size=100", "--data.val_fraction=0.5"], "give val_size .* or val_fraction .*, not both"),
+        ([*LM, "--trainer.max_time=20 minutes"], r"trainer.max_time='20 minutes' is not a duration: give \"DD:HH:MM"),
+        ([*LM, "--trainer.max_time=00:99"], r"trainer.max_time='00:99' is not a duration: .*or a dict \(e.g. \{hours"),
+        ([*LM, "--trainer.max_time=00:00:00:00"], r"trainer.max_time='00:00:00:00' is not a positive duration"),
+        ([*LM, '--trainer.max_time={"minutez": 5}'], r"max_time=\{'minutez': 5\} is not a duration: its keys are"),
+        ([*LM, "--trainer.max_steps=-5"], r"trainer.max_steps=-5: give a number of steps \(at least 0\), or -1 for no"),
+        ([*LM, "--trainer.max_epochs=-2"], r"trainer.max_epochs=-2: give a number of epochs \(at least 0\), or -1"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )

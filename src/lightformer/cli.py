@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import errno
 import importlib
 import json
 import logging
+import re
 import sys
 import traceback
 import typing
@@ -173,6 +175,7 @@ class LightformerCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         check_model_config(self.config[subcommand] if subcommand else self.config)
         if subcommand:
+            check_trainer_limits(self.config[subcommand].get("trainer"))
             check_checkpoint_files(subcommand, self.config[subcommand])
         self.command_line_model_options = model_options_given(sys.argv[1:] if args is None else args)
         self.parsed_config = self.config.clone()
@@ -359,6 +362,42 @@ def check_model_config(config) -> None:
             config_class(**values)
         except ValueError as error:
             raise ConfigError(f"model.{group}: {error}") from None
+
+
+def check_trainer_limits(trainer: Namespace | None) -> None:
+    """Refuse, before anything is built, the trainer limits Lightning would refuse with a traceback (or, for a
+    ``max_time`` of zero, end the run at once): ``max_time`` as ``DD:HH:MM:SS`` (Lightning's ``Timer`` format) or a
+    dict of ``datetime.timedelta`` fields, ``max_steps`` and ``max_epochs`` at least 0, or -1 for no limit."""
+    if trainer is None:
+        return
+    for name in ("max_steps", "max_epochs"):
+        value = trainer.get(name)
+        if value is not None and value < -1:
+            raise ConfigError(f"trainer.{name}={value}: give a number of {name[4:]} (at least 0), or -1 for no limit")
+    max_time = trainer.get("max_time")
+    if max_time is None:
+        return
+    valid = (
+        'give "DD:HH:MM:SS" (e.g. "00:12:30:00": 12.5 hours) or a dict (e.g. {hours: 12, minutes: 30}), or null for '
+        "no time limit"
+    )
+    if isinstance(max_time, str):
+        found = re.fullmatch(r"(\d+):(\d\d):(\d\d):(\d\d)", max_time.strip())
+        if found is None:
+            raise ConfigError(f"trainer.max_time={max_time!r} is not a duration: {valid}")
+        days, hours, minutes, seconds = map(int, found.groups())
+        duration = datetime.timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    else:
+        fields = dict(max_time)
+        try:
+            duration = datetime.timedelta(**fields)
+        except TypeError:
+            raise ConfigError(
+                f"trainer.max_time={fields} is not a duration: its keys are fields of datetime.timedelta (days, hours, "
+                f"minutes, seconds, ...); {valid}"
+            ) from None
+    if duration <= datetime.timedelta(0):
+        raise ConfigError(f"trainer.max_time={max_time!r} is not a positive duration: {valid}")
 
 
 # The --ckpt_path values Lightning reads as words, not file names: the best or last checkpoint of the trainer's own
