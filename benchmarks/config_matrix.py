@@ -182,12 +182,13 @@ def main() -> None:
         print(f"{config} × {preset}: {result['status']} {result.get('detail', '')}", file=sys.stderr, flush=True)
         return result
 
-    if args.jobs > 1:  # the first cell of each config prepares its data alone, the others then share the cache
-        firsts = {config: run((config, presets[0])) for config in configs}
-        rest = [cell for cell in cells if cell[1] != presets[0]]
+    if args.jobs > 1:  # the first cell of each config prepares its data, then the other presets find it prepared
+        # (configs that share data prepare it once: the data modules lock what they prepare, or write it atomically)
+        firsts, rest = [c for c in cells if c[1] == presets[0]], [c for c in cells if c[1] != presets[0]]
         with ThreadPoolExecutor(args.jobs) as pool:
-            others = dict(zip(rest, pool.map(run, rest), strict=True))
-        results = [firsts[config] if preset == presets[0] else others[(config, preset)] for config, preset in cells]
+            done = dict(zip(firsts, pool.map(run, firsts), strict=True))
+            done |= dict(zip(rest, pool.map(run, rest), strict=True))
+        results = [done[cell] for cell in cells]
     else:
         results = [run(cell) for cell in cells]
     rows = [(config, preset, result) for (config, preset), result in zip(cells, results, strict=True)]

@@ -85,8 +85,8 @@ def test_the_program_calls_itself_lightformer(capsys):
 @pytest.mark.slow
 def test_a_run_logged_to_a_file_says_where_it_is(tmp_path):
     """Output to a file (not a terminal): no progress bar, but lines with the step, loss, throughput and time."""
-    args = [*task_args("vision", tmp_path), "--trainer.max_epochs=2", "--trainer.enable_progress_bar=null",
-            "--trainer.max_time=00:01:00:00"]  # fmt: skip
+    args = [*task_args("vision", tmp_path), "--trainer.max_epochs=2", "--trainer.limit_train_batches=3",
+            "--trainer.enable_progress_bar=null", "--trainer.max_time=00:01:00:00"]  # fmt: skip
     log = tmp_path / "run.log"
     with open(log, "w") as output:
         environment = {**os.environ, "PYTHONPATH": str(REPO / "tests")}

@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from lightformer.models import EncoderDecoderConfig, GPTConfig, ViTConfig
 from lightformer.nn import DecoderLayer, EncoderLayer
 from lightformer.tasks import ImageClassificationTask, LanguageModelTask, TranslationTask
-from lightformer.tasks.base import FIT_TO_TIME_EVERY, clip_gradients
+from lightformer.tasks.base import clip_gradients
 from tiny_runs import ALL_TASKS, ShardProbe, build, last_checkpoint, resolved_config, task_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,8 +143,10 @@ def probe(out_dir: Path) -> str:
     return f"--trainer.callbacks+={json.dumps(callback)}"
 
 
+# T5 is not run here: its data module is the masked LM's (one _SegmentDataModule) and its model the translator's
+# (one EncoderDecoder), each run below, and a run of each task on 2 processes costs about 40 s of CI.
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ALL_TASKS)
+@pytest.mark.parametrize("task", [task for task in ALL_TASKS if task != "t5"])
 def test_ddp_on_two_cpu_processes_shards_the_data_and_matches_one_process(task, tmp_path):
     args = [
         *task_args(task, tmp_path),
@@ -203,23 +205,24 @@ def test_ddp_on_two_cpu_processes_shards_the_data_and_matches_one_process(task, 
 
 @pytest.mark.slow
 def test_ddp_processes_share_the_schedule_fitted_to_max_time(tmp_path):
-    """Each process measures its own pace; rank 0's plan is broadcast, so both step with the same learning rate."""
+    """Each process measures its own pace (here, on a simulated clock, rank 1 at half rank 0's); rank 0's plan is
+    broadcast, so both step with the same learning rate, and stop together at rank 0's max_time."""
     record = {"class_path": "tiny_runs.RecordSchedule", "init_args": {"out_dir": str(tmp_path / "plan")}}
+    clock = {"class_path": "tiny_runs.StepClock", "init_args": {"seconds_per_step": [0.02, 0.04]}}
     args = [
         *task_args("lm", tmp_path),
         "--config=configs/trainer/ddp_cpu.yaml",
-        "--trainer.max_time=00:00:00:10",
+        "--trainer.max_time=00:00:00:04",
         "--trainer.max_steps=1000000",
         "--trainer.max_epochs=-1",
         "--trainer.check_val_every_n_epoch=100",  # epochs of a few steps: validations would take most of the time
         "--model.optimizer.fit_to_max_time=true",
         f"--trainer.callbacks+={json.dumps(record)}",
+        f"--trainer.callbacks+={json.dumps(clock)}",
     ]
     run_cli(["fit", *args], tmp_path)
     ranks = [json.loads((tmp_path / "plan" / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert ranks[0] == ranks[1], ranks
-    steps, planned = ranks[0]["step"], ranks[0]["planned_steps"]
-    assert steps > 4 * FIT_TO_TIME_EVERY and 0.9 * steps <= planned <= 1.1 * steps, ranks[0]
+    assert ranks[0] == ranks[1] == {**ranks[0], "step": 200, "planned_steps": 200}, ranks  # rank 1 alone: 100
 
 
 # --- precision -------------------------------------------------------------------------------------------
@@ -364,7 +367,10 @@ def test_compiled_and_eager_models_agree(task):
         pair = compiled_and_eager(LanguageModelTask, net)
         inputs = (torch.randint(0, 50, (4, 16)),)
     else:
-        net = EncoderDecoderConfig(src_vocab_size=60, tgt_vocab_size=60, d_model=32, n_heads=2, dropout=0.0)
+        net = EncoderDecoderConfig(
+            src_vocab_size=60, tgt_vocab_size=60, n_encoder_layers=2, n_decoder_layers=2, d_model=32, n_heads=2,
+            d_ff=64, dropout=0.0,
+        )  # fmt: skip
         pair = compiled_and_eager(TranslationTask, net)
         src = torch.randint(1, 60, (4, 10))
         src[0, 7:] = 0  # padding, so the mask path is compiled too

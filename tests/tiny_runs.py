@@ -32,6 +32,34 @@ def quiet_run_args(tmp_path: Path) -> list[str]:
     ]
 
 
+class StepClock(Callback):
+    """The clock of Lightning's ``Timer`` (which stops a run at ``trainer.max_time``) during a run: every training
+    step takes ``seconds_per_step``, whatever else the machine is running; a list gives each process (by global
+    rank) its own pace."""
+
+    def __init__(self, seconds_per_step: float | list[float]) -> None:
+        self.seconds_per_step, self.now = seconds_per_step, 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        import lightning.pytorch.callbacks.timer
+
+        if isinstance(self.seconds_per_step, list):
+            self.seconds_per_step = self.seconds_per_step[trainer.global_rank]
+
+        self._time, lightning.pytorch.callbacks.timer.time = lightning.pytorch.callbacks.timer.time, self
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        import lightning.pytorch.callbacks.timer
+
+        lightning.pytorch.callbacks.timer.time = self._time
+
+    def on_train_batch_start(self, trainer, *args) -> None:
+        self.now = (trainer.global_step + 1) * self.seconds_per_step  # the time at the end of this step
+
+
 def task_args(task: str, tmp_path: Path) -> list[str]:
     """A few-second configuration of each task, with dropout so that random state matters on resume."""
     tmp_path.mkdir(parents=True, exist_ok=True)
