@@ -16,12 +16,19 @@ uint8 and are flipped, cropped and normalised on the device the model trains on 
 ``on_after_batch_transfer``; outside Lightning call ``transform_batch``. TrivialAugment and RandAugment, which need
 per-image operations on uint8 images, run in the loader.
 
+Image folders are checked once, before training: every file is decoded in full at ``setup`` (a header alone misses
+a file cut short, whose error would otherwise come from a loader worker mid-epoch), and a folder with files that
+are not readable images is refused in one line naming them. The files found good are remembered by path, size and
+modification time under ``root``, so a later run decodes only new or changed files. See ``check_image_files``.
+
 Its length is the table of the datasets it knows (sizes, statistics, class names) and one data module with its
 options and their checks.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,14 +38,19 @@ import lightning as L
 import numpy as np
 import torch
 import torchvision
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from PIL import UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
 from lightformer.data.augment import normalize, random_crop, random_erasing, random_horizontal_flip
+from lightformer.data.caching import content_hash
 from lightformer.data.corpora import DEBIAN_FASHION_MNIST_DIR, install_debian_fashion_mnist
-from lightformer.data.image_files import ImageFileDataset, read_image_folder_layout
+from lightformer.data.image_files import ImageFileDataset, load_image, read_image_folder_layout
 from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
+from lightformer.errors import ConfigError
+from lightformer.files import atomic_write_bytes
 
 DatasetName = Literal["fashion_mnist", "mnist", "cifar10", "digits", "image_folder"]
 AugmentName = Literal["none", "flip", "flip_crop", "trivialaugment", "randaugment"]
@@ -178,6 +190,88 @@ def carve_splits(
     return remaining.tolist(), val_indices.tolist(), test_indices.tolist()
 
 
+IMAGE_CHECKS_FOLDER = "image_checks"  # under `root`: the files of each image folder found good, by their stamps
+IMAGE_CHECKS_VERSION = 1
+
+
+def image_file_problem(path: str, in_channels: int) -> str | None:
+    """What keeps ``path`` from being a training image (None: nothing): decoded in full, as the loader will."""
+    try:
+        load_image(path, in_channels)
+    except (ValueError, OSError) as error:
+        cause = error.__cause__ or error
+        if isinstance(cause, FileNotFoundError):
+            return "gone: it was removed while the folder was read"
+        if isinstance(cause, UnidentifiedImageError):
+            return "not an image: PIL recognises no image format in it"
+        if "truncated" in str(cause).lower():
+            return f"cut short: {cause}"
+        return str(cause).removeprefix(f"{path} ")
+    return None
+
+
+def check_image_files(files: list[str], directory: Path, in_channels: int, remembered_in: Path | None) -> None:
+    """Decode every image file of an image folder's split in full (what the loader will do with it) and raise
+    ConfigError naming the files that are not readable images (not an image, cut short, 32-bit pixels), with what
+    is wrong with each, before any training.
+
+    A header alone (``Image.open``, or PIL's ``verify``) misses a file cut short, which then failed in a loader
+    worker after training started; so each file is decoded, which costs about 0.07 s per 1,000 28×28 PNGs and 0.9 s
+    per 1,000 224×224 JPEGs on one core (measured). The files found good are remembered in
+    ``remembered_in/<hash of the folder>.json`` by path, size and modification time, so a later run decodes only
+    the files added or changed since (a cache that does not load is checked again; one that cannot be written is
+    warned about). Files found bad are never remembered: they are named in every run until replaced.
+    """
+    from tqdm.auto import tqdm
+
+    record = None if remembered_in is None else remembered_in / f"{content_hash(str(directory.resolve()))}.json"
+    known: dict[str, list[int]] = {}
+    if record is not None and record.exists():
+        try:
+            saved = json.loads(record.read_text(encoding="utf-8"))
+            if saved.get("version") == IMAGE_CHECKS_VERSION:
+                known = {str(path): list(stamp) for path, stamp in saved["files"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError, OSError):
+            known = {}  # damaged: every file is checked again and the record rewritten
+    good: dict[str, list[int]] = {}
+    to_check = []
+    for path in files:
+        stat = Path(path).stat()
+        stamp = [stat.st_size, stat.st_mtime_ns]
+        if known.get(path) == stamp:
+            good[path] = stamp
+        else:
+            to_check.append((path, stamp))
+    problems = []
+    start = time.monotonic()
+    shown = tqdm(to_check, desc=f"checking the images in {directory}", unit="file", disable=len(to_check) < 2000)
+    for path, stamp in shown:
+        problem = image_file_problem(path, in_channels)
+        if problem is None:
+            good[path] = stamp
+        else:
+            problems.append(f"{path} ({problem})")
+    if to_check:
+        rank_zero_info(
+            f"image_folder: decoded {len(to_check)} image files of {directory} in {time.monotonic() - start:.1f} s "
+            f"({len(files) - len(to_check)} found good by an earlier run)"
+        )
+    if record is not None and to_check and good != known:
+        try:
+            text = json.dumps({"version": IMAGE_CHECKS_VERSION, "folder": str(directory), "files": good})
+            atomic_write_bytes(record, text.encode("utf-8"))
+        except OSError as error:
+            rank_zero_warn(f"image_folder: could not remember the checked image files in {record} ({error}); the "
+                           "next run checks them again")  # fmt: skip
+    if problems:
+        listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise ConfigError(
+            f"data.image_folder: {len(problems)} of {len(files)} files in {directory} are not readable images: "
+            f"{listed}. Remove or replace them: every file with an image extension under a class folder is "
+            "trained on"
+        )
+
+
 class ImageSubset(Dataset):
     """The (uint8 image, label) items of ``source`` at ``indices``, each image through ``transform`` if given.
 
@@ -219,7 +313,8 @@ class ImageDataModule(L.LightningDataModule):
         dataset: which data. "fashion_mnist" reads Debian's dataset-fashion-mnist package offline, else
             downloads; "mnist" and "cifar10" download through torchvision; "digits" is scikit-learn's
             8×8 digits (instant, for tests); "image_folder" reads image files from ``image_folder``.
-        root: directory where torchvision datasets are stored (or downloaded to).
+        root: directory where torchvision datasets are stored (or downloaded to), and where an image folder's
+            files found readable are remembered (``image_checks/``) so that a later run does not decode them again.
         download: let torchvision download a dataset missing under ``root`` (needs internet).
         image_folder: for dataset="image_folder": a folder with train/ and optionally val/ and test/,
             each holding one subfolder of images per class; or the class subfolders directly. Split
@@ -384,7 +479,8 @@ class ImageDataModule(L.LightningDataModule):
                 found = ImageFileDataset.from_class_folders(
                     directory, layout.class_names, self.in_channels, self.image_size, require_every_class
                 )
-                found.check_readable(str(directory))
+                paths = [path for path, _ in found.samples]
+                check_image_files(paths, directory, self.in_channels, Path(self.root) / IMAGE_CHECKS_FOLDER)
                 return found
 
             pool = read_folder(layout.train_dir, require_every_class=True)
