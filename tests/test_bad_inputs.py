@@ -43,6 +43,9 @@ def trained(tmp_path_factory) -> dict[str, str]:
 
 LM = ["fit", "--config=configs/lm/austen_char.yaml"]
 VISION = ["fit", "--config=configs/vision/vit_digits.yaml", "--trainer.logger=false"]
+MLM = ["fit", "--config=configs/mlm/austen.yaml"]  # the sequence lengths: known from the config, before data work
+T5 = ["fit", "--config=configs/t5/austen.yaml", "--trainer.logger=false"]
+CLASSIFY = ["fit", "--config=configs/classify/austen_scratch.yaml"]
 
 
 @pytest.mark.parametrize(
@@ -66,13 +69,30 @@ VISION = ["fit", "--config=configs/vision/vit_digits.yaml", "--trainer.logger=fa
         ([*LM, '--trainer.max_time={"minutez": 5}'], r"max_time=\{'minutez': 5\} is not a duration: its keys are"),
         ([*LM, "--trainer.max_steps=-5"], r"trainer.max_steps=-5: give a number of steps \(at least 0\), or -1 for no"),
         ([*LM, "--trainer.max_epochs=-2"], r"trainer.max_epochs=-2: give a number of epochs \(at least 0\), or -1"),
+        (
+            [*MLM, "--model.net.max_len=16"],
+            r"model.net.max_len=16 is shorter than the data's examples: data.segment_"
+            r"tokens=64 makes examples of up to 128 tokens .*; set model.net.max_len >= "
+            r"128 or data.segment_tokens <= 8$",
+        ),
+        (
+            [*T5, "--model.net.max_len=16"],
+            r"model.net.max_len=16 is shorter than the data's sequences: data.segment_"
+            r"tokens=64 makes sources or targets of up to 58 positions, .*; set model."
+            r"net.max_len >= 58 or data.segment_tokens <= 17$",
+        ),
+        (
+            [*CLASSIFY, "--model.net.max_len=16", "--data.max_tokens=64"],
+            r"data.max_tokens=64 is larger than model.net"
+            r".max_len=16, .*; set data.max_tokens <= 16 "
+            r"or model.net.max_len >= 64$",
+        ),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
 )
 def test_invalid_config_values_are_refused_naming_the_field(argv, message):
-    import re
-
-    assert re.search(message, refused(argv)), message
+    found = refused(argv)
+    assert "\n" not in found and re.search(message, found), found
 
 
 def test_model_options_on_the_command_line_apply_over_the_checkpoints_hyperparameters(trained, tmp_path):
@@ -161,6 +181,17 @@ def test_a_cut_short_image_in_the_training_folder_is_refused_before_training_nam
     assert decoded == [str(cut)]
     images.check_image_files(files, folder, 3, tmp_path / "data" / "image_checks")
     assert decoded == [str(cut)]
+
+
+def test_a_max_len_shorter_than_the_longest_sentence_is_refused_in_one_line_at_setup(tmp_path):
+    """Known only once the data is read (the longest sentence kept): a traceback from the task's set-up before."""
+    found = refused(["fit", *task_args("translation", tmp_path), "--model.net.max_len=2", "--trainer.max_steps=1"])
+    assert re.fullmatch(
+        r"lightformer: the data's longest sentence has \d+ positions \(data.max_sentence_tokens=\d+\) but model.net."
+        r"max_len=2, .*; set max_sentence_tokens <= 2 .* or model.net.max_len >= \d+",
+        found,
+    ), found
+    assert not list(tmp_path.rglob("*.ckpt"))
 
 
 def test_a_one_class_image_folder_is_refused(tmp_path):
@@ -404,8 +435,6 @@ def test_text_a_library_cannot_read_is_refused_naming_the_file(tmp_path, content
 
 
 # --- model.init: a start from weights that do not fit, refused before any data work ----------------------------------
-
-T5 = ["fit", "--config=configs/t5/austen.yaml", "--trainer.logger=false"]
 
 
 def masked_lm_checkpoint(path: Path) -> str:

@@ -145,6 +145,7 @@ class LightformerCLI(LightningCLI):
             log_into_tested_run(config.trainer, config.ckpt_path)
         if self.subcommand == "fit" and config.get("ckpt_path"):
             continue_resumed_run(config.trainer, config.ckpt_path)
+        check_lengths_before_data(config)
         if self.subcommand == "fit" and not config.get("ckpt_path"):
             check_init_before_data(config.model)
         # With --ckpt_path, LightningCLI has put the checkpoint's hyperparameters into the config: keep the sizes its
@@ -422,6 +423,18 @@ def check_checkpoint_files(subcommand: str, config) -> None:
     init_checkpoint = (config.get("model.init_args.init") or {}).get("checkpoint")
     if subcommand == "fit" and not ckpt_path and init_checkpoint:
         require_file(str(init_checkpoint), "model.init.checkpoint: the file")
+
+
+def check_lengths_before_data(config) -> None:
+    """The task's check of the data's sequence lengths against ``model.net.max_len`` from the config alone, before
+    the data is prepared: ``check_lengths_before_data`` of the task class, where it has one."""
+    model, data = config.get("model"), config.get("data")
+    if not model or not model.get("class_path") or not model.get("init_args"):
+        return
+    module, _, name = model.class_path.rpartition(".")
+    check = getattr(getattr(importlib.import_module(module), name, None), "check_lengths_before_data", None)
+    if check is not None:
+        check(model.init_args.get("net"), data)
 
 
 def check_init_before_data(model: Namespace) -> None:

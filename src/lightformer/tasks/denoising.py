@@ -7,6 +7,9 @@ Only the evaluation differs: instead of BLEU, the share of dropped spans the mod
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -14,9 +17,12 @@ from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig
+from lightformer.data.masking import random_spans_noise_mask
 from lightformer.data.tokenizers import Tokenizer, sentinel
+from lightformer.errors import ConfigError
 from lightformer.models.seq2seq import EncoderDecoderConfig
 from lightformer.nn.checks import check_at_least
+from lightformer.tasks.masked_lm import data_config_values, net_config_values
 from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tasks.translation import Batch, TranslationTask
 from lightformer.tensorboard import logging_step, markdown_text, tensorboard_writer
@@ -91,12 +97,24 @@ class DenoisingTask(TranslationTask):
         super().setup(stage)
         datamodule = getattr(self.trainer, "datamodule", None)
         max_length = getattr(datamodule, "max_length", None)  # the translation task's check knows its own data only
-        if max_length is not None and max_length > self.model.max_len and self.model.config.position != "none":
-            raise ValueError(
-                f"the data has sequences of {max_length} positions (data.segment_tokens="
-                f"{getattr(datamodule, 'segment_tokens', '?')}) but model.net.max_len={self.model.max_len}, the "
-                f"length of the model's position table; lower segment_tokens or set max_len >= {max_length}"
-            )
+        if max_length is not None and self.model.config.position != "none":
+            check_spans_fit(self.model.max_len, max_length, getattr(datamodule, "segment_tokens", None))
+
+    @classmethod
+    def check_lengths_before_data(cls, net: Mapping | None, data: Mapping | None) -> None:
+        """Refuse, from the config alone (before any data is prepared), a ``model.net.max_len`` shorter than the
+        sources or targets of a ``SpanCorruptionDataModule`` (their lengths follow from ``segment_tokens``,
+        ``noise_density`` and ``mean_span_length``). ``setup`` checks any data module with a ``max_length`` again."""
+        values = data_config_values(data, "lightformer.data.pretraining.SpanCorruptionDataModule")
+        net = net_config_values(net, EncoderDecoderConfig)
+        if values is None or net["position"] == "none":
+            return
+        try:
+            spans = (values["noise_density"], values["mean_span_length"])
+            max_length = span_corruption_max_length(values["segment_tokens"], *spans)
+        except (ValueError, TypeError, KeyError):
+            return  # values the data module refuses when it is built, with its own message
+        check_spans_fit(net["max_len"], max_length, values["segment_tokens"], values)
 
     # --- training: the decoder's loss, and optionally the encoder's at the sentinels ---------------------------
 
@@ -182,6 +200,36 @@ class DenoisingTask(TranslationTask):
         for start, end in zip(starts[:-1], starts[1:], strict=True):
             spans.setdefault(numbers[ids[start]], tuple(ids[start + 1 : end]))
         return spans
+
+
+def span_corruption_max_length(segment_tokens: int, noise_density: float, mean_span_length: float) -> int:
+    """The ``max_length`` of ``SpanCorruptionDataModule`` (the positions its sources and targets take) for these
+    values, without building it: as its constructor, from the span counts, which depend on the length only."""
+    noise = random_spans_noise_mask(segment_tokens, np.random.default_rng(0), noise_density, mean_span_length)
+    num_spans = int((noise & ~np.concatenate(([False], noise[:-1]))).sum())
+    num_noise = int(noise.sum())
+    source_length, target_length = segment_tokens - num_noise + num_spans + 1, num_noise + num_spans + 2
+    return max(source_length, target_length - 1)
+
+
+def check_spans_fit(max_len: int, max_length: int, segment_tokens: int | None, data: dict | None = None) -> None:
+    """ConfigError when the span-corrupted sources or targets (``max_length`` positions) do not fit the model's
+    position table of ``max_len``; with the data's config (``data``), the largest ``segment_tokens`` that fits."""
+    if max_length <= max_len:
+        return
+    given = f"data.segment_tokens={segment_tokens} makes" if segment_tokens is not None else "the data has"
+    lower = "lower data.segment_tokens"
+    if data is not None:
+        spans = (data["noise_density"], data["mean_span_length"])
+        for fewer in range(segment_tokens - 1, 1, -1):  # the largest segment_tokens that fits
+            if span_corruption_max_length(fewer, *spans) <= max_len:
+                lower = f"data.segment_tokens <= {fewer}"
+                break
+    raise ConfigError(
+        f"model.net.max_len={max_len} is shorter than the data's sequences: {given} sources or targets of up to "
+        f"{max_length} positions, and the model's position table must hold them; set model.net.max_len >= "
+        f"{max_length} or {lower}"
+    )
 
 
 def sentinel_spans(src: Tensor, tgt: Tensor, sentinel_ids: Tensor, eos_id: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -6,7 +6,12 @@ the loss, the metrics, TensorBoard samples of the model filling in masked passag
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import inspect
 import re
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +22,7 @@ from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig
 from lightformer.data.masking import IGNORE_INDEX
 from lightformer.data.tokenizers import MASK
+from lightformer.errors import ConfigError
 from lightformer.models.bert import BertConfig, BertForPreTraining
 from lightformer.tasks.base import TextTask, as_config
 from lightformer.tasks.optim import OptimizerConfig
@@ -77,12 +83,8 @@ class MaskedLanguageModelTask(TextTask):
         super().setup(stage)
         datamodule = getattr(self.trainer, "datamodule", None)
         max_length = getattr(datamodule, "max_length", None)
-        if max_length is not None and max_length > self.model.config.max_len:
-            raise ValueError(
-                f"the data has sequences of {max_length} tokens (2 · data.segment_tokens) but model.net.max_len="
-                f"{self.model.config.max_len}, the length of the model's position table; set segment_tokens <= "
-                f"{self.model.config.max_len // 2} or max_len >= {max_length}"
-            )
+        if max_length is not None:
+            check_segments_fit(self.model.config.max_len, max_length, getattr(datamodule, "segment_tokens", None))
         tokenizer = getattr(datamodule, "tokenizer", None)
         if tokenizer is not None:
             tokenizer.token_id(MASK)  # a ValueError naming it when the data's tokenizer has no mask token
@@ -195,6 +197,55 @@ class MaskedLanguageModelTask(TextTask):
             masked, filled = render_masked(self.tokenizer, inputs.tolist(), labels.tolist(), predictions.tolist())
             rows.append(f"| {masked} | {filled} |")
         writer.add_text("val/fill_mask", "\n".join(rows), logging_step(self.trainer))
+
+    @classmethod
+    def check_lengths_before_data(cls, net: Mapping | None, data: Mapping | None) -> None:
+        """Refuse, from the config alone (before any data is prepared), a ``model.net.max_len`` shorter than the
+        examples of a ``MaskedLMDataModule``: 2 · ``data.segment_tokens`` tokens. ``setup`` checks any data module
+        with a ``max_length`` again."""
+        values = data_config_values(data, "lightformer.data.pretraining.MaskedLMDataModule")
+        if values is not None and values.get("segment_tokens") is not None:
+            max_len = net_config_values(net, BertConfig)["max_len"]
+            check_segments_fit(max_len, 2 * values["segment_tokens"], values["segment_tokens"])
+
+
+def check_segments_fit(max_len: int, max_length: int, segment_tokens: int | None) -> None:
+    """ConfigError when a masked-LM example of ``max_length`` tokens (two segments of ``segment_tokens``, with
+    [CLS] and the [SEP]s) does not fit the model's position table of ``max_len``."""
+    if max_length <= max_len:
+        return
+    given = f"data.segment_tokens={segment_tokens} makes" if segment_tokens is not None else "the data has"
+    raise ConfigError(
+        f"model.net.max_len={max_len} is shorter than the data's examples: {given} examples of up to {max_length} "
+        f"tokens (two segments with [CLS] and [SEP]), and the model's position table must hold them; set "
+        f"model.net.max_len >= {max_length} or data.segment_tokens <= {max_len // 2}"
+    )
+
+
+def data_config_values(data: Mapping | None, expected: str) -> dict[str, Any] | None:
+    """The init arguments of the data module a config names (``class_path``, ``init_args``), its signature's
+    defaults filled in, when it is ``expected`` (a class path) or a subclass of it; None otherwise (another data
+    module, whose own checks apply at set-up)."""
+    if not data or not data.get("class_path"):
+        return None
+    try:
+        module, _, name = str(data["class_path"]).rpartition(".")
+        data_class = getattr(importlib.import_module(module), name)
+        module, _, name = expected.rpartition(".")
+        if not issubclass(data_class, getattr(importlib.import_module(module), name)):
+            return None
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None  # a class path instantiation refuses with its own message
+    parameters = inspect.signature(data_class.__init__).parameters.values()
+    values = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    return {**values, **dict(data.get("init_args") or {})}
+
+
+def net_config_values(net: Mapping | None, config_class: type) -> dict[str, Any]:
+    """``model.net`` as given in a config, the defaults of ``config_class`` (a dataclass) filled in."""
+    defaults = {field.name: field.default for field in dataclasses.fields(config_class)}
+    given = dataclasses.asdict(net) if dataclasses.is_dataclass(net) else dict(net or {})
+    return {**defaults, **given}
 
 
 class _Metrics(torch.nn.Module):

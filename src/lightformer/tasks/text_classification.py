@@ -8,6 +8,7 @@ matrix. The tokenizer and the class names travel inside the checkpoint, so a che
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -19,8 +20,10 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import CheckpointError, InitConfig, read_checkpoint
 from lightformer.data.tokenizers import Tokenizer
+from lightformer.errors import ConfigError
 from lightformer.models.bert import BertConfig, BertForSequenceClassification
 from lightformer.tasks.base import TextTask, as_config
+from lightformer.tasks.masked_lm import data_config_values, net_config_values
 from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import confusion_figure, tensorboard_writer
 
@@ -95,11 +98,8 @@ class TextClassificationTask(TextTask):
                 f"the data has num_classes={num_classes} but model.net.num_classes={self.num_classes}; they must be "
                 "equal"
             )
-        if max_tokens is not None and max_tokens > config.max_len:
-            raise ValueError(
-                f"data.max_tokens={max_tokens} is larger than model.net.max_len={config.max_len}, the length of the "
-                f"model's position table; set the data's max_tokens to at most {config.max_len}"
-            )
+        if max_tokens is not None:
+            check_texts_fit(config.max_len, max_tokens)
         tokenizer = getattr(datamodule, "tokenizer", None)
         if tokenizer is not None:
             if stage == "fit" and self.init_config.checkpoint and self.trainer.ckpt_path is None:
@@ -223,6 +223,24 @@ class TextClassificationTask(TextTask):
             ]
         self.train(was_training)
         return ranked
+
+    @classmethod
+    def check_lengths_before_data(cls, net: Mapping | None, data: Mapping | None) -> None:
+        """Refuse, from the config alone (before any data is prepared), a ``data.max_tokens`` of a
+        ``TextClassificationDataModule`` larger than ``model.net.max_len``; ``setup`` checks again."""
+        values = data_config_values(data, "lightformer.data.classification.TextClassificationDataModule")
+        if values is not None and isinstance(values.get("max_tokens"), int):
+            check_texts_fit(net_config_values(net, BertConfig)["max_len"], values["max_tokens"])
+
+
+def check_texts_fit(max_len: int, max_tokens: int) -> None:
+    """ConfigError when texts of up to ``max_tokens`` tokens do not fit the model's position table of ``max_len``."""
+    if max_tokens > max_len:
+        raise ConfigError(
+            f"data.max_tokens={max_tokens} is larger than model.net.max_len={max_len}, the length of the model's "
+            f"position table, which must hold every text; set data.max_tokens <= {max_len} or model.net.max_len >= "
+            f"{max_tokens}"
+        )
 
 
 def _data_tokenizer_name(datamodule) -> str:

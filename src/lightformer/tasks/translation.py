@@ -14,6 +14,7 @@ from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig, check_same_tokenizer
 from lightformer.data.sequences import TranslationDataset
 from lightformer.data.tokenizers import Tokenizer
+from lightformer.errors import ConfigError
 from lightformer.generation import beam_search
 from lightformer.models.seq2seq import EncoderDecoder, EncoderDecoderConfig
 from lightformer.nn import record_attention
@@ -80,11 +81,11 @@ class TranslationTask(Task):
         max_len = self.model.max_len
         if longest > max_len and self.model.config.position != "none":
             limit = getattr(datamodule, "max_sentence_tokens", "?")
-            raise ValueError(
-                f"the data has sequences of {longest} positions (data.max_sentence_tokens={limit}) but "
-                f"model.net.max_len={max_len}, the length of the model's position table; set "
+            raise ConfigError(  # known only now: the longest sentence the data kept
+                f"the data's longest sentence has {longest} positions (data.max_sentence_tokens={limit}) but "
+                f"model.net.max_len={max_len}, the length of the model's position table, which must hold it; set "
                 f"max_sentence_tokens <= {max_len} (longer train pairs are dropped, val/test ids cut) or "
-                f"max_len >= {longest}"
+                f"model.net.max_len >= {longest}"
             )
         if getattr(datamodule, "src_tokenizer", None) is not None:
             tokenizers = {"src": datamodule.src_tokenizer, "tgt": datamodule.tgt_tokenizer}
