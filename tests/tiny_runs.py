@@ -14,7 +14,7 @@ from torch.utils.data import IterableDataset
 
 from lightformer.cli import cli_main
 
-# Every task, by the name task_args knows it: the tests that run each task (DDP, FSDP2, resume) take them all.
+# Every task, by the name task_args knows it: the tests that run each task (resume, bf16) take them all.
 ALL_TASKS = ("vision", "lm", "translation", "mlm", "t5", "classify", "igpt")
 CORPUS = "It is a truth universally acknowledged, that a single man in possession of a good fortune.\n" * 30
 
