@@ -574,9 +574,12 @@ def test_a_run_folder_held_by_a_live_fit_is_refused_and_a_stale_lock_is_replaced
     assert refused(["fit", *args]) == (
         f"lightformer: the run folder {folder} is in use by another fit (process {os.getpid()} on "
         f"{socket.gethostname()}, which holds {lock}): give this run a folder of its own (another "
-        "--trainer.logger.init_args.version, or none for the next free one), or wait for that run to end"
+        "--trainer.logger.init_args.version, or none for the next free one), or wait for that run to end (if it "
+        f"ended without removing {lock}, remove it)"
     )
     assert sorted(p.name for p in folder.iterdir()) == ["run.lock"]  # nothing written there
+    lock.write_text("node7 1234\n")  # another node's, on a shared file system: its process cannot be seen from here
+    assert "(process 1234 on node7, which holds" in refused(["fit", *args])
 
     gone = subprocess.Popen(["true"])
     gone.wait()

@@ -100,7 +100,7 @@ class RunFolderLock(Callback):
             raise ConfigError(
                 f"the run folder {log_dir} is in use by another fit (process {pid} on {host}, which holds {path}): "
                 "give this run a folder of its own (another --trainer.logger.init_args.version, or none for the next "
-                "free one), or wait for that run to end"
+                f"free one), or wait for that run to end (if it ended without removing {path}, remove it)"
             )
         self.held = path
 

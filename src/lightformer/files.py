@@ -8,11 +8,13 @@ processes (DDP ranks, parallel tests) may write the same file at once, and a cra
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import os
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -127,16 +129,21 @@ def expand_patterns(
 
 def take_lock(path: str | Path) -> tuple[str, int] | None:
     """Create the lock file ``path`` holding this machine's host name and this process's id, atomically
-    (``O_CREAT | O_EXCL``: of two processes, one creates it); returns None, or ``(host, pid)`` of the live process
-    that holds it. A lock whose process is gone (killed before it could remove it), or that another host wrote (its
-    processes cannot be seen from here), is replaced."""
+    (``O_CREAT | O_EXCL``: of two processes, one creates it); returns None, or ``(host, pid)`` of the process that
+    holds it. A lock of this host whose process is gone (killed before it could remove it) is replaced; one that
+    another host wrote is held (on a file system that nodes share, its process cannot be seen from here), and so is
+    one still being written (empty, for a few seconds)."""
     path = Path(path)
     for _ in range(3):  # a stale lock removed here may be taken by another process before this one retries
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             holder = lock_holder(path)
-            if holder is not None and holder[0] == socket.gethostname() and _alive(holder[1]):
+            if holder is None:
+                with contextlib.suppress(OSError):
+                    if time.time() - path.stat().st_mtime < 10:
+                        return ("?", -1)  # created an instant ago: its writer has not written its name yet
+            elif holder[0] != socket.gethostname() or _alive(holder[1]):
                 return holder
             path.unlink(missing_ok=True)
             continue
