@@ -80,12 +80,8 @@ class InitConfig:
             objective specialises most; Zhang et al., "Revisiting Few-sample BERT Fine-tuning", 2021).
         pretrained_lr_scale: the learning rate of the loaded parameters relative to the new ones (e.g. 0.1: the
             pretrained encoder moves ten times more slowly than the new head).
-        strict: refuse a start that is probably not the one meant, before any data is prepared: one that loads no
-            tensor (a checkpoint of another kind of model), or one where a tensor of the checkpoint has another shape
-            than the model's parameter of that name (another width, vocabulary or number of classes), which would
-            leave that parameter fresh. Name the modules meant to stay fresh in ``skip`` (e.g. "head" for a head of
-            another number of classes), or set false to load whatever fits. Either way, tensors the model has no
-            place for (a pretraining head) and parameters the checkpoint lacks (a new head) are expected.
+        strict: refuse a start that loads no tensor, or that leaves a parameter fresh because the checkpoint's
+            tensor of that name has another shape (name such modules in ``skip``, or set false to load what fits).
     """
 
     checkpoint: str | None = None
