@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import datetime
 import errno
-import importlib
 import json
 import logging
 import re
@@ -44,7 +43,7 @@ from lightformer.data.corpora import CorpusUnavailableError
 from lightformer.errors import ConfigError
 from lightformer.files import release_lock, take_lock
 from lightformer.progress import Summary, validation_line
-from lightformer.tasks.base import Task
+from lightformer.tasks.base import Task, class_of
 from lightformer.tensorboard import samples_already_drawn
 
 DATA_LINKS = (
@@ -344,8 +343,10 @@ def check_model_config(config) -> None:
     init_args = model.get("init_args") if model is not None else None
     if not init_args:
         return
-    module, _, name = model["class_path"].rpartition(".")
-    hints = typing.get_type_hints(getattr(importlib.import_module(module), name).__init__)
+    task_class = class_of(model["class_path"])
+    if task_class is None:
+        return
+    hints = typing.get_type_hints(task_class.__init__)
     for group in ("net", "optimizer", "init"):
         config_class, values = hints.get(group), init_args.get(group)
         if values is None or not dataclasses.is_dataclass(config_class):
@@ -431,8 +432,7 @@ def check_lengths_before_data(config) -> None:
     model, data = config.get("model"), config.get("data")
     if not model or not model.get("class_path") or not model.get("init_args"):
         return
-    module, _, name = model.class_path.rpartition(".")
-    check = getattr(getattr(importlib.import_module(module), name, None), "check_lengths_before_data", None)
+    check = getattr(class_of(model.class_path), "check_lengths_before_data", None)
     if check is not None:
         check(model.init_args.get("net"), data)
 
@@ -446,9 +446,8 @@ def check_init_before_data(model: Namespace) -> None:
     loading, with every shape known, after the task's own checks of the data (a tokenizer or classes other than the
     checkpoint's, which name the cause of a mismatch in those tensors better)."""
     init = model.init_args.get("init") if model.get("init_args") else None
-    module, _, name = model.class_path.rpartition(".")
-    task_class = getattr(importlib.import_module(module), name, None)
-    if not init or not init.get("checkpoint") or not (isinstance(task_class, type) and issubclass(task_class, Task)):
+    task_class = class_of(model.class_path)
+    if not init or not init.get("checkpoint") or task_class is None or not issubclass(task_class, Task):
         return
     arguments = model.init_args.as_dict()
     net_class = typing.get_type_hints(task_class.__init__).get("net")

@@ -144,6 +144,17 @@ def random_spans_noise_mask(
     return np.cumsum(span_starts) % 2 == 1  # spans 0, 2, 4, ... are non-noise, 1, 3, 5, ... noise
 
 
+def span_corruption_lengths(length: int, noise_density: float, mean_span_length: float) -> tuple[int, int, int]:
+    """``(spans, source_length, target_length)`` of span corruption (``span_corruption``) of a segment of
+    ``length`` tokens: the counts of noise tokens and spans depend on the length only, so they are the same for every
+    segment of that length. The source keeps the other tokens, a sentinel per span and [EOS]; the target holds
+    [BOS], each sentinel followed by its span, and [EOS]."""
+    noise = random_spans_noise_mask(length, np.random.default_rng(0), noise_density, mean_span_length)
+    num_spans = int((noise & ~np.concatenate(([False], noise[:-1]))).sum())
+    num_noise = int(noise.sum())
+    return num_spans, length - num_noise + num_spans + 1, num_noise + num_spans + 2
+
+
 def span_corruption(
     ids: np.ndarray,
     rng: np.random.Generator,

@@ -31,7 +31,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
-from lightformer.data.masking import IGNORE_INDEX, mask_tokens, nsp_pair, random_spans_noise_mask, span_corruption
+from lightformer.data.masking import IGNORE_INDEX, mask_tokens, nsp_pair, span_corruption, span_corruption_lengths
 from lightformer.data.prepare import PreparedText, TokenizerConfig, prepare_text
 from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
 from lightformer.data.sequences import collate_pairs
@@ -494,10 +494,10 @@ class SpanCorruptionDataModule(_SegmentDataModule):
     ) -> None:
         if segment_tokens < 2:
             raise ValueError(f"data.segment_tokens={segment_tokens} must be at least 2 (a span and a kept token)")
-        # The corruption's own checks of noise_density and mean_span_length, before any data is prepared; the
-        # counts of noise tokens and spans depend on the length only, so this mask tells them for every segment.
-        noise = random_spans_noise_mask(segment_tokens, np.random.default_rng(0), noise_density, mean_span_length)
-        num_spans = int((noise & ~np.concatenate(([False], noise[:-1]))).sum())
+        # The corruption's own checks of noise_density and mean_span_length, before any data is prepared.
+        num_spans, source_length, target_length = span_corruption_lengths(
+            segment_tokens, noise_density, mean_span_length
+        )
         if num_spans > num_sentinels:
             raise ValueError(
                 f"data.num_sentinels={num_sentinels} is too few: a segment of segment_tokens={segment_tokens} with "
@@ -508,9 +508,7 @@ class SpanCorruptionDataModule(_SegmentDataModule):
         self.noise_density = noise_density
         self.mean_span_length = mean_span_length
         self.num_spans = num_spans
-        num_noise = int(noise.sum())
-        self.source_length = segment_tokens - num_noise + num_spans + 1  # ... + [EOS]
-        self.target_length = num_noise + num_spans + 2  # [BOS] ... [EOS]
+        self.source_length, self.target_length = source_length, target_length
 
     # --- what the translation task and the CLI's links read ---
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -17,12 +16,12 @@ from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig
-from lightformer.data.masking import random_spans_noise_mask
+from lightformer.data.masking import span_corruption_lengths
 from lightformer.data.tokenizers import Tokenizer, sentinel
 from lightformer.errors import ConfigError
 from lightformer.models.seq2seq import EncoderDecoderConfig
 from lightformer.nn.checks import check_at_least
-from lightformer.tasks.masked_lm import data_config_values, net_config_values
+from lightformer.tasks.base import data_config_values, net_config_values
 from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tasks.translation import Batch, TranslationTask
 from lightformer.tensorboard import logging_step, markdown_text, tensorboard_writer
@@ -204,11 +203,8 @@ class DenoisingTask(TranslationTask):
 
 def span_corruption_max_length(segment_tokens: int, noise_density: float, mean_span_length: float) -> int:
     """The ``max_length`` of ``SpanCorruptionDataModule`` (the positions its sources and targets take) for these
-    values, without building it: as its constructor, from the span counts, which depend on the length only."""
-    noise = random_spans_noise_mask(segment_tokens, np.random.default_rng(0), noise_density, mean_span_length)
-    num_spans = int((noise & ~np.concatenate(([False], noise[:-1]))).sum())
-    num_noise = int(noise.sum())
-    source_length, target_length = segment_tokens - num_noise + num_spans + 1, num_noise + num_spans + 2
+    values, without building it."""
+    _, source_length, target_length = span_corruption_lengths(segment_tokens, noise_density, mean_span_length)
     return max(source_length, target_length - 1)
 
 

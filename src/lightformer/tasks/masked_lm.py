@@ -6,12 +6,8 @@ the loss, the metrics, TensorBoard samples of the model filling in masked passag
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import inspect
 import re
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +20,7 @@ from lightformer.data.masking import IGNORE_INDEX
 from lightformer.data.tokenizers import MASK
 from lightformer.errors import ConfigError
 from lightformer.models.bert import BertConfig, BertForPreTraining
-from lightformer.tasks.base import TextTask, as_config
+from lightformer.tasks.base import TextTask, as_config, data_config_values, net_config_values
 from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import logging_step, render_masked, tensorboard_writer
 
@@ -220,32 +216,6 @@ def check_segments_fit(max_len: int, max_length: int, segment_tokens: int | None
         f"tokens (two segments with [CLS] and [SEP]), and the model's position table must hold them; set "
         f"model.net.max_len >= {max_length} or data.segment_tokens <= {max_len // 2}"
     )
-
-
-def data_config_values(data: Mapping | None, expected: str) -> dict[str, Any] | None:
-    """The init arguments of the data module a config names (``class_path``, ``init_args``), its signature's
-    defaults filled in, when it is ``expected`` (a class path) or a subclass of it; None otherwise (another data
-    module, whose own checks apply at set-up)."""
-    if not data or not data.get("class_path"):
-        return None
-    try:
-        module, _, name = str(data["class_path"]).rpartition(".")
-        data_class = getattr(importlib.import_module(module), name)
-        module, _, name = expected.rpartition(".")
-        if not issubclass(data_class, getattr(importlib.import_module(module), name)):
-            return None
-    except (ImportError, AttributeError, TypeError, ValueError):
-        return None  # a class path instantiation refuses with its own message
-    parameters = inspect.signature(data_class.__init__).parameters.values()
-    values = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
-    return {**values, **dict(data.get("init_args") or {})}
-
-
-def net_config_values(net: Mapping | None, config_class: type) -> dict[str, Any]:
-    """``model.net`` as given in a config, the defaults of ``config_class`` (a dataclass) filled in."""
-    defaults = {field.name: field.default for field in dataclasses.fields(config_class)}
-    given = dataclasses.asdict(net) if dataclasses.is_dataclass(net) else dict(net or {})
-    return {**defaults, **given}
 
 
 class _Metrics(torch.nn.Module):

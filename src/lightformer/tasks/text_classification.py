@@ -22,8 +22,7 @@ from lightformer.checkpoints import CheckpointError, InitConfig, read_checkpoint
 from lightformer.data.tokenizers import Tokenizer
 from lightformer.errors import ConfigError
 from lightformer.models.bert import BertConfig, BertForSequenceClassification
-from lightformer.tasks.base import TextTask, as_config
-from lightformer.tasks.masked_lm import data_config_values, net_config_values
+from lightformer.tasks.base import TextTask, as_config, data_config_values, net_config_values
 from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import confusion_figure, tensorboard_writer
 
