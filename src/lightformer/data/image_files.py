@@ -137,26 +137,6 @@ class ImageFileDataset(Dataset):
             raise ValueError(f"image_folder: class folders without image files in {directory}: {empty}")
         return cls(samples, in_channels, image_size)
 
-    def check_readable(self, description: str) -> None:
-        """Open every file's header (cheap: no pixels are decoded) and raise ValueError naming the files that are
-        not readable images, before any training; a progress bar shows the pass over a large folder."""
-        from tqdm.auto import tqdm
-
-        unreadable = []
-        paths = tqdm(self.samples, desc=f"checking {description}", unit="file", disable=len(self.samples) < 2000)
-        for path, _ in paths:
-            try:
-                with Image.open(path):
-                    pass
-            except (UnidentifiedImageError, OSError) as error:
-                unreadable.append(f"{path} ({error.__class__.__name__})")
-        if unreadable:
-            shown = "; ".join(unreadable[:5]) + (f"; and {len(unreadable) - 5} more" if len(unreadable) > 5 else "")
-            raise ValueError(
-                f"image_folder: {len(unreadable)} of {len(self.samples)} files in {description} are not readable "
-                f"images: {shown}. Remove or replace them."
-            )
-
     def __len__(self) -> int:
         return len(self.samples)
 

@@ -45,12 +45,11 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
 from lightformer.data.augment import normalize, random_crop, random_erasing, random_horizontal_flip
-from lightformer.data.caching import content_hash
+from lightformer.data.caching import content_hash, write_json
 from lightformer.data.corpora import DEBIAN_FASHION_MNIST_DIR, install_debian_fashion_mnist
 from lightformer.data.image_files import ImageFileDataset, load_image, read_image_folder_layout
 from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
 from lightformer.errors import ConfigError
-from lightformer.files import atomic_write_bytes
 
 DatasetName = Literal["fashion_mnist", "mnist", "cifar10", "digits", "image_folder"]
 AugmentName = Literal["none", "flip", "flip_crop", "trivialaugment", "randaugment"]
@@ -258,8 +257,7 @@ def check_image_files(files: list[str], directory: Path, in_channels: int, remem
         )
     if record is not None and to_check and good != known:
         try:
-            text = json.dumps({"version": IMAGE_CHECKS_VERSION, "folder": str(directory), "files": good})
-            atomic_write_bytes(record, text.encode("utf-8"))
+            write_json(record, {"version": IMAGE_CHECKS_VERSION, "folder": str(directory), "files": good})
         except OSError as error:
             rank_zero_warn(f"image_folder: could not remember the checked image files in {record} ({error}); the "
                            "next run checks them again")  # fmt: skip
