@@ -60,7 +60,7 @@ def test_prepare_takes_fits_command_line_and_fit_then_prepares_nothing(tmp_path,
     def no_work(*args, **kwargs):
         raise AssertionError("fit should have found the data prepared")
 
-    monkeypatch.setattr(prepare, "_prepare", no_work)
+    monkeypatch.setattr(prepare, "_prepare_text", no_work)
     cli = cli_main(["fit", *args, "--trainer.enable_progress_bar=false"])
     assert cli.trainer.global_step == 2 and cli.datamodule.prepared.folder == folder
     with pytest.raises(SystemExit, match=r"lightformer: data: .*train_files: the file '.*nope\.txt' does not exist"):

@@ -242,7 +242,7 @@ def test_preparing_again_does_nothing_and_a_changed_source_prepares_anew(tmp_pat
     def no_work(*args, **kwargs):
         raise AssertionError("the prepared folder should have been used")
 
-    monkeypatch.setattr(prepare, "_prepare", no_work)
+    monkeypatch.setattr(prepare, "_prepare_text", no_work)
     second = make_module(tmp_path, train_files=[str(corpus)])
     assert second.vocab_size == first.vocab_size
     second.setup("fit")

@@ -23,26 +23,29 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property, partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from filelock import FileLock
 from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch.utilities import rank_zero_info
+from litdata import TokensLoader, optimize
 
 from lightformer.data.caching import content_hash, file_stamp, preparing
 from lightformer.data.sources import SPLITS, Piece, TextSource, read_piece
 from lightformer.data.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer, token_dtype
-from lightformer.files import atomic_write_bytes, sha256_of
+from lightformer.files import atomic_open, atomic_write_bytes, sha256_of
 
 FORMAT_VERSION = 1  # bump when what a prepared folder holds changes meaning
 MANIFEST = "prepared.json"
 TOKENIZER = "tokenizer.json"
 CHUNK_BYTES = "64MB"
+LENGTHS = "lengths.npy"  # a records folder's field lengths (``write_records``)
 
 
 @dataclass(frozen=True)
@@ -145,44 +148,124 @@ def prepare_text(
         "text_field": source.text_field,
         "tokenizer": _tokenizer_key(tokenizer, extra_special_tokens),
     }
-    folder = Path(output_dir) / f"{'-'.join(_stem(files['train']))}-{content_hash(fingerprint)}"
+    build = partial(
+        _prepare_text,
+        source=source,
+        files=files,
+        config=tokenizer,
+        num_workers=num_workers,
+        extra_special_tokens=extra_special_tokens,
+    )
+    return PreparedText(prepared_folder(output_dir, stem_of(files["train"]), fingerprint, build))
+
+
+def prepared_folder(output_dir: str | Path, stem: str, fingerprint: dict, build: Callable[[Path], dict]) -> Path:
+    """The folder ``<output_dir>/<stem>-<hash of fingerprint>``, prepared by ``build`` once per job: what every kind
+    of prepared data (token shards, records) shares.
+
+    A complete folder is returned at once. Else the process that takes ``<folder>.lock`` empties the folder (what a
+    killed preparation left), calls ``build(folder)``, and writes ``prepared.json`` (the fingerprint and what
+    ``build`` returned) last and atomically; the other processes wait for the lock, then find the folder complete.
+    The random generators are left as they were: preparation runs in whichever process gets there first, before the
+    model is built, and must not make that process start from other weights than the others.
+    """
+    folder = Path(output_dir) / f"{stem}-{content_hash(fingerprint)}"
     if (folder / MANIFEST).is_file():
-        return PreparedText(folder)
+        return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     with _lock(folder), _random_state_kept():
         if not (folder / MANIFEST).is_file():  # another process may have prepared it while this one waited
-            _prepare(folder, fingerprint, source, files, tokenizer, num_workers, extra_special_tokens)
-    return PreparedText(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            manifest = {**fingerprint, **build(folder), "created": time.time()}
+            atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
+    return folder
 
 
-def _prepare(
+def write_shards(folder: Path, fn: Callable, inputs: list, workers: int | None, item_loader=None) -> None:
+    """``litdata.optimize``: ``fn(input)`` yields the items of one input, written in the inputs' order into 64 MB
+    chunks in ``folder`` by ``workers`` processes (default: every core), each holding one input at a time."""
+    workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(inputs)))
+    with preparing(f"writing {len(inputs)} pieces into {folder} on {workers} processes"), _tokenizers_single_threaded():
+        optimize(
+            fn=fn,
+            inputs=inputs,
+            output_dir=str(folder),
+            chunk_bytes=CHUNK_BYTES,
+            item_loader=item_loader,
+            num_workers=workers,
+            start_method="fork" if hasattr(os, "fork") else None,  # spawn re-imports torch: seconds per worker
+            keep_data_ordered=True,  # contiguous runs of inputs per worker, chunks in worker order: items in order
+            reorder_files=False,
+            verbose=False,
+        )
+
+
+def write_records(
     folder: Path,
-    fingerprint: dict,
+    records_of: Callable[[Any], Iterable[dict]],
+    inputs: list,
+    workers: int | None,
+    length_fields: tuple[str, ...],
+) -> int:
+    """Records (dicts of arrays, numbers, strings) into a split folder that ``streaming.Records`` reads by index, in
+    the order ``records_of`` yields them for each input in turn; returns their count. ``records_of`` is a
+    module-level function or a ``functools.partial`` of one (the workers get it by pickling).
+
+    ``<folder>/lengths.npy`` (records × ``length_fields``, int32) holds the length of each named field of each
+    record, for samplers that batch by length (a token budget) without reading the records.
+    """
+    side = folder.with_name(f".{folder.name}-lengths")
+    shutil.rmtree(side, ignore_errors=True)
+    side.mkdir(parents=True)
+    fn = partial(_records_with_lengths, records_of=records_of, fields=length_fields, side=str(side))
+    write_shards(folder, fn, list(enumerate(inputs)), workers)
+    parts = [np.load(side / f"{i:08d}.npy") for i in range(len(inputs))]
+    lengths = np.concatenate(parts) if parts else np.zeros((0, len(length_fields)), np.int32)
+    count = _count(folder, "chunk_size")
+    if count != len(lengths):
+        raise RuntimeError(f"{folder}: {count:,} records were written but {len(lengths):,} lengths counted")
+    with atomic_open(folder / LENGTHS) as f:
+        np.save(f, lengths)
+    shutil.rmtree(side)
+    return count
+
+
+def _records_with_lengths(item: tuple[int, Any], records_of: Callable, fields: tuple[str, ...], side: str):
+    """One input's records, its lengths saved beside them (``<side>/<input index>.npy``) once they are all out."""
+    index, source = item
+    lengths = []
+    for record in records_of(source):
+        lengths.append([len(record[name]) for name in fields])
+        yield record
+    with atomic_open(Path(side) / f"{index:08d}.npy") as f:
+        np.save(f, np.asarray(lengths, dtype=np.int32).reshape(-1, len(fields)))
+
+
+def _prepare_text(
+    folder: Path,
     source: TextSource,
     files: dict[str, list[Path]],
     config: TokenizerConfig,
     num_workers: int | None,
     extra_special_tokens: tuple[str, ...],
-) -> None:
-    shutil.rmtree(folder, ignore_errors=True)  # what a killed preparation left
-    folder.mkdir(parents=True)
+) -> dict:
     pieces = source.pieces(files)
     if not pieces["train"]:
         names = ", ".join(str(p) for p in files["train"])
         raise ValueError(f"data.source: the training text is empty ({names}); give files that hold text")
     tokenizer = _tokenizer(config, pieces, source.text_field, extra_special_tokens)
     tokenizer.save(folder / TOKENIZER)
-    workers = num_workers or len(os.sched_getaffinity(0))
+    encode = partial(encode_piece, tokenizer_json=tokenizer.to_str(), text_field=source.text_field)
     tokens = {}
     for split in SPLITS:
         if pieces[split]:
-            _encode_split(folder / split, pieces[split], tokenizer, source.text_field, workers)
-            tokens[split] = _count_tokens(folder / split)
+            write_shards(folder / split, encode, pieces[split], num_workers, TokensLoader())
+            tokens[split] = _count(folder / split, "dim")
         if split == "train" and not tokens.get("train"):
             raise ValueError("data.source: the training text encodes to no token; give files that hold text")
-    manifest = {**fingerprint, "tokens": tokens, "vocab_size": tokenizer.vocab_size, "created": time.time()}
-    atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
     rank_zero_info(f"prepared data: {folder} ({', '.join(f'{s} {n:,} tokens' for s, n in tokens.items())})")
+    return {"tokens": tokens, "vocab_size": tokenizer.vocab_size}
 
 
 def _tokenizer(
@@ -208,27 +291,6 @@ def _tokenizer(
         if config.kind == "char":
             return Tokenizer.train_char(sample, extra_special_tokens)
         return Tokenizer.train_bpe(sample, config.vocab_size, extra_special_tokens=extra_special_tokens)
-
-
-def _encode_split(folder: Path, pieces: list[Piece], tokenizer: Tokenizer, text_field: str, workers: int) -> None:
-    from litdata import TokensLoader, optimize
-
-    size = sum(piece.weight for piece in pieces)
-    workers = max(1, min(workers, len(pieces)))
-    what = f"encoding {len(pieces)} pieces ({size:,} bytes or rows) into {folder} on {workers} processes"
-    with preparing(what), _tokenizers_single_threaded():
-        optimize(
-            fn=partial(encode_piece, tokenizer_json=tokenizer.to_str(), text_field=text_field),
-            inputs=pieces,
-            output_dir=str(folder),
-            chunk_bytes=CHUNK_BYTES,
-            item_loader=TokensLoader(),
-            num_workers=workers,
-            start_method="fork" if hasattr(os, "fork") else None,  # spawn re-imports torch: seconds per worker
-            keep_data_ordered=True,
-            reorder_files=False,
-            verbose=False,
-        )
 
 
 _TOKENIZERS: dict[str, Tokenizer] = {}
@@ -257,8 +319,9 @@ def encode_piece(piece: Piece, tokenizer_json: str, text_field: str = "text"):
             batch = []
 
 
-def _count_tokens(folder: Path) -> int:
-    return sum(chunk["dim"] for chunk in json.loads((folder / "index.json").read_text())["chunks"])
+def _count(folder: Path, what: str) -> int:
+    """A LitData folder's count of tokens ("dim", a ``TokensLoader`` folder's) or items ("chunk_size")."""
+    return sum(chunk[what] for chunk in json.loads((folder / "index.json").read_text())["chunks"])
 
 
 def _identity(path: Path, source: TextSource) -> list | str:
@@ -266,9 +329,10 @@ def _identity(path: Path, source: TextSource) -> list | str:
     return sha256_of(path) if source.corpus is not None or source.url is not None else file_stamp(path)
 
 
-def _stem(paths: list[Path]) -> list[str]:
+def stem_of(paths: list[Path]) -> str:
+    """A prepared folder's readable name for its source files: the first file's stem, "+N" for N more."""
     name = paths[0].stem if len(paths) == 1 else f"{paths[0].stem}+{len(paths) - 1}"
-    return ["".join(c if c.isalnum() or c in "+_." else "_" for c in name)[:40]]
+    return "".join(c if c.isalnum() or c in "+_." else "_" for c in name)[:40]
 
 
 def _tokenizer_key(config: TokenizerConfig, extra_special_tokens: tuple[str, ...]) -> dict:

@@ -19,6 +19,8 @@ import torch
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from lightformer.data.prepare import LENGTHS
+
 
 @dataclass(frozen=True)
 class LoaderConfig:
@@ -171,3 +173,39 @@ def validation_subset(dataset: Dataset, count: int, seed: int) -> Subset:
     ``loader.val_windows`` is set (the same examples at every validation)."""
     chosen = np.random.default_rng(seed).choice(len(dataset), count, replace=False)
     return Subset(dataset, np.sort(chosen).tolist())
+
+
+class Records(Dataset):
+    """Every record of a prepared records split (``prepare.write_records``), by index: map-style, so a sampler (a
+    token budget over ``lengths``, a shuffle by seed and epoch) decides which rank reads which.
+
+    Reads go through LitData's ``StreamingDataset`` with per-item decoding: its default decodes a window of items
+    ahead for sequential reads, hundreds of times slower for a random one. A batch's records are read in index order
+    (``__getitems__``, which the loader calls), so a batch moves between chunks at most once per chunk it touches.
+    The dataset opens on first use, so a copy sent to a loader worker carries only the path.
+    """
+
+    def __init__(self, split_dir: str) -> None:
+        self.split_dir = split_dir
+        self.lengths = np.load(Path(split_dir) / LENGTHS, mmap_mode="r")  # records × length fields, not read yet
+        self._dataset: StreamingDataset | None = None
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> dict:
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} is out of range for {len(self)} records")
+        if self._dataset is None:
+            self._dataset = StreamingDataset(self.split_dir, batch_decode=0)
+        return self._dataset[int(index)]
+
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        read = {index: self[index] for index in sorted(set(indices))}
+        return [read[index] for index in indices]
+
+    def __getstate__(self) -> dict:
+        return {"split_dir": self.split_dir}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["split_dir"])

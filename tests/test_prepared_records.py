@@ -1,0 +1,62 @@
+"""Records prepared by ``data.prepare.write_records`` and read by index by ``data.streaming.Records``: the layer that
+translation pairs and labelled passages are prepared into."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+from lightformer.data.prepare import prepared_folder, write_records
+from lightformer.data.streaming import Records
+
+
+def records_of(piece: tuple[int, int]):
+    first, count = piece
+    for i in range(first, first + count):
+        yield {"src": np.arange(i % 7 + 1, dtype=np.uint16), "tgt": np.full(i % 5 + 2, i, np.int32), "text": f"#{i}"}
+
+
+def test_records_keep_the_inputs_order_and_their_lengths_across_workers(tmp_path):
+    pieces = [(i * 300, 300 - i) for i in range(9)]  # uneven pieces, split over 2 writing processes
+    count = write_records(tmp_path / "train", records_of, pieces, workers=2, length_fields=("src", "tgt"))
+    expected = [record for piece in pieces for record in records_of(piece)]
+    assert count == len(expected)
+    records = Records(str(tmp_path / "train"))
+    assert len(records) == count
+    assert records.lengths.tolist() == [[len(r["src"]), len(r["tgt"])] for r in expected]
+    for index in (0, 1, 299, 300, 1500, count - 1):
+        assert records[index]["text"] == expected[index]["text"]
+        np.testing.assert_array_equal(records[index]["tgt"], expected[index]["tgt"])
+    with pytest.raises(IndexError, match="out of range"):
+        records[count]
+
+
+def test_a_batch_of_records_comes_in_the_order_asked_and_a_worker_gets_only_the_path(tmp_path):
+    write_records(tmp_path / "val", records_of, [(0, 50), (50, 50)], workers=1, length_fields=("src",))
+    records = Records(str(tmp_path / "val"))
+    batch = records.__getitems__([42, 3, 97, 3])
+    assert [record["text"] for record in batch] == ["#42", "#3", "#97", "#3"]
+    assert len(pickle.dumps(records)) < 500  # the path, not the lengths or an open dataset
+    loader = DataLoader(records, batch_size=8, num_workers=1, collate_fn=lambda items: [r["text"] for r in items])
+    assert [text for batch in loader for text in batch] == [f"#{i}" for i in range(100)]
+
+
+def test_a_prepared_folder_is_built_once_and_a_half_written_one_again(tmp_path):
+    built = []
+
+    def build(folder):
+        built.append(folder)
+        (folder / "data").write_text("x")
+        return {"count": len(built)}
+
+    folder = prepared_folder(tmp_path, "name", {"source": 1}, build)
+    assert prepared_folder(tmp_path, "name", {"source": 1}, build) == folder and len(built) == 1
+    assert folder.name.startswith("name-") and (folder / "prepared.json").is_file()
+    (folder / "prepared.json").unlink()  # as a preparation killed before its last write leaves it
+    (folder / "leftover").write_text("from the killed run")
+    assert prepared_folder(tmp_path, "name", {"source": 1}, build) == folder and len(built) == 2
+    assert not (folder / "leftover").exists()
+    assert prepared_folder(tmp_path, "name", {"source": 2}, build) != folder  # another fingerprint, another folder
