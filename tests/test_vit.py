@@ -184,3 +184,20 @@ def test_weights_saved_when_qkv_bias_switched_off_every_layer_bias_load_and_comp
     images = torch.randn(2, 1, 28, 28)
     with torch.no_grad():
         torch.testing.assert_close(ours(images), old(images))
+
+
+def test_resuming_a_run_saved_before_bias_existed_asks_for_bias_false_by_name():
+    # Its optimizer state has no entry for the layer biases a qkv_bias=False model has today: Lightning would fail
+    # on mismatched parameter groups; the task says which option rebuilds the saved model.
+    from lightformer.errors import ConfigError
+    from lightformer.tasks import ImageClassificationTask
+
+    shape = {"image_size": 28, "patch_size": 7, "in_channels": 1, "num_classes": 10, "d_model": 32, "n_layers": 2}
+    shape |= {"n_heads": 2, "d_ff": 64}
+    old = ImageClassificationTask(net={**shape, "qkv_bias": False, "bias": False})
+    saved = {"state_dict": old.state_dict(), "optimizer_states": [{}]}
+    resumed = ImageClassificationTask(net={**shape, "qkv_bias": False})
+    with pytest.raises(ConfigError, match="--model.net.bias false"):
+        resumed.on_load_checkpoint(saved)
+    resumed.on_load_checkpoint({"state_dict": saved["state_dict"]})  # weights alone (test, predict): they load
+    ImageClassificationTask(net={**shape, "qkv_bias": False, "bias": False}).on_load_checkpoint(saved)

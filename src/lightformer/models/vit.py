@@ -165,17 +165,25 @@ class VisionTransformer(nn.Module):
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
 
-    def _load_from_state_dict(self, state_dict: dict[str, Tensor], prefix: str, *args, **kwargs) -> None:
-        """Weights saved when ``qkv_bias=False`` also switched off every other bias of the encoder layers (before
-        ``bias`` existed) load into the same config today, which keeps those biases: they are filled with zeros, so
-        the model computes what it computed (it may then train them)."""
+    def saved_without_layer_biases(self, state_dict: dict[str, Tensor], prefix: str = "") -> bool:
+        """Whether ``state_dict`` holds weights saved when ``qkv_bias=False`` also switched off every other bias of the
+        encoder layers (before ``bias`` existed), for this config, which keeps those biases."""
         layers = [f"{prefix}encoder.layers.{i}." for i in range(len(self.encoder.layers))]
         biases = [f"{layer}{name}.bias" for layer in layers for name in _LEGACY_BIAS_FREE]
-        legacy = not self.config.qkv_bias and all(key not in state_dict for key in biases)
-        if legacy and all(key.removesuffix("bias") + "weight" in state_dict for key in biases):
+        return (
+            self.config.bias
+            and not self.config.qkv_bias
+            and all(key not in state_dict and f"{key.removesuffix('bias')}weight" in state_dict for key in biases)
+        )
+
+    def _load_from_state_dict(self, state_dict: dict[str, Tensor], prefix: str, *args, **kwargs) -> None:
+        """Such weights (``saved_without_layer_biases``) load with those biases zero: the model computes what it
+        computed (it may then train them)."""
+        if self.saved_without_layer_biases(state_dict, prefix):
             own = self.state_dict(prefix=prefix)
-            for key in biases:
-                if key in own:
+            for name in _LEGACY_BIAS_FREE:
+                for i in range(len(self.encoder.layers)):
+                    key = f"{prefix}encoder.layers.{i}.{name}.bias"
                     state_dict[key] = torch.zeros_like(own[key])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 

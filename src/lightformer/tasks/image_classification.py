@@ -20,6 +20,7 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig
 from lightformer.data.image_files import read_images
+from lightformer.errors import ConfigError
 from lightformer.models.vit import VisionTransformer, ViTConfig, attention_rollout
 from lightformer.tasks.base import Task, as_config
 from lightformer.tasks.optim import OptimizerConfig
@@ -122,6 +123,13 @@ class ImageClassificationTask(Task):
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        resuming = "optimizer_states" in checkpoint
+        if resuming and self.model.saved_without_layer_biases(checkpoint["state_dict"], prefix="model."):
+            raise ConfigError(
+                "this checkpoint was saved when model.net.qkv_bias=false also switched off the encoder layers' other "
+                "biases (before model.net.bias existed): resume its run with --model.net.bias false (its weights "
+                "load as they are into either, for test, predict or model.init)"
+            )
         stored = checkpoint.get(CHECKPOINT_KEY, {})
         self.class_names = stored.get("class_names")
         self.normalize_mean = stored.get("normalize_mean")
