@@ -35,12 +35,10 @@ from lightformer.data.masking import IGNORE_INDEX, mask_tokens, nsp_pair, span_c
 from lightformer.data.prepare import PreparedText, TokenizerConfig, prepare_text
 from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
 from lightformer.data.sequences import collate_pairs
-from lightformer.data.sources import SPLITS, TextSource
+from lightformer.data.sources import TextSource, stage_splits
 from lightformer.data.streaming import LoaderConfig, Windows, validation_subset
 from lightformer.data.text import PrepareConfig, as_config
 from lightformer.data.tokenizers import BOS_ID, EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
-
-_STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}
 
 Key = int | tuple[int, int]  # a dataset index, or (index, epoch) from EpochShuffleSampler(with_epoch=True)
 
@@ -291,7 +289,7 @@ class _SegmentDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """Build the datasets that `stage` needs (all of them for None) over the prepared shards."""
-        for split in _STAGE_SPLITS.get(stage, SPLITS):
+        for split in stage_splits(stage):
             if split not in self.datasets and self.prepared.has(split):  # else built, or no such split
                 self.datasets[split] = self._make_dataset(self.prepared.split_dir(split), split)
 

@@ -28,9 +28,16 @@ from lightformer.files import expand_patterns
 Format = Literal["text", "jsonl", "parquet"]
 Split = Literal["end", "each_file"]
 SPLITS = ("train", "val", "test")
+
+
 PIECE_BYTES = 8 << 20  # the most bytes of one piece: what one preparation worker holds at a time
 _FORMAT_OF_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 _SEARCH_BYTES = 1 << 16  # how far a text cut looks for a line break before it cuts between two characters
+
+
+def stage_splits(stage: str | None) -> tuple[str, ...]:
+    """The splits a Lightning stage reads ("fit": train and val; None: all of them)."""
+    return {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}.get(stage, SPLITS)
 
 
 def format_of(path: str | Path) -> Format:

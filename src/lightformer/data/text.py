@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from lightformer.data.prepare import PreparedText, TokenizerConfig, prepare_text
 from lightformer.data.sampling import evaluation_sampler
-from lightformer.data.sources import TextSource
+from lightformer.data.sources import TextSource, stage_splits
 from lightformer.data.streaming import (
     EvaluationWindows,
     LoaderConfig,
@@ -115,8 +115,7 @@ class TextDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """Check that the splits ``stage`` needs hold a window each (all splits for None)."""
-        needed = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}
-        for split in needed.get(stage, ("train", "val", "test")):
+        for split in stage_splits(stage):
             tokens = self.prepared.num_tokens(split)
             if (split == "train" or self.prepared.has(split)) and tokens < self.block_size + 1:
                 raise ValueError(
