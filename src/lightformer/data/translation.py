@@ -1,14 +1,17 @@
 """Translation data: sentence pairs → BPE token ids → length-bucketed batches under a token budget.
 
-The flow, with the expensive steps cached under `cache_dir` (atomic writes, so DDP ranks and parallel tests
-can build the same cache at once):
+The pairs are prepared once per job into a folder under `prepare_dir` (``data.prepare.prepared_folder``: named by a
+hash of everything its content depends on, built under a lock, its manifest written last):
 
-    Ding dictionary / TSV files / two line-aligned files ──extract, split──> train | val | test pairs (JSON)
-        ──BPE (joint, or one per side; trained on train only)──> ids ──> TokenBudgetBatchSampler ──> padded batches
+    Ding dictionary (in memory) / TSV files / two line-aligned files (pieces of ≤ 8 MB, never a whole file)
+        ──md5 split──> train | val | test ──BPE (joint, or one per side; trained on a bounded sample of train)──>
+        <folder>/tokenizer-{joint|first|second}.json, record splits <folder>/{train,val,test}/ (every core)
+        ──streaming.Records──> TokenBudgetBatchSampler (over the stored lengths) ──> padded batches
 
-Pairs are kept in the source's own order, (German, English) for Ding and (first column, second column) for
-files; `direction` picks which side is the source only when batches are made, so de-en and en-de share the
-cached pairs and tokenizers.
+A record is one pair: its two sides' ids without special tokens and its two texts, in the source's own order,
+(German, English) for Ding and (first column, second column) for files; `direction` picks which side is the source
+only when batches are made, so de-en and en-de share the prepared folder. With BPE-dropout the folder also holds
+`bpe_dropout_segmentations` record splits `train-dropout-<k>` of the train pairs, each segmented anew.
 
 The Ding dictionary's extraction and the split of sentence pairs are described in ``lightformer.data.corpora``.
 
@@ -19,7 +22,12 @@ direction, vocabulary, budgets) and their checks, which fail at construction nam
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
+from itertools import zip_longest
 from pathlib import Path
 from typing import Literal
 
@@ -27,28 +35,35 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
-from lightformer.data.caching import cached, content_hash, file_stamp, preparing, write_json, write_tokenizer
+from lightformer.data import sources
+from lightformer.data.caching import content_hash, file_stamp, preparing
 from lightformer.data.corpora import (
     DING_DEB_PACKAGE,
     DING_FILE,
     CorpusUnavailableError,
     Pair,
     extract_ding_pairs,
-    read_parallel_pairs,
-    read_tsv_pairs,
     split_of,
 )
+from lightformer.data.prepare import MANIFEST, prepared_folder, stem_of, write_records
 from lightformer.data.sampling import TokenBudgetBatchSampler
-from lightformer.data.sequences import PackedSequences, TranslationDataset, collate_pairs
-from lightformer.data.tokenizers import MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer
+from lightformer.data.sequences import collate_pairs
+from lightformer.data.sources import FileSpan, Piece, pieces_of, read_piece
+from lightformer.data.streaming import Records
+from lightformer.data.tokenizers import BOS_ID, EOS_ID, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer
 from lightformer.files import as_list, atomic_open, expand_patterns, sha256_of
 
 SPLITS = ("train", "val", "test")
-# Bump when the cached pairs' or tokenizers' meaning changes (extraction rules, split rule), so old caches are
-# not reused.
-_CACHE_FORMAT_VERSION = 1
+# Bump when what a prepared folder holds changes meaning (extraction rules, split rule, record fields), so that
+# folders of an older format are not reused.
+_FORMAT_VERSION = 2
+# The tokenizers train on at most this many bytes of the train pairs' files, taken evenly from every piece (all of
+# the train pairs when the files are smaller; the Ding dictionary's pairs are always used whole).
+SAMPLE_BYTES = 64_000_000
+LENGTH_FIELDS = ("first", "second")  # a record's id arrays, whose lengths the batch sampler budgets
+_DING_INPUT_PAIRS = 100_000  # Ding pairs per encoding input (one worker process each)
 
 
 class TranslationDataModule(L.LightningDataModule):
@@ -97,7 +112,7 @@ class TranslationDataModule(L.LightningDataModule):
             (`Tokenizer.encode_batch_with_dropout`). Validation and test keep the one segmentation of plain BPE.
             0 turns it off.
         bpe_dropout_segmentations: with bpe_dropout, how many segmentations of each train sentence are drawn (from
-            `seed`, cached under `cache_dir`); epoch e trains on the (e mod this)-th of each, so runs repeat exactly
+            `seed`, prepared under `prepare_dir`); epoch e trains on the (e mod this)-th of each, so runs repeat exactly
             on resume and on every rank.
         max_sentence_tokens: longest train sentence in tokens, BOS/EOS included; longer train pairs are dropped.
             Val and test pairs are all kept, their ids cut to this length with EOS kept last, and their texts
@@ -107,7 +122,8 @@ class TranslationDataModule(L.LightningDataModule):
         max_tokens: token budget of one batch: rows × longest row (source or target) <= max_tokens; must be at
             least `max_sentence_tokens`.
         num_workers: DataLoader worker processes.
-        cache_dir: where the extracted pairs and trained tokenizers are cached.
+        prepare_dir: where the pairs are prepared (tokenizers and records, one folder per source and options,
+            reused while they are unchanged; see the module docstring).
         seed: seeds the batches' shuffling (the splits do not depend on it).
     """
 
@@ -134,7 +150,7 @@ class TranslationDataModule(L.LightningDataModule):
         max_sentence_tokens: int = 128,
         max_tokens: int = 4096,
         num_workers: int = 0,
-        cache_dir: str = "data/cache",
+        prepare_dir: str = "data/prepared",
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -223,14 +239,12 @@ class TranslationDataModule(L.LightningDataModule):
         self.max_sentence_tokens = max_sentence_tokens
         self.max_tokens = max_tokens
         self.num_workers = num_workers
-        self.cache_dir = Path(cache_dir)
+        self.prepare_dir = Path(prepare_dir)
         self.seed = seed
-        self.datasets: dict[str, TranslationDataset] = {}
+        self.datasets: dict[str, PreparedPairs] = {}
         self.stats: dict[str, object] = {}
-        self._fingerprint_value: dict | None = None
-        self._pairs: dict[str, list[Pair]] | None = None
+        self._folder: Path | None = None
         self._tokenizers: dict[str, Tokenizer] = {}
-        self._encoded: dict[str, PackedSequences] | None = None
 
     # --- tokenizers: available right after construction (LightningCLI links the sizes into the model) ---
 
@@ -259,9 +273,17 @@ class TranslationDataModule(L.LightningDataModule):
     # --- LightningDataModule hooks ---
 
     def prepare_data(self) -> None:
-        """Extract the pairs and train the tokenizers into the cache (once, on one process per node)."""
-        for side in (0, 1):
-            self._tokenizer(side)
+        """Prepare the pairs (once per job: see ``data.prepare.prepared_folder``)."""
+        self.prepared  # noqa: B018 (prepares on first use)
+
+    @property
+    def prepared(self) -> Path:
+        """The prepared folder (tokenizers, record splits, manifest), prepared on first use; its manifest's
+        statistics are in `stats` from then on."""
+        if self._folder is None:
+            self._folder = prepared_folder(self.prepare_dir, self._stem(), self._fingerprint(), self._build)
+            self.stats.update(json.loads((self._folder / MANIFEST).read_text())["stats"])
+        return self._folder
 
     def setup(self, stage: str | None = None) -> None:
         """Encode the splits that `stage` needs (all for None); train pairs over `max_sentence_tokens` are dropped."""
@@ -274,7 +296,8 @@ class TranslationDataModule(L.LightningDataModule):
         return self._dataloader("train", shuffle=True)
 
     def val_dataloader(self) -> DataLoader | list:
-        if not self._split_pairs()["val"]:
+        self.prepared  # noqa: B018 (its manifest holds the statistics)
+        if not self.stats["val_pairs"]:
             return []  # no validation pairs: Lightning skips validation
         return self._dataloader("val", shuffle=False)
 
@@ -306,179 +329,207 @@ class TranslationDataModule(L.LightningDataModule):
             pin_memory=torch.cuda.is_available(),
         )
 
-    def _encode_split(self, split: str) -> TranslationDataset:
+    def _encode_split(self, split: str) -> PreparedPairs:
         """The split's dataset: source + EOS, BOS + target + EOS; over-long train pairs dropped, val/test cut.
 
         With `bpe_dropout`, the train dataset is `bpe_dropout_segmentations` blocks, one per segmentation of the
-        pairs (the batch sampler draws each epoch from one block).
+        pairs (the batch sampler draws each epoch from one block); a pair too long in any of them is dropped.
         """
-        pairs = self._split_pairs()[split]
-        src_side, tgt_side = self._source_side, 1 - self._source_side
         if split == "train" and self.bpe_dropout:
-            segmentations = self._dropout_segmentations()
+            names = [_dropout_split(k) for k in range(self.bpe_dropout_segmentations)]
         else:
-            packed = self._encoded_pairs()
-            segmentations = [{side: packed[f"{split}-{side}"] for side in (0, 1)}]
-        srcs = [segmented[src_side].framed(bos=False, eos=True) for segmented in segmentations]
-        tgts = [segmented[tgt_side].framed(bos=True, eos=True) for segmented in segmentations]
-        src_texts, tgt_texts = [pair[src_side] for pair in pairs], [pair[tgt_side] for pair in pairs]
-        limit = self.max_sentence_tokens
+            names = [split]
+        blocks = [Records(str(self.prepared / name)) for name in names]
+        src_side, tgt_side, limit = self._source_side, 1 - self._source_side, self.max_sentence_tokens
         too_long = np.logical_or.reduce(
-            [(src.lengths > limit) | (tgt.lengths > limit) for src, tgt in zip(srcs, tgts, strict=True)]
+            [(block.lengths[:, src_side] + 1 > limit) | (block.lengths[:, tgt_side] + 2 > limit) for block in blocks]
         )
-        if split == "train":
-            self.stats["train_dropped_too_long"] = int(too_long.sum())
-            if too_long.any():
-                rank_zero_info(
-                    f"TranslationDataModule: dropped {int(too_long.sum())} of {len(pairs)} train pairs longer than "
-                    f"max_sentence_tokens={limit}" + (" in one of their segmentations" if len(srcs) > 1 else "")
-                )
-                keep = ~too_long
-                srcs, tgts = [src.select(keep) for src in srcs], [tgt.select(keep) for tgt in tgts]
-                src_texts = [text for text, kept in zip(src_texts, keep, strict=True) if kept]
-                tgt_texts = [text for text, kept in zip(tgt_texts, keep, strict=True) if kept]
-        else:
+        if split != "train":
             self.stats[f"{split}_truncated"] = int(too_long.sum())
-            srcs, tgts = [src.truncated(limit) for src in srcs], [tgt.truncated(limit) for tgt in tgts]
-        return TranslationDataset(
-            PackedSequences.concatenate(srcs),
-            PackedSequences.concatenate(tgts),
-            src_texts * len(srcs),
-            tgt_texts * len(tgts),
-        )
-
-    def _encoded_pairs(self) -> dict[str, PackedSequences]:
-        """Ids of every split's pairs without special tokens, keyed "{split}-{stored side}"; cached as .npz."""
-        if self._encoded is None:
-            path = self.cache_dir / f"translation-ids-{self._encoding_key()}.npz"
-
-            def encode() -> dict[str, PackedSequences]:
-                pairs_of = self._split_pairs()
-                with preparing(f"encoding {sum(map(len, pairs_of.values())):,} sentence pairs into {path}"):
-                    return {
-                        f"{split}-{side}": PackedSequences.from_lists(
-                            self._tokenizer(side).encode_batch([pair[side] for pair in pairs])
-                        )
-                        for split, pairs in pairs_of.items()
-                        for side in (0, 1)
-                    }
-
-            self._encoded = cached(path, _load_packed, encode, _save_packed)
-        return self._encoded
-
-    def _dropout_segmentations(self) -> list[dict[int, PackedSequences]]:
-        """`bpe_dropout_segmentations` BPE-dropout segmentations of the train pairs, each {stored side: ids without
-        special tokens}; drawn from `seed`, cached as .npz."""
-        count, train = self.bpe_dropout_segmentations, self._split_pairs()["train"]
-        settings = {"bpe_dropout": self.bpe_dropout, "segmentations": count, "seed": self.seed}
-        path = self.cache_dir / f"translation-bpe-dropout-{content_hash([self._encoding_key(), settings])}.npz"
-
-        def draw() -> dict[str, PackedSequences]:
-            with preparing(f"drawing {count} BPE-dropout segmentations of {len(train):,} train pairs into {path}"):
-                return {
-                    f"{k}-{side}": PackedSequences.from_lists(
-                        self._tokenizer(side).encode_batch_with_dropout(
-                            [pair[side] for pair in train],
-                            self.bpe_dropout,
-                            seed=int(np.random.SeedSequence([self.seed, k, side]).generate_state(1)[0]),
-                        )
-                    )
-                    for k in range(count)
-                    for side in (0, 1)
-                }
-
-        packed = cached(path, _load_packed, draw, _save_packed)
-        return [{side: packed[f"{k}-{side}"] for side in (0, 1)} for k in range(count)]
-
-    def _encoding_key(self) -> str:
-        """What the encoded ids depend on: the pairs and the tokenizers."""
-        tokenizer_hashes = [content_hash(self._tokenizer(side).to_str()) for side in (0, 1)]
-        return content_hash({"pairs": self._fingerprint(), "tokenizers": tokenizer_hashes})
+            return PreparedPairs(blocks, np.arange(len(too_long)), src_side, cut_to=limit)
+        self.stats["train_dropped_too_long"] = int(too_long.sum())
+        if too_long.any():
+            rank_zero_info(
+                f"TranslationDataModule: dropped {int(too_long.sum())} of {len(too_long)} train pairs longer than "
+                f"max_sentence_tokens={limit}" + (" in one of their segmentations" if len(blocks) > 1 else "")
+            )
+        return PreparedPairs(blocks, np.flatnonzero(~too_long), src_side, cut_to=None)
 
     def _tokenizer(self, side: int) -> Tokenizer:
-        """The tokenizer of stored side 0 or 1 (both the joint one), loaded from the cache or trained."""
-        name = "joint" if self.joint_vocab else ("first", "second")[side]
+        """The tokenizer of stored side 0 or 1 (both the joint one), from the prepared folder."""
+        name = self._tokenizer_names[side]
         if name not in self._tokenizers:
-            key = content_hash({"pairs": self._fingerprint(), "vocab_size": self.bpe_vocab_size, "side": name})
-            path = self.cache_dir / f"translation-tokenizer-{key}-{name}.json"
-
-            def train_tokenizer() -> Tokenizer:
-                train = self._split_pairs()["train"]
-                if not train:
-                    raise ValueError(f"the train split has no sentence pairs ({self._describe_source('train')})")
-                sides = (0, 1) if self.joint_vocab else (side,)
-                what = f"training a {name} byte-level BPE of {self.bpe_vocab_size} tokens on {len(train):,} pairs"
-                with preparing(what):
-                    return Tokenizer.train_bpe((pair[s] for s in sides for pair in train), self.bpe_vocab_size)
-
-            self._tokenizers[name] = cached(path, Tokenizer.from_file, train_tokenizer, write_tokenizer)
+            self._tokenizers[name] = Tokenizer.from_file(self.prepared / f"tokenizer-{name}.json")
         return self._tokenizers[name]
 
-    def _fingerprint(self) -> dict:
-        """What the cached pairs depend on: the sources (content hash of the Ding file, path + size + mtime of
-        user files), the extraction and split rules."""
-        if self._fingerprint_value is None:
-            if self.corpus == "ding":
-                sources: dict = {
-                    "ding": sha256_of(self._ding_path()),
-                    "phrases": self.ding_phrases,
-                    "sentence_repeats": self.sentence_repeats if self.ding_phrases else 1,
-                }
-            else:
-                sources = {split: self._split_files(split) for split in SPLITS}
-                sources = {
-                    split: {kind: [file_stamp(p) for p in paths] for kind, paths in files.items()}
-                    for split, files in sources.items()
-                }
-            self._fingerprint_value = {"format": _CACHE_FORMAT_VERSION, "sources": sources}
-        return self._fingerprint_value
+    @property
+    def _tokenizer_names(self) -> tuple[str, str]:
+        return ("joint", "joint") if self.joint_vocab else ("first", "second")
 
-    def _split_pairs(self) -> dict[str, list[Pair]]:
-        """Each split's (first side, second side) pairs, from the cache or extracted (and cached)."""
-        if self._pairs is None:
-            path = self.cache_dir / f"translation-pairs-{content_hash(self._fingerprint())}.json"
-
-            def extract() -> dict:
-                with preparing(f"reading the sentence pairs of {self._describe_source('train')}"):
-                    pairs, stats = self._extract_pairs()
-                return {"pairs": pairs, "stats": stats}
-
-            found = cached(path, _load_pairs, extract, write_json)
-            self._pairs = {split: [tuple(pair) for pair in found["pairs"][split]] for split in SPLITS}
-            self.stats.update(found["stats"])
-        return self._pairs
-
-    def _extract_pairs(self) -> tuple[dict[str, list[Pair]], dict[str, object]]:
+    def _stem(self) -> str:
         if self.corpus == "ding":
-            sentences, phrases, stats = extract_ding_pairs(self._ding_path())
-            pairs, skipped_empty = {split: [] for split in SPLITS}, 0
-            for pair in sentences:
-                pairs[split_of(pair[0])].append(pair)
+            return "translation-ding"
+        return f"translation-{stem_of([path for paths in self._split_files('train').values() for path in paths])}"
+
+    def _fingerprint(self) -> dict:
+        """What the prepared folder depends on: the sources (content hash of the Ding file, path + size + mtime of
+        user files), the extraction and split rules (the format), the tokenizers' options, BPE-dropout's draws."""
+        if self.corpus == "ding":
+            sources: dict = {
+                "ding": sha256_of(self._ding_path()),
+                "phrases": self.ding_phrases,
+                "sentence_repeats": self.sentence_repeats if self.ding_phrases else 1,
+            }
         else:
-            explicit = {split: self._read_split_files(split) for split in ("val", "test")}
-            train, skipped_empty = self._read_split_files("train")
-            if not train:
-                raise ValueError(f"no sentence pairs in {self._describe_source('train')}")
-            pairs = {split: found for split, (found, _) in explicit.items()}
-            stats = {f"{split}_skipped_empty": skipped for split, (_, skipped) in explicit.items()}
-            pairs["train"] = []
-            held_out = {split for split, (found, _) in explicit.items() if not found}  # taken from the buckets
-            for pair in train:
-                split = split_of(pair[0])
-                pairs[split if split in held_out else "train"].append(pair)
-        stats["train_skipped_empty"] = skipped_empty
+            sources = {
+                split: {kind: [file_stamp(p) for p in paths] for kind, paths in self._split_files(split).items()}
+                for split in SPLITS
+            }
+        dropout = (
+            {"p": self.bpe_dropout, "segmentations": self.bpe_dropout_segmentations, "seed": self.seed}
+            if self.bpe_dropout
+            else None
+        )
+        return {
+            "format": _FORMAT_VERSION,
+            "sources": sources,
+            "joint_vocab": self.joint_vocab,
+            "bpe_vocab_size": self.bpe_vocab_size,
+            "sample_bytes": SAMPLE_BYTES,
+            "bpe_dropout": dropout,
+        }
+
+    def _build(self, folder: Path) -> dict:
+        """Prepare `folder`: the tokenizers, then the record splits; returns the manifest's additions."""
+        if self.corpus == "ding":
+            inputs, stats = self._ding_inputs()
+            tokenizers = self._train_tokenizers(inputs["train"], folder)
+            stats.update(self._write_splits(folder, tokenizers, inputs, wanted={}, held_out=()))
+            return {"stats": stats}
+        inputs = {split: self._pieces(split) for split in SPLITS}
+        held_out = tuple(split for split in ("val", "test") if not inputs[split])  # taken from the buckets
+        wanted = {split: split for split in held_out} | {"train": "train"}
+        inputs.update({split: inputs["train"] for split in held_out})
+        tokenizers = self._train_tokenizers(self._sampled_train_pairs(inputs["train"], held_out), folder)
+        return {"stats": self._write_splits(folder, tokenizers, inputs, wanted, held_out)}
+
+    def _ding_inputs(self) -> tuple[dict[str, list], dict[str, object]]:
+        """Each split's Ding pairs (in memory: the dictionary is ~40 MB), as lists of up to `_DING_INPUT_PAIRS`,
+        and the extraction's statistics."""
+        with preparing(f"reading the sentence pairs of the Ding dictionary {self.ding_file}"):
+            sentences, phrases, stats = extract_ding_pairs(self._ding_path())
+        pairs: dict[str, list[Pair]] = {split: [] for split in SPLITS}
+        for pair in sentences:
+            pairs[split_of(pair[0])].append(pair)
+        stats["train_skipped_empty"] = 0
         for split in SPLITS:
-            stats[f"{split}_pairs"] = len(pairs[split])
-            for side, language in enumerate(("first", "second") if self.corpus is None else ("german", "english")):
-                words = sum(len(pair[side].split()) for pair in pairs[split])
-                stats[f"{split}_{language}_words_per_sentence"] = round(words / max(len(pairs[split]), 1), 3)
-        if self.corpus == "ding" and self.ding_phrases:
+            stats.update(_pair_statistics(split, pairs[split], ("german", "english")))
+        if self.ding_phrases:
             held_out = {pair[0] for split in ("val", "test") for pair in pairs[split]}
             added = [pair for pair in phrases if pair[0] not in held_out]
             stats["train_phrase_pairs"] = len(added)
             stats["phrase_pairs_held_out"] = len(phrases) - len(added)
             pairs["train"] = pairs["train"] * self.sentence_repeats + added
-        return pairs, stats
+        chunks = {
+            split: [found[i : i + _DING_INPUT_PAIRS] for i in range(0, len(found), _DING_INPUT_PAIRS)]
+            for split, found in pairs.items()
+        }
+        return chunks, stats
+
+    def _train_tokenizers(self, train: list[list[Pair]], folder: Path) -> tuple[str, str]:
+        """Train the tokenizers on the train pairs `train` (lists of pairs), save them into `folder`; returns
+        their JSON for each stored side (the workers' copies)."""
+        count = sum(map(len, train))
+        if not count:
+            raise ValueError(f"the train split has no sentence pairs ({self._describe_source('train')})")
+        trained = {}
+        for name in dict.fromkeys(self._tokenizer_names):
+            sides = (0, 1) if self.joint_vocab else (("first", "second").index(name),)
+            texts = (pair[side] for side in sides for pairs in train for pair in pairs)
+            with preparing(f"training a {name} byte-level BPE of {self.bpe_vocab_size} tokens on {count:,} pairs"):
+                trained[name] = Tokenizer.train_bpe(texts, self.bpe_vocab_size)
+            trained[name].save(folder / f"tokenizer-{name}.json")
+        return tuple(trained[name].to_str() for name in self._tokenizer_names)
+
+    def _write_splits(
+        self,
+        folder: Path,
+        tokenizers: tuple[str, str],
+        inputs: dict[str, list],
+        wanted: dict[str, str],
+        held_out: tuple[str, ...],
+    ) -> dict[str, object]:
+        """Write each split's records (and BPE-dropout's train segmentations) from its inputs, every input read
+        by a worker that keeps the pairs of `wanted[split]` (all of them for a split not in `wanted`); returns
+        each split's statistics."""
+        stats: dict[str, object] = {}
+        languages = ("german", "english") if self.corpus == "ding" else ("first", "second")
+        counted = folder / ".statistics"
+        for split in SPLITS:
+            records_of = partial(
+                _pair_records,
+                wanted=wanted.get(split),
+                held_out=held_out,
+                tokenizers=tokenizers,
+                counts=None if self.corpus == "ding" else str(counted),
+            )
+            write_records(folder / split, records_of, list(enumerate(inputs[split])), None, LENGTH_FIELDS)
+            if self.corpus != "ding":
+                counts = [json.loads((counted / f"{i:08d}.json").read_text()) for i in range(len(inputs[split]))]
+                shutil.rmtree(counted)
+                stats.update(_summed_statistics(split, counts, languages))
+                if split != "train" and split in wanted:  # a bucket split: its skipped lines are train's
+                    stats[f"{split}_skipped_empty"] = 0
+                elif stats[f"{split}_pairs"] == 0:
+                    raise self._no_pairs(split, stats[f"{split}_skipped_empty"])
+        for k in range(self.bpe_dropout_segmentations if self.bpe_dropout else 0):
+            records_of = partial(
+                _pair_records,
+                wanted=wanted.get("train"),
+                held_out=held_out,
+                tokenizers=tokenizers,
+                dropout=(self.bpe_dropout, self.seed, k),
+            )
+            with preparing(f"drawing BPE-dropout segmentation {k + 1} of {self.bpe_dropout_segmentations}"):
+                write_records(
+                    folder / _dropout_split(k), records_of, list(enumerate(inputs["train"])), None, LENGTH_FIELDS
+                )
+        return stats
+
+    def _no_pairs(self, split: str, skipped: int) -> ValueError:
+        """The error for a split's files that hold no pair, `skipped` lines with an empty side."""
+        layout = "'source<TAB>target' lines" if "tsv" in self._split_files(split) else "line-aligned sentences"
+        return ValueError(
+            f"no sentence pairs in {self._describe_source(split)}"
+            + (f" ({skipped} lines with an empty side skipped)" if skipped else "")
+            + f"; the files must hold {layout} with both sides non-empty"
+        )
+
+    def _pieces(self, split: str) -> list[Piece | AlignedPiece]:
+        """The pieces of a split's own files ([] when it has none): byte ranges of TSV files, or aligned line
+        ranges of two line-aligned files."""
+        files = self._split_files(split)
+        if "tsv" in files:
+            spans = [FileSpan(path, "text", size, size) for path in files["tsv"] for size in [path.stat().st_size]]
+            return [piece for span in spans for piece in pieces_of(span, 0, span.size, sources.PIECE_BYTES)]
+        if "src" in files:
+            return aligned_pieces(files["src"][0], files["tgt"][0], sources.PIECE_BYTES)
+        return []
+
+    def _sampled_train_pairs(self, pieces: list[Piece | AlignedPiece], held_out: tuple[str, ...]) -> list[list[Pair]]:
+        """The train pairs of the training files, or a sample of them of about `SAMPLE_BYTES` taken evenly from
+        every piece when the files are larger (what the tokenizers train on)."""
+        total = sum(piece.weight for piece in pieces)
+        limit = None if total <= SAMPLE_BYTES else max(1, SAMPLE_BYTES // len(pieces))
+        sampled, read, skipped = [], 0, 0
+        with preparing(f"reading {'a sample of ' if limit else ''}the train pairs of {self._describe_source('train')}"):
+            for piece in pieces:
+                pairs, piece_skipped = read_pairs(piece, limit)
+                sampled.append([pair for pair in pairs if _split_of_pair(pair, held_out) == "train"])
+                read, skipped = read + len(pairs), skipped + piece_skipped
+        if not read:
+            raise self._no_pairs("train", skipped)
+        return sampled
 
     def _ding_path(self) -> Path:
         if not self.ding_file.is_file():
@@ -502,25 +553,6 @@ class TranslationDataModule(L.LightningDataModule):
             }
         return {}
 
-    def _read_split_files(self, split: str) -> tuple[list[Pair], int]:
-        """(pairs, number of pairs skipped for an empty side) of a split's files; ([], 0) when it has none."""
-        files = self._split_files(split)
-        if "tsv" in files:
-            pairs = [pair for path in files["tsv"] for pair in read_tsv_pairs(path)]
-        elif "src" in files:
-            pairs = read_parallel_pairs(files["src"][0], files["tgt"][0])
-        else:
-            return [], 0
-        kept = [(src, tgt) for src, tgt in pairs if src and tgt]
-        if files and not kept:
-            skipped = f" ({len(pairs)} lines with an empty side skipped)" if pairs else ""
-            layout = "'source<TAB>target' lines" if "tsv" in files else "line-aligned sentences"
-            raise ValueError(
-                f"no sentence pairs in {self._describe_source(split)}{skipped}; the files must hold {layout} "
-                "with both sides non-empty"
-            )
-        return kept, len(pairs) - len(kept)
-
     def _describe_source(self, split: str) -> str:
         if self.corpus == "ding":
             return f"the {split} split of the Ding dictionary {self.ding_file}"
@@ -530,25 +562,217 @@ class TranslationDataModule(L.LightningDataModule):
         return ", ".join(f"{kind} {', '.join(map(str, paths))}" for kind, paths in files.items())
 
 
-def _save_packed(path: Path, packed: dict[str, PackedSequences]) -> None:
-    arrays = {}
-    for name, sequences in packed.items():
-        arrays[f"{name}-ids"], arrays[f"{name}-offsets"] = sequences.ids, sequences.offsets
-    with atomic_open(path) as f:
-        np.savez(f, **arrays)
+class PreparedPairs(Dataset):
+    """Prepared sentence pairs in one direction, by index: item i is {"src": ids + EOS, "tgt": BOS + ids + EOS (int64
+    arrays), "src_text", "tgt_text"}.
+
+    The pairs are the records `keep` of each of `blocks` (record splits of the same pairs: one, or one per BPE-dropout
+    segmentation), block after block. `cut_to`: ids longer than this are cut to it, EOS kept last (val and test).
+    """
+
+    def __init__(self, blocks: list[Records], keep: np.ndarray, source_side: int, cut_to: int | None) -> None:
+        self.blocks, self.keep, self.source_side, self.cut_to = blocks, np.asarray(keep, np.int64), source_side, cut_to
+        lengths = np.concatenate([block.lengths[self.keep] for block in blocks]).astype(np.int64)
+        limit = cut_to if cut_to is not None else np.iinfo(np.int64).max
+        self.src_lengths = np.minimum(lengths[:, source_side] + 1, limit)
+        self.tgt_lengths = np.minimum(lengths[:, 1 - source_side] + 2, limit)
+
+    def __len__(self) -> int:
+        return len(self.src_lengths)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Per pair, max(source length, target length): what one row of a padded batch costs."""
+        return np.maximum(self.src_lengths, self.tgt_lengths)
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray | str]:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, np.ndarray | str]]:
+        """Items as the DataLoader fetches a batch: each block's records read at once, in index order."""
+        for index in indices:
+            if not 0 <= index < len(self):
+                raise IndexError(f"index {index} is out of range for {len(self)} sentence pairs")
+        block_of, position = np.divmod(np.asarray(indices, dtype=np.int64), len(self.keep))
+        records = [None] * len(indices)
+        for block in np.unique(block_of):
+            places = np.flatnonzero(block_of == block)
+            found = self.blocks[block].__getitems__(self.keep[position[places]].tolist())
+            for place, record in zip(places, found, strict=True):
+                records[place] = record
+        src, tgt = LENGTH_FIELDS[self.source_side], LENGTH_FIELDS[1 - self.source_side]
+        return [
+            {
+                "src": self._framed(record[src], bos=False),
+                "tgt": self._framed(record[tgt], bos=True),
+                "src_text": record[f"{src}_text"],
+                "tgt_text": record[f"{tgt}_text"],
+            }
+            for record in records
+        ]
+
+    def _framed(self, ids: np.ndarray, bos: bool) -> np.ndarray:
+        framed = np.concatenate([[BOS_ID]] * bos + [np.asarray(ids, np.int64), [EOS_ID]])
+        if self.cut_to is not None and len(framed) > self.cut_to:
+            framed = framed[: self.cut_to]
+            framed[-1] = EOS_ID
+        return framed
 
 
-def _load_pairs(path: Path) -> dict:
-    found = json.loads(path.read_text(encoding="utf-8"))
-    if set(found) != {"pairs", "stats"} or set(found["pairs"]) != set(SPLITS):
-        raise ValueError(f"expected the pairs of {SPLITS} and their statistics, found {sorted(found)}")
-    return found
+@dataclass(frozen=True)
+class AlignedPiece:
+    """The same range of lines of two line-aligned files: their byte ranges `src` and `tgt`."""
+
+    src: Piece
+    tgt: Piece
+
+    @property
+    def weight(self) -> int:
+        return self.src.weight + self.tgt.weight
 
 
-def _load_packed(path: Path) -> dict[str, PackedSequences]:
-    with np.load(path) as arrays:
-        names = [name.removesuffix("-ids") for name in arrays.files if name.endswith("-ids")]
-        return {name: PackedSequences(arrays[f"{name}-ids"], arrays[f"{name}-offsets"]) for name in names}
+def aligned_pieces(src_path: Path, tgt_path: Path, piece_bytes: int) -> list[AlignedPiece]:
+    """Two line-aligned files cut into aligned line ranges of at most about `piece_bytes` bytes of either file, by
+    one pass over both that keeps only the byte offsets of the cuts; files of different line counts are an error
+    naming both files and both counts."""
+    pieces, lines, cut, position = [], 0, (0, 0), [0, 0]
+    src_size, tgt_size = src_path.stat().st_size, tgt_path.stat().st_size
+    with open(src_path, "rb") as src, open(tgt_path, "rb") as tgt:
+        for src_line, tgt_line in zip_longest(src, tgt):
+            if src_line is None or tgt_line is None:
+                src_lines = lines + (src_line is not None) + sum(1 for _ in src)
+                tgt_lines = lines + (tgt_line is not None) + sum(1 for _ in tgt)
+                raise ValueError(
+                    f"the line-aligned files differ in length: {src_path} has {src_lines} lines, {tgt_path} has "
+                    f"{tgt_lines}; line i of one must translate line i of the other"
+                )
+            lines += 1
+            position[0] += len(src_line)
+            position[1] += len(tgt_line)
+            if max(position[0] - cut[0], position[1] - cut[1]) >= piece_bytes:
+                pieces.append(_aligned(src_path, tgt_path, cut, position, (src_size, tgt_size)))
+                cut = tuple(position)
+    if position[0] > cut[0] or position[1] > cut[1]:
+        pieces.append(_aligned(src_path, tgt_path, cut, position, (src_size, tgt_size)))
+    return pieces
+
+
+def _aligned(src_path: Path, tgt_path: Path, start, end, sizes) -> AlignedPiece:
+    src, tgt = (
+        Piece(str(path), "text", start[i], end[i], end[i] == sizes[i]) for i, path in enumerate((src_path, tgt_path))
+    )
+    return AlignedPiece(src, tgt)
+
+
+def read_pairs(source: list[Pair] | Piece | AlignedPiece, limit: int | None = None) -> tuple[list[Pair], int]:
+    """(pairs, number of lines skipped for an empty side) of an input: a list of pairs is itself; a TSV piece's
+    non-blank lines (first and second column; a line without a tab is an error naming the file and byte); an aligned
+    piece's line pairs. `limit`: read about this many bytes of a piece (a sample, whole lines)."""
+    if isinstance(source, list):
+        return source, 0
+    if isinstance(source, AlignedPiece):
+        src_lines = _lines(next(read_piece(source.src, limit=limit)))
+        tgt_lines = _lines(next(read_piece(source.tgt)))[: len(src_lines)]
+        pairs = [(src.strip(), tgt.strip()) for src, tgt in zip(src_lines, tgt_lines, strict=True)]
+    else:
+        pairs, offset = [], source.start
+        for line in next(read_piece(source, limit=limit)).split("\n"):
+            if line.strip():
+                fields = line.split("\t")
+                if len(fields) < 2:
+                    raise ValueError(
+                        f"{source.path}, byte {offset}: no tab; each line must be 'source<TAB>target' "
+                        f"(line starts {line[:60]!r})"
+                    )
+                pairs.append((fields[0].strip(), fields[1].strip()))
+            offset += len(line.encode("utf-8")) + 1
+    kept = [(src, tgt) for src, tgt in pairs if src and tgt]
+    return kept, len(pairs) - len(kept)
+
+
+def _lines(text: str) -> list[str]:
+    """A piece's lines, split on "\\n" only, "\\r" dropped (as ``files.read_lines``)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _split_of_pair(pair: Pair, held_out: tuple[str, ...]) -> str:
+    """A training file's pair's split: its md5 bucket's (``corpora.split_of`` of the first side) when that split is
+    taken from the buckets (`held_out`), else train."""
+    split = split_of(pair[0])
+    return split if split in held_out else "train"
+
+
+_TOKENIZERS: dict[str, Tokenizer] = {}
+
+
+def _pair_records(
+    item: tuple[int, list[Pair] | Piece | AlignedPiece],
+    wanted: str | None,
+    held_out: tuple[str, ...],
+    tokenizers: tuple[str, str],
+    counts: str | None = None,
+    dropout: tuple[float, int, int] | None = None,
+) -> Iterator[dict]:
+    """The records of one input (``write_records``): its pairs of split `wanted` (all for None), each side's ids
+    without special tokens and both texts. `counts`: a folder for the input's pair and word counts. `dropout`:
+    (probability, seed, segmentation k) for a BPE-dropout segmentation, drawn from (seed, k, side), and the input's
+    index after the first input (so one input of all the pairs draws as ``Tokenizer.encode_batch_with_dropout`` of
+    the whole list would)."""
+    index, source = item
+    pairs, skipped = read_pairs(source)
+    if wanted is not None:
+        pairs = [pair for pair in pairs if _split_of_pair(pair, held_out) == wanted]
+    ids = []
+    for side, tokenizer_json in enumerate(tokenizers):
+        key = content_hash(tokenizer_json)
+        if key not in _TOKENIZERS:  # once per worker process
+            _TOKENIZERS[key] = Tokenizer.from_str(tokenizer_json)
+        texts = [pair[side] for pair in pairs]
+        if dropout is None:
+            ids.append(_TOKENIZERS[key].encode_batch(texts))
+        else:
+            probability, seed, k = dropout
+            entropy = [seed, k, side] + ([index] if index else [])
+            state = int(np.random.SeedSequence(entropy).generate_state(1)[0])
+            ids.append(_TOKENIZERS[key].encode_batch_with_dropout(texts, probability, seed=state))
+    for (first, second), first_ids, second_ids in zip(pairs, *ids, strict=True):
+        yield {
+            "first": np.asarray(first_ids, np.int32),
+            "second": np.asarray(second_ids, np.int32),
+            "first_text": first,
+            "second_text": second,
+        }
+    if counts is not None:
+        words = [sum(len(pair[side].split()) for pair in pairs) for side in (0, 1)]
+        os.makedirs(counts, exist_ok=True)
+        with atomic_open(Path(counts) / f"{index:08d}.json") as f:
+            f.write(json.dumps({"pairs": len(pairs), "words": words, "skipped_empty": skipped}).encode())
+
+
+def _pair_statistics(split: str, pairs: list[Pair], languages: tuple[str, str]) -> dict[str, object]:
+    counts = {"pairs": len(pairs), "words": [sum(len(pair[side].split()) for pair in pairs) for side in (0, 1)]}
+    return _summed_statistics(split, [counts], languages, skipped=False)
+
+
+def _summed_statistics(
+    split: str, counts: list[dict], languages: tuple[str, str], skipped: bool = True
+) -> dict[str, object]:
+    """A split's statistics from its inputs' counts: pairs, words per sentence of each side, lines skipped."""
+    pairs = sum(count["pairs"] for count in counts)
+    stats: dict[str, object] = {f"{split}_pairs": pairs}
+    for side, language in enumerate(languages):
+        words = sum(count["words"][side] for count in counts)
+        stats[f"{split}_{language}_words_per_sentence"] = round(words / max(pairs, 1), 3)
+    if skipped:
+        stats[f"{split}_skipped_empty"] = sum(count["skipped_empty"] for count in counts)
+    return stats
+
+
+def _dropout_split(k: int) -> str:
+    return f"train-dropout-{k}"
 
 
 def _named_split_files(split_files: dict[str, tuple]) -> list[tuple[str, object]]:

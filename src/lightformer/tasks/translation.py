@@ -12,8 +12,8 @@ from torchmetrics.text import SacreBLEUScore
 
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig, check_same_tokenizer
-from lightformer.data.sequences import TranslationDataset
 from lightformer.data.tokenizers import Tokenizer
+from lightformer.data.translation import PreparedPairs
 from lightformer.errors import ConfigError
 from lightformer.generation import beam_search
 from lightformer.models.seq2seq import EncoderDecoder, EncoderDecoderConfig
@@ -263,6 +263,6 @@ def _longest_sequence(datamodule: object) -> int:
     target less one (teacher forcing feeds ``tgt[:, :-1]``); 0 when it has none (yet)."""
     longest = 0
     for dataset in (getattr(datamodule, "datasets", None) or {}).values():
-        if isinstance(dataset, TranslationDataset) and len(dataset):
-            longest = max(longest, int(dataset.src.lengths.max()), int(dataset.tgt.lengths.max()) - 1)
+        if isinstance(dataset, PreparedPairs) and len(dataset):
+            longest = max(longest, int(dataset.src_lengths.max()), int(dataset.tgt_lengths.max()) - 1)
     return longest
