@@ -1,10 +1,16 @@
-"""Text classification data: labelled texts → [CLS] text [SEP] token ids → padded batches with their labels.
+"""Text classification data: labelled texts → [CLS] text [SEP] token ids, prepared once into records → padded
+batches with their labels.
 
-The flow, with the expensive steps cached under `cache_dir` (atomic writes, so DDP ranks and parallel tests can
-build the same cache at once):
+The texts are prepared once per job (``data.prepare.prepared_folder``: a folder under `prepare_dir` named by a hash
+of everything its content depends on, built under a lock, its manifest written last), then read by index:
 
-    Austen's novels / TSV files ──passages, split──> train | val | test (text, label) examples (JSON)
-        ──byte-level BPE (trained on train only, or a tokenizer file)──> ids ──> padded batches
+    Austen's novels ──passages, split (in memory: one 4 MB book)──┐
+    TSV files ──labels and counts (first pass)── pieces (every core)─┴─> <prepare_dir>/classify-<name>-<hash>/
+        tokenizer.json (trained on a bounded sample of the train texts, or `tokenizer_file`), prepared.json (the
+        class names and each split's class counts), train | val | test records {"ids": [CLS] text [SEP], "label"}
+    records ──cut to `max_tokens` as read, a shuffle by (seed, epoch)──> padded batches
+
+The records hold whole texts: `max_tokens` cuts them as they are read, so changing it prepares nothing again.
 
 **Austen: which novel is this passage from?** (`corpus="austen"`, six classes named as in
 ``corpora.AUSTEN_NOVELS``). ``austen.txt`` (``corpora.austen_text``) is cut into its six novels at their title lines,
@@ -29,22 +35,28 @@ and each novel into passages:
 LAST tab (a text may hold tabs), both stripped; blank lines are skipped. The classes are the labels of
 `tsv_files` (two or more), sorted; a val or test line with another label is an error. Without `val_tsv_files` /
 `test_tsv_files`, the train lines are split by a hash of their text (``corpora.split_of``: md5 buckets, 5% test,
-5% val), so a text never appears in two splits and keeps its split when the file grows.
+5% val), so a text never appears in two splits and keeps its split when the file grows. No file is held in memory
+whole: a first pass reads every file piece by piece, checks each line (errors name the file and line) and counts
+the labels of each split; then the pieces are encoded on every core, each split's records filtered from them.
 
 **Tokenizer**: `tokenizer_file` (e.g. the `tokenizer.json` a masked-LM pretraining run wrote), or a byte-level BPE
-of `bpe_vocab_size` tokens trained on the train texts with the same extra special tokens as the pretraining data
-(MASK, then 100 T5 sentinels), so that a classifier from scratch and one fine-tuned from a pretraining run have the
-same vocabulary size and special ids.
+of `bpe_vocab_size` tokens trained on the train texts (a sample of at most ``SAMPLE_BYTES`` of them, taken evenly
+from the files' pieces; the `train_examples` chosen, when set) with the same extra special tokens as the
+pretraining data (MASK, then 100 T5 sentinels), so that a classifier from scratch and one fine-tuned from a
+pretraining run have the same vocabulary size and special ids.
 
-Its length is two sources of labelled text (Austen's novels cut into passages, TSV files) beside the data
-module and the checks of its options.
+Its length is two sources of labelled text (Austen's novels cut into passages, TSV files), their preparation into
+records, the data module and the checks of its options.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from functools import partial
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Literal
 
@@ -52,14 +64,17 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
-from lightformer.data.caching import cached, content_hash, file_stamp, preparing, write_json, write_tokenizer
+from lightformer.data import sources
+from lightformer.data.caching import content_hash, file_stamp, preparing
 from lightformer.data.corpora import AUSTEN_NOVELS, austen_text, split_austen_text, split_of
+from lightformer.data.prepare import MANIFEST, TOKENIZER, prepared_folder, stem_of, write_records
 from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
-from lightformer.data.sequences import PackedSequences
-from lightformer.data.tokenizers import MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
-from lightformer.files import as_list, expand_patterns, read_lines, read_utf8, sha256_of
+from lightformer.data.sources import FileSpan, Piece, pieces_of
+from lightformer.data.streaming import Records
+from lightformer.data.tokenizers import EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
+from lightformer.files import as_list, expand_patterns, read_utf8, sha256_of
 
 SPLITS = ("train", "val", "test")
 _PREFIX = {"train": "", "val": "val_", "test": "test_"}  # of each split's option: tsv_files, val_tsv_files, ...
@@ -67,10 +82,12 @@ _PREFIX = {"train": "", "val": "val_", "test": "test_"}  # of each split's optio
 EXTRA_SPECIAL_TOKENS = (MASK, *(sentinel(i) for i in range(100)))
 MIN_VOCAB_SIZE = MIN_BPE_VOCAB_SIZE + len(EXTRA_SPECIAL_TOKENS)
 TRAIN_SHARE, VAL_SHARE = 0.8, 0.1  # of each novel's passages, in order: train, val, then test
-# Bump when the cached examples' or tokenizers' meaning changes (passage or split rules), so old caches are unused.
-_CACHE_FORMAT_VERSION = 1
+SAMPLE_BYTES = 64_000_000  # the most bytes of train text a BPE is trained on (all of it when there is less)
+EXAMPLES_PER_INPUT = 1024  # Austen passages per input of the encoding processes
+# Bump when a prepared folder's meaning changes (passage or split rules, what a record holds): a new folder is made.
+FORMAT_VERSION = 2
 
-Example = tuple[str, int, int]  # (text, class index, position: the passage's index in its novel, or line number)
+Example = tuple[str, int, int]  # (text, class index, position: the passage's index in its novel)
 
 _CHAPTER = re.compile(r"^chapter\b", re.IGNORECASE)
 _HEADING = re.compile(r"^(?:chapter|volume)\b", re.IGNORECASE)
@@ -128,74 +145,174 @@ def austen_passages(text: str, passage_sentences: int) -> dict[str, list[Example
 # --- TSV files -------------------------------------------------------------------------------------------------
 
 
-def read_labelled_tsv(path: str | Path, what: str = "tsv_files") -> list[tuple[str, str, int]]:
-    """(text, label, line number) of each non-blank "text<TAB>label" line of a UTF-8 file; a line without a tab,
-    or with an empty text or label, raises ValueError naming ``what``, the file and the line (a file that is not
-    UTF-8: the byte, its offset and line)."""
-    rows = []
-    for number, line in enumerate(read_lines(path, what), start=1):
-        if not line.strip():
-            continue
-        text, tab, label = line.rpartition("\t")
-        text, label = text.strip(), label.strip()
-        if not tab:
-            raise ValueError(
-                f"{what}: {path}, line {number}: no tab; each line must be 'text<TAB>label' (line starts {line[:60]!r})"
-            )
-        if not text or not label:
-            empty = "text" if not text else "label"
-            raise ValueError(f"{what}: {path}, line {number}: the {empty} is empty; each line is 'text<TAB>label'")
-        rows.append((text, label, number))
-    return rows
+def tsv_pieces(path: Path) -> list[Piece]:
+    """A TSV file cut into pieces of at most ``sources.PIECE_BYTES`` that begin and end at line breaks, however long a
+    line (cut as JSONL is: a line is one example, never split)."""
+    span = replace(FileSpan.of(Path(path)), format="jsonl")
+    return pieces_of(span, 0, span.extent, sources.PIECE_BYTES)
 
 
-# --- datasets and batches --------------------------------------------------------------------------------------
+def piece_lines(piece: Piece, what: str, first_line: int = 1, limit: int | None = None) -> list[str]:
+    """The lines of a piece of a UTF-8 file, split on "\\n" only, "\\r" dropped, a file's byte-order mark dropped.
+    ``limit``: read about this many bytes at most, whole lines (a sample). A piece that is not UTF-8 raises
+    ValueError naming ``what`` (the option), the file, the byte, its offset and its line (``first_line``: the
+    piece's first line's number)."""
+    end = piece.end if limit is None else min(piece.end, piece.start + limit)
+    with open(piece.path, "rb") as f:
+        f.seek(piece.start)
+        data = f.read(end - piece.start)
+    if end < piece.end:
+        data = data[: data.rfind(b"\n") + 1]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = first_line + data.count(b"\n", 0, error.start)
+        raise ValueError(
+            f"{what}: {piece.path} is not UTF-8 text: byte 0x{data[error.start]:02x} at byte offset "
+            f"{piece.start + error.start} (line {line}: {error.reason}); convert it, e.g. `iconv -f latin1 -t utf-8`"
+        ) from None
+    lines = (text.removeprefix("\ufeff") if piece.start == 0 else text).split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the final newline ends the last line; it does not start another
+    return [line.removesuffix("\r") for line in lines]
 
 
-class TextClassificationDataset(Dataset):
-    """Encoded texts with their labels; item i is {"ids": [BOS] + tokens + [EOS] (int32 array), "label", "text"}."""
-
-    def __init__(self, ids: PackedSequences, labels: np.ndarray, texts: list[str]) -> None:
-        if not len(ids) == len(labels) == len(texts):
-            raise ValueError(f"{len(ids)} id sequences, {len(labels)} labels and {len(texts)} texts: need as many")
-        self.ids, self.labels, self.texts = ids, np.asarray(labels, dtype=np.int64), texts
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def __getitem__(self, index: int) -> dict:
-        if not 0 <= index < len(self):
-            raise IndexError(f"index {index} is out of range for {len(self)} texts")
-        return {"ids": self.ids[index], "label": int(self.labels[index]), "text": self.texts[index]}
-
-    def __getitems__(self, indices: list[int]) -> list[dict]:
-        return [self[i] for i in indices]
+def text_and_label(line: str) -> tuple[str, str, bool]:
+    """(text, label, whether the line has a tab) of a "text<TAB>label" line: the label follows the LAST tab."""
+    text, tab, label = line.rpartition("\t")
+    return text.strip(), label.strip(), bool(tab)
 
 
-def collate_classification(items: list[dict], pad_id: int = PAD_ID, multiple: int = 8) -> dict:
-    """Dataset items → {"ids": (B, T) int64 padded on the right with ``pad_id``, "labels": (B,) int64, "texts"}.
+def read_labelled_tsv(path: str | Path, what: str = "tsv_files") -> Iterator[tuple[str, str, int]]:
+    """(text, label, line number) of each non-blank "text<TAB>label" line of a UTF-8 file, read piece by piece; a
+    line without a tab, or with an empty text or label, raises ValueError naming ``what``, the file and the line (a
+    file that is not UTF-8: the byte, its offset and line)."""
+    number = 0
+    for piece in tsv_pieces(Path(path)):
+        for line in piece_lines(piece, what, number + 1):
+            number += 1
+            if not line.strip():
+                continue
+            text, label, tab = text_and_label(line)
+            if not tab:
+                raise ValueError(
+                    f"{what}: {path}, line {number}: no tab; each line must be 'text<TAB>label' (line starts "
+                    f"{line[:60]!r})"
+                )
+            if not text or not label:
+                empty = "text" if not text else "label"
+                raise ValueError(f"{what}: {path}, line {number}: the {empty} is empty; each line is 'text<TAB>label'")
+            yield text, label, number
+
+
+def split_of_line(text: str, split: str, held_out: frozenset[str]) -> str:
+    """Where a text of a ``split`` file goes: a train text whose hash bucket (``corpora.split_of``) is a held-out
+    split (one without files of its own) goes there, every other text to its file's split."""
+    if split == "train" and held_out and (bucket := split_of(text)) in held_out:
+        return bucket
+    return split
+
+
+def scan_tsv(files: dict[str, list[Path]]) -> tuple[list[str], dict[str, list[int]]]:
+    """The first pass over the TSV files, one piece at a time: every line checked, the class names (the sorted
+    labels of the train files) and each split's count of each class; a val or test label that is not a train label
+    is an error naming the file and line."""
+    held_out = frozenset(split for split in ("val", "test") if not files[split])
+    counts: dict[str, Counter] = {split: Counter() for split in SPLITS}
+    for path in files["train"]:
+        for text, label, _ in read_labelled_tsv(path, "tsv_files"):
+            counts[split_of_line(text, "train", held_out)][label] += 1
+    labels = set().union(*counts.values())
+    if not labels:
+        raise ValueError(f"tsv_files: no labelled line in {', '.join(map(str, files['train']))}")
+    class_names = sorted(labels)
+    if len(class_names) < 2:
+        raise ValueError(f"tsv_files: every line has the label {class_names[0]!r}; a classifier needs two or more")
+    for split in ("val", "test"):
+        for path in files[split]:
+            for _, label, number in read_labelled_tsv(path, f"{_PREFIX[split]}tsv_files"):
+                if label not in labels:
+                    raise ValueError(
+                        f"{_PREFIX[split]}tsv_files: {path}, line {number}: the label {label!r} is not one of the "
+                        f"training labels {class_names}"
+                    )
+                counts[split][label] += 1
+    return class_names, {split: [counts[split][name] for name in class_names] for split in SPLITS}
+
+
+def tsv_examples(piece: Piece, split: str, held_out: frozenset[str], class_names: list[str]) -> list[tuple[str, int]]:
+    """The (text, class index) examples of a piece of a ``split`` file (lines checked by ``scan_tsv``) that go to
+    ``split``'s records: a train piece's lines are filtered by their hash bucket (``split_of_line``)."""
+    index = {name: i for i, name in enumerate(class_names)}
+    file_split = "train" if split in held_out else split
+    examples = []
+    for line in piece_lines(piece, "tsv_files"):
+        if line.strip():
+            text, label, _ = text_and_label(line)
+            if split_of_line(text, file_split, held_out) == split:
+                examples.append((text, index[label]))
+    return examples
+
+
+# --- records ---------------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=2)
+def _tokenizer_of(tokenizer_json: str) -> Tokenizer:
+    """The tokenizer of a JSON string, built once per encoding process."""
+    return Tokenizer.from_str(tokenizer_json)
+
+
+def example_records(examples: list[tuple[str, int]], tokenizer_json: str) -> Iterator[dict]:
+    """The records of (text, class index) examples: {"ids": [CLS] tokens [SEP] (int32, whole), "label"}."""
+    encoded = _tokenizer_of(tokenizer_json).encode_batch([text for text, _ in examples], add_bos=True, add_eos=True)
+    for ids, (_, label) in zip(encoded, examples, strict=True):
+        yield {"ids": np.asarray(ids, dtype=np.int32), "label": label}
+
+
+def tsv_records(
+    piece: Piece, split: str, held_out: frozenset[str], class_names: list[str], tokenizer_json: str
+) -> Iterator[dict]:
+    """The records of a TSV piece's examples that go to ``split`` (``tsv_examples``), as ``example_records``."""
+    examples = tsv_examples(piece, split, held_out, class_names)
+    for start in range(0, len(examples), EXAMPLES_PER_INPUT):
+        yield from example_records(examples[start : start + EXAMPLES_PER_INPUT], tokenizer_json)
+
+
+def cut_to(ids: np.ndarray, max_tokens: int) -> np.ndarray:
+    """``ids`` cut to ``max_tokens``, [SEP] (EOS) kept last, when longer."""
+    return ids if len(ids) <= max_tokens else np.append(ids[: max_tokens - 1], np.int32(EOS_ID))
+
+
+def collate_classification(items: list[dict], max_tokens: int, pad_id: int = PAD_ID, multiple: int = 8) -> dict:
+    """Records → {"ids": (B, T) int64 cut to ``max_tokens`` and padded on the right with ``pad_id``, "labels": (B,)
+    int64}.
 
     T is the batch's longest sequence rounded up to a multiple of ``multiple``: fewer distinct shapes (compiled
     graphs, FLOP counts), and padding is masked out of attention anyway.
     """
-    longest = max(len(item["ids"]) for item in items)
-    width = -(-longest // multiple) * multiple
-    ids = torch.full((len(items), width), pad_id, dtype=torch.int64)
-    for row, item in enumerate(items):
-        ids[row, : len(item["ids"])] = torch.from_numpy(np.asarray(item["ids"], dtype=np.int64))
-    labels = torch.tensor([item["label"] for item in items], dtype=torch.int64)
-    return {"ids": ids, "labels": labels, "texts": [item["text"] for item in items]}
+    rows = [cut_to(np.asarray(item["ids"]), max_tokens) for item in items]
+    width = -(-max(map(len, rows)) // multiple) * multiple
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.int64)
+    for row, sequence in enumerate(rows):
+        ids[row, : len(sequence)] = torch.from_numpy(sequence.astype(np.int64))
+    labels = torch.tensor([int(item["label"]) for item in items], dtype=torch.int64)
+    return {"ids": ids, "labels": labels}
+
+
+# --- the data module -------------------------------------------------------------------------------------------
 
 
 class TextClassificationDataModule(L.LightningDataModule):
-    """Labelled texts for a BERT classifier: batches {"ids": (B, T), "labels": (B,), "texts": list[str]}.
+    """Labelled texts for a BERT classifier: batches {"ids": (B, T), "labels": (B,)}.
 
     Each text is encoded as [CLS] tokens [SEP] (the tokenizer's BOS and EOS), cut to `max_tokens` with [SEP] kept
     last, and padded with `pad_id` (to the batch's longest, rounded up to a multiple of 8). Give the texts as
     `corpus` (the default, Jane Austen's six novels: which novel does a passage come from) or as `tsv_files` with
-    `corpus: null`; see the module docstring for how passages are made and the splits drawn. `num_classes`,
-    `class_names`, `vocab_size` and `pad_id` are available right after construction (the command line links them
-    into the model); `class_counts` and `chance_accuracy` describe the splits, whose class counts `setup` logs.
+    `corpus: null`; see the module docstring for how passages are made, the splits drawn and the texts prepared.
+    `num_classes`, `class_names`, `vocab_size` and `pad_id` are available right after construction (the command
+    line links them into the model; the first use prepares the data); `class_counts` and `chance_accuracy` describe
+    the splits, whose class counts `setup` logs.
 
     Args:
         corpus: "austen": passages of Jane Austen's six novels labelled with their novel (fetched from Debian's
@@ -206,16 +323,18 @@ class TextClassificationDataModule(L.LightningDataModule):
         passage_sentences: consecutive sentences per Austen passage.
         train_examples: label only this many training texts, drawn at random once (the same ones for every run and
             seed; in their order); None: all of them. For learning curves, and for pretraining on more text than is
-            labelled, the case pretraining is for. Val and test stay whole.
+            labelled, the case pretraining is for. Val and test stay whole. A trained BPE is trained on these texts.
         tokenizer_file: use this tokenizer JSON (``Tokenizer.save``; e.g. `runs/<pretraining run>/version_0/
             tokenizer.json`) instead of training one: needed to fine-tune from a run that was trained with it.
         bpe_vocab_size: size of the byte-level BPE trained on the train texts (when no `tokenizer_file`), with the
             special tokens of masked-LM / T5 pretraining (at least 361: 256 bytes and 105 special tokens).
-        max_tokens: longest sequence in tokens, [CLS] and [SEP] included; longer texts are cut (at most the
-            model's `max_len`).
+        max_tokens: longest sequence in tokens, [CLS] and [SEP] included; longer texts are cut as they are read (at
+            most the model's `max_len`).
         batch_size: texts per batch.
         num_workers: DataLoader worker processes.
-        cache_dir: where the passages and the trained tokenizer are cached.
+        prepare_dir: the folder that holds prepared data: one subfolder per source and tokenizer, reused while they
+            are unchanged.
+        prepare_workers: processes that encode the texts when preparing; default: every core.
         data_root: where the built-in corpus is stored.
         seed: seeds the order of the training texts in each epoch (the splits do not depend on it).
     """
@@ -233,7 +352,8 @@ class TextClassificationDataModule(L.LightningDataModule):
         max_tokens: int = 128,
         batch_size: int = 32,
         num_workers: int = 0,
-        cache_dir: str = "data/cache",
+        prepare_dir: str = "data/prepared",
+        prepare_workers: int | None = None,
         data_root: str = "data",
         seed: int = 0,
     ) -> None:
@@ -268,6 +388,8 @@ class TextClassificationDataModule(L.LightningDataModule):
                 raise ValueError(f"{name}={value} must be at least {least}{what}")
         if train_examples is not None and train_examples < 1:
             raise ValueError(f"train_examples={train_examples} must be at least 1, or null to use every training text")
+        if prepare_workers is not None and prepare_workers < 1:
+            raise ValueError(f"prepare_workers={prepare_workers} must be at least 1, or null for every core")
         if tokenizer_file is None and bpe_vocab_size < MIN_VOCAB_SIZE:
             raise ValueError(
                 f"bpe_vocab_size={bpe_vocab_size} is too small: the byte-level BPE holds 256 bytes and "
@@ -291,22 +413,37 @@ class TextClassificationDataModule(L.LightningDataModule):
         self.max_tokens = max_tokens
         self.batch_size = batch_size
         self.num_workers = num_workers
-        self.cache_dir = Path(cache_dir)
+        self.prepare_dir = Path(prepare_dir)
+        self.prepare_workers = prepare_workers
         self.data_root = Path(data_root)
         self.seed = seed
-        self.datasets: dict[str, TextClassificationDataset] = {}
-        self._examples: dict[str, list[Example]] | None = None
-        self._class_names: list[str] | None = None
+        self.datasets: dict[str, Dataset] = {}
+        self._folder: Path | None = None
+        self._manifest: dict | None = None
         self._tokenizer: Tokenizer | None = None
         self._logged_counts = False
 
     # --- what the model needs: available right after construction (LightningCLI links them) ---
 
     @property
+    def folder(self) -> Path:
+        """The prepared folder (see the module docstring), prepared on first use (once per job)."""
+        if self._folder is None:
+            self._folder = prepared_folder(self.prepare_dir, self._stem(), self._fingerprint(), self._prepare)
+        return self._folder
+
+    @property
+    def manifest(self) -> dict:
+        """The prepared folder's ``prepared.json``: the fingerprint, "class_names", each split's class "counts"."""
+        if self._manifest is None:
+            self._manifest = json.loads((self.folder / MANIFEST).read_text(encoding="utf-8"))
+        return self._manifest
+
+    @property
     def tokenizer(self) -> Tokenizer:
-        """The tokenizer: loaded from `tokenizer_file` or the cache, or trained (and cached) on first use."""
+        """The tokenizer the records were encoded with: `tokenizer_file`'s, or the one trained when preparing."""
         if self._tokenizer is None:
-            self._tokenizer = self._load_or_train_tokenizer()
+            self._tokenizer = Tokenizer.from_file(self.folder / TOKENIZER)
         return self._tokenizer
 
     @property
@@ -322,8 +459,7 @@ class TextClassificationDataModule(L.LightningDataModule):
     @property
     def class_names(self) -> list[str]:
         """Name of each class, by index: the novels' titles in ``AUSTEN_NOVELS`` order, or the sorted TSV labels."""
-        self.examples()
-        return list(self._class_names)
+        return list(self.manifest["class_names"])
 
     @property
     def num_classes(self) -> int:
@@ -331,13 +467,12 @@ class TextClassificationDataModule(L.LightningDataModule):
 
     @property
     def class_counts(self) -> dict[str, dict[str, int]]:
-        """{split: {class name: texts}}."""
-        names = self.class_names
-        counts = {}
-        for split, examples in self.examples().items():
-            per_class = np.bincount([label for _, label, _ in examples], minlength=len(names))
-            counts[split] = {name: int(count) for name, count in zip(names, per_class, strict=True)}
-        return counts
+        """{split: {class name: texts}}, of the `train_examples` chosen when set."""
+        counts = dict(self.manifest["counts"])
+        if self._chosen() is not None:
+            labels = [int(record["label"]) for record in self.dataset("train")]
+            counts["train"] = np.bincount(labels, minlength=self.num_classes).tolist()
+        return {split: dict(zip(self.class_names, counts[split], strict=True)) for split in SPLITS}
 
     @property
     def chance_accuracy(self) -> float:
@@ -345,33 +480,24 @@ class TextClassificationDataModule(L.LightningDataModule):
         counts = self.class_counts["test"].values()
         return max(counts) / max(sum(counts), 1)
 
-    def examples(self) -> dict[str, list[Example]]:
-        """Each split's (text, class index, position) examples, from the cache or read (and cached)."""
-        if self._examples is None:
-            key = content_hash(self._fingerprint())
-            path = self.cache_dir / f"classification-examples-{key}.json"
-
-            def read() -> dict:
-                with preparing(f"reading the labelled texts of {self._describe_source()}"):
-                    return self._read_examples()
-
-            found = cached(path, _load_examples, read, write_json)
-            self._class_names = found["class_names"]
-            self._examples = {split: [tuple(example) for example in found[split]] for split in SPLITS}
-            train = self._examples["train"]
-            if self.train_examples is not None and self.train_examples < len(train):
-                chosen = np.random.default_rng(0).choice(len(train), self.train_examples, replace=False)
-                self._examples["train"] = [train[i] for i in np.sort(chosen)]
-        return self._examples
+    def dataset(self, split: str) -> Dataset:
+        """A split's records by index ({"ids": whole, "label"}): the `train_examples` chosen of train when set."""
+        if split not in self.datasets:
+            if not sum(self.manifest["counts"][split]):
+                raise ValueError(f"the {split} split has no texts ({self._describe_source()})")
+            records = Records(str(self.folder / split))
+            chosen = self._chosen() if split == "train" else None
+            self.datasets[split] = records if chosen is None else Subset(records, chosen.tolist())
+        return self.datasets[split]
 
     # --- LightningDataModule hooks ---
 
     def prepare_data(self) -> None:
-        """Fetch the corpus, cut the passages and train the tokenizer into the cache (once per node)."""
-        self._tokenizer = self.tokenizer
+        """Prepare the records and the tokenizer (once per job), or find them prepared."""
+        self.folder  # noqa: B018 (prepares on first use)
 
     def setup(self, stage: str | None = None) -> None:
-        """Encode the splits that `stage` needs (all of them for None) and log the class counts."""
+        """Log the class counts of the splits, once."""
         if not self._logged_counts:
             self._logged_counts = True
             lines = [f"TextClassificationDataModule: {self.num_classes} classes ({self._describe_source()})"]
@@ -380,121 +506,139 @@ class TextClassificationDataModule(L.LightningDataModule):
                 lines.append(f"  {split}: {sum(counts.values())} texts ({per_class})")
             lines.append(f"  chance accuracy (the largest test class): {self.chance_accuracy:.1%}")
             rank_zero_info("\n".join(lines))
-        needed = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}.get(stage, SPLITS)
-        for split in needed:
-            if split not in self.datasets:
-                self.datasets[split] = self._encode_split(split)
 
     def train_dataloader(self) -> DataLoader:
-        dataset = self._dataset("train")
+        dataset = self.dataset("train")
         return self._dataloader(dataset, EpochShuffleSampler(len(dataset), self.seed))
 
     def val_dataloader(self) -> DataLoader | list:
-        if not self.examples()["val"]:
+        if not sum(self.manifest["counts"]["val"]):
             return []  # no validation texts: Lightning skips validation
-        dataset = self._dataset("val")
+        dataset = self.dataset("val")
         return self._dataloader(dataset, evaluation_sampler(dataset))
 
     def test_dataloader(self) -> DataLoader:
-        dataset = self._dataset("test")
+        dataset = self.dataset("test")
         return self._dataloader(dataset, evaluation_sampler(dataset))
 
     # --- internals ---
 
-    def _dataset(self, split: str) -> TextClassificationDataset:
-        if split not in self.datasets:
-            self.setup({"train": "fit", "val": "validate", "test": "test"}[split])
-        dataset = self.datasets[split]
-        if len(dataset) == 0:
-            raise ValueError(f"the {split} split has no texts ({self._describe_source()})")
-        return dataset
-
-    def _dataloader(self, dataset: TextClassificationDataset, sampler) -> DataLoader:
+    def _dataloader(self, dataset: Dataset, sampler) -> DataLoader:
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
-            collate_fn=partial(collate_classification, pad_id=self.pad_id),
+            collate_fn=partial(collate_classification, max_tokens=self.max_tokens, pad_id=self.pad_id),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
         )
 
-    def _encode_split(self, split: str) -> TextClassificationDataset:
-        examples = self.examples()[split]
-        texts = [text for text, _, _ in examples]
-        ids = PackedSequences.from_lists(self.tokenizer.encode_batch(texts))
-        ids = ids.framed(bos=True, eos=True).truncated(self.max_tokens)
-        return TextClassificationDataset(ids, np.array([label for _, label, _ in examples], dtype=np.int64), texts)
+    def _chosen(self) -> np.ndarray | None:
+        """The indices of the `train_examples` train texts, drawn once (the same for every seed), in order; None:
+        all of them."""
+        count = sum(self.manifest["counts"]["train"])
+        if self.train_examples is None or self.train_examples >= count:
+            return None
+        return np.sort(np.random.default_rng(0).choice(count, self.train_examples, replace=False))
 
     def _describe_source(self) -> str:
         if self.corpus == "austen":
             return f"Austen's novels, passages of {self.passage_sentences} sentences"
         return ", ".join(str(path) for paths in self.files.values() for path in paths)
 
+    def _stem(self) -> str:
+        return "classify-" + ("austen" if self.corpus == "austen" else stem_of(self.files["train"]))
+
     def _fingerprint(self) -> dict:
-        """What the cached examples depend on: the corpus's content or the files' path, size and time, the rules."""
-        if self.corpus == "austen":
-            sources = {"austen": sha256_of(austen_text(self.data_root / "austen"))}
-            return {"format": _CACHE_FORMAT_VERSION, **sources, "passage_sentences": self.passage_sentences}
-        files = {split: [file_stamp(path) for path in paths] for split, paths in self.files.items()}
-        return {"format": _CACHE_FORMAT_VERSION, "tsv": files}
-
-    def _read_examples(self) -> dict:
-        """{"class_names": [...], "train" / "val" / "test": [[text, class index, position], ...]}."""
-        if self.corpus == "austen":
-            text = read_utf8(austen_text(self.data_root / "austen"))
-            return {
-                "class_names": [title for _, title in AUSTEN_NOVELS],
-                **austen_passages(text, self.passage_sentences),
+        """What the prepared folder's content depends on: the corpus's content or the files' path, size and time,
+        the passage rule, the tokenizer (a file's content, or how one is trained), the format version."""
+        if self.tokenizer_file is not None:
+            tokenizer = {"file": content_hash(Path(self.tokenizer_file).read_text(encoding="utf-8", errors="replace"))}
+        else:
+            tokenizer = {
+                "bpe_vocab_size": self.bpe_vocab_size,
+                "special": list(EXTRA_SPECIAL_TOKENS),
+                "sample_bytes": SAMPLE_BYTES,
+                "train_examples": self.train_examples,  # the texts it is trained on
             }
-        rows = {
-            split: [(path, row) for path in paths for row in read_labelled_tsv(path, f"{_PREFIX[split]}tsv_files")]
-            for split, paths in self.files.items()
-        }
-        if not rows["train"]:
-            raise ValueError(f"tsv_files: no labelled line in {', '.join(map(str, self.files['train']))}")
-        class_names = sorted({label for _, (_, label, _) in rows["train"]})
-        if len(class_names) < 2:
-            raise ValueError(f"tsv_files: every line has the label {class_names[0]!r}; a classifier needs two or more")
-        index = {name: i for i, name in enumerate(class_names)}
-        examples: dict[str, list[Example]] = {split: [] for split in SPLITS}
-        held_out = {split for split in ("val", "test") if not self.files[split]}  # drawn from the train lines
-        for split, split_rows in rows.items():
-            for path, (text, label, number) in split_rows:
-                if label not in index:
-                    raise ValueError(
-                        f"{_PREFIX[split]}tsv_files: {path}, line {number}: the label "
-                        f"{label!r} is not one of the training labels {class_names}"
-                    )
-                target = split
-                if split == "train" and (bucket := split_of(text)) in held_out:
-                    target = bucket
-                examples[target].append((text, index[label], number))
-        return {"class_names": class_names, **examples}
+        if self.corpus == "austen":
+            source = {"austen": sha256_of(austen_text(self.data_root / "austen")), "passages": self.passage_sentences}
+        else:
+            source = {"tsv": {split: [file_stamp(path) for path in paths] for split, paths in self.files.items()}}
+        return {"format": FORMAT_VERSION, **source, "tokenizer": tokenizer}
 
-    def _load_or_train_tokenizer(self) -> Tokenizer:
+    def _prepare(self, folder: Path) -> dict:
+        """Build the prepared folder (``prepared_folder`` calls it once per job): tokenizer, records, class names and
+        counts (what it returns goes into the manifest)."""
+        if self.corpus == "austen":
+            with preparing(f"cutting {self._describe_source()}"):
+                text = read_utf8(austen_text(self.data_root / "austen"))
+                passages = austen_passages(text, self.passage_sentences)
+            class_names = [title for _, title in AUSTEN_NOVELS]
+            examples = {split: [(text, label) for text, label, _ in passages[split]] for split in SPLITS}
+            counts = {
+                split: np.bincount([label for _, label in examples[split]], minlength=len(class_names)).tolist()
+                for split in SPLITS
+            }
+            tokenizer = self._train_tokenizer(lambda: [text for text, _ in examples["train"]], counts)
+            tokenizer_json = tokenizer.to_str()
+            inputs = {
+                split: [
+                    examples[split][i : i + EXAMPLES_PER_INPUT]
+                    for i in range(0, len(examples[split]), EXAMPLES_PER_INPUT)
+                ]
+                for split in SPLITS
+            }
+            records_of = {split: partial(example_records, tokenizer_json=tokenizer_json) for split in SPLITS}
+        else:
+            with preparing(f"checking and counting the labelled lines of {self._describe_source()}"):
+                class_names, counts = scan_tsv(self.files)
+            held_out = frozenset(split for split in ("val", "test") if not self.files[split])
+            pieces = {split: [p for path in paths for p in tsv_pieces(path)] for split, paths in self.files.items()}
+            tokenizer = self._train_tokenizer(lambda: self._tsv_sample(pieces["train"], held_out, counts), counts)
+            tokenizer_json = tokenizer.to_str()
+            inputs = {split: pieces["train" if split in held_out else split] for split in SPLITS}
+            records_of = {
+                split: partial(
+                    tsv_records, split=split, held_out=held_out, class_names=class_names, tokenizer_json=tokenizer_json
+                )
+                for split in SPLITS
+            }
+        tokenizer.save(folder / TOKENIZER)
+        for split in SPLITS:
+            expected = sum(counts[split])
+            if expected:
+                written = write_records(
+                    folder / split, records_of[split], inputs[split], self.prepare_workers, ("ids",)
+                )
+                if written != expected:
+                    raise RuntimeError(f"{folder / split}: {written:,} records written for {expected:,} texts")
+        rank_zero_info(f"prepared data: {folder} ({', '.join(f'{s} {sum(counts[s]):,} texts' for s in SPLITS)})")
+        return {"class_names": class_names, "counts": counts, "vocab_size": tokenizer.vocab_size}
+
+    def _train_tokenizer(self, train_texts, counts: dict[str, list[int]]) -> Tokenizer:
+        """`tokenizer_file`'s tokenizer, or a BPE trained on ``train_texts()`` (an iterable of the train texts) or
+        on the `train_examples` chosen of them."""
         if self.tokenizer_file is not None:
             return Tokenizer.from_file(self.tokenizer_file)
-        train = [text for text, _, _ in self.examples()["train"]]
-        key = {
-            "texts": content_hash("\n".join(train)),
-            "vocab_size": self.bpe_vocab_size,
-            "special": list(EXTRA_SPECIAL_TOKENS),
-            "format": _CACHE_FORMAT_VERSION,
-        }
-        path = self.cache_dir / f"classification-tokenizer-{content_hash(key)}.json"
+        texts: Iterable[str] = train_texts()
+        count = sum(counts["train"])
+        if self.train_examples is not None and self.train_examples < count:
+            chosen = set(np.random.default_rng(0).choice(count, self.train_examples, replace=False).tolist())
+            texts = [text for i, text in enumerate(texts) if i in chosen]
+        with preparing(f"training a byte-level BPE of {self.bpe_vocab_size} tokens on the train texts"):
+            return Tokenizer.train_bpe(texts, self.bpe_vocab_size, extra_special_tokens=EXTRA_SPECIAL_TOKENS)
 
-        def train_tokenizer() -> Tokenizer:
-            characters = sum(map(len, train))
-            with preparing(f"training a byte-level BPE of {self.bpe_vocab_size} tokens on {characters:,} characters"):
-                return Tokenizer.train_bpe(train, self.bpe_vocab_size, extra_special_tokens=EXTRA_SPECIAL_TOKENS)
-
-        return cached(path, Tokenizer.from_file, train_tokenizer, write_tokenizer)
-
-
-def _load_examples(path: Path) -> dict:
-    found = json.loads(path.read_text(encoding="utf-8"))
-    if not {"class_names", *SPLITS} <= set(found):
-        raise ValueError(f"expected the class names and the examples of {SPLITS}, found {sorted(found)}")
-    return found
+    def _tsv_sample(self, pieces: list[Piece], held_out: frozenset[str], counts: dict) -> Iterator[str]:
+        """The train texts of the train files' pieces, in order: all of them when the files hold at most
+        ``SAMPLE_BYTES`` (or `train_examples` is set: its texts are drawn from all of them), else the same share of
+        the start of every piece."""
+        total = sum(piece.weight for piece in pieces)
+        limit = None if total <= SAMPLE_BYTES or self.train_examples is not None else SAMPLE_BYTES // len(pieces)
+        for piece in pieces:
+            for line in piece_lines(piece, "tsv_files", limit=limit):
+                if line.strip():
+                    text, _, _ = text_and_label(line)
+                    if split_of_line(text, "train", held_out) == "train":
+                        yield text
