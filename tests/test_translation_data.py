@@ -1,5 +1,5 @@
 """TranslationDataModule: Ding extraction and split, token-budget batching (single and multi-rank), collation,
-tokenizers, caching and error messages. Small corpora are written to tmp_path; the Ding tests read the
+tokenizers, the prepared folder and error messages. Small corpora are written to tmp_path; the Ding tests read the
 installed dictionary and are skipped without it."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from lightning.pytorch.utilities.data import _update_dataloader
 from torch.utils.data import BatchSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from lightformer.data import sources
 from lightformer.data.corpora import (
     DING_FILE,
     CorpusUnavailableError,
@@ -27,7 +28,7 @@ from lightformer.data.corpora import (
 )
 from lightformer.data.sampling import TokenBudgetBatchSampler
 from lightformer.data.sequences import collate_pairs
-from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
 from lightformer.data.translation import TranslationDataModule
 
 needs_ding = pytest.mark.skipif(
@@ -70,8 +71,23 @@ def tsv(tmp_path) -> Path:
 
 
 def make_module(tmp_path: Path, **kwargs) -> TranslationDataModule:
-    defaults = dict(bpe_vocab_size=300, max_tokens=256, max_sentence_tokens=64, cache_dir=str(tmp_path / "cache"))
+    defaults = dict(bpe_vocab_size=300, max_tokens=256, max_sentence_tokens=64, prepare_dir=str(tmp_path / "prepared"))
     return TranslationDataModule(**{**defaults, **kwargs})
+
+
+def column(dataset, key: str) -> list:
+    """Every item's `key` of a prepared dataset, in order: texts, or ids as lists."""
+    items = dataset.__getitems__(list(range(len(dataset))))
+    return [item[key] if isinstance(item[key], str) else item[key].tolist() for item in items]
+
+
+def pairs_of(module: TranslationDataModule) -> dict[str, list[tuple[str, str]]]:
+    """Each split's (first side, second side) texts of a de-en module, in order."""
+    module.setup()
+    return {
+        split: list(zip(column(dataset, "src_text"), column(dataset, "tgt_text"), strict=True))
+        for split, dataset in module.datasets.items()
+    }
 
 
 def read_sources(module: TranslationDataModule) -> int:
@@ -161,7 +177,7 @@ def test_ding_phrases_are_added_to_train_only_without_held_out_german(tmp_path):
     plain.setup()
     with_phrases = make_module(tmp_path, corpus="ding", ding_file=str(ding), ding_phrases=True)
     with_phrases.setup()
-    train = set(zip(with_phrases.datasets["train"].src_texts, with_phrases.datasets["train"].tgt_texts, strict=True))
+    train = set(pairs_of(with_phrases)["train"])
     assert {("Hund", "dog"), ("Katze", "cat")} <= train
     assert not held_out & {german for german, _ in train}
     assert with_phrases.stats["phrase_pairs_held_out"] == len(held_out)
@@ -169,17 +185,17 @@ def test_ding_phrases_are_added_to_train_only_without_held_out_german(tmp_path):
     assert with_phrases.stats["train_phrase_pairs"] == phrase_count
     assert len(with_phrases.datasets["train"]) == len(plain.datasets["train"]) + phrase_count
     for split in ("val", "test"):
-        assert with_phrases.datasets[split].src_texts == plain.datasets[split].src_texts
-        assert all(is_sentence(text) for text in with_phrases.datasets[split].src_texts)
+        assert column(with_phrases.datasets[split], "src_text") == column(plain.datasets[split], "src_text")
+        assert all(is_sentence(text) for text in column(with_phrases.datasets[split], "src_text"))
 
     repeated = make_module(tmp_path, corpus="ding", ding_file=str(ding), ding_phrases=True, sentence_repeats=3)
     repeated.setup()
     train = repeated.datasets["train"]
     assert len(train) == 3 * len(plain.datasets["train"]) + phrase_count
-    pairs = list(zip(train.src_texts, train.tgt_texts, strict=True))
-    sentences = zip(plain.datasets["train"].src_texts, plain.datasets["train"].tgt_texts, strict=True)
+    pairs = list(zip(column(train, "src_text"), column(train, "tgt_text"), strict=True))
+    sentences = pairs_of(plain)["train"]
     assert all(pairs.count(pair) == 3 for pair in sentences)
-    assert repeated.datasets["val"].src_texts == plain.datasets["val"].src_texts
+    assert column(repeated.datasets["val"], "src_text") == column(plain.datasets["val"], "src_text")
 
 
 def test_ding_extraction_is_deterministic(tmp_path):
@@ -187,12 +203,12 @@ def test_ding_extraction_is_deterministic(tmp_path):
     if Path(DING_FILE).is_file():  # an excerpt of the real dictionary, in tmp_path only (GPL: not in the repo)
         with open(DING_FILE, encoding="utf-8") as f:
             ding.write_text("".join(itertools.islice(f, 20_000)), encoding="utf-8")
-    first = make_module(tmp_path, corpus="ding", ding_file=str(ding), cache_dir=str(tmp_path / "a"))
-    second = make_module(tmp_path, corpus="ding", ding_file=str(ding), cache_dir=str(tmp_path / "b"))
+    first = make_module(tmp_path, corpus="ding", ding_file=str(ding), prepare_dir=str(tmp_path / "a"))
+    second = make_module(tmp_path, corpus="ding", ding_file=str(ding), prepare_dir=str(tmp_path / "b"))
     first.setup("test")
     second.setup("test")
-    assert first._split_pairs() == second._split_pairs()
-    assert first.datasets["test"].src_texts == second.datasets["test"].src_texts
+    assert pairs_of(first) == pairs_of(second)
+    assert column(first.datasets["test"], "src_text") == column(second.datasets["test"], "src_text")
     assert first.src_tokenizer.to_str() == second.src_tokenizer.to_str()
 
 
@@ -211,7 +227,7 @@ def ding(tmp_path_factory) -> TranslationDataModule:
     if not Path(DING_FILE).is_file():
         pytest.skip(f"the Ding dictionary {DING_FILE} is absent (apt-get install trans-de-en)")
     module = TranslationDataModule(
-        corpus="ding", bpe_vocab_size=1000, cache_dir=str(tmp_path_factory.mktemp("ding-cache"))
+        corpus="ding", bpe_vocab_size=1000, prepare_dir=str(tmp_path_factory.mktemp("ding-prepared"))
     )
     module.setup()
     return module
@@ -229,26 +245,27 @@ def test_ding_split_sizes_match_data_md(ding):
 
 @needs_ding
 def test_ding_splits_follow_the_md5_buckets_of_the_german_sentence(ding):
-    german = {split: ding.datasets[split].src_texts for split in ("train", "val", "test")}
+    german = {split: column(ding.datasets[split], "src_text") for split in ("train", "val", "test")}
     assert all(split_bucket(sentence) < 5 for sentence in german["test"])
     assert all(5 <= split_bucket(sentence) < 10 for sentence in german["val"])
     assert all(split_bucket(sentence) >= 10 for sentence in german["train"])
     assert not set(german["train"]) & set(german["val"])
     assert not set(german["train"]) & set(german["test"])
     assert not set(german["val"]) & set(german["test"])
-    pairs = list(zip(german["train"], ding.datasets["train"].tgt_texts, strict=True))
+    pairs = list(zip(german["train"], column(ding.datasets["train"], "tgt_text"), strict=True))
     assert len(set(pairs)) == len(pairs)  # deduplicated
-    assert all(is_sentence(text) for text in ding.datasets["test"].tgt_texts)
+    assert all(is_sentence(text) for text in column(ding.datasets["test"], "tgt_text"))
 
 
 @needs_ding
 def test_ding_en_de_swaps_sides(ding):
     reverse = TranslationDataModule(
-        corpus="ding", direction="en-de", bpe_vocab_size=1000, cache_dir=str(ding.cache_dir)
-    )  # same cache: pairs and the joint tokenizer are shared by both directions
+        corpus="ding", direction="en-de", bpe_vocab_size=1000, prepare_dir=str(ding.prepare_dir)
+    )  # the same folder: the pairs and the joint tokenizer serve both directions
     reverse.setup("test")
-    assert reverse.datasets["test"].src_texts == ding.datasets["test"].tgt_texts
-    assert reverse.datasets["test"].tgt_texts == ding.datasets["test"].src_texts
+    assert reverse.prepared == ding.prepared
+    assert column(reverse.datasets["test"], "src_text") == column(ding.datasets["test"], "tgt_text")
+    assert column(reverse.datasets["test"], "tgt_text") == column(ding.datasets["test"], "src_text")
     assert reverse.src_tokenizer.to_str() == ding.tgt_tokenizer.to_str()
     batch = next(iter(reverse.test_dataloader()))
     assert reverse.src_tokenizer.decode(batch["src"][0]) == batch["src_text"][0]
@@ -423,7 +440,7 @@ def test_batches_frame_source_and_target_and_keep_the_texts(tmp_path, tsv):
                 assert module.src_tokenizer.decode(s) == batch["src_text"][row]
                 assert module.tgt_tokenizer.decode(t) == batch["tgt_text"][row]
             seen += batch["src_text"]
-        assert sorted(seen) == sorted(module.datasets[split].src_texts)
+        assert sorted(seen) == sorted(column(module.datasets[split], "src_text"))
 
 
 def test_long_train_pairs_are_dropped_and_long_eval_pairs_cut(tmp_path):
@@ -438,12 +455,12 @@ def test_long_train_pairs_are_dropped_and_long_eval_pairs_cut(tmp_path):
 
     train = [pair for pair in pairs if split_of(pair[0]) == "train"]
     assert module.stats["train_dropped_too_long"] == sum(map(too_long, train)) >= 30
-    assert set(module.datasets["train"].src_texts) == {src for src, tgt in train if not too_long((src, tgt))}
+    assert set(column(module.datasets["train"], "src_text")) == {src for src, tgt in train if not too_long((src, tgt))}
     assert module.datasets["train"].lengths.max() <= 40
     for split in ("val", "test"):
         dataset = module.datasets[split]
         expected = [pair for pair in pairs if split_of(pair[0]) == split]
-        assert list(zip(dataset.src_texts, dataset.tgt_texts, strict=True)) == expected  # all kept, texts whole
+        assert pairs_of(module)[split] == expected  # all kept, texts whole
         assert module.stats[f"{split}_truncated"] == sum(map(too_long, expected))
         assert dataset.lengths.max() <= 40
         for i in range(len(dataset)):
@@ -470,28 +487,41 @@ def test_joint_and_separate_vocabularies_round_trip(tmp_path, tsv, joint_vocab):
         german = "Die müde Straße wartet."
         assert len(module.src_tokenizer.encode(german)) < len(module.tgt_tokenizer.encode(german))
     dataset = module.datasets["train"]
-    for text in dataset.src_texts[:50] + ["Grüße, “Anführungszeichen” – 10 € ✓"]:
+    for text in column(dataset, "src_text")[:50] + ["Grüße, “Anführungszeichen” – 10 € ✓"]:
         assert module.src_tokenizer.decode(module.src_tokenizer.encode(text)) == text
-    for text in dataset.tgt_texts[:50]:
+    for text in column(dataset, "tgt_text")[:50]:
         assert module.tgt_tokenizer.decode(module.tgt_tokenizer.encode(text)) == text
 
 
-def test_cache_is_reused_and_follows_the_files(tmp_path, tsv, monkeypatch):
+def test_prepared_folder_is_reused_and_follows_the_files(tmp_path, tsv, monkeypatch):
     first = make_module(tmp_path, tsv_files=[str(tsv)])
     first.setup()
+    created = (first.prepared / "prepared.json").stat().st_mtime_ns
 
-    def no_training(*args, **kwargs):
-        raise AssertionError("the tokenizer should come from the cache")
+    def no_preparing(self, folder):
+        raise AssertionError("the folder should be prepared already")
 
-    monkeypatch.setattr(Tokenizer, "train_bpe", no_training)
+    monkeypatch.setattr(TranslationDataModule, "_build", no_preparing)
     second = make_module(tmp_path, tsv_files=[str(tsv)])
     second.setup()
+    assert second.prepared == first.prepared
+    assert (second.prepared / "prepared.json").stat().st_mtime_ns == created
     assert second.src_tokenizer.to_str() == first.src_tokenizer.to_str()
-    assert second.datasets["val"].src_texts == first.datasets["val"].src_texts
+    assert column(second.datasets["val"], "src_text") == column(first.datasets["val"], "src_text")
+    assert second.stats == first.stats
     assert list(second.train_dataloader().batch_sampler) == list(first.train_dataloader().batch_sampler)
-    write_tsv(tsv, make_pairs(300, seed=1))  # new content: a new fingerprint, so a new tokenizer is trained
-    with pytest.raises(AssertionError, match="should come from the cache"):
+    write_tsv(tsv, make_pairs(300, seed=1))  # new content: a new fingerprint, so a new folder is prepared
+    with pytest.raises(AssertionError, match="should be prepared already"):
         read_sources(make_module(tmp_path, tsv_files=[str(tsv)]))
+
+
+def test_a_half_written_folder_is_prepared_again(tmp_path, tsv):
+    first = make_module(tmp_path, tsv_files=[str(tsv)])
+    expected = pairs_of(first)
+    (first.prepared / "prepared.json").unlink()  # what a killed preparation leaves
+    (first.prepared / "val" / "index.json").unlink()
+    again = make_module(tmp_path, tsv_files=[str(tsv)])
+    assert pairs_of(again) == expected and again.prepared == first.prepared
 
 
 def test_bpe_dropout_trains_on_a_new_segmentation_each_epoch(tmp_path, tsv):
@@ -500,15 +530,18 @@ def test_bpe_dropout_trains_on_a_new_segmentation_each_epoch(tmp_path, tsv):
     plain = make_module(tmp_path, tsv_files=[str(tsv)])
     plain.setup("fit")
     train, size = module.datasets["train"], len(plain.datasets["train"])
-    assert len(train) == 3 * size and train.src_texts == plain.datasets["train"].src_texts * 3
-    assert module.datasets["val"].src.ids.tolist() == plain.datasets["val"].src.ids.tolist()  # plain BPE there
+    assert len(train) == 3 * size and column(train, "src_text") == column(plain.datasets["train"], "src_text") * 3
+    assert column(module.datasets["val"], "src") == column(plain.datasets["val"], "src")  # plain BPE there
     tokenizer = module.src_tokenizer  # joint
-    for i in range(len(train)):
-        assert tokenizer.decode(train[i]["src"]) == train.src_texts[i]
-        assert tokenizer.decode(train[i]["tgt"]) == train.tgt_texts[i]
-    segmentations = [[train.src[k * size + i].tolist() for k in range(3)] for i in range(size)]
+    src_ids, src_texts = column(train, "src"), column(train, "src_text")
+    for ids, text in zip(src_ids, src_texts, strict=True):
+        assert tokenizer.decode(ids) == text
+    for ids, text in zip(column(train, "tgt"), column(train, "tgt_text"), strict=True):
+        assert tokenizer.decode(ids) == text
+    segmentations = [[src_ids[k * size + i] for k in range(3)] for i in range(size)]
     assert sum(len(set(map(tuple, versions))) > 1 for versions in segmentations) > size // 2
-    assert train.src.ids.size > 3 * plain.datasets["train"].src.ids.size  # dropout splits words into more tokens
+    # dropout splits words into more tokens
+    assert train.src_lengths.sum() > 3 * plain.datasets["train"].src_lengths.sum()
 
     loader = module.train_dataloader()
     for epoch in range(4):
@@ -516,18 +549,19 @@ def test_bpe_dropout_trains_on_a_new_segmentation_each_epoch(tmp_path, tsv):
         batches = list(loader)
         assert len(batches) == len(loader)
         texts = [text for batch in batches for text in batch["src_text"]]
-        assert sorted(texts) == sorted(plain.datasets["train"].src_texts)  # every pair once an epoch
+        assert sorted(texts) == sorted(column(plain.datasets["train"], "src_text"))  # every pair once an epoch
         block = epoch % 3
-        expected = {train.src_texts[i]: train.src[i].tolist() for i in range(block * size, (block + 1) * size)}
+        block_of = slice(block * size, (block + 1) * size)
+        expected = dict(zip(src_texts[block_of], src_ids[block_of], strict=True))
         for batch in batches:
             for row, text in enumerate(batch["src_text"]):
                 ids = batch["src"][row].tolist()
                 assert ids[: len(expected[text])] == expected[text]
 
     again = make_module(tmp_path / "elsewhere", tsv_files=[str(tsv)], bpe_dropout=0.1, bpe_dropout_segmentations=3)
-    again.setup("fit")  # drawn afresh in another cache: the same segmentations
-    assert again.datasets["train"].src.ids.tolist() == train.src.ids.tolist()
-    assert again.datasets["train"].tgt.ids.tolist() == train.tgt.ids.tolist()
+    again.setup("fit")  # drawn afresh in another folder: the same segmentations
+    assert column(again.datasets["train"], "src") == src_ids
+    assert column(again.datasets["train"], "tgt") == column(train, "tgt")
 
 
 # --- file sources and their splits --------------------------------------------------------------------------------
@@ -537,7 +571,7 @@ def test_files_are_split_by_the_md5_bucket_of_the_source(tmp_path, tsv):
     module = make_module(tmp_path, tsv_files=[str(tsv)])
     module.setup()
     for split in ("train", "val", "test"):
-        assert all(split_of(src) == split for src in module.datasets[split].src_texts)
+        assert all(split_of(src) == split for src in column(module.datasets[split], "src_text"))
     assert sum(len(module.datasets[split]) for split in ("train", "val", "test")) == 300
 
 
@@ -545,8 +579,8 @@ def test_explicit_val_files_leave_only_test_to_the_buckets(tmp_path, tsv):
     val = write_tsv(tmp_path / "val.tsv", make_pairs(20, seed=9))
     module = make_module(tmp_path, tsv_files=[str(tsv)], val_tsv_files=[str(val)])
     module.setup()
-    assert module.datasets["val"].src_texts == [src for src, _ in make_pairs(20, seed=9)]
-    assert all(split_of(src) == "test" for src in module.datasets["test"].src_texts)
+    assert column(module.datasets["val"], "src_text") == [src for src, _ in make_pairs(20, seed=9)]
+    assert all(split_of(src) == "test" for src in column(module.datasets["test"], "src_text"))
     assert len(module.datasets["train"]) + len(module.datasets["test"]) == 300
 
 
@@ -557,8 +591,31 @@ def test_line_aligned_files_give_the_same_pairs_as_tsv(tmp_path, tsv):
     tgt.write_text("\n".join(t for _, t in pairs) + "\n\n", encoding="utf-8")
     parallel = make_module(tmp_path, src_file=str(src), tgt_file=str(tgt))
     from_tsv = make_module(tmp_path, tsv_files=[str(tsv)])
-    assert parallel._split_pairs() == from_tsv._split_pairs()
+    assert pairs_of(parallel) == pairs_of(from_tsv)
     assert parallel.stats["train_skipped_empty"] == 1
+
+
+def test_small_pieces_give_the_same_pairs_as_one_piece(tmp_path, tsv, monkeypatch):
+    pairs = make_pairs(300)
+    src, tgt = tmp_path / "train.de", tmp_path / "train.en"
+    src.write_text("".join(f"{s}\n" for s, _ in pairs), encoding="utf-8")
+    tgt.write_text("".join(f"{t}\n" for _, t in pairs), encoding="utf-8")
+    whole = {kind: make_module(tmp_path / "whole", **kwargs) for kind, kwargs in file_sources(tsv, src, tgt).items()}
+    expected = {kind: pairs_of(module) for kind, module in whole.items()}
+    assert expected["tsv"] == expected["parallel"]
+    monkeypatch.setattr(sources, "PIECE_BYTES", 1024)
+    pieces = make_module(tmp_path / "pieces", tsv_files=[str(tsv)])._pieces("train")
+    assert len(pieces) >= 10 and all(piece.weight <= 1024 + 200 for piece in pieces)
+    aligned = make_module(tmp_path / "pieces", src_file=str(src), tgt_file=str(tgt))._pieces("train")
+    assert len(aligned) >= 10 and all(piece.src.weight <= 1024 + 200 for piece in aligned)
+    for kind, kwargs in file_sources(tsv, src, tgt).items():
+        module = make_module(tmp_path / "pieces", **kwargs)
+        assert pairs_of(module) == expected[kind]
+        assert module.stats == whole[kind].stats
+
+
+def file_sources(tsv: Path, src: Path, tgt: Path) -> dict[str, dict]:
+    return {"tsv": {"tsv_files": [str(tsv)]}, "parallel": {"src_file": str(src), "tgt_file": str(tgt)}}
 
 
 def test_tsv_globs_and_extra_columns(tmp_path):
@@ -569,7 +626,7 @@ def test_tsv_globs_and_extra_columns(tmp_path):
         "".join(f"{s}\t{t}\tCC-BY 2.0 (France) Attribution\n" for s, t in pairs[30:]), encoding="utf-8"
     )
     module = make_module(tmp_path, tsv_files=[str(tmp_path / "parts" / "*.tsv")])
-    found = [pair for split in ("train", "val", "test") for pair in module._split_pairs()[split]]
+    found = [pair for split in ("train", "val", "test") for pair in pairs_of(module)[split]]
     assert sorted(found) == sorted(pairs)
 
 
@@ -597,7 +654,7 @@ def test_empty_corpus_is_an_error_naming_the_file(tmp_path):
 def test_non_utf8_bytes_are_reported_with_file_and_offset(tmp_path):
     bad = tmp_path / "latin1.tsv"
     bad.write_bytes(b"Gut.\tGood.\n" + "Grüße.\tGreetings.\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"latin1\.tsv is not UTF-8 text: byte 0xfc at byte offset 13 \(line 2"):
+    with pytest.raises(ValueError, match=r"latin1\.tsv is not UTF-8 text: byte 0xfc at byte offset 13"):
         read_sources(make_module(tmp_path, tsv_files=[str(bad)]))
 
 
@@ -610,10 +667,10 @@ def test_line_count_mismatch_reports_both_counts_and_files(tmp_path):
     assert str(src) in str(error.value) and str(tgt) in str(error.value)
 
 
-def test_tsv_line_without_tab_names_file_and_line(tmp_path):
+def test_tsv_line_without_tab_names_file_and_byte(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("Gut.\tGood.\nNur eine Spalte hier\nJa.\tYes.\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"bad\.tsv, line 2: no tab"):
+    with pytest.raises(ValueError, match=r"bad\.tsv, byte 11: no tab"):
         read_sources(make_module(tmp_path, tsv_files=[str(bad)]))
 
 
@@ -643,25 +700,3 @@ def test_max_tokens_below_max_sentence_tokens_names_both(tmp_path, tsv):
 def test_invalid_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TranslationDataModule(**kwargs)
-
-
-def test_damaged_cache_files_are_named_and_prepared_again(tsv, tmp_path):
-    """A cut-short or overwritten cache file (pairs, tokenizer, ids) is reported by name and rebuilt, with the same
-    result, instead of failing this and every later run."""
-    first = make_module(tmp_path, tsv_files=[str(tsv)])
-    first.setup("fit")
-    expected = [batch["src"] for batch in first.val_dataloader()]
-    cache = tmp_path / "cache"
-    damaged = sorted(cache.glob("translation-*"))
-    assert {path.suffix for path in damaged} == {".json", ".npz"} and len(damaged) == 3  # pairs, tokenizer, ids
-    for path in damaged:
-        path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
-    again = make_module(tmp_path, tsv_files=[str(tsv)])
-    with pytest.warns(UserWarning) as warned:
-        again.setup("fit")
-    messages = "\n".join(str(w.message) for w in warned)
-    for path in damaged:
-        assert f"the cached file {path} is damaged" in messages
-    assert all(
-        torch.equal(a, b) for a, b in zip(expected, [batch["src"] for batch in again.val_dataloader()], strict=True)
-    )
