@@ -1,6 +1,7 @@
-"""Text classification: Austen passages split by position, TSV files and their errors, batches, a tiny classifier
-trained through the command line, and fine-tuning from a masked-LM-shaped checkpoint (weights loaded by name, a
-checkpoint of another tokenizer refused)."""
+"""Text classification: Austen passages split by position, TSV files and their errors, the prepared records (once,
+the same from pieces of any size, cut to max_tokens as read), batches, a tiny classifier trained through the command
+line, and fine-tuning from a masked-LM-shaped checkpoint (weights loaded by name, a checkpoint of another tokenizer
+refused)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,26 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import lightformer.data.classification as classification
 from lightformer.cli import cli_main
 from lightformer.data.classification import (
     MIN_VOCAB_SIZE,
     SPLITS,
     TextClassificationDataModule,
+    austen_passages,
     novel_sentences,
     read_labelled_tsv,
     split_sentences,
 )
-from lightformer.data.corpora import AUSTEN_NOVELS, CorpusUnavailableError, austen_text, split_austen_text
+from lightformer.data.corpora import (
+    AUSTEN_NOVELS,
+    CorpusUnavailableError,
+    austen_text,
+    split_austen_text,
+    split_of,
+)
+from lightformer.data.prepare import MANIFEST
+from lightformer.data.sampling import EpochShuffleSampler
 from lightformer.data.sources import TextSource, read_piece
 from lightformer.data.tokenizers import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
 from lightformer.models.bert import BertConfig, BertForPreTraining
@@ -47,11 +58,22 @@ def austen(tmp_path_factory) -> TextClassificationDataModule:
         austen_text(root / "austen")
     except CorpusUnavailableError as error:
         pytest.skip(f"could not fetch the Austen corpus: {error}")
-    return TextClassificationDataModule(data_root=str(root), cache_dir=str(tmp_path_factory.mktemp("cache")))
+    return TextClassificationDataModule(data_root=str(root), prepare_dir=str(tmp_path_factory.mktemp("prepared")))
 
 
-def test_austen_passages_are_split_by_position(austen):
-    examples = austen.examples()
+@pytest.fixture(scope="module")
+def passages() -> dict[str, list[tuple[str, int, int]]]:
+    """Each split's (passage, novel, position) of Austen's novels, three sentences per passage."""
+    return austen_passages(austen_text(REPO / "data" / "austen").read_text(encoding="utf-8"), 3)
+
+
+def records(data: TextClassificationDataModule, split: str) -> list[tuple[list[int], int]]:
+    """(ids, label) of each record of a prepared split, in order."""
+    return [(np.asarray(r["ids"]).tolist(), int(r["label"])) for r in data.dataset(split)]
+
+
+def test_austen_passages_are_split_by_position(austen, passages):
+    examples = passages
     assert austen.class_names == [title for _, title in AUSTEN_NOVELS]
     assert austen.num_classes == 6
     texts = {split: {text for text, _, _ in examples[split]} for split in SPLITS}
@@ -79,6 +101,13 @@ def test_austen_passages_are_split_by_position(austen):
     assert sum(counts["test"].values()) == len(examples["test"]) > 1000
     assert austen.chance_accuracy == max(counts["test"].values()) / len(examples["test"])
     assert 0.2 < austen.chance_accuracy < 0.25  # Emma, the longest novel
+    # the records: each split's passages in order, encoded whole as [CLS] text [SEP]
+    for split in SPLITS:
+        prepared = records(austen, split)
+        assert [label for _, label in prepared] == [label for _, label, _ in examples[split]]
+        for index in (0, len(prepared) // 2, len(prepared) - 1):
+            text = examples[split][index][0]
+            assert prepared[index][0] == austen.tokenizer.encode(text, add_bos=True, add_eos=True)
 
 
 def test_novel_body_without_headings_and_fragments():
@@ -106,8 +135,8 @@ def test_sentence_rule():
     ]
 
 
-def test_austen_passages_have_three_sentences_and_no_front_matter(austen):
-    passages = [text for split in SPLITS for text, _, _ in austen.examples()[split]]
+def test_austen_passages_have_three_sentences_and_no_front_matter(passages):
+    passages = [text for split in SPLITS for text, _, _ in passages[split]]
     assert not any(text.upper().startswith(("CHAPTER", "VOLUME")) or "Jane Austen" in text for text in passages)
     first = passages[0]
     assert first.startswith("The family of Dashwood had long been settled in Sussex.")
@@ -136,21 +165,21 @@ def write_toy(folder: Path) -> dict[str, Path]:
     return files
 
 
-def toy_module(files: dict[str, Path], cache: Path, **options) -> TextClassificationDataModule:
+def toy_module(files: dict[str, Path], prepared: Path, **options) -> TextClassificationDataModule:
     return TextClassificationDataModule(
         corpus=None,
         tsv_files=[str(files["train"])],
         val_tsv_files=[str(files["val"])],
         test_tsv_files=[str(files["test"])],
         bpe_vocab_size=MIN_VOCAB_SIZE + 20,
-        cache_dir=str(cache),
+        prepare_dir=str(prepared),
         **options,
     )
 
 
-def test_tsv_labels_are_sorted_and_batches_framed(tmp_path):
+def test_tsv_labels_are_sorted_and_batches_framed_and_cut_as_read(tmp_path):
     files = write_toy(tmp_path / "toy")
-    data = toy_module(files, tmp_path / "cache", max_tokens=6, batch_size=8)
+    data = toy_module(files, tmp_path / "prepared", max_tokens=6, batch_size=8)
     assert data.class_names == ["fruit", "metal"] and data.num_classes == 2 and data.pad_id == PAD_ID
     assert data.vocab_size == MIN_VOCAB_SIZE + 20 and data.tokenizer.token_id(MASK) == 4
     assert data.class_counts == {"train": {"fruit": 120, "metal": 120}, "val": {"fruit": 20, "metal": 20}} | {
@@ -158,61 +187,120 @@ def test_tsv_labels_are_sorted_and_batches_framed(tmp_path):
     }
     data.setup("fit")
     batch = next(iter(data.train_dataloader()))
-    ids, labels, texts = batch["ids"], batch["labels"], batch["texts"]
-    assert ids.dtype == labels.dtype == torch.int64 and ids.shape[0] == labels.shape[0] == len(texts) == 8
-    assert ids.shape[1] % 8 == 0
-    for row, label, text in zip(ids.tolist(), labels.tolist(), texts, strict=True):
+    ids, labels = batch["ids"], batch["labels"]
+    assert ids.dtype == labels.dtype == torch.int64 and ids.shape[0] == labels.shape[0] == 8
+    assert ids.shape[1] == 8  # the longest, 6, rounded up to a multiple of 8
+    first = list(EpochShuffleSampler(len(data.dataset("train")), seed=0))[:8]
+    whole = [records(data, "train")[i] for i in first]
+    assert any(len(full) > 6 for full, _ in whole)  # the records hold whole texts; the batch cuts them
+    for row, label, (full, record_label) in zip(ids.tolist(), labels.tolist(), whole, strict=True):
         real = [i for i in row if i != PAD_ID]
         assert row[: len(real)] == real and real[0] == BOS_ID and real[-1] == EOS_ID and len(real) <= 6
-        full = data.tokenizer.encode(text)
-        assert real[1:-1] == full[: len(real) - 2]  # cut to max_tokens, [SEP] kept last
-        assert data.class_names[label] == ("fruit" if text.split()[0] in FRUIT else "metal")
-    # the order of an epoch depends on (seed, epoch) only
-    again = toy_module(files, tmp_path / "cache", max_tokens=6, batch_size=8)
-    again.setup("fit")
-    assert next(iter(again.train_dataloader()))["texts"] == texts
+        assert full[0] == BOS_ID and full[-1] == EOS_ID
+        assert real[:-1] == full[: len(real) - 1] and len(real) == min(len(full), 6)  # cut, [SEP] kept last
+        text = data.tokenizer.decode(full)
+        assert label == record_label and data.class_names[label] == ("fruit" if text.split()[0] in FRUIT else "metal")
+    # the order of an epoch depends on (seed, epoch) only; another max_tokens reads the same prepared folder
+    again = toy_module(files, tmp_path / "prepared", max_tokens=64, batch_size=8)
+    assert again.folder == data.folder
+    longer = next(iter(again.train_dataloader()))
+    assert torch.equal(longer["labels"], labels) and longer["ids"].shape[1] > 8
+    for row, (full, _) in zip(longer["ids"].tolist(), whole, strict=True):
+        assert row[: len(full)] == full and set(row[len(full) :]) <= {PAD_ID}
 
 
 def test_tsv_without_val_and_test_files_is_split_by_text_hash(tmp_path):
     train = tmp_path / "train.tsv"
     lines = toy_lines(400, 3) + ["\t".join(["a text with\ta tab", "metal"])] + [""]
     train.write_text("\n".join(lines), encoding="utf-8")
-    data = TextClassificationDataModule(corpus=None, tsv_files=[str(train)], cache_dir=str(tmp_path / "cache"))
-    examples = data.examples()
+    data = TextClassificationDataModule(corpus=None, tsv_files=[str(train)], prepare_dir=str(tmp_path / "prepared"))
+    examples = {split: [(data.tokenizer.decode(ids), label) for ids, label in records(data, split)] for split in SPLITS}
     sizes = {split: len(examples[split]) for split in SPLITS}
+    assert sizes == {split: sum(data.class_counts[split].values()) for split in SPLITS}
     assert sum(sizes.values()) == 401 and sizes["val"] > 5 and sizes["test"] > 5 and sizes["train"] > 320
-    texts = {split: {text for text, _, _ in examples[split]} for split in SPLITS}
+    texts = {split: {text for text, _ in examples[split]} for split in SPLITS}
     assert not texts["train"] & texts["val"] and not texts["train"] & texts["test"] and not texts["val"] & texts["test"]
-    assert ("a text with\ta tab", 1) in {(text, label) for split in SPLITS for text, label, _ in examples[split]}
+    assert ("a text with\ta tab", 1) in {example for split in SPLITS for example in examples[split]}
+    for split in SPLITS:  # each text in the split of its hash, in the order of the file
+        expected = [(text, label) for text, label in (line.rsplit("\t", 1) for line in lines if line)]
+        expected = [(text, ["fruit", "metal"].index(label)) for text, label in expected if split_of(text) == split]
+        assert examples[split] == expected
 
 
 def test_tsv_errors_name_the_file_and_line(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("good text\tfruit\nno tab on this line\n", encoding="utf-8")
     with pytest.raises(ValueError, match=rf"tsv_files: {bad}, line 2: no tab; each line must be 'text<TAB>label'"):
-        read_labelled_tsv(bad)
+        list(read_labelled_tsv(bad))
     empty = tmp_path / "empty.tsv"
     empty.write_text("good text\tfruit\n\t\tmetal\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"line 2: the text is empty"):
-        read_labelled_tsv(empty)
+        list(read_labelled_tsv(empty))
     latin = tmp_path / "latin1.tsv"
-    latin.write_bytes("caf\u00e9 au lait\tfruit\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"latin1.tsv is not UTF-8 text: byte 0xe9 at byte offset 3 \(line 1"):
-        TextClassificationDataModule(corpus=None, tsv_files=[str(latin)], cache_dir=str(tmp_path)).examples()
+    latin.write_bytes("good text\tfruit\n\ncaf\u00e9 au lait\tfruit\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.tsv is not UTF-8 text: byte 0xe9 at byte offset 20 \(line 3"):
+        TextClassificationDataModule(corpus=None, tsv_files=[str(latin)], prepare_dir=str(tmp_path)).prepare_data()
     single = tmp_path / "single.tsv"
     single.write_text("one text\tfruit\nanother text\tfruit\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"every line has the label 'fruit'; a classifier needs two or more"):
-        TextClassificationDataModule(corpus=None, tsv_files=[str(single)], cache_dir=str(tmp_path)).examples()
+        TextClassificationDataModule(corpus=None, tsv_files=[str(single)], prepare_dir=str(tmp_path)).prepare_data()
+
+
+def test_unknown_val_label_is_refused_before_anything_is_encoded(tmp_path, monkeypatch):
     files = write_toy(tmp_path / "toy")
-    files["val"].write_text("some text\tvegetable\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"val_tsv_files: .*val.tsv, line 1: the label 'vegetable' is not one of"):
-        toy_module(files, tmp_path / "cache").examples()
+    files["val"].write_text("some fruit\tfruit\n\nsome text\tvegetable\n", encoding="utf-8")
+    encoded = []
+    monkeypatch.setattr(classification, "write_records", lambda *args: encoded.append(args))
+    with pytest.raises(ValueError, match=r"val_tsv_files: .*val.tsv, line 3: the label 'vegetable' is not one of"):
+        toy_module(files, tmp_path / "prepared").prepare_data()
+    assert not encoded and not list((tmp_path / "prepared").glob(f"*/{MANIFEST}"))
+
+
+def test_tsv_read_in_tiny_pieces_gives_the_same_records(tmp_path, monkeypatch):
+    train = tmp_path / "train.tsv"
+    lines = toy_lines(600, 4) + [" ".join(["plum"] * 400) + "\tfruit", "", "fig\tfruit"]  # a line of 2 KB
+    train.write_bytes(("\ufeff" + "\r\n".join(lines)).encode("utf-8"))  # a byte-order mark, CRLF, no final break
+
+    def prepared(folder: str) -> TextClassificationDataModule:
+        data = TextClassificationDataModule(
+            corpus=None, tsv_files=[str(train)], bpe_vocab_size=MIN_VOCAB_SIZE + 20, prepare_dir=str(tmp_path / folder)
+        )
+        data.prepare_data()
+        return data
+
+    whole = prepared("whole")
+    assert len(classification.tsv_pieces(train)) == 1
+    monkeypatch.setattr("lightformer.data.sources.PIECE_BYTES", 1024)
+    assert len(classification.tsv_pieces(train)) > 10
+    pieces = prepared("pieces")
+    assert pieces.tokenizer.to_str() == whole.tokenizer.to_str()
+    assert pieces.class_counts == whole.class_counts
+    for split in SPLITS:
+        assert records(pieces, split) == records(whole, split)
+    texts = [whole.tokenizer.decode(ids) for split in SPLITS for ids, _ in records(whole, split)]
+    assert sorted(texts) == sorted(line.rsplit("\t", 1)[0] for line in lines if line)
+
+
+def test_preparing_twice_does_nothing_the_second_time(tmp_path, monkeypatch):
+    files = write_toy(tmp_path / "toy")
+    first = toy_module(files, tmp_path / "prepared")
+    first.prepare_data()
+    manifest = (first.folder / MANIFEST).read_bytes()
+    monkeypatch.setattr(classification, "scan_tsv", lambda *args: pytest.fail("prepared again"))
+    again = toy_module(files, tmp_path / "prepared", max_tokens=16, batch_size=4, seed=3)
+    again.prepare_data()
+    assert again.folder == first.folder and (again.folder / MANIFEST).read_bytes() == manifest
+    assert again.tokenizer.to_str() == first.tokenizer.to_str() and again.class_counts == first.class_counts
+    files["train"].write_text(files["train"].read_text(encoding="utf-8") + "one more plum\tfruit\n", encoding="utf-8")
+    with pytest.raises(pytest.fail.Exception, match="prepared again"):  # a changed file is prepared again
+        toy_module(files, tmp_path / "prepared").prepare_data()
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
         ({"batch_size": 0}, r"batch_size=0 must be at least 1"),
+        ({"prepare_workers": 0}, r"prepare_workers=0 must be at least 1, or null for every core"),
         ({"passage_sentences": 0}, r"passage_sentences=0 must be at least 1"),
         ({"max_tokens": 2}, r"max_tokens=2 must be at least 3"),
         ({"bpe_vocab_size": 300}, rf"bpe_vocab_size=300 is too small.*at least {MIN_VOCAB_SIZE}"),
@@ -241,7 +329,7 @@ def tiny_args(files: dict[str, Path], tmp_path: Path, *extra: str) -> list[str]:
         f"--data.bpe_vocab_size={MIN_VOCAB_SIZE + 20}",
         "--data.max_tokens=16",
         "--data.batch_size=16",
-        f"--data.cache_dir={tmp_path / 'cache'}",
+        f"--data.prepare_dir={tmp_path / 'prepared'}",
         *(f"--model.net.{name}={value}" for name, value in TINY_NET.items()),
         "--model.optimizer.lr=3e-3",
         "--model.optimizer.warmup_steps=5",
@@ -375,11 +463,11 @@ def test_fine_tuning_loads_the_encoder_and_refuses_another_tokenizer(tmp_path):
     )
 
 
-def test_pretraining_split_by_novel_reads_no_passage_the_classifier_is_tested_on(austen):
+def test_pretraining_split_by_novel_reads_no_passage_the_classifier_is_tested_on(passages):
     """configs/mlm/austen.yaml cuts val and test from the end of each novel (split="each_file"), so the pretrained
     encoder has read most of every novel's training passages and none of its test passages; cut from the end of the
     whole text, it would read the test passages of the first novels and little of Persuasion."""
-    examples = austen.examples()
+    examples = passages
 
     def read_by_pretraining(split: str) -> tuple[float, float]:
         source = TextSource(
@@ -394,33 +482,21 @@ def test_pretraining_split_by_novel_reads_no_passage_the_classifier_is_tested_on
     assert test_read > 0.3
 
 
-def test_train_examples_labels_a_fixed_subset_of_the_training_passages(austen, tmp_path):
-    options = {"data_root": str(REPO / "data"), "cache_dir": str(austen.cache_dir), "train_examples": 100}
-    few = TextClassificationDataModule(**options, seed=1).examples()
-    again = TextClassificationDataModule(**options, seed=2).examples()
-    everything = austen.examples()
-    assert few["train"] == again["train"] and len(few["train"]) == 100  # the same labels whatever the seed
-    assert set(few["train"]) < set(everything["train"]) and few["train"] == sorted(
-        few["train"], key=everything["train"].index
+def test_train_examples_labels_a_fixed_subset_of_the_training_passages(austen, passages):
+    options = {"data_root": str(REPO / "data"), "prepare_dir": str(austen.prepare_dir), "train_examples": 100}
+    few, again = TextClassificationDataModule(**options, seed=1), TextClassificationDataModule(**options, seed=2)
+    chosen = few.dataset("train").indices
+    assert chosen == again.dataset("train").indices and len(chosen) == 100  # the same labels whatever the seed
+    assert chosen == sorted(set(chosen)) and max(chosen) < len(passages["train"])
+    train = passages["train"]
+    assert [label for _, label in records(few, "train")] == [train[i][1] for i in chosen]
+    first = train[chosen[0]][0]
+    assert records(few, "train")[0][0] == few.tokenizer.encode(first, add_bos=True, add_eos=True)
+    assert sum(few.class_counts["train"].values()) == 100 and all(few.class_counts["train"].values())
+    assert (
+        few.class_counts["val"] == austen.class_counts["val"]
+        and few.class_counts["test"] == austen.class_counts["test"]
     )
-    assert len({label for _, label, _ in few["train"]}) == 6
-    assert few["val"] == everything["val"] and few["test"] == everything["test"]
+    assert records(few, "test") != records(austen, "test")  # its BPE is trained on the 100 chosen passages only
     with pytest.raises(ValueError, match="train_examples=0 must be at least 1"):
         TextClassificationDataModule(train_examples=0)
-
-
-def test_damaged_cache_files_are_named_and_prepared_again(tmp_path):
-    files = write_toy(tmp_path / "toy")
-    first = toy_module(files, tmp_path / "cache")
-    first.setup("fit")
-    expected = first.examples(), first.tokenizer.to_str()
-    damaged = sorted((tmp_path / "cache").glob("classification-*"))
-    assert len(damaged) == 2  # the examples and the tokenizer
-    for path in damaged:
-        path.write_text('{"cut": ', encoding="utf-8")
-    again = toy_module(files, tmp_path / "cache")
-    with pytest.warns(UserWarning) as warned:
-        again.setup("fit")
-    messages = "\n".join(str(w.message) for w in warned)
-    assert all(f"the cached file {path} is damaged" in messages for path in damaged)
-    assert (again.examples(), again.tokenizer.to_str()) == expected

@@ -138,7 +138,7 @@ def task_args(task: str, tmp_path: Path) -> list[str]:
             "--data.bpe_vocab_size=400",
             "--data.max_tokens=16",
             "--data.batch_size=16",
-            f"--data.cache_dir={tmp_path / 'cache'}",
+            f"--data.prepare_dir={tmp_path / 'prepared'}",
             "--model.net.n_layers=1",
             "--model.net.d_model=32",
             "--model.net.n_heads=2",
