@@ -16,7 +16,7 @@ from lightning.pytorch.utilities.data import _update_dataloader
 from torch.utils.data import BatchSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from lightformer.data import sources
+from lightformer.data import sources, translation
 from lightformer.data.corpora import (
     DING_FILE,
     CorpusUnavailableError,
@@ -28,7 +28,7 @@ from lightformer.data.corpora import (
 )
 from lightformer.data.sampling import TokenBudgetBatchSampler
 from lightformer.data.sequences import collate_pairs
-from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID
+from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from lightformer.data.translation import TranslationDataModule
 
 needs_ding = pytest.mark.skipif(
@@ -612,6 +612,23 @@ def test_small_pieces_give_the_same_pairs_as_one_piece(tmp_path, tsv, monkeypatc
         module = make_module(tmp_path / "pieces", **kwargs)
         assert pairs_of(module) == expected[kind]
         assert module.stats == whole[kind].stats
+
+
+def test_tokenizers_train_on_a_bounded_sample_of_large_files(tmp_path, tsv, monkeypatch):
+    sampled = []
+    train_bpe = Tokenizer.train_bpe.__func__
+
+    def recording(cls, texts, *args, **kwargs):
+        texts = list(texts)
+        sampled.append(sum(len(text.encode("utf-8")) for text in texts))
+        return train_bpe(cls, texts, *args, **kwargs)
+
+    monkeypatch.setattr(Tokenizer, "train_bpe", classmethod(recording))
+    monkeypatch.setattr(translation, "SAMPLE_BYTES", 4096)
+    monkeypatch.setattr(sources, "PIECE_BYTES", 2048)
+    module = make_module(tmp_path, tsv_files=[str(tsv)])
+    assert sum(map(len, pairs_of(module).values())) == 300  # every pair prepared
+    assert 0 < sampled[0] <= 4096 < tsv.stat().st_size
 
 
 def file_sources(tsv: Path, src: Path, tgt: Path) -> dict[str, dict]:

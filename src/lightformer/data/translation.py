@@ -104,7 +104,8 @@ class TranslationDataModule(L.LightningDataModule):
         direction: with corpus="ding", "de-en" translates German to English, "en-de" English to German. For
             files the source is always the first column / `src_file`; only "de-en" (the default) is accepted.
         joint_vocab: one byte-level BPE trained on both sides of the train split (needed to share embeddings);
-            False trains one BPE per side.
+            False trains one BPE per side. The BPEs train on all the train pairs, or on a sample of about
+            `SAMPLE_BYTES` (64 MB) taken evenly from the training files when these are larger.
         bpe_vocab_size: size of each trained BPE vocabulary (named so as not to clash with the model's
             `src_vocab_size` / `tgt_vocab_size`, which are linked from this module's actual sizes).
         bpe_dropout: BPE-dropout (Provilkov et al. 2020; 0.1 in the paper) on the train split: each merge is skipped
@@ -123,7 +124,7 @@ class TranslationDataModule(L.LightningDataModule):
             least `max_sentence_tokens`.
         num_workers: DataLoader worker processes.
         prepare_dir: where the pairs are prepared (tokenizers and records, one folder per source and options,
-            reused while they are unchanged; see the module docstring).
+            reused while they are unchanged; see the module docstring), on every core.
         seed: seeds the batches' shuffling (the splits do not depend on it).
     """
 
@@ -286,7 +287,8 @@ class TranslationDataModule(L.LightningDataModule):
         return self._folder
 
     def setup(self, stage: str | None = None) -> None:
-        """Encode the splits that `stage` needs (all for None); train pairs over `max_sentence_tokens` are dropped."""
+        """Open the prepared splits that `stage` needs (all for None); train pairs over `max_sentence_tokens` are
+        dropped, val and test pairs cut to it."""
         needed = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}.get(stage, SPLITS)
         for split in needed:
             if split not in self.datasets:
