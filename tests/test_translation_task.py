@@ -42,7 +42,7 @@ def trained(tmp_path_factory):
         f"--data.test_tsv_files=[{test}]",
         "--data.bpe_vocab_size=300",
         "--data.max_tokens=1024",
-        f"--data.cache_dir={tmp / 'cache'}",
+        f"--data.prepare_dir={tmp / 'prepared'}",
         "--model.net.n_encoder_layers=2",
         "--model.net.n_decoder_layers=2",
         "--model.net.d_model=64",

@@ -176,7 +176,7 @@ def task_args(task: str, tmp_path: Path) -> list[str]:
         f"--data.val_tsv_files=[{tsv}]",
         "--data.bpe_vocab_size=270",
         "--data.max_tokens=128",
-        f"--data.cache_dir={tmp_path / 'cache'}",
+        f"--data.prepare_dir={tmp_path / 'prepared'}",
         "--model.net.n_encoder_layers=1",
         "--model.net.n_decoder_layers=1",
         "--model.net.d_model=32",
