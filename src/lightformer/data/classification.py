@@ -421,6 +421,7 @@ class TextClassificationDataModule(L.LightningDataModule):
         self._folder: Path | None = None
         self._manifest: dict | None = None
         self._tokenizer: Tokenizer | None = None
+        self._class_counts: dict[str, dict[str, int]] | None = None
         self._logged_counts = False
 
     # --- what the model needs: available right after construction (LightningCLI links them) ---
@@ -468,11 +469,13 @@ class TextClassificationDataModule(L.LightningDataModule):
     @property
     def class_counts(self) -> dict[str, dict[str, int]]:
         """{split: {class name: texts}}, of the `train_examples` chosen when set."""
-        counts = dict(self.manifest["counts"])
-        if self._chosen() is not None:
-            labels = [int(record["label"]) for record in self.dataset("train")]
-            counts["train"] = np.bincount(labels, minlength=self.num_classes).tolist()
-        return {split: dict(zip(self.class_names, counts[split], strict=True)) for split in SPLITS}
+        if self._class_counts is None:
+            counts = dict(self.manifest["counts"])
+            if self._chosen() is not None:  # read once: the labels of the chosen records
+                labels = [int(record["label"]) for record in self.dataset("train")]
+                counts["train"] = np.bincount(labels, minlength=self.num_classes).tolist()
+            self._class_counts = {split: dict(zip(self.class_names, counts[split], strict=True)) for split in SPLITS}
+        return self._class_counts
 
     @property
     def chance_accuracy(self) -> float:
@@ -596,7 +599,7 @@ class TextClassificationDataModule(L.LightningDataModule):
                 class_names, counts = scan_tsv(self.files)
             held_out = frozenset(split for split in ("val", "test") if not self.files[split])
             pieces = {split: [p for path in paths for p in tsv_pieces(path)] for split, paths in self.files.items()}
-            tokenizer = self._train_tokenizer(lambda: self._tsv_sample(pieces["train"], held_out, counts), counts)
+            tokenizer = self._train_tokenizer(lambda: self._tsv_sample(pieces["train"], held_out), counts)
             tokenizer_json = tokenizer.to_str()
             inputs = {split: pieces["train" if split in held_out else split] for split in SPLITS}
             records_of = {
@@ -630,7 +633,7 @@ class TextClassificationDataModule(L.LightningDataModule):
         with preparing(f"training a byte-level BPE of {self.bpe_vocab_size} tokens on the train texts"):
             return Tokenizer.train_bpe(texts, self.bpe_vocab_size, extra_special_tokens=EXTRA_SPECIAL_TOKENS)
 
-    def _tsv_sample(self, pieces: list[Piece], held_out: frozenset[str], counts: dict) -> Iterator[str]:
+    def _tsv_sample(self, pieces: list[Piece], held_out: frozenset[str]) -> Iterator[str]:
         """The train texts of the train files' pieces, in order: all of them when the files hold at most
         ``SAMPLE_BYTES`` (or `train_examples` is set: its texts are drawn from all of them), else the same share of
         the start of every piece."""
