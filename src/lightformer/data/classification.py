@@ -56,7 +56,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
-from functools import lru_cache, partial
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -69,20 +69,26 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from lightformer.data import sources
 from lightformer.data.caching import content_hash, file_stamp, preparing
 from lightformer.data.corpora import AUSTEN_NOVELS, austen_text, split_austen_text, split_of
-from lightformer.data.prepare import MANIFEST, TOKENIZER, prepared_folder, stem_of, write_records
+from lightformer.data.prepare import (
+    MANIFEST,
+    SAMPLE_BYTES,
+    TOKENIZER,
+    prepared_folder,
+    stem_of,
+    worker_tokenizer,
+    write_records,
+)
 from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
-from lightformer.data.sources import FileSpan, Piece, pieces_of
+from lightformer.data.sources import SPLITS, FileSpan, Piece, pieces_of
 from lightformer.data.streaming import Records
 from lightformer.data.tokenizers import EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
 from lightformer.files import as_list, expand_patterns, read_utf8, sha256_of
 
-SPLITS = ("train", "val", "test")
 _PREFIX = {"train": "", "val": "val_", "test": "test_"}  # of each split's option: tsv_files, val_tsv_files, ...
 # The special tokens a BERT / T5 pretraining run's BPE is trained with (after PAD, BOS = [CLS], EOS = [SEP], UNK).
 EXTRA_SPECIAL_TOKENS = (MASK, *(sentinel(i) for i in range(100)))
 MIN_VOCAB_SIZE = MIN_BPE_VOCAB_SIZE + len(EXTRA_SPECIAL_TOKENS)
 TRAIN_SHARE, VAL_SHARE = 0.8, 0.1  # of each novel's passages, in order: train, val, then test
-SAMPLE_BYTES = 64_000_000  # the most bytes of train text a BPE is trained on (all of it when there is less)
 EXAMPLES_PER_INPUT = 1024  # Austen passages per input of the encoding processes
 # Bump when a prepared folder's meaning changes (passage or split rules, what a record holds): a new folder is made.
 FORMAT_VERSION = 2
@@ -257,15 +263,9 @@ def tsv_examples(piece: Piece, split: str, held_out: frozenset[str], class_names
 # --- records ---------------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=2)
-def _tokenizer_of(tokenizer_json: str) -> Tokenizer:
-    """The tokenizer of a JSON string, built once per encoding process."""
-    return Tokenizer.from_str(tokenizer_json)
-
-
 def example_records(examples: list[tuple[str, int]], tokenizer_json: str) -> Iterator[dict]:
     """The records of (text, class index) examples: {"ids": [CLS] tokens [SEP] (int32, whole), "label"}."""
-    encoded = _tokenizer_of(tokenizer_json).encode_batch([text for text, _ in examples], add_bos=True, add_eos=True)
+    encoded = worker_tokenizer(tokenizer_json).encode_batch([text for text, _ in examples], add_bos=True, add_eos=True)
     for ids, (_, label) in zip(encoded, examples, strict=True):
         yield {"ids": np.asarray(ids, dtype=np.int32), "label": label}
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cached_property, partial
+from functools import cached_property, lru_cache, partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,6 +45,8 @@ FORMAT_VERSION = 1  # bump when what a prepared folder holds changes meaning
 MANIFEST = "prepared.json"
 TOKENIZER = "tokenizer.json"
 CHUNK_BYTES = "64MB"
+# A tokenizer trains on at most this many bytes of text by default, taken evenly from every piece of the corpus.
+SAMPLE_BYTES = 64_000_000
 LENGTHS = "lengths.npy"  # a records folder's field lengths (``write_records``)
 
 
@@ -66,7 +68,7 @@ class TokenizerConfig:
     kind: Literal["char", "bpe"] = "char"
     vocab_size: int = 8192
     file: str | None = None
-    sample_bytes: int = 64_000_000
+    sample_bytes: int = SAMPLE_BYTES
 
     def __post_init__(self) -> None:
         if self.kind not in ("char", "bpe"):
@@ -293,16 +295,16 @@ def _tokenizer(
         return Tokenizer.train_bpe(sample, config.vocab_size, extra_special_tokens=extra_special_tokens)
 
 
-_TOKENIZERS: dict[str, Tokenizer] = {}
+@lru_cache(maxsize=4)
+def worker_tokenizer(tokenizer_json: str) -> Tokenizer:
+    """The tokenizer of a JSON string, built once per encoding process (the workers get the JSON by pickling)."""
+    return Tokenizer.from_str(tokenizer_json)
 
 
 def encode_piece(piece: Piece, tokenizer_json: str, text_field: str = "text"):
     """The token ids of a piece as 1-D arrays (what ``optimize`` writes): a text piece's running text, or each
     document of a JSONL or Parquet piece followed by EOS."""
-    key = content_hash(tokenizer_json)
-    if key not in _TOKENIZERS:  # once per worker process
-        _TOKENIZERS[key] = Tokenizer.from_str(tokenizer_json)
-    tokenizer = _TOKENIZERS[key]
+    tokenizer = worker_tokenizer(tokenizer_json)
     dtype = token_dtype(tokenizer.vocab_size)
     if piece.format == "text":
         for text in read_piece(piece, text_field):

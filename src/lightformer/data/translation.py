@@ -38,7 +38,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from lightformer.data import sources
-from lightformer.data.caching import content_hash, file_stamp, preparing
+from lightformer.data.caching import file_stamp, preparing
 from lightformer.data.corpora import (
     DING_DEB_PACKAGE,
     DING_FILE,
@@ -47,21 +47,17 @@ from lightformer.data.corpora import (
     extract_ding_pairs,
     split_of,
 )
-from lightformer.data.prepare import MANIFEST, prepared_folder, stem_of, write_records
+from lightformer.data.prepare import MANIFEST, SAMPLE_BYTES, prepared_folder, stem_of, worker_tokenizer, write_records
 from lightformer.data.sampling import TokenBudgetBatchSampler
 from lightformer.data.sequences import collate_pairs
-from lightformer.data.sources import FileSpan, Piece, pieces_of, read_piece
+from lightformer.data.sources import SPLITS, FileSpan, Piece, pieces_of, read_piece, stage_splits
 from lightformer.data.streaming import Records
 from lightformer.data.tokenizers import BOS_ID, EOS_ID, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer
 from lightformer.files import as_list, atomic_open, expand_patterns, sha256_of
 
-SPLITS = ("train", "val", "test")
 # Bump when what a prepared folder holds changes meaning (extraction rules, split rule, record fields), so that
 # folders of an older format are not reused.
 _FORMAT_VERSION = 2
-# The tokenizers train on at most this many bytes of the train pairs' files, taken evenly from every piece (all of
-# the train pairs when the files are smaller; the Ding dictionary's pairs are always used whole).
-SAMPLE_BYTES = 64_000_000
 LENGTH_FIELDS = ("first", "second")  # a record's id arrays, whose lengths the batch sampler budgets
 _DING_INPUT_PAIRS = 100_000  # Ding pairs per encoding input (one worker process each)
 
@@ -289,7 +285,7 @@ class TranslationDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Open the prepared splits that `stage` needs (all for None); train pairs over `max_sentence_tokens` are
         dropped, val and test pairs cut to it."""
-        needed = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}.get(stage, SPLITS)
+        needed = stage_splits(stage)
         for split in needed:
             if split not in self.datasets:
                 self.datasets[split] = self._encode_split(split)
@@ -707,9 +703,6 @@ def _split_of_pair(pair: Pair, held_out: tuple[str, ...]) -> str:
     return split if split in held_out else "train"
 
 
-_TOKENIZERS: dict[str, Tokenizer] = {}
-
-
 def _pair_records(
     item: tuple[int, list[Pair] | Piece | AlignedPiece],
     wanted: str | None,
@@ -729,17 +722,15 @@ def _pair_records(
         pairs = [pair for pair in pairs if _split_of_pair(pair, held_out) == wanted]
     ids = []
     for side, tokenizer_json in enumerate(tokenizers):
-        key = content_hash(tokenizer_json)
-        if key not in _TOKENIZERS:  # once per worker process
-            _TOKENIZERS[key] = Tokenizer.from_str(tokenizer_json)
+        tokenizer = worker_tokenizer(tokenizer_json)
         texts = [pair[side] for pair in pairs]
         if dropout is None:
-            ids.append(_TOKENIZERS[key].encode_batch(texts))
+            ids.append(tokenizer.encode_batch(texts))
         else:
             probability, seed, k = dropout
             entropy = [seed, k, side] + ([index] if index else [])
             state = int(np.random.SeedSequence(entropy).generate_state(1)[0])
-            ids.append(_TOKENIZERS[key].encode_batch_with_dropout(texts, probability, seed=state))
+            ids.append(tokenizer.encode_batch_with_dropout(texts, probability, seed=state))
     for (first, second), first_ids, second_ids in zip(pairs, *ids, strict=True):
         yield {
             "first": np.asarray(first_ids, np.int32),
