@@ -127,8 +127,10 @@ class ImageClassificationTask(Task):
         if resuming and self.model.saved_without_layer_biases(checkpoint["state_dict"], prefix="model."):
             raise ConfigError(
                 "this checkpoint was saved when model.net.qkv_bias=false also switched off the encoder layers' other "
-                "biases (before model.net.bias existed): resume its run with --model.net.bias false (its weights "
-                "load as they are into either, for test, predict or model.init)"
+                "biases (before model.net.bias existed), so its optimizer state has none for the biases today's model "
+                "has, and its run cannot be resumed. Start a new run from its weights (--model.init.checkpoint=<it> "
+                "instead of --ckpt_path, with --model.net.bias=false to keep the model as it was); test and predict "
+                "read it as it is"
             )
         stored = checkpoint.get(CHECKPOINT_KEY, {})
         self.class_names = stored.get("class_names")
