@@ -279,6 +279,14 @@ def tsv_records(
         yield from example_records(examples[start : start + EXAMPLES_PER_INPUT], tokenizer_json)
 
 
+def chosen_examples(count: int, train_examples: int | None) -> np.ndarray | None:
+    """The indices of `train_examples` of `count` train texts, drawn once (the same for every seed), in order; None:
+    all of them. The BPE trains on these texts, and the model on them."""
+    if train_examples is None or train_examples >= count:
+        return None
+    return np.sort(np.random.default_rng(0).choice(count, train_examples, replace=False))
+
+
 def cut_to(ids: np.ndarray, max_tokens: int) -> np.ndarray:
     """``ids`` cut to ``max_tokens``, [SEP] (EOS) kept last, when longer."""
     return ids if len(ids) <= max_tokens else np.append(ids[: max_tokens - 1], np.int32(EOS_ID))
@@ -540,10 +548,7 @@ class TextClassificationDataModule(L.LightningDataModule):
     def _chosen(self) -> np.ndarray | None:
         """The indices of the `train_examples` train texts, drawn once (the same for every seed), in order; None:
         all of them."""
-        count = sum(self.manifest["counts"]["train"])
-        if self.train_examples is None or self.train_examples >= count:
-            return None
-        return np.sort(np.random.default_rng(0).choice(count, self.train_examples, replace=False))
+        return chosen_examples(sum(self.manifest["counts"]["train"]), self.train_examples)
 
     def _describe_source(self) -> str:
         if self.corpus == "austen":
@@ -626,10 +631,10 @@ class TextClassificationDataModule(L.LightningDataModule):
         if self.tokenizer_file is not None:
             return Tokenizer.from_file(self.tokenizer_file)
         texts: Iterable[str] = train_texts()
-        count = sum(counts["train"])
-        if self.train_examples is not None and self.train_examples < count:
-            chosen = set(np.random.default_rng(0).choice(count, self.train_examples, replace=False).tolist())
-            texts = [text for i, text in enumerate(texts) if i in chosen]
+        chosen = chosen_examples(sum(counts["train"]), self.train_examples)
+        if chosen is not None:
+            kept = set(chosen.tolist())
+            texts = [text for i, text in enumerate(texts) if i in kept]
         with preparing(f"training a byte-level BPE of {self.bpe_vocab_size} tokens on the train texts"):
             return Tokenizer.train_bpe(texts, self.bpe_vocab_size, extra_special_tokens=EXTRA_SPECIAL_TOKENS)
 

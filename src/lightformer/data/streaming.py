@@ -180,7 +180,7 @@ class Records(Dataset):
     token budget over ``lengths``, a shuffle by seed and epoch) decides which rank reads which.
 
     Reads go through LitData's ``StreamingDataset`` with per-item decoding: its default decodes a window of items
-    ahead for sequential reads, hundreds of times slower for a random one. A batch's records are read in index order
+    ahead, made for sequential reads, about ten times slower for a random one. A batch's records are read in index order
     (``__getitems__``, which the loader calls), so a batch moves between chunks at most once per chunk it touches.
     The dataset opens on first use, so a copy sent to a loader worker carries only the path.
     """

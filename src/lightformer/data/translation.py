@@ -285,8 +285,7 @@ class TranslationDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Open the prepared splits that `stage` needs (all for None); train pairs over `max_sentence_tokens` are
         dropped, val and test pairs cut to it."""
-        needed = stage_splits(stage)
-        for split in needed:
+        for split in stage_splits(stage):
             if split not in self.datasets:
                 self.datasets[split] = self._encode_split(split)
 
