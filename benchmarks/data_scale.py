@@ -26,7 +26,7 @@ def build_corpus(path: Path, size_mb: int) -> Path:
     """A file of ``size_mb`` MB: Austen's novels repeated (written in 4 MB appends, never held whole)."""
     if path.exists() and path.stat().st_size >= size_mb * 1_000_000:
         return path
-    from lightformer.data.corpora import austen_text
+    from lightformer.data.raw.corpora import austen_text
 
     novels = austen_text(REPO / "data" / "austen").read_text(encoding="utf-8") + "\n"
     with open(path, "w", encoding="utf-8") as f:
@@ -68,8 +68,8 @@ def data_args(corpus: Path, prepared: Path, tokenizer: str, workers: int) -> lis
 
 LOADER_SPEED = """
 import sys, time
-from lightformer.data.prepare import PreparedText
-from lightformer.data.streaming import LoaderConfig, training_loader
+from lightformer.data.preparation.prepare import PreparedText
+from lightformer.data.loading.streaming import LoaderConfig, training_loader
 prepared = PreparedText(sys.argv[1])
 loader = training_loader(prepared.split_dir("train"), 1024, LoaderConfig(batch_size=16), seed=0)
 start, tokens = time.perf_counter(), 0
@@ -101,6 +101,8 @@ def main() -> None:
             )
             row[f"prepare_s_{workers}w"], row[f"prepare_rss_gb_{workers}w"] = round(wall, 1), round(rss, 2)
             folder = out.strip().removeprefix("prepared: ")
+            if workers != options.workers[-1]:
+                shutil.rmtree(prepared)  # one prepared copy on disk at a time (4 GB of text: 8 GB of char shards)
         _, fit_rss, _ = run(
             ["-m", "lightformer", "fit", *data_args(corpus, prepared, options.tokenizer, workers)]
             + ["--trainer.max_steps=20", "--trainer.logger=false", "--trainer.enable_checkpointing=false",

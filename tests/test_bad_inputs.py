@@ -153,7 +153,7 @@ def test_an_unreadable_image_is_found_at_setup_naming_the_file(tmp_path):
 
 def test_a_cut_short_image_in_the_training_folder_is_refused_before_training_naming_it(tmp_path, monkeypatch):
     """A PNG cut short passed the header check and failed in the data loader after training had started."""
-    from lightformer.data import images
+    from lightformer.data.modules import images
 
     folder = image_folder(tmp_path / "images", ["cat", "dog"], per_class=4)
     cut = folder / "cat" / "2.png"

@@ -298,7 +298,7 @@ def test_export_writes_safetensors_that_rebuild_the_model(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import load_model
 
-    from lightformer.data.tokenizers import Tokenizer
+    from lightformer.data.preparation.tokenizers import Tokenizer
     from lightformer.tasks import LanguageModelTask
 
     cli = build([*task_args("lm", tmp_path), "--trainer.max_steps=3"])

@@ -37,7 +37,7 @@ def test_an_unknown_command_names_the_commands():
 
 def test_prepare_takes_fits_command_line_and_fit_then_prepares_nothing(tmp_path, capsys, monkeypatch):
     from lightformer.cli import cli_main
-    from lightformer.data import prepare
+    from lightformer.data.preparation import prepare
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("It is a truth universally acknowledged.\n" * 50, encoding="utf-8")

@@ -10,10 +10,10 @@ from PIL import Image
 
 from lightformer.cli import cli_main, main
 from lightformer.data import ImageDataModule, TextDataModule, TranslationDataModule
-from lightformer.data.image_files import load_image
-from lightformer.data.sources import TextSource
-from lightformer.data.text import PrepareConfig
-from lightformer.data.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer
+from lightformer.data.preparation.prepare import PrepareConfig
+from lightformer.data.preparation.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer
+from lightformer.data.raw.image_files import load_image
+from lightformer.data.raw.sources import TextSource
 from lightformer.models import GPT, EncoderDecoderConfig, GPTConfig, VisionTransformer, ViTConfig
 from lightformer.nn import MultiHeadAttention
 from lightformer.tasks import LanguageModelTask, TranslationTask

@@ -1,5 +1,5 @@
-"""Tests for lightformer.data.images: digits, Fashion-MNIST from Debian's files, image folders, batch augmentation
-on the device, errors."""
+"""Tests for lightformer.data.modules.images: digits, Fashion-MNIST from Debian's files, image folders, batch
+augmentation on the device, errors."""
 
 from pathlib import Path
 
@@ -8,9 +8,10 @@ import torch
 import torchvision
 from PIL import Image
 
-from lightformer.data import corpora, images
-from lightformer.data.image_files import load_image
-from lightformer.data.images import ImageDataModule
+from lightformer.data.modules import images
+from lightformer.data.modules.images import ImageDataModule
+from lightformer.data.raw import corpora
+from lightformer.data.raw.image_files import load_image
 
 HAS_DEBIAN_FASHION_MNIST = corpora.DEBIAN_FASHION_MNIST_DIR.is_dir()
 

@@ -12,8 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lightformer.cli import cli_main
 from lightformer.commands import probe, sample_images
-from lightformer.data.image_tokens import ImageTokenDataModule
-from lightformer.data.pixels import PixelTokenizer
+from lightformer.data.modules.image_tokens import ImageTokenDataModule
+from lightformer.data.objectives.pixels import PixelTokenizer
 from lightformer.models.gpt import GPTConfig
 from lightformer.tasks.image_gpt import ImageGPTTask, bits_per_dim, completion_rows
 from lightformer.tensorboard import image_grid

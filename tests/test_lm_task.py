@@ -87,7 +87,7 @@ def test_fit_writes_tensorboard_scalars_and_samples_and_a_checkpoint_that_genera
 
 def test_loaded_checkpoint_keeps_tokenizer_and_weights(tmp_path):
     torch.manual_seed(0)
-    from lightformer.data.tokenizers import Tokenizer
+    from lightformer.data.preparation.tokenizers import Tokenizer
 
     task = LanguageModelTask(net=GPTConfig(vocab_size=20, block_size=16, n_layers=1, n_heads=2, d_model=16))
     task.tokenizer = Tokenizer.train_char(["abcdef \n"])
@@ -107,7 +107,7 @@ def test_loaded_checkpoint_keeps_tokenizer_and_weights(tmp_path):
 def test_tokenizer_larger_than_model_vocabulary_is_refused(tmp_path):
     from types import SimpleNamespace
 
-    from lightformer.data.tokenizers import Tokenizer
+    from lightformer.data.preparation.tokenizers import Tokenizer
 
     task = LanguageModelTask(net=GPTConfig(vocab_size=5, block_size=8, n_layers=1, n_heads=1, d_model=8))
     datamodule = SimpleNamespace(tokenizer=Tokenizer.train_char(["abcdef"]))

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lightformer.data.masking import (
+from lightformer.data.objectives.masking import (
     IGNORE_INDEX,
     mask_tokens,
     nsp_pair,

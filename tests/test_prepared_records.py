@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from lightformer.data.prepare import prepared_folder, write_records
-from lightformer.data.streaming import Records
+from lightformer.data.loading.streaming import Records
+from lightformer.data.preparation.prepare import prepared_folder, write_records
 
 
 def records_of(piece: tuple[int, int]):

@@ -15,11 +15,16 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lightformer.cli import cli_main
 from lightformer.commands import fill_mask
-from lightformer.data.masking import IGNORE_INDEX, random_spans_noise_mask, reconstruct_from_spans, span_corruption
-from lightformer.data.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
-from lightformer.data.sequences import collate_pairs
-from lightformer.data.sources import TextSource, read_piece
-from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from lightformer.data.loading.sequences import collate_pairs
+from lightformer.data.modules.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
+from lightformer.data.objectives.masking import (
+    IGNORE_INDEX,
+    random_spans_noise_mask,
+    reconstruct_from_spans,
+    span_corruption,
+)
+from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from lightformer.data.raw.sources import TextSource, read_piece
 from lightformer.tasks.denoising import sentinel_numbers, sentinel_spans
 from lightformer.tasks.masked_lm import MaskedLanguageModelTask
 from tiny_runs import events_of, last_checkpoint, quiet_run_args

@@ -15,9 +15,10 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import lightformer.data.classification as classification
+import lightformer.data.modules.classification as classification
 from lightformer.cli import cli_main
-from lightformer.data.classification import (
+from lightformer.data.loading.sampling import EpochShuffleSampler
+from lightformer.data.modules.classification import (
     MIN_VOCAB_SIZE,
     SPLITS,
     TextClassificationDataModule,
@@ -26,17 +27,16 @@ from lightformer.data.classification import (
     read_labelled_tsv,
     split_sentences,
 )
-from lightformer.data.corpora import (
+from lightformer.data.preparation.prepare import MANIFEST
+from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
+from lightformer.data.raw.corpora import (
     AUSTEN_NOVELS,
     CorpusUnavailableError,
     austen_text,
     split_austen_text,
     split_of,
 )
-from lightformer.data.prepare import MANIFEST
-from lightformer.data.sampling import EpochShuffleSampler
-from lightformer.data.sources import TextSource, read_piece
-from lightformer.data.tokenizers import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
+from lightformer.data.raw.sources import TextSource, read_piece
 from lightformer.models.bert import BertConfig, BertForPreTraining
 from lightformer.tasks.text_classification import TextClassificationTask
 
@@ -270,7 +270,7 @@ def test_tsv_read_in_tiny_pieces_gives_the_same_records(tmp_path, monkeypatch):
 
     whole = prepared("whole")
     assert len(classification.tsv_pieces(train)) == 1
-    monkeypatch.setattr("lightformer.data.sources.PIECE_BYTES", 1024)
+    monkeypatch.setattr("lightformer.data.raw.sources.PIECE_BYTES", 1024)
     assert len(classification.tsv_pieces(train)) > 10
     pieces = prepared("pieces")
     assert pieces.tokenizer.to_str() == whole.tokenizer.to_str()

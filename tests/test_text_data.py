@@ -18,13 +18,14 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from litdata import StreamingDataset, TokensLoader
 
-from lightformer.data import corpora, prepare, sources
-from lightformer.data.corpora import CorpusUnavailableError, austen_text, download
-from lightformer.data.prepare import PreparedText, TokenizerConfig, prepare_text
-from lightformer.data.sources import TextSource, format_of, read_piece, split_pieces
-from lightformer.data.streaming import EvaluationWindows, LoaderConfig
-from lightformer.data.text import PrepareConfig, TextDataModule
-from lightformer.data.tokenizers import EOS_ID, Tokenizer
+from lightformer.data.loading.streaming import EvaluationWindows, LoaderConfig
+from lightformer.data.modules.text import TextDataModule
+from lightformer.data.preparation import prepare
+from lightformer.data.preparation.prepare import PrepareConfig, PreparedText, TokenizerConfig, prepare_text
+from lightformer.data.preparation.tokenizers import EOS_ID, Tokenizer
+from lightformer.data.raw import corpora, sources
+from lightformer.data.raw.corpora import CorpusUnavailableError, austen_text, download
+from lightformer.data.raw.sources import TextSource, format_of, read_piece, split_pieces
 
 WORDS = ["the", "of", "and", "to", "a", "in", "was", "her", "it", "that", "she", "be", "not", "had", "he"]
 

@@ -8,7 +8,7 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models
 
-from lightformer.data.tokenizers import (
+from lightformer.data.preparation.tokenizers import (
     BOS,
     BOS_ID,
     EOS,

@@ -16,8 +16,13 @@ from lightning.pytorch.utilities.data import _update_dataloader
 from torch.utils.data import BatchSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from lightformer.data import sources, translation
-from lightformer.data.corpora import (
+from lightformer.data.loading.sampling import TokenBudgetBatchSampler
+from lightformer.data.loading.sequences import collate_pairs
+from lightformer.data.modules import translation
+from lightformer.data.modules.translation import TranslationDataModule
+from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from lightformer.data.raw import sources
+from lightformer.data.raw.corpora import (
     DING_FILE,
     CorpusUnavailableError,
     clean_ding_entry,
@@ -26,10 +31,6 @@ from lightformer.data.corpora import (
     split_bucket,
     split_of,
 )
-from lightformer.data.sampling import TokenBudgetBatchSampler
-from lightformer.data.sequences import collate_pairs
-from lightformer.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from lightformer.data.translation import TranslationDataModule
 
 needs_ding = pytest.mark.skipif(
     not Path(DING_FILE).is_file(), reason=f"the Ding dictionary {DING_FILE} is absent (apt-get install trans-de-en)"

@@ -21,7 +21,7 @@ from lightformer.files import atomic_open
 from lightformer.nn.checks import check_at_least
 
 if TYPE_CHECKING:
-    from lightformer.data.tokenizers import Tokenizer
+    from lightformer.data.preparation.tokenizers import Tokenizer
 
 # What a checkpoint carries besides weights and hyperparameters, stored in exports as metadata.
 CARRIED = ("tokenizer", "src_tokenizer", "tgt_tokenizer", "image_classification")

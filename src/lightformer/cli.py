@@ -39,7 +39,7 @@ from lightformer.callbacks import (
     Throughput,
 )
 from lightformer.checkpoints import CheckpointError, read_checkpoint, require_file
-from lightformer.data.corpora import CorpusUnavailableError
+from lightformer.data.raw.corpora import CorpusUnavailableError
 from lightformer.errors import ConfigError
 from lightformer.files import release_lock, take_lock
 from lightformer.progress import Summary, validation_line

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from lightformer import checkpoints, tasks
 from lightformer.checkpoints import CARRIED, CheckpointError, read_checkpoint, require_file
-from lightformer.data.tokenizers import MASK
+from lightformer.data.preparation.tokenizers import MASK
 from lightformer.errors import ConfigError
 from lightformer.files import atomic_write_bytes, expand_patterns, read_lines
 from lightformer.generation import check_sampling
@@ -373,7 +373,7 @@ def sample_images(
 
 def _probe_data(checkpoint: dict, ckpt_path: str, config: str | None):
     """The checkpoint run's data module, from ``config`` or from the data hyperparameters saved in the checkpoint."""
-    from lightformer.data.image_tokens import ImageTokenDataModule
+    from lightformer.data.modules.image_tokens import ImageTokenDataModule
 
     if config is not None:
         if not Path(config).is_file():

@@ -38,10 +38,10 @@ from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-from lightformer.data.masking import IGNORE_INDEX
+from lightformer.data.objectives.masking import IGNORE_INDEX
 
 if TYPE_CHECKING:
-    from lightformer.data.tokenizers import Tokenizer
+    from lightformer.data.preparation.tokenizers import Tokenizer
 
 # Curves that only count up (the epoch; ThroughputMonitor's running totals of time, batches, samples and items):
 # their rates are logged, so they would only push the curves that matter down the page.

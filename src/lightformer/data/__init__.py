@@ -1,12 +1,12 @@
 """Data modules and tokenizers: files → tokens or pixels → batches. Never imports a model."""
 
-from lightformer.data.classification import TextClassificationDataModule
-from lightformer.data.image_tokens import ImageTokenDataModule
-from lightformer.data.images import ImageDataModule
-from lightformer.data.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
-from lightformer.data.text import TextDataModule
-from lightformer.data.tokenizers import Tokenizer
-from lightformer.data.translation import TranslationDataModule
+from lightformer.data.modules.classification import TextClassificationDataModule
+from lightformer.data.modules.image_tokens import ImageTokenDataModule
+from lightformer.data.modules.images import ImageDataModule
+from lightformer.data.modules.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
+from lightformer.data.modules.text import TextDataModule
+from lightformer.data.modules.translation import TranslationDataModule
+from lightformer.data.preparation.tokenizers import Tokenizer
 
 __all__ = [
     "ImageDataModule",

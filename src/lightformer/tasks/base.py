@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import lightning as L
 import torch
@@ -41,7 +41,8 @@ from lightformer.checkpoints import (
     pretrained_weights,
     under,
 )
-from lightformer.data.tokenizers import Tokenizer
+from lightformer.config_groups import as_config
+from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.distributed import set_gathered, shard_model
 from lightformer.errors import ConfigError
 from lightformer.nn import Decoder, Encoder
@@ -49,13 +50,7 @@ from lightformer.progress import max_time_timer
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw, steps_within
 from lightformer.tensorboard import TensorBoardLogger, set_logging_step, tensorboard_logger
 
-ConfigT = TypeVar("ConfigT")
 FIT_TO_TIME_EVERY = 50  # optimizer steps between two plans of a schedule fitted to max_time
-
-
-def as_config(config_class: type[ConfigT], value: ConfigT | dict[str, Any]) -> ConfigT:
-    """A model or optimizer config from itself or from the plain dict a checkpoint stores."""
-    return value if isinstance(value, config_class) else config_class(**value)
 
 
 # --- a config's values before anything is built (the command line's checks before any data is prepared) -------

@@ -1,6 +1,6 @@
 """Span-corruption pretraining (T5): the translation task's encoder-decoder learns to write the dropped spans.
 
-The corruption is data (``lightformer.data.pretraining.SpanCorruptionDataModule``, batches in the translation
+The corruption is data (``lightformer.data.modules.pretraining.SpanCorruptionDataModule``, batches in the translation
 format); the model, its teacher-forced loss, its checkpointed tokenizers and its decoding are ``TranslationTask``'s.
 Only the evaluation differs: instead of BLEU, the share of dropped spans the model writes back exactly.
 """
@@ -16,8 +16,8 @@ from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig
-from lightformer.data.masking import span_corruption_lengths
-from lightformer.data.tokenizers import Tokenizer, sentinel
+from lightformer.data.objectives.masking import span_corruption_lengths
+from lightformer.data.preparation.tokenizers import Tokenizer, sentinel
 from lightformer.errors import ConfigError
 from lightformer.models.seq2seq import EncoderDecoderConfig
 from lightformer.nn.checks import check_at_least
@@ -33,8 +33,8 @@ class DenoisingTask(TranslationTask):
 
     ``val/span_acc`` (and ``test/span_acc``): of all the spans dropped from the evaluated segments, the share whose
     sentinel the greedy decode writes followed by exactly the span's tokens (decodes and targets are split at the
-    sentinels as ``lightformer.data.masking.reconstruct_from_spans`` does). TensorBoard shows, at each validation,
-    a few examples: the input, the target and the model's prediction, sentinels included.
+    sentinels as ``lightformer.data.objectives.masking.reconstruct_from_spans`` does). TensorBoard shows, at each
+    validation, a few examples: the input, the target and the model's prediction, sentinels included.
 
     Args:
         net: the encoder-decoder's shape (``EncoderDecoderConfig``).
@@ -104,7 +104,7 @@ class DenoisingTask(TranslationTask):
         """Refuse, from the config alone (before any data is prepared), a ``model.net.max_len`` shorter than the
         sources or targets of a ``SpanCorruptionDataModule`` (their lengths follow from ``segment_tokens``,
         ``noise_density`` and ``mean_span_length``). ``setup`` checks any data module with a ``max_length`` again."""
-        values = data_config_values(data, "lightformer.data.pretraining.SpanCorruptionDataModule")
+        values = data_config_values(data, "lightformer.data.modules.pretraining.SpanCorruptionDataModule")
         net = net_config_values(net, EncoderDecoderConfig)
         if values is None or net["position"] == "none":
             return

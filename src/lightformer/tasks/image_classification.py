@@ -19,10 +19,11 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig
-from lightformer.data.image_files import read_images
+from lightformer.config_groups import as_config
+from lightformer.data.raw.image_files import read_images
 from lightformer.errors import ConfigError
 from lightformer.models.vit import VisionTransformer, ViTConfig, attention_rollout
-from lightformer.tasks.base import Task, as_config
+from lightformer.tasks.base import Task
 from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import (
     confusion_figure,

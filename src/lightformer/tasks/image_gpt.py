@@ -22,7 +22,7 @@ from torch import Tensor
 
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig
-from lightformer.data.pixels import PixelTokenizer, downsample
+from lightformer.data.objectives.pixels import PixelTokenizer, downsample
 from lightformer.generation import check_sampling, generate
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.tasks.language_model import LanguageModelTask
@@ -366,7 +366,7 @@ def completion_rows(
 def read_image_files(paths: list[str], tokenizer: PixelTokenizer) -> Tensor:
     """Image files → uint8 ``(n, C, S, S)`` at the palette's size: square images larger than S area-averaged as in
     training, others resized (antialiased)."""
-    from lightformer.data.image_files import load_image
+    from lightformer.data.raw.image_files import load_image
 
     size, channels = tokenizer.image_size, tokenizer.channels
     images = []

@@ -9,9 +9,10 @@ from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig
+from lightformer.config_groups import as_config
 from lightformer.generation import generate
 from lightformer.models.gpt import GPT, GPTConfig
-from lightformer.tasks.base import TextTask, as_config
+from lightformer.tasks.base import TextTask
 from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import logging_step, tensorboard_writer
 

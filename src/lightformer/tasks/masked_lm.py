@@ -1,7 +1,7 @@
 """Masked-language-model pretraining (BERT): masked-LM and next-sentence cross-entropy on ``BertForPreTraining``.
 
-The masking and the sentence pairs are data (``lightformer.data.pretraining.MaskedLMDataModule``); this task adds
-the loss, the metrics, TensorBoard samples of the model filling in masked passages, and ``fill_mask``.
+The masking and the sentence pairs are data (``lightformer.data.modules.pretraining.MaskedLMDataModule``); this task
+adds the loss, the metrics, TensorBoard samples of the model filling in masked passages, and ``fill_mask``.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig
-from lightformer.data.masking import IGNORE_INDEX
-from lightformer.data.tokenizers import MASK
+from lightformer.config_groups import as_config
+from lightformer.data.objectives.masking import IGNORE_INDEX
+from lightformer.data.preparation.tokenizers import MASK
 from lightformer.errors import ConfigError
 from lightformer.models.bert import BertConfig, BertForPreTraining
-from lightformer.tasks.base import TextTask, as_config, data_config_values, net_config_values
+from lightformer.tasks.base import TextTask, data_config_values, net_config_values
 from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import logging_step, render_masked, tensorboard_writer
 
@@ -199,7 +200,7 @@ class MaskedLanguageModelTask(TextTask):
         """Refuse, from the config alone (before any data is prepared), a ``model.net.max_len`` shorter than the
         examples of a ``MaskedLMDataModule``: 2 · ``data.segment_tokens`` tokens. ``setup`` checks any data module
         with a ``max_length`` again."""
-        values = data_config_values(data, "lightformer.data.pretraining.MaskedLMDataModule")
+        values = data_config_values(data, "lightformer.data.modules.pretraining.MaskedLMDataModule")
         if values is not None and values.get("segment_tokens") is not None:
             max_len = net_config_values(net, BertConfig)["max_len"]
             check_segments_fit(max_len, 2 * values["segment_tokens"], values["segment_tokens"])

@@ -19,10 +19,11 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import CheckpointError, InitConfig, read_checkpoint
-from lightformer.data.tokenizers import Tokenizer
+from lightformer.config_groups import as_config
+from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.errors import ConfigError
 from lightformer.models.bert import BertConfig, BertForSequenceClassification
-from lightformer.tasks.base import TextTask, as_config, data_config_values, net_config_values
+from lightformer.tasks.base import TextTask, data_config_values, net_config_values
 from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import confusion_figure, tensorboard_writer
 
@@ -227,7 +228,7 @@ class TextClassificationTask(TextTask):
     def check_lengths_before_data(cls, net: Mapping | None, data: Mapping | None) -> None:
         """Refuse, from the config alone (before any data is prepared), a ``data.max_tokens`` of a
         ``TextClassificationDataModule`` larger than ``model.net.max_len``; ``setup`` checks again."""
-        values = data_config_values(data, "lightformer.data.classification.TextClassificationDataModule")
+        values = data_config_values(data, "lightformer.data.modules.classification.TextClassificationDataModule")
         if values is not None and isinstance(values.get("max_tokens"), int):
             check_texts_fit(net_config_values(net, BertConfig)["max_len"], values["max_tokens"])
 

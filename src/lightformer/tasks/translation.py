@@ -12,13 +12,14 @@ from torchmetrics.text import SacreBLEUScore
 
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig, check_same_tokenizer
-from lightformer.data.tokenizers import Tokenizer
-from lightformer.data.translation import PreparedPairs
+from lightformer.config_groups import as_config
+from lightformer.data.modules.translation import PreparedPairs
+from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.errors import ConfigError
 from lightformer.generation import beam_search
 from lightformer.models.seq2seq import EncoderDecoder, EncoderDecoderConfig
 from lightformer.nn import record_attention
-from lightformer.tasks.base import Task, as_config
+from lightformer.tasks.base import Task
 from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import attention_figure, logging_step, tensorboard_logger, tensorboard_writer
 

@@ -19,7 +19,7 @@ import torch
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from lightformer.data.prepare import LENGTHS
+from lightformer.data.preparation.prepare import LENGTHS
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch.utilities import rank_zero_info
 from litdata import TokensLoader, optimize
 
-from lightformer.data.caching import content_hash, file_stamp, preparing
-from lightformer.data.sources import SPLITS, Piece, TextSource, read_piece
-from lightformer.data.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer, token_dtype
+from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
+from lightformer.data.preparation.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer, token_dtype
+from lightformer.data.raw.sources import SPLITS, Piece, TextSource, read_piece
 from lightformer.files import atomic_open, atomic_write_bytes, sha256_of
 
 FORMAT_VERSION = 1  # bump when what a prepared folder holds changes meaning
@@ -48,6 +48,24 @@ CHUNK_BYTES = "64MB"
 # A tokenizer trains on at most this many bytes of text by default, taken evenly from every piece of the corpus.
 SAMPLE_BYTES = 64_000_000
 LENGTHS = "lengths.npy"  # a records folder's field lengths (``write_records``)
+
+
+@dataclass(frozen=True)
+class PrepareConfig:
+    """Where and how raw data is prepared (``lightformer prepare``, or the first ``fit``).
+
+    Args:
+        dir: the folder that holds prepared data: one subfolder per source and tokenizer, reused while they are
+            unchanged.
+        num_workers: parallel encoding processes; default: every core.
+    """
+
+    dir: str = "data/prepared"
+    num_workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_workers is not None and self.num_workers < 1:
+            raise ValueError(f"data.prepare.num_workers={self.num_workers} must be at least 1, or null for every core")
 
 
 @dataclass(frozen=True)

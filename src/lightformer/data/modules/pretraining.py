@@ -9,8 +9,9 @@ afresh every epoch.
 The source is prepared as ``TextDataModule``'s (``data.source``, ``data.tokenizer``, ``data.prepare``), with
 ``split: each_file`` to hold out the end of every file (each novel of the Austen corpus). Both modules here ask for
 the same special tokens (<mask>, then ``num_sentinels`` sentinels), so an MLM and a T5 run on one source share the
-prepared folder. An objective is data plus a loss: the corruption (``lightformer.data.masking``) happens here, and
-the shared models read the result. Memory stays flat whatever the corpus size: segments are read from the shards.
+prepared folder. An objective is data plus a loss: the corruption (``lightformer.data.objectives.masking``)
+happens here, and the shared models read the result. Memory stays flat whatever the corpus size: segments are read
+from the shards.
 
 Every random choice of a training example (its next-sentence partner, masked positions, noise spans) comes from
 ``np.random.default_rng((seed, epoch, index))``: the training sampler yields ``(index, epoch)`` pairs
@@ -31,14 +32,28 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
-from lightformer.data.masking import IGNORE_INDEX, mask_tokens, nsp_pair, span_corruption, span_corruption_lengths
-from lightformer.data.prepare import PreparedText, TokenizerConfig, prepare_text
-from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
-from lightformer.data.sequences import collate_pairs
-from lightformer.data.sources import TextSource, stage_splits
-from lightformer.data.streaming import LoaderConfig, Windows, validation_subset
-from lightformer.data.text import PrepareConfig, as_config
-from lightformer.data.tokenizers import BOS_ID, EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
+from lightformer.config_groups import as_config
+from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler
+from lightformer.data.loading.sequences import collate_pairs
+from lightformer.data.loading.streaming import LoaderConfig, Windows, validation_subset
+from lightformer.data.objectives.masking import (
+    IGNORE_INDEX,
+    mask_tokens,
+    nsp_pair,
+    span_corruption,
+    span_corruption_lengths,
+)
+from lightformer.data.preparation.prepare import PrepareConfig, PreparedText, TokenizerConfig, prepare_text
+from lightformer.data.preparation.tokenizers import (
+    BOS_ID,
+    EOS_ID,
+    MASK,
+    MIN_BPE_VOCAB_SIZE,
+    PAD_ID,
+    Tokenizer,
+    sentinel,
+)
+from lightformer.data.raw.sources import TextSource, stage_splits
 
 Key = int | tuple[int, int]  # a dataset index, or (index, epoch) from EpochShuffleSampler(with_epoch=True)
 

@@ -44,11 +44,11 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
-from lightformer.data.augment import normalize, random_crop, random_erasing, random_horizontal_flip
-from lightformer.data.caching import content_hash, write_json
-from lightformer.data.corpora import DEBIAN_FASHION_MNIST_DIR, install_debian_fashion_mnist
-from lightformer.data.image_files import ImageFileDataset, load_image, read_image_folder_layout
-from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
+from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler
+from lightformer.data.objectives.augment import normalize, random_crop, random_erasing, random_horizontal_flip
+from lightformer.data.preparation.caching import content_hash, write_json
+from lightformer.data.raw.corpora import DEBIAN_FASHION_MNIST_DIR, install_debian_fashion_mnist
+from lightformer.data.raw.image_files import ImageFileDataset, load_image, read_image_folder_layout
 from lightformer.errors import ConfigError
 
 DatasetName = Literal["fashion_mnist", "mnist", "cifar10", "digits", "image_folder"]

@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from lightformer.data.images import DATASET_INFO, DatasetName, ImageDataModule, ImageSubset, collate_images
-from lightformer.data.pixels import PixelTokenizer, downsample
-from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
+from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler
+from lightformer.data.modules.images import DATASET_INFO, DatasetName, ImageDataModule, ImageSubset, collate_images
+from lightformer.data.objectives.pixels import PixelTokenizer, downsample
 
 PaletteName = Literal["uniform", "kmeans"]
 SPLITS = ("train", "val", "test")

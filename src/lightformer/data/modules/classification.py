@@ -66,10 +66,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from lightformer.data import sources
-from lightformer.data.caching import content_hash, file_stamp, preparing
-from lightformer.data.corpora import AUSTEN_NOVELS, austen_text, split_austen_text, split_of
-from lightformer.data.prepare import (
+from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler
+from lightformer.data.loading.streaming import Records
+from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
+from lightformer.data.preparation.prepare import (
     MANIFEST,
     SAMPLE_BYTES,
     TOKENIZER,
@@ -78,10 +78,10 @@ from lightformer.data.prepare import (
     worker_tokenizer,
     write_records,
 )
-from lightformer.data.sampling import EpochShuffleSampler, evaluation_sampler
-from lightformer.data.sources import SPLITS, FileSpan, Piece, pieces_of
-from lightformer.data.streaming import Records
-from lightformer.data.tokenizers import EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
+from lightformer.data.preparation.tokenizers import EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
+from lightformer.data.raw import sources
+from lightformer.data.raw.corpora import AUSTEN_NOVELS, austen_text, split_austen_text, split_of
+from lightformer.data.raw.sources import SPLITS, FileSpan, Piece, pieces_of
 from lightformer.files import as_list, expand_patterns, read_utf8, sha256_of
 
 _PREFIX = {"train": "", "val": "val_", "test": "test_"}  # of each split's option: tsv_files, val_tsv_files, ...

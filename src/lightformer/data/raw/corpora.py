@@ -47,7 +47,7 @@ import warnings
 import zlib
 from pathlib import Path
 
-from lightformer.data.caching import preparing
+from lightformer.data.preparation.caching import preparing
 from lightformer.files import atomic_open, atomic_write_bytes, read_lines, read_utf8, sha256_of
 
 Pair = tuple[str, str]

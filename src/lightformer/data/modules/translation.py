@@ -13,7 +13,7 @@ A record is one pair: its two sides' ids without special tokens and its two text
 only when batches are made, so de-en and en-de share the prepared folder. With BPE-dropout the folder also holds
 `bpe_dropout_segmentations` record splits `train-dropout-<k>` of the train pairs, each segmented anew.
 
-The Ding dictionary's extraction and the split of sentence pairs are described in ``lightformer.data.corpora``.
+The Ding dictionary's extraction and the split of sentence pairs are described in ``lightformer.data.raw.corpora``.
 
 Its length is one class, the data module: its many sources and options (Ding, TSV or line-aligned files per split,
 direction, vocabulary, budgets) and their checks, which fail at construction naming the option.
@@ -37,9 +37,21 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
-from lightformer.data import sources
-from lightformer.data.caching import file_stamp, preparing
-from lightformer.data.corpora import (
+from lightformer.data.loading.sampling import TokenBudgetBatchSampler
+from lightformer.data.loading.sequences import collate_pairs
+from lightformer.data.loading.streaming import Records
+from lightformer.data.preparation.caching import file_stamp, preparing
+from lightformer.data.preparation.prepare import (
+    MANIFEST,
+    SAMPLE_BYTES,
+    prepared_folder,
+    stem_of,
+    worker_tokenizer,
+    write_records,
+)
+from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer
+from lightformer.data.raw import sources
+from lightformer.data.raw.corpora import (
     DING_DEB_PACKAGE,
     DING_FILE,
     CorpusUnavailableError,
@@ -47,12 +59,7 @@ from lightformer.data.corpora import (
     extract_ding_pairs,
     split_of,
 )
-from lightformer.data.prepare import MANIFEST, SAMPLE_BYTES, prepared_folder, stem_of, worker_tokenizer, write_records
-from lightformer.data.sampling import TokenBudgetBatchSampler
-from lightformer.data.sequences import collate_pairs
-from lightformer.data.sources import SPLITS, FileSpan, Piece, pieces_of, read_piece, stage_splits
-from lightformer.data.streaming import Records
-from lightformer.data.tokenizers import BOS_ID, EOS_ID, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer
+from lightformer.data.raw.sources import SPLITS, FileSpan, Piece, pieces_of, read_piece, stage_splits
 from lightformer.files import as_list, atomic_open, expand_patterns, sha256_of
 
 # Bump when what a prepared folder holds changes meaning (extraction rules, split rule, record fields), so that

@@ -7,7 +7,6 @@ source (files, globs, folders, JSONL, Parquet; built-in corpus; URL) ──``dat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import lightning as L
 import numpy as np
@@ -15,40 +14,18 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
-from lightformer.data.prepare import PreparedText, TokenizerConfig, prepare_text
-from lightformer.data.sampling import evaluation_sampler
-from lightformer.data.sources import TextSource, stage_splits
-from lightformer.data.streaming import (
+from lightformer.config_groups import as_config
+from lightformer.data.loading.sampling import evaluation_sampler
+from lightformer.data.loading.streaming import (
     EvaluationWindows,
     LoaderConfig,
     evaluation_loader,
     training_loader,
     validation_subset,
 )
-from lightformer.data.tokenizers import Tokenizer
-
-
-@dataclass(frozen=True)
-class PrepareConfig:
-    """Where and how raw data is prepared (``lightformer prepare``, or the first ``fit``).
-
-    Args:
-        dir: the folder that holds prepared data: one subfolder per source and tokenizer, reused while they are
-            unchanged.
-        num_workers: parallel encoding processes; default: every core.
-    """
-
-    dir: str = "data/prepared"
-    num_workers: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.num_workers is not None and self.num_workers < 1:
-            raise ValueError(f"data.prepare.num_workers={self.num_workers} must be at least 1, or null for every core")
-
-
-def as_config(config_class: type, value):
-    """A config group from itself or from the plain dict of saved hyperparameters."""
-    return value if isinstance(value, config_class) else config_class(**value)
+from lightformer.data.preparation.prepare import PrepareConfig, PreparedText, TokenizerConfig, prepare_text
+from lightformer.data.preparation.tokenizers import Tokenizer
+from lightformer.data.raw.sources import TextSource, stage_splits
 
 
 class TextDataModule(L.LightningDataModule):

@@ -321,7 +321,7 @@ class TextSource:
 
     def files(self) -> dict[str, list[Path]]:
         """Each split's files (fetching a built-in or downloaded corpus); val and test are [] when cut from train."""
-        from lightformer.data.corpora import austen_novels, download
+        from lightformer.data.raw.corpora import austen_novels, download
 
         if self.corpus == "austen":
             train = austen_novels(Path(self.data_root) / "austen")

@@ -1,0 +1,1 @@
+"""One thin data module per task family, composing a source, its preparation, its loading and its objective."""
