@@ -1,5 +1,6 @@
-"""How preparation and streaming grow with the corpus: prepare wall time (1 and 2 workers), peak RSS of prepare and of
-`fit`, and the streaming loader's tokens/s per process, for corpora built by repeating Jane Austen's novels.
+"""How preparation and streaming grow with the corpus: prepare wall time (1 and 2 workers), peak RSS of prepare, of
+`fit` and of each rank of a two-process DDP `fit`, and the streaming loader's tokens/s per process, for corpora
+built by repeating Jane Austen's novels.
 
     python benchmarks/data_scale.py --sizes-mb 40 400 4000 --tokenizer char
 
@@ -103,13 +104,14 @@ def main() -> None:
             folder = out.strip().removeprefix("prepared: ")
             if workers != options.workers[-1]:
                 shutil.rmtree(prepared)  # one prepared copy on disk at a time (4 GB of text: 8 GB of char shards)
-        _, fit_rss, _ = run(
-            ["-m", "lightformer", "fit", *data_args(corpus, prepared, options.tokenizer, workers)]
-            + ["--trainer.max_steps=20", "--trainer.logger=false", "--trainer.enable_checkpointing=false",
-               "--trainer.limit_val_batches=2", "--trainer.val_check_interval=10",
-               f"--trainer.default_root_dir={options.work}"]
-        )  # fmt: skip
-        row["fit_rss_gb"] = round(fit_rss, 2)
+        fit = ["-m", "lightformer", "fit", *data_args(corpus, prepared, options.tokenizer, workers)] + [
+            "--trainer.max_steps=20", "--trainer.logger=false", "--trainer.enable_checkpointing=false",
+            "--trainer.limit_val_batches=2", "--trainer.val_check_interval=10",
+            f"--trainer.default_root_dir={options.work}",
+        ]  # fmt: skip
+        row["fit_rss_gb"] = round(run(fit)[1], 2)
+        # Two DDP processes (gloo): the peak of the largest process is the peak of one rank.
+        row["fit_ddp_rss_gb_per_rank"] = round(run([*fit, "--config=configs/trainer/ddp_cpu.yaml"])[1], 2)
         speed = subprocess.run([sys.executable, "-c", LOADER_SPEED, folder], capture_output=True, text=True, check=True)
         row["loader_tokens_per_s"] = round(float(speed.stdout.strip()))
         rows.append(row)
