@@ -1,14 +1,16 @@
-"""Samplers: shuffling that a resumed run repeats exactly, evaluation that sees every example once under DDP, and
-batches of sentence pairs under a token budget."""
+"""Samplers and loaders of map-style datasets: shuffling that a resumed run repeats exactly, a training loader whose
+position inside an epoch is saved in every checkpoint, evaluation that sees every example once under DDP, and batches
+of sentence pairs under a token budget."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import BatchSampler, Dataset, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
 
 class EpochShuffleSampler(Sampler[int]):
@@ -37,6 +39,87 @@ class EpochShuffleSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return self.size
+
+
+class ResumableDataLoader(DataLoader):
+    """A ``DataLoader`` (the same arguments) whose position inside an epoch is saved in every checkpoint, so that a
+    run resumed mid-epoch trains on exactly the batches an uninterrupted run would have: the rest of that epoch, then
+    the next ones.
+
+    Lightning saves ``state_dict()`` of a training loader that has one in the checkpoint's loop state and hands it
+    to ``load_state_dict`` before the resumed epoch. The state is the epoch and the number of batches this loader has
+    handed out in it; Lightning's fetcher asks a loader whose length it knows for no batch ahead of the training
+    step, so when a checkpoint is written that is the number of batches trained on. The next iteration skips them
+    where the indices are drawn (the batch sampler, or this rank's shard of it under DDP): their examples are never
+    read. It skips only in the saved epoch (as the sampler's ``epoch`` says, when it has one) and only if the epoch
+    had batches left: a checkpoint written at an epoch's end resumes at the next epoch's first batch, in the order
+    ``set_epoch`` picks.
+
+    A ``DataLoader`` iterator draws its workers' base seed from the global generator as it starts. The run being
+    resumed drew it at the epoch's start, so the resumed iteration draws it from a fork of the generator, and
+    dropout's random numbers after the resume are those of the uninterrupted run. (Its workers are then seeded
+    differently from that run's: exact for datasets whose randomness comes from the index, as masking's does.)
+    """
+
+    # Class defaults rather than an __init__: Lightning rebuilds a loader from DataLoader's own arguments (to give
+    # it a distributed sampler), and a fresh loader starts at no position.
+    _epoch: int | None = None  # the epoch of the batches counted, if the sampler says
+    _handed_out = 0  # batches handed out in that epoch
+    _restored: dict | None = None  # a state to resume from at the next iteration
+
+    def state_dict(self) -> dict[str, int | None]:
+        return {"epoch": self._epoch, "batches": self._handed_out}
+
+    def load_state_dict(self, state: dict[str, int | None]) -> None:
+        self._restored = dict(state)
+
+    @property
+    def _index_sampler(self):
+        # What every DataLoader iterator draws indices from (a persistent-workers iterator keeps it for good): the
+        # batch sampler (or sampler), less the batches a restored state says were trained on, at its next iteration.
+        return _Skipping(self, super()._index_sampler)
+
+    def __iter__(self):
+        self._epoch = self._sampler_epoch()
+        self._handed_out = self._batches_to_skip()
+        if self._handed_out:
+            with torch.random.fork_rng(devices=[]):
+                batches = super().__iter__()
+        else:
+            batches = super().__iter__()
+        for batch in batches:
+            self._handed_out += 1  # before handing it out: a checkpoint written during its step counts it
+            yield batch
+
+    def _sampler_epoch(self) -> int | None:
+        """The epoch that ``set_epoch`` gave the batch sampler or sampler, if either keeps one."""
+        for holder in (self.batch_sampler, getattr(self.batch_sampler, "sampler", None), self.sampler):
+            if isinstance(epoch := getattr(holder, "epoch", None), int):
+                return epoch
+        return None
+
+    def _batches_to_skip(self) -> int:
+        """The batches that the restored state says were trained on in the epoch now starting (0 for a fresh loader,
+        another epoch, or an epoch already done); the state is used once."""
+        restored, self._restored = self._restored, None
+        if restored is None or restored["epoch"] != self._epoch:
+            return 0
+        batches = int(restored["batches"])
+        return batches if batches < len(self) else 0
+
+
+class _Skipping:
+    """The index sampler of a ``ResumableDataLoader`` as its iterators see it: each iteration starts where the
+    loader's position says (read as the iteration starts, after ``set_epoch``); its length is the whole epoch's."""
+
+    def __init__(self, loader: ResumableDataLoader, index_sampler: Sampler | BatchSampler) -> None:
+        self.loader, self.index_sampler = loader, index_sampler
+
+    def __iter__(self) -> Iterator:
+        return itertools.islice(iter(self.index_sampler), self.loader._handed_out, None)
+
+    def __len__(self) -> int:
+        return len(self.index_sampler)
 
 
 def evaluation_sampler(dataset: Dataset) -> Sampler | None:
