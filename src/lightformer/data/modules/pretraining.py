@@ -16,8 +16,9 @@ from the shards.
 Every random choice of a training example (its next-sentence partner, masked positions, noise spans) comes from
 ``np.random.default_rng((seed, epoch, index))``: the training sampler yields ``(index, epoch)`` pairs
 (``EpochShuffleSampler(with_epoch=True)``), so an example is corrupted differently each epoch, exactly again on
-resume, and the same whatever the number of loader workers. Validation and test examples are drawn with epoch 0
-whatever the epoch, so their metrics compare across epochs.
+resume, and the same whatever the number of loader workers. The training loader's position inside an epoch is saved
+in every checkpoint (``ResumableDataLoader``): a run resumed mid-epoch trains on exactly the batches it would have.
+Validation and test examples are drawn with epoch 0 whatever the epoch, so their metrics compare across epochs.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler
+from lightformer.data.loading.sampling import EpochShuffleSampler, ResumableDataLoader, evaluation_sampler
 from lightformer.data.loading.sequences import collate_pairs
 from lightformer.data.loading.streaming import LoaderConfig, Windows, validation_subset
 from lightformer.data.objectives.masking import (
@@ -316,7 +317,7 @@ class _SegmentDataModule(L.LightningDataModule):
                 f"{self.loader.batch_size}: lower it or data.segment_tokens, or give more text"
             )
         sampler = EpochShuffleSampler(len(dataset), self.seed, with_epoch=True)
-        return self._loader(dataset, sampler, drop_last=True)  # constant batch shape
+        return self._loader(dataset, sampler, drop_last=True, resumable=True)  # constant batch shape
 
     def val_dataloader(self) -> DataLoader | list:
         if not self.prepared.has("val"):
@@ -365,8 +366,9 @@ class _SegmentDataModule(L.LightningDataModule):
             self.setup({"train": "fit", "val": "validate", "test": "test"}[split])
         return self.datasets[split]
 
-    def _loader(self, dataset: Dataset, sampler, drop_last: bool) -> DataLoader:
-        return DataLoader(
+    def _loader(self, dataset: Dataset, sampler, drop_last: bool, resumable: bool = False) -> DataLoader:
+        """A loader of ``dataset``; ``resumable`` (training) saves its position inside an epoch in checkpoints."""
+        return (ResumableDataLoader if resumable else DataLoader)(
             dataset,
             batch_size=self.loader.batch_size,
             sampler=sampler,
