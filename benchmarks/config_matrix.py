@@ -38,12 +38,12 @@ QUICK_DATA = {
         "--data.block_size=64",
         "--data.loader.num_workers=0",
     ],
-    "lightformer.data.ImageDataModule": ["--data.batch_size=8", "--data.num_workers=0"],
+    "lightformer.data.ImageDataModule": ["--data.loader.batch_size=8", "--data.loader.num_workers=0"],
     "lightformer.data.TranslationDataModule": ["--data.max_tokens=256", "--data.num_workers=0"],
     "lightformer.data.TextClassificationDataModule": ["--data.batch_size=4", "--data.num_workers=0"],
     "lightformer.data.MaskedLMDataModule": ["--data.loader.batch_size=2", "--data.loader.num_workers=0"],
     "lightformer.data.SpanCorruptionDataModule": ["--data.loader.batch_size=2", "--data.loader.num_workers=0"],
-    "lightformer.data.ImageTokenDataModule": ["--data.batch_size=4", "--data.num_workers=0"],
+    "lightformer.data.ImageTokenDataModule": ["--data.loader.batch_size=4", "--data.loader.num_workers=0"],
 }
 
 

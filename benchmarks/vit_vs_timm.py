@@ -140,10 +140,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     hp, data_args, trainer = read_config(args.config)
-    data_args = {k: v for k, v in data_args.items() if k not in ("num_workers", "root")}
+    source = {**data_args.get("source", {}), "root": args.root}
+    loader = {**data_args.get("loader", {}), "num_workers": 0}
     if args.batch_size:
-        data_args["batch_size"] = args.batch_size
-    data = ImageDataModule(root=args.root, num_workers=0, **data_args)
+        loader["batch_size"] = args.batch_size
+    data = ImageDataModule(**{**data_args, "source": source, "loader": loader})
     data.prepare_data()
     data.setup()
     precision = args.precision or trainer.get("precision", "32-true")
@@ -161,7 +162,7 @@ def main() -> None:
     ]
 
     print(f"config {args.config.name}: {shape}")
-    print(f"{steps} steps of batch {data.batch_size}, precision {precision}, {torch.get_num_threads()} threads")
+    print(f"{steps} steps of batch {data.loader.batch_size}, precision {precision}, {torch.get_num_threads()} threads")
     step = 0
     start = time.perf_counter()
     while step < steps:

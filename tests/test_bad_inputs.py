@@ -60,9 +60,9 @@ CLASSIFY = ["fit", "--config=configs/classify/austen_scratch.yaml"]
         ([*VISION, "--model.net.patch_size=3"], "model.net: image_size=8 is not a multiple of patch_size=3"),
         ([*LM, "--model.optimizer.lr=-1"], "model.optimizer: lr=-1.0 must be positive"),
         ([*LM, "--model.optimizer.warmup_steps=-5"], "model.optimizer: warmup_steps=-5 must be at least 0"),
-        ([*VISION, "--data.batch_size=0"], "data: ImageDataModule: batch_size=0 must be at least 1"),
+        ([*VISION, "--data.loader.batch_size=0"], "data.loader.batch_size=0 must be at least 1"),
         ([*LM, "--data.loader.batch_size=0"], "data.loader.batch_size=0 must be at least 1"),
-        ([*VISION, "--data.val_size=100", "--data.val_fraction=0.5"], "give val_size .* or val_fraction .*, not both"),
+        ([*VISION, "--data.source.val_size=100", "--data.source.val_fraction=0.5"], "give val_size .*, not both"),
         ([*LM, "--trainer.max_time=20 minutes"], r"trainer.max_time='20 minutes' is not a duration: give \"DD:HH:MM"),
         ([*LM, "--trainer.max_time=00:99"], r"trainer.max_time='00:99' is not a duration: .*or a dict \(e.g. \{hours"),
         ([*LM, "--trainer.max_time=00:00:00:00"], r"trainer.max_time='00:00:00:00' is not a positive duration"),
@@ -141,11 +141,13 @@ def image_folder(root: Path, classes: list[str], per_class: int = 3) -> Path:
 
 def test_an_unreadable_image_is_found_at_setup_naming_the_file(tmp_path):
     from lightformer.data import ImageDataModule
+    from lightformer.data.modules.images import ImageSource
     from lightformer.errors import ConfigError
 
     folder = image_folder(tmp_path / "images", ["cat", "dog"])
     (folder / "dog" / "broken.png").write_bytes(b"\x89PNG not really")
-    datamodule = ImageDataModule(dataset="image_folder", image_folder=str(folder), image_size=8, root=str(tmp_path))
+    source = ImageSource(dataset="image_folder", image_folder=str(folder), root=str(tmp_path))
+    datamodule = ImageDataModule(source=source, image_size=8)
     with pytest.raises(ConfigError, match=r"1 of 7 files in .*images are not readable images: .*broken\.png \(not an "
                        r"image: PIL recognises no image format in it\)"):  # fmt: skip
         datamodule.setup("fit")
@@ -159,8 +161,9 @@ def test_a_cut_short_image_in_the_training_folder_is_refused_before_training_nam
     cut = folder / "cat" / "2.png"
     Image.effect_noise((64, 64), 60).save(cut)  # noise: its pixels take more than one compressed block
     cut.write_bytes(cut.read_bytes()[:200])
-    data = [f"--data.{option}" for option in ("dataset=image_folder", f"image_folder={folder}", "image_size=8",
-                                              "val_size=null", f"root={tmp_path / 'data'}")]  # fmt: skip
+    data = [f"--data.{option}" for option in ("source.dataset=image_folder", f"source.image_folder={folder}",
+                                              "source.val_size=null", f"source.root={tmp_path / 'data'}")]  # fmt: skip
+    data.append("--data.image_size=8")
     message = refused(["fit", *task_args("vision", tmp_path), *data])
     assert re.fullmatch(
         rf"lightformer: data.image_folder: 1 of 8 files in {folder} are not readable images: {cut} \(cut short: "
@@ -196,10 +199,11 @@ def test_a_max_len_shorter_than_the_longest_sentence_is_refused_in_one_line_at_s
 
 def test_a_one_class_image_folder_is_refused(tmp_path):
     from lightformer.data import ImageDataModule
+    from lightformer.data.modules.images import ImageSource
 
     folder = image_folder(tmp_path / "images", ["cat"])
     with pytest.raises(ValueError, match=r"has 1 class folder \(cat\); classification needs at least 2"):
-        ImageDataModule(dataset="image_folder", image_folder=str(folder))
+        ImageDataModule(source=ImageSource(dataset="image_folder", image_folder=str(folder)))
 
 
 # --- checkpoint-alone commands -------------------------------------------------------------------------------

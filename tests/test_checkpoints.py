@@ -128,7 +128,7 @@ def test_a_run_killed_with_sigkill_resumes_and_finishes(tmp_path):
         f"--config={overrides}",
         f"--trainer.max_steps={max_steps}",
         "--trainer.max_epochs=-1",
-        *("--model.net.dropout=0.0", "--model.net.drop_path=0.0", "--data.augment=none"),  # learn fast: a few epochs
+        *("--model.net.dropout=0.0", "--model.net.drop_path=0.0", "--data.augment.policy=none"),  # learn fast
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen([sys.executable, "-m", "lightformer", "fit", *args], cwd=REPO, env=env)

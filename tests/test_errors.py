@@ -10,6 +10,7 @@ from PIL import Image
 
 from lightformer.cli import cli_main, main
 from lightformer.data import ImageDataModule, TextDataModule, TranslationDataModule
+from lightformer.data.modules.images import ImageSource
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.preparation.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer
 from lightformer.data.raw.image_files import load_image
@@ -154,7 +155,7 @@ def test_6_missing_paths_are_named(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match=r"tgt_file: the file '.*absent\.en' does not exist"):
         parallel.prepare_data()
     with pytest.raises(FileNotFoundError, match=r"image_folder .*no-such-folder is not an existing directory"):
-        ImageDataModule(dataset="image_folder", image_folder=str(tmp_path / "no-such-folder"))
+        ImageDataModule(source=ImageSource(dataset="image_folder", image_folder=str(tmp_path / "no-such-folder")))
 
     nope = str(tmp_path / "nope.ckpt")
     for command in (["generate"], ["translate"], ["classify", f"--images={present}"]):

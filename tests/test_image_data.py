@@ -9,7 +9,8 @@ import torchvision
 from PIL import Image
 
 from lightformer.data.modules import images
-from lightformer.data.modules.images import ImageDataModule
+from lightformer.data.modules.images import ImageDataModule, ImageLoaderConfig, ImageSource
+from lightformer.data.objectives.augment import AugmentConfig
 from lightformer.data.raw import corpora
 from lightformer.data.raw.image_files import load_image
 
@@ -32,7 +33,7 @@ def write_image_folder(folder: Path, class_names: list[str], images_per_class: i
 
 
 def test_digits_shapes_sizes_and_labels():
-    datamodule = ImageDataModule(dataset="digits", batch_size=32)
+    datamodule = ImageDataModule(source=ImageSource(dataset="digits"), loader=ImageLoaderConfig(batch_size=32))
     assert (datamodule.num_classes, datamodule.in_channels, datamodule.image_size) == (10, 1, 8)
     assert datamodule.class_names == [str(digit) for digit in range(10)]
     datamodule.setup("fit")
@@ -54,9 +55,9 @@ def test_digits_shapes_sizes_and_labels():
 
 
 def test_digits_split_is_deterministic_for_a_seed():
-    first = ImageDataModule(dataset="digits", seed=3)
-    second = ImageDataModule(dataset="digits", seed=3)
-    other_seed = ImageDataModule(dataset="digits", seed=4)
+    first = ImageDataModule(source=ImageSource(dataset="digits"), seed=3)
+    second = ImageDataModule(source=ImageSource(dataset="digits"), seed=3)
+    other_seed = ImageDataModule(source=ImageSource(dataset="digits"), seed=4)
     for datamodule in (first, second, other_seed):
         datamodule.setup()
     assert first.val_dataset.indices == second.val_dataset.indices
@@ -68,7 +69,11 @@ def test_digits_split_is_deterministic_for_a_seed():
 
 
 def test_digits_normalisation_uses_train_statistics():
-    datamodule = ImageDataModule(dataset="digits", augment="none", batch_size=2000)
+    datamodule = ImageDataModule(
+        source=ImageSource(dataset="digits"),
+        augment=AugmentConfig(policy="none"),
+        loader=ImageLoaderConfig(batch_size=2000),
+    )
     datamodule.setup()
     train_images, _ = datamodule.transform_batch(next(iter(datamodule.train_dataloader())), train=True)
     assert train_images.mean().abs() < 1e-4
@@ -76,26 +81,26 @@ def test_digits_normalisation_uses_train_statistics():
 
 
 def test_val_size_is_a_count_and_val_fraction_a_fraction():
-    by_count = ImageDataModule(dataset="digits", val_size=100)
-    by_fraction = ImageDataModule(dataset="digits", val_fraction=0.5)
-    no_validation = ImageDataModule(dataset="digits", val_size=0)
+    by_count = ImageDataModule(source=ImageSource(dataset="digits", val_size=100))
+    by_fraction = ImageDataModule(source=ImageSource(dataset="digits", val_fraction=0.5))
+    no_validation = ImageDataModule(source=ImageSource(dataset="digits", val_size=0))
     for datamodule in (by_count, by_fraction, no_validation):
         datamodule.setup()
     assert len(by_count.val_dataset) == 100
     assert len(by_fraction.val_dataset) == round(0.5 * (1797 - 270))
     assert len(no_validation.val_dataset) == 0 and len(no_validation.train_dataset) == 1797 - 270
-    with pytest.raises(ValueError, match=r"give val_size \(a count, here 100\) or val_fraction \(here 0.5\), not both"):
-        ImageDataModule(dataset="digits", val_size=100, val_fraction=0.5)
 
 
 def test_dataloader_options():
-    datamodule = ImageDataModule(dataset="digits", num_workers=1, pin_memory=True)
+    datamodule = ImageDataModule(
+        source=ImageSource(dataset="digits"), loader=ImageLoaderConfig(num_workers=1, pin_memory=True)
+    )
     datamodule.setup()
     loader = datamodule.train_dataloader()
     assert loader.persistent_workers and loader.pin_memory and loader.num_workers == 1
     assert len(datamodule.predict_dataloader().dataset) == len(datamodule.test_dataset)  # predict: the test set
     with pytest.raises(RuntimeError, match="setup"):
-        ImageDataModule(dataset="fashion_mnist").train_dataloader()
+        ImageDataModule(source=ImageSource(dataset="fashion_mnist")).train_dataloader()
 
 
 # ---------------------------------------------------------------- augmentation and transforms
@@ -110,7 +115,9 @@ def windows(image: torch.Tensor, padding: int) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize(("dataset", "flips"), [("fashion_mnist", True), ("mnist", False)])
 def test_flip_crop_crops_and_flips_each_image_on_its_own(dataset, flips):
-    datamodule = ImageDataModule(dataset=dataset, augment="flip_crop")  # no data is read
+    datamodule = ImageDataModule(
+        source=ImageSource(dataset=dataset), augment=AugmentConfig(policy="flip_crop")
+    )  # no data is read
     torch.manual_seed(0)
     image = torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8)  # asymmetric: its mirror is another image
     batch = image.expand(64, -1, -1, -1).contiguous()
@@ -128,7 +135,7 @@ def test_flip_crop_crops_and_flips_each_image_on_its_own(dataset, flips):
 
 
 def test_flip_and_none_augment_and_refusals():
-    datamodule = ImageDataModule(dataset="fashion_mnist", augment="flip")
+    datamodule = ImageDataModule(source=ImageSource(dataset="fashion_mnist"), augment=AugmentConfig(policy="flip"))
     torch.manual_seed(0)
     batch = torch.randint(0, 256, (64, 1, 28, 28), dtype=torch.uint8)
     out, _ = datamodule.transform_batch((batch, torch.zeros(64)), train=True)
@@ -136,18 +143,20 @@ def test_flip_and_none_augment_and_refusals():
     same = (out == plain).flatten(1).all(1)
     mirrored = (out == plain.flip(-1)).flatten(1).all(1)
     assert (same | mirrored).all() and 15 < mirrored.sum() < 49  # about half, each image on its own
-    unaugmented = ImageDataModule(dataset="digits", augment="none")
+    unaugmented = ImageDataModule(source=ImageSource(dataset="digits"), augment=AugmentConfig(policy="none"))
     digits_batch = torch.randint(0, 256, (8, 1, 8, 8), dtype=torch.uint8)
     torch.testing.assert_close(
         unaugmented.transform_batch((digits_batch, torch.zeros(8)), train=True)[0],
         unaugmented.transform_batch((digits_batch, torch.zeros(8)), train=False)[0],
     )
-    with pytest.raises(ValueError, match="augment='flip' does not suit dataset='mnist'"):
-        ImageDataModule(dataset="mnist", augment="flip")
+    with pytest.raises(ValueError, match="augment.policy='flip' does not suit dataset='mnist'"):
+        ImageDataModule(source=ImageSource(dataset="mnist"), augment=AugmentConfig(policy="flip"))
 
 
 def test_random_erasing_replaces_one_rectangle_of_about_the_drawn_share_of_each_chosen_image():
-    datamodule = ImageDataModule(dataset="fashion_mnist", augment="none", random_erasing=0.25)
+    datamodule = ImageDataModule(
+        source=ImageSource(dataset="fashion_mnist"), augment=AugmentConfig(policy="none", random_erasing=0.25)
+    )
     torch.manual_seed(0)
     batch = torch.randint(0, 256, (4000, 1, 28, 28), dtype=torch.uint8)
     out, _ = datamodule.transform_batch((batch, torch.zeros(4000)), train=True)
@@ -168,13 +177,16 @@ def test_random_erasing_replaces_one_rectangle_of_about_the_drawn_share_of_each_
     assert abs(noise.mean().item()) < 0.05 and abs(noise.std().item() - 1) < 0.05  # N(0, 1) in normalised units
     evaluated, _ = datamodule.transform_batch((batch[:8], torch.zeros(8)), train=False)
     torch.testing.assert_close(evaluated, plain[:8])  # evaluation is never erased
-    with pytest.raises(ValueError, match="random_erasing=1.5 is a probability, in \\[0, 1\\]"):
-        ImageDataModule(dataset="fashion_mnist", random_erasing=1.5)
 
 
 def test_per_image_augmentation_runs_in_the_loader():
     for augment in ("trivialaugment", "randaugment"):
-        datamodule = ImageDataModule(dataset="digits", augment=augment, image_size=16, batch_size=16)
+        datamodule = ImageDataModule(
+            source=ImageSource(dataset="digits"),
+            augment=AugmentConfig(policy=augment),
+            loader=ImageLoaderConfig(batch_size=16),
+            image_size=16,
+        )
         datamodule.setup()
         batch = next(iter(datamodule.train_dataloader()))
         assert batch[0].shape == (16, 1, 16, 16) and batch[0].dtype == torch.uint8
@@ -191,7 +203,9 @@ def fashion_mnist(tmp_path_factory) -> ImageDataModule:
     if not HAS_DEBIAN_FASHION_MNIST:
         pytest.skip(f"{corpora.DEBIAN_FASHION_MNIST_DIR} absent: `apt-get install dataset-fashion-mnist`")
     datamodule = ImageDataModule(
-        dataset="fashion_mnist", root=str(tmp_path_factory.mktemp("data")), augment="none", batch_size=512
+        source=ImageSource(dataset="fashion_mnist", root=str(tmp_path_factory.mktemp("data"))),
+        augment=AugmentConfig(policy="none"),
+        loader=ImageLoaderConfig(batch_size=512),
     )
     datamodule.prepare_data()
     datamodule.setup()
@@ -205,7 +219,7 @@ def test_fashion_mnist_splits(fashion_mnist):
     sizes = (fashion_mnist.num_classes, fashion_mnist.in_channels, fashion_mnist.image_size)
     assert sizes == (10, 1, 28)
     assert fashion_mnist.class_names == torchvision.datasets.FashionMNIST.classes
-    raw_dir = Path(fashion_mnist.root) / "FashionMNIST" / "raw"
+    raw_dir = Path(fashion_mnist.source.root) / "FashionMNIST" / "raw"
     assert sorted(path.name for path in raw_dir.iterdir()) == sorted(corpora.MNIST_RAW_FILES)
 
 
@@ -221,14 +235,16 @@ def test_fashion_mnist_batches_are_normalised(fashion_mnist):
 
 def test_fashion_mnist_without_files_or_internet_says_how_to_get_them(tmp_path, monkeypatch):
     monkeypatch.setattr(corpora, "DEBIAN_FASHION_MNIST_DIR", tmp_path / "no-debian-files")
-    datamodule = ImageDataModule(dataset="fashion_mnist", root=str(tmp_path / "data"), download=False)
+    datamodule = ImageDataModule(
+        source=ImageSource(dataset="fashion_mnist", root=str(tmp_path / "data"), download=False)
+    )
     with pytest.raises(RuntimeError, match="apt-get install dataset-fashion-mnist"):
         datamodule.setup()
 
 
 def test_mnist_without_files_says_to_download(tmp_path):
-    datamodule = ImageDataModule(dataset="mnist", root=str(tmp_path), download=False)
-    with pytest.raises(RuntimeError, match="set download=True"):
+    datamodule = ImageDataModule(source=ImageSource(dataset="mnist", root=str(tmp_path), download=False))
+    with pytest.raises(RuntimeError, match="set data.source.download=true"):
         datamodule.setup()
 
 
@@ -238,7 +254,11 @@ def test_mnist_without_files_says_to_download(tmp_path):
 def test_image_folder_with_one_folder(tmp_path):
     write_image_folder(tmp_path, ["cat", "dog", "bird"], images_per_class=4)
     (tmp_path / ".ipynb_checkpoints").mkdir()
-    datamodule = ImageDataModule("image_folder", image_folder=str(tmp_path), image_size=16, batch_size=4)
+    datamodule = ImageDataModule(
+        source=ImageSource(dataset="image_folder", image_folder=str(tmp_path)),
+        loader=ImageLoaderConfig(batch_size=4),
+        image_size=16,
+    )
     assert datamodule.class_names == ["bird", "cat", "dog"]
     assert (datamodule.num_classes, datamodule.in_channels, datamodule.image_size) == (3, 3, 16)
     datamodule.setup()
@@ -254,7 +274,9 @@ def test_image_folder_with_split_folders(tmp_path):
     write_image_folder(tmp_path / "train", ["cat", "dog", "bird"], images_per_class=3)
     write_image_folder(tmp_path / "val", ["dog"], images_per_class=2)  # a class missing from val is fine
     write_image_folder(tmp_path / "test", ["bird", "cat", "dog"], images_per_class=1)
-    datamodule = ImageDataModule(dataset="image_folder", image_folder=str(tmp_path), val_fraction=0.5)
+    datamodule = ImageDataModule(
+        source=ImageSource(dataset="image_folder", image_folder=str(tmp_path), val_fraction=0.5)
+    )
     assert datamodule.image_size == 224
     datamodule.setup()
     # val/ and test/ are used as they are; nothing is carved from train/.
@@ -268,23 +290,25 @@ def test_image_folder_with_split_folders(tmp_path):
 def test_image_folder_errors(tmp_path):
     missing = tmp_path / "no-such-folder"
     with pytest.raises(FileNotFoundError, match="no-such-folder"):
-        ImageDataModule(dataset="image_folder", image_folder=str(missing))
+        ImageDataModule(source=ImageSource(dataset="image_folder", image_folder=str(missing)))
     with pytest.raises(ValueError, match="needs image_folder"):
-        ImageDataModule(dataset="image_folder")
+        ImageDataModule(source=ImageSource(dataset="image_folder"))
     (tmp_path / "flat").mkdir()
     Image.new("RGB", (8, 8)).save(tmp_path / "flat" / "lonely.png")
     with pytest.raises(ValueError, match="no class subfolders"):
-        ImageDataModule(dataset="image_folder", image_folder=str(tmp_path / "flat"))
+        ImageDataModule(source=ImageSource(dataset="image_folder", image_folder=str(tmp_path / "flat")))
     with pytest.raises(ValueError, match="only read with dataset='image_folder'"):
-        ImageDataModule(dataset="digits", image_folder=str(tmp_path))
+        ImageDataModule(source=ImageSource(dataset="digits", image_folder=str(tmp_path)))
 
     write_image_folder(tmp_path / "bad_val" / "train", ["cat", "dog"], images_per_class=1)
     write_image_folder(tmp_path / "bad_val" / "val", ["cow"], images_per_class=1)
     with pytest.raises(ValueError, match=r"\['cow'\]"):
-        ImageDataModule(dataset="image_folder", image_folder=str(tmp_path / "bad_val"))
+        ImageDataModule(source=ImageSource(dataset="image_folder", image_folder=str(tmp_path / "bad_val")))
 
     write_image_folder(tmp_path / "small", ["cat", "dog"], images_per_class=5)
-    too_big = ImageDataModule(dataset="image_folder", image_folder=str(tmp_path / "small"), val_size=50)
+    too_big = ImageDataModule(
+        source=ImageSource(dataset="image_folder", image_folder=str(tmp_path / "small"), val_size=50)
+    )
     with pytest.raises(ValueError, match=r"val_size=50 .* has 8 images"):
         too_big.setup()
 
@@ -292,29 +316,29 @@ def test_image_folder_errors(tmp_path):
 # ---------------------------------------------------------------- argument errors and load_image
 
 
+def test_a_val_size_larger_than_the_pool_names_the_pool_size():
+    with pytest.raises(ValueError, match=r"data.source.val_size=5000 .* has 1527 images"):
+        ImageDataModule(source=ImageSource(dataset="digits", val_size=5000))
+
+
 @pytest.mark.parametrize(
-    ("val_size", "message"),
+    ("group", "options", "message"),
     [
-        (dict(val_size=5000), r"val_size=5000 .* has 1527 images"),
-        (dict(val_size=-1), r"val_size=-1 .* has 1527"),
-        (dict(val_fraction=1.5), r"val_fraction=1.5 .* \[0, 1\)"),
+        (ImageSource, dict(dataset="imagenet"), r"data.source.dataset='imagenet' is unknown; valid: .*'digits'"),
+        (ImageSource, dict(val_size=-1), r"data.source.val_size=-1 must be at least 0"),
+        (ImageSource, dict(val_fraction=1.5), r"data.source.val_fraction=1.5 must be in \[0, 1\)"),
+        (ImageSource, dict(val_size=100, val_fraction=0.5), r"give val_size \(a count, here 100\) or val_fraction"),
+        (ImageSource, dict(dataset="digits", image_folder="x"), "only read with dataset='image_folder'"),
+        (ImageSource, dict(val_size=60000), r"data.source.val_size=60000 .* has 60000 images"),
+        (AugmentConfig, dict(policy="mixup"), r"data.augment.policy='mixup' is unknown; valid: .*'flip_crop'"),
+        (AugmentConfig, dict(random_erasing=1.5), r"data.augment.random_erasing=1.5 is a probability, in \[0, 1\]"),
+        (ImageLoaderConfig, dict(batch_size=0), "data.loader.batch_size=0 must be at least 1"),
+        (ImageLoaderConfig, dict(num_workers=-1), "data.loader.num_workers=-1 must be at least 0"),
     ],
 )
-def test_invalid_val_size_names_value_and_train_size(val_size, message):
+def test_each_group_refuses_its_bad_values_naming_the_field(group, options, message):
     with pytest.raises(ValueError, match=message):
-        ImageDataModule(dataset="digits", **val_size)
-
-
-def test_invalid_val_size_fails_at_construction_for_known_sizes():
-    with pytest.raises(ValueError, match=r"val_size=60000 .* has 60000 images"):
-        ImageDataModule(dataset="fashion_mnist", val_size=60000)
-
-
-def test_unknown_names_list_the_valid_ones():
-    with pytest.raises(ValueError, match="valid: .*'digits'"):
-        ImageDataModule(dataset="imagenet")
-    with pytest.raises(ValueError, match="valid: .*'flip_crop'"):
-        ImageDataModule(dataset="digits", augment="mixup")
+        group(**options)
 
 
 def test_load_image_converts_modes_and_resizes(tmp_path):
@@ -324,7 +348,9 @@ def test_load_image_converts_modes_and_resizes(tmp_path):
     grey = load_image(path, in_channels=1, image_size=12)
     assert grey.mode == "L" and grey.size == (12, 12)
     write_image_folder(tmp_path / "folder", ["cat", "dog"], images_per_class=1)
-    datamodule = ImageDataModule(dataset="image_folder", image_folder=str(tmp_path / "folder"), image_size=12)
+    datamodule = ImageDataModule(
+        source=ImageSource(dataset="image_folder", image_folder=str(tmp_path / "folder")), image_size=12
+    )
     tensor = datamodule.eval_transform()(load_image(path, datamodule.in_channels, datamodule.image_size))
     assert tensor.shape == (3, 12, 12)
 
@@ -344,12 +370,15 @@ def test_cli_parses_the_constructor_arguments():
     jsonargparse = pytest.importorskip("jsonargparse")
     parser = jsonargparse.ArgumentParser()
     parser.add_class_arguments(ImageDataModule, "data")
-    config = parser.parse_args(["--data.dataset=digits", "--data.val_fraction=0.2", "--data.augment=none"])
-    assert config.data.val_fraction == 0.2 and isinstance(config.data.val_fraction, float)
-    parsed = parser.parse_args(["--data.val_size=200"]).data.val_size
+    args = ["--data.source.dataset=digits", "--data.source.val_fraction=0.2", "--data.augment.policy=none"]
+    config = parser.parse_args(args)
+    assert config.data.source.val_fraction == 0.2 and isinstance(config.data.source.val_fraction, float)
+    parsed = parser.parse_args(["--data.source.val_size=200"]).data.source.val_size
     assert parsed == 200 and isinstance(parsed, int)  # a count: never a fraction, whatever the parser's version
     for not_a_count in ("0.2", "200.0"):
         with pytest.raises(SystemExit):
-            parser.parse_args([f"--data.val_size={not_a_count}"])  # a fraction is val_fraction's
+            parser.parse_args([f"--data.source.val_size={not_a_count}"])  # a fraction is val_fraction's
     with pytest.raises(SystemExit):
-        parser.parse_args(["--data.dataset=imagenet"])
+        parser.parse_args(["--data.source.dataset=imagenet"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--data.batch_size=8"])  # the options before the groups: jsonargparse's own error

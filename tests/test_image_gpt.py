@@ -13,7 +13,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from lightformer.cli import cli_main
 from lightformer.commands import probe, sample_images
 from lightformer.data.modules.image_tokens import ImageTokenDataModule
-from lightformer.data.objectives.pixels import PixelTokenizer
+from lightformer.data.modules.images import ImageLoaderConfig, ImageSource
+from lightformer.data.objectives.pixels import PaletteConfig, PixelTokenizer
 from lightformer.models.gpt import GPTConfig
 from lightformer.tasks.image_gpt import ImageGPTTask, bits_per_dim, completion_rows
 from lightformer.tensorboard import image_grid
@@ -33,7 +34,11 @@ def tiny_task(tokenizer: PixelTokenizer, **options) -> ImageGPTTask:
 
 @pytest.fixture(scope="module")
 def digits() -> ImageTokenDataModule:
-    data = ImageTokenDataModule(dataset="digits", palette="kmeans", levels=6, batch_size=16)
+    data = ImageTokenDataModule(
+        source=ImageSource(dataset="digits"),
+        loader=ImageLoaderConfig(batch_size=16),
+        palette=PaletteConfig(kind="kmeans", levels=6),
+    )
     data.setup()
     return data
 
@@ -58,7 +63,9 @@ def test_batches_are_start_then_the_pixels_before_each_target(digits):
 
 
 def test_palette_is_fitted_on_training_pixels_and_downsampling_is_area_averaging():
-    data = ImageTokenDataModule(dataset="digits", palette="uniform", levels=4, image_size=4)
+    data = ImageTokenDataModule(
+        source=ImageSource(dataset="digits"), palette=PaletteConfig(kind="uniform", levels=4), image_size=4
+    )
     assert (data.block_size, data.vocab_size) == (16, 5)
     data.setup()
     assert data.images("test").shape == (270, 1, 4, 4)
@@ -68,16 +75,19 @@ def test_palette_is_fitted_on_training_pixels_and_downsampling_is_area_averaging
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"levels": 1}, "levels=1 must be an integer from 2 to 256"),
-        ({"image_size": 9}, "image_size=9 must be from 1 to 8"),
-        ({"palette": "median"}, "palette='median' is unknown"),
-        ({"dataset": "cifar10", "palette": "uniform", "levels": 32}, "levels=32 gives 32³ = 32768 colours"),
-        ({"dataset": "image_folder"}, "needs image_size"),
+        ({"palette": {"levels": 1}}, "data.palette.levels=1 must be an integer from 2 to 256"),
+        ({"image_size": 9}, "data.image_size=9 must be from 1 to 8"),
+        ({"palette": {"kind": "median"}}, "data.palette.kind='median' is unknown"),
+        (
+            {"source": {"dataset": "cifar10"}, "palette": {"kind": "uniform", "levels": 32}},
+            "levels=32 gives 32³ = 32768 colours",
+        ),
+        ({"source": {"dataset": "image_folder", "image_folder": "."}}, "data.image_size is needed"),
     ],
 )
 def test_bad_data_options_are_refused_naming_them(options, message):
     with pytest.raises(ValueError, match=message):
-        ImageTokenDataModule(**{"dataset": "digits", **options})
+        ImageTokenDataModule(**{"source": {"dataset": "digits"}, **options})
 
 
 # --- the task ------------------------------------------------------------------------------------------------------
@@ -194,7 +204,7 @@ def fitted(tmp_path_factory):
             "--model.num_samples=4",
             "--model.completion_images=2",
             "--model.num_completions=2",
-            "--data.batch_size=32",
+            "--data.loader.batch_size=32",
         ]
     )
     return Path(cli.trainer.logger.log_dir), Path(cli.trainer.checkpoint_callback.last_model_path)
@@ -232,7 +242,7 @@ def test_test_of_the_checkpoint_logs_bits_per_dim_into_its_run(fitted):
             f"--trainer.logger.init_args.save_dir={log_dir.parent.parent}",
             "--trainer.enable_progress_bar=false",
             "--trainer.limit_test_batches=2",
-            "--data.batch_size=32",
+            "--data.loader.batch_size=32",
         ]
     )
     metrics = cli.trainer.callback_metrics

@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lightformer.cli import cli_main, main
 from lightformer.data import ImageDataModule
+from lightformer.data.modules.images import ImageLoaderConfig, ImageSource
 from lightformer.models import ViTConfig
 from lightformer.models.vit import attention_rollout
 from lightformer.tasks import ImageClassificationTask
@@ -81,7 +82,7 @@ def test_checkpoint_is_self_contained(fitted):
 
     task = ImageClassificationTask.load_from_checkpoint(checkpoint).eval()
     assert task.class_names == stored["class_names"]
-    datamodule = ImageDataModule(dataset="digits", batch_size=64)
+    datamodule = ImageDataModule(source=ImageSource(dataset="digits"), loader=ImageLoaderConfig(batch_size=64))
     datamodule.setup()
     images, labels = datamodule.transform_batch(next(iter(datamodule.test_dataloader())), train=False)
     with torch.no_grad():
@@ -95,7 +96,7 @@ def test_checkpoint_is_self_contained(fitted):
 def test_classify_prints_the_classes_of_image_files(fitted, tmp_path, capsys):
     _, checkpoint = fitted
     digits = load_digits()
-    datamodule = ImageDataModule(dataset="digits")
+    datamodule = ImageDataModule(source=ImageSource(dataset="digits"))
     datamodule.setup()
     picks = datamodule.test_dataset.indices[:20]  # images the model never trained on
     paths = []
@@ -124,7 +125,9 @@ def test_classify_prints_the_classes_of_image_files(fitted, tmp_path, capsys):
 
 def test_mixup_and_cutmix_train_on_odd_batches():
     torch.manual_seed(0)
-    datamodule = ImageDataModule(dataset="digits", batch_size=33, image_size=8)
+    datamodule = ImageDataModule(
+        source=ImageSource(dataset="digits"), loader=ImageLoaderConfig(batch_size=33), image_size=8
+    )
     net = ViTConfig(num_classes=10, image_size=8, in_channels=1, patch_size=2, d_model=32, n_layers=1, n_heads=2)
     task = ImageClassificationTask(net=net, mixup=0.8, cutmix=1.0)
     trainer = L.Trainer(
@@ -150,7 +153,7 @@ def test_test_time_flip_averages_the_probabilities_of_an_image_and_its_mirror():
 
 
 def test_mismatched_data_is_refused():
-    datamodule = ImageDataModule(dataset="digits", image_size=8)
+    datamodule = ImageDataModule(source=ImageSource(dataset="digits"), image_size=8)
     net = ViTConfig(num_classes=10, image_size=16, in_channels=1, patch_size=4, d_model=32, n_layers=1, n_heads=2)
     task = ImageClassificationTask(net=net)
     trainer = L.Trainer(fast_dev_run=1, logger=False, enable_progress_bar=False, enable_model_summary=False)

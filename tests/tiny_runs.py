@@ -69,8 +69,8 @@ def task_args(task: str, tmp_path: Path) -> list[str]:
             "--config=configs/vision/vit_digits.yaml",
             "--model.net.dropout=0.1",
             "--model.net.drop_path=0.1",
-            "--data.augment=flip_crop",
-            "--data.val_size=200",
+            "--data.augment.policy=flip_crop",
+            "--data.source.val_size=200",
             *common,
         ]
     if task == "lm":
@@ -151,7 +151,7 @@ def task_args(task: str, tmp_path: Path) -> list[str]:
     if task == "igpt":  # Image GPT on the 8×8 digits
         return [
             "--config=configs/igpt/digits.yaml",
-            "--data.batch_size=128",
+            "--data.loader.batch_size=128",
             "--model.net.n_layers=1",
             "--model.net.d_model=32",
             "--model.net.n_heads=2",

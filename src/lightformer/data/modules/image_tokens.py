@@ -13,18 +13,24 @@ construction, so LightningCLI links them into the GPT (``model.net``). The palet
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import lightning as L
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler
-from lightformer.data.modules.images import DATASET_INFO, DatasetName, ImageDataModule, ImageSubset, collate_images
-from lightformer.data.objectives.pixels import PixelTokenizer, downsample
+from lightformer.data.modules.images import (
+    ImageDataModule,
+    ImageDatasetInfo,
+    ImageLoaderConfig,
+    ImageSource,
+    ImageSubset,
+    collate_images,
+)
+from lightformer.data.objectives.augment import AugmentConfig
+from lightformer.data.objectives.pixels import PaletteConfig, PixelTokenizer, downsample
 
-PaletteName = Literal["uniform", "kmeans"]
 SPLITS = ("train", "val", "test")
 
 # A uniform colour palette has levels³ colours: more than this and the vocabulary (and the GPT's embedding and
@@ -58,34 +64,53 @@ class PixelSequenceDataset(Dataset):
         return self._pairs(self.tokens[torch.as_tensor(indices, dtype=torch.long)])
 
 
+def check_image_size(image_size: int | None, source: ImageSource) -> None:
+    """Refuse an ``image_size`` that Image GPT cannot read ``source`` at: images are only made smaller (by area
+    averaging), and an image folder's files have no common size to default to."""
+    dataset, native = source.dataset, source.info.image_size
+    if image_size is None:
+        if dataset == "image_folder":
+            raise ValueError(
+                "data.image_size is needed with dataset='image_folder' (the side its files are resized to; each "
+                "image is image_size² tokens, e.g. 32 for 1024)"
+            )
+        return
+    if isinstance(image_size, bool) or not isinstance(image_size, int):
+        raise ValueError(f"data.image_size={image_size!r} must be an integer (pixels per side)")
+    if dataset == "image_folder" and image_size < 1:
+        raise ValueError(f"data.image_size={image_size} must be at least 1")
+    if dataset != "image_folder" and not 1 <= image_size <= native:
+        raise ValueError(
+            f"data.image_size={image_size} must be from 1 to {native}, the size of dataset={dataset!r} "
+            "(images are only made smaller, by area averaging)"
+        )
+
+
+def check_palette(palette: PaletteConfig, info: ImageDatasetInfo) -> None:
+    """Refuse a uniform colour palette larger than Image GPT's vocabulary (``MAX_UNIFORM_COLOURS``)."""
+    if palette.kind == "uniform" and info.in_channels == 3 and palette.levels**3 > MAX_UNIFORM_COLOURS:
+        levels = palette.levels
+        raise ValueError(
+            f"data.palette: kind='uniform' with levels={levels} gives {levels}³ = {levels**3} colours for colour "
+            f"images (levels are per channel); use levels <= {round(MAX_UNIFORM_COLOURS ** (1 / 3))}, or "
+            "kind='kmeans' with levels = the number of colours"
+        )
+
+
 class ImageTokenDataModule(L.LightningDataModule):
     """Images as sequences of palette ids for Image GPT: batches (x, y), each ``(batch, image_size²)`` int64.
 
     Args:
-        dataset: which images (as ``ImageDataModule``): "fashion_mnist" (Debian's files, offline, else a
-            download), "mnist", "cifar10" (downloads through torchvision), "digits" (scikit-learn's 8×8 digits,
-            instant), "image_folder" (image files under ``image_folder``).
-        root: directory where torchvision datasets are stored (or downloaded to).
-        download: let torchvision download a dataset missing under ``root`` (needs internet).
-        image_folder: for dataset="image_folder": a folder of class subfolders (optionally under train/, val/,
-            test/), read as RGB; the labels are only used by ``lightformer probe``.
+        source: which images and how they split (``ImageSource``, as ``ImageDataModule``'s); an image folder's
+            labels are only used by ``lightformer probe``.
+        palette: the colours pixels are read as (``PaletteConfig``).
+        loader: batch size, loader workers, pinned memory (``ImageLoaderConfig``; a batch is one slice of a tensor in
+            memory: 0 workers is usually best).
         image_size: side length of the modelled images, at most the dataset's (28 for (fashion_)mnist, 32 for
             cifar10, 8 for digits); smaller sizes are made by area averaging. Each image is ``image_size²``
             tokens, the sequence the GPT reads (its cost grows with the square of that length). None: the
             dataset's size. Required for image folders (their files are resized to it when read).
-        val_size: validation images carved from the training pool (see ``ImageDataModule``); default 5000
-            for fashion_mnist, mnist and cifar10.
-        val_fraction: instead of ``val_size``, the fraction of the pool carved for validation; digits and image
-            folders default to 0.15.
-        palette: "uniform": evenly spaced levels (grey: ``levels`` greys; colour: ``levels`` per channel, all
-            ``levels³`` combinations); "kmeans": the ``levels`` colours of scikit-learn's k-means over the
-            training pixels (seeded by ``seed``), Image GPT's choice, which spends the colours where the
-            pixels are.
-        levels: grey levels or colours of the palette (≥ 2); the vocabulary is the palette plus a start token.
-        batch_size: images per batch, in every split.
-        num_workers: DataLoader worker processes (a batch is one slice of a tensor in memory: 0 is usually best).
         seed: seeds the validation carve, the k-means palette and the training-set shuffling.
-        pin_memory: pin batches in page-locked memory for faster copies to a GPU.
 
     After construction: ``vocab_size``, ``block_size``, ``pixel_tokenizer``, ``resolution`` (pixels per side),
     ``channels`` and ``class_names``; after ``setup``: ``tokens(split)``, ``images(split)`` and ``labels(split)``.
@@ -93,79 +118,30 @@ class ImageTokenDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        dataset: DatasetName = "fashion_mnist",
-        root: str = "data",
-        download: bool = True,
-        image_folder: str | None = None,
+        source: ImageSource = ImageSource(),
+        palette: PaletteConfig = PaletteConfig(),
+        loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=64),
         image_size: int | None = None,
-        val_size: int | None = None,
-        val_fraction: float | None = None,
-        palette: PaletteName = "kmeans",
-        levels: int = 16,
-        batch_size: int = 64,
-        num_workers: int = 0,
         seed: int = 0,
-        pin_memory: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        name = "ImageTokenDataModule"
-        if dataset not in DATASET_INFO:
-            raise ValueError(f"{name}: dataset={dataset!r} is unknown; valid: {list(DATASET_INFO)}")
-        if palette not in get_args(PaletteName):
-            raise ValueError(f"{name}: palette={palette!r} is unknown; valid: {list(get_args(PaletteName))}")
-        if isinstance(levels, bool) or not isinstance(levels, int) or not 2 <= levels <= 256:
-            raise ValueError(f"{name}: levels={levels!r} must be an integer from 2 to 256 (palette colours)")
-        info = DATASET_INFO[dataset]
-        if dataset == "image_folder" and image_size is None:
-            raise ValueError(
-                f"{name}: dataset='image_folder' needs image_size (the side its files are resized to; each image "
-                "is image_size² tokens, e.g. 32 for 1024)"
-            )
-        native = info.image_size
-        if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int)):
-            raise ValueError(f"{name}: image_size={image_size!r} must be an integer (pixels per side)")
-        if image_size is not None and dataset == "image_folder" and image_size < 1:
-            raise ValueError(f"{name}: image_size={image_size} must be at least 1")
-        if image_size is not None and dataset != "image_folder" and not 1 <= image_size <= native:
-            raise ValueError(
-                f"{name}: image_size={image_size} must be from 1 to {native}, the size of dataset={dataset!r} "
-                "(images are only made smaller, by area averaging)"
-            )
-        channels = info.in_channels
-        if palette == "uniform" and channels == 3 and levels**3 > MAX_UNIFORM_COLOURS:
-            raise ValueError(
-                f"{name}: palette='uniform' with levels={levels} gives {levels}³ = {levels**3} colours for "
-                f"the colour images of dataset={dataset!r} (levels are per channel); use levels <= "
-                f"{round(MAX_UNIFORM_COLOURS ** (1 / 3))}, or palette='kmeans' with levels = the number of colours"
-            )
-        if batch_size < 1:
-            raise ValueError(f"{name}: batch_size={batch_size} must be at least 1")
-        # The splits, as uint8 images at their native size (image folders: at image_size, read that way).
-        self.images_data = ImageDataModule(
-            dataset=dataset,
-            root=root,
-            download=download,
-            image_folder=image_folder,
-            image_size=image_size if dataset == "image_folder" else None,
-            val_size=val_size,
-            val_fraction=val_fraction,
-            batch_size=batch_size,
-            num_workers=0,
-            augment="none",
-            seed=seed,
-        )
-        self.dataset_name = dataset
-        # Not named image_size / in_channels: the CLI links data attributes of those names into model.net.
-        self.resolution = native if image_size is None else image_size
-        self.channels = channels
-        self.class_names = self.images_data.class_names
-        self.palette_name = palette
-        self.levels = levels
-        self.batch_size = batch_size
-        self.num_workers = num_workers
+        self.source = as_config(ImageSource, source)
+        self.palette_config = as_config(PaletteConfig, palette)
+        self.loader = as_config(ImageLoaderConfig, loader)
         self.seed = seed
-        self.pin_memory = pin_memory
+        check_image_size(image_size, self.source)
+        check_palette(self.palette_config, self.source.info)
+        is_folder = self.source.dataset == "image_folder"
+        # The splits, as uint8 images at their native size (image folders: at image_size, read that way).
+        loader = ImageLoaderConfig(batch_size=self.loader.batch_size)
+        self.images_data = ImageDataModule(
+            self.source, AugmentConfig(policy="none"), loader, image_size if is_folder else None, seed
+        )
+        # Not named image_size / in_channels: the CLI links data attributes of those names into model.net.
+        self.resolution = self.source.info.image_size if image_size is None else image_size
+        self.channels = self.source.info.in_channels
+        self.class_names = self.images_data.class_names
         self._pixel_tokenizer: PixelTokenizer | None = None
         self._images: dict[str, Tensor] = {}  # uint8 (N, C, S, S) at image_size, before quantising
         self._labels: dict[str, Tensor] = {}
@@ -187,18 +163,17 @@ class ImageTokenDataModule(L.LightningDataModule):
     def pixel_tokenizer(self) -> PixelTokenizer:
         """The palette and its ids; a k-means palette is fitted on the training images on first use."""
         if self._pixel_tokenizer is None:
-            if self.palette_name == "uniform":
-                self._pixel_tokenizer = PixelTokenizer.uniform(self.levels, self.resolution, self.channels)
+            levels = self.palette_config.levels
+            if self.palette_config.kind == "uniform":
+                self._pixel_tokenizer = PixelTokenizer.uniform(levels, self.resolution, self.channels)
             else:
                 self._read_images()
                 try:
                     self._pixel_tokenizer = PixelTokenizer.fit_kmeans(
-                        self._images["train"], self.levels, self.resolution, seed=self.seed
+                        self._images["train"], levels, self.resolution, seed=self.seed
                     )
                 except ValueError as error:  # fewer distinct colours than levels
-                    raise ValueError(
-                        f"ImageTokenDataModule: palette='kmeans' with levels={self.levels}: {error}"
-                    ) from None
+                    raise ValueError(f"data.palette: kind='kmeans' with levels={levels}: {error}") from None
         return self._pixel_tokenizer
 
     # --- reading and encoding ---------------------------------------------------------------------------------
@@ -225,8 +200,8 @@ class ImageTokenDataModule(L.LightningDataModule):
                 labels = torch.as_tensor([int(label) for _, label in items], dtype=torch.long)
             if len(images) == 0:
                 raise ValueError(
-                    f"ImageTokenDataModule: the {split} split of dataset={self.dataset_name!r} is empty; "
-                    "change val_size / val_fraction or add images"
+                    f"ImageTokenDataModule: the {split} split of dataset={self.source.dataset!r} is empty; "
+                    "change data.source.val_size / val_fraction or add images"
                 )
             if images.shape[-1] != self.resolution:
                 images = downsample(images.contiguous(), self.resolution)
@@ -269,12 +244,12 @@ class ImageTokenDataModule(L.LightningDataModule):
         dataset = PixelSequenceDataset(self._tokens[split], self.pixel_tokenizer.start_id)
         return DataLoader(
             dataset,
-            batch_size=self.batch_size,
+            batch_size=self.loader.batch_size,
             sampler=EpochShuffleSampler(len(dataset), self.seed) if shuffle else evaluation_sampler(dataset),
             collate_fn=collate_images,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.num_workers > 0,
+            num_workers=self.loader.num_workers,
+            pin_memory=self.loader.pin_memory,
+            persistent_workers=self.loader.num_workers > 0,
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 import lightning as L
 import numpy as np
@@ -44,15 +44,21 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
+from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler
-from lightformer.data.objectives.augment import normalize, random_crop, random_erasing, random_horizontal_flip
+from lightformer.data.objectives.augment import (
+    AugmentConfig,
+    normalize,
+    random_crop,
+    random_erasing,
+    random_horizontal_flip,
+)
 from lightformer.data.preparation.caching import content_hash, write_json
 from lightformer.data.raw.corpora import DEBIAN_FASHION_MNIST_DIR, install_debian_fashion_mnist
 from lightformer.data.raw.image_files import ImageFileDataset, load_image, read_image_folder_layout
 from lightformer.errors import ConfigError
 
 DatasetName = Literal["fashion_mnist", "mnist", "cifar10", "digits", "image_folder"]
-AugmentName = Literal["none", "flip", "flip_crop", "trivialaugment", "randaugment"]
 
 # Fraction of the pool carved off as the test set when a dataset has no test split of its own, and the
 # constant seed of that carve: the test set must not change with `seed`.
@@ -153,18 +159,94 @@ def load_digits_as_images() -> TensorDataset:
     return TensorDataset(torch.from_numpy(pixels).unsqueeze(1), torch.from_numpy(digits.target).long())
 
 
-def resolve_val_count(val_size: int | None, val_fraction: float | None, pool_size: int, source: str) -> int:
-    """Number of validation images to carve from a pool of ``pool_size`` images; ``source`` names the data."""
-    if val_fraction is not None:
-        if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"val_fraction={val_fraction} is invalid for {source}: a fraction must be in [0, 1)")
-        return round(val_fraction * pool_size)
-    if not 0 <= val_size < pool_size:
-        raise ValueError(
-            f"val_size={val_size} is invalid for {source}: the training pool it is carved from has {pool_size} "
-            f"images; give a count in [0, {pool_size}), or val_fraction in [0, 1)"
-        )
-    return val_size
+@dataclass(frozen=True)
+class ImageSource:
+    """Which images, and how their training pool splits (``data.source``): shared by ``ImageDataModule`` and
+    ``ImageTokenDataModule``.
+
+    Args:
+        dataset: "fashion_mnist" reads Debian's dataset-fashion-mnist package offline, else downloads; "mnist" and
+            "cifar10" download through torchvision; "digits" is scikit-learn's 8×8 digits (instant, for tests);
+            "image_folder" reads image files from ``image_folder``.
+        root: directory where torchvision datasets are stored (or downloaded to).
+        download: let torchvision download a dataset missing under ``root`` (needs internet).
+        image_folder: for dataset="image_folder": a folder with train/ and optionally val/ and test/, each holding one
+            subfolder of images per class; or the class subfolders directly. Split folders that are missing are
+            carved from the training images.
+        val_size: validation images carved from the training pool (a count), with a random split seeded by the data's
+            ``seed``. Default: 5000 for fashion_mnist, mnist and cifar10; for digits and image folders
+            ``val_fraction`` 0.15. Ignored when an image folder has its own val/.
+        val_fraction: instead of ``val_size``, the fraction of the pool carved for validation, in [0, 1).
+            Digits with the defaults: 1298 train, 229 val, 270 test (a fixed 15% carve).
+    """
+
+    dataset: DatasetName = "fashion_mnist"
+    root: str = "data"
+    download: bool = True
+    image_folder: str | None = None
+    val_size: int | None = None
+    val_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASET_INFO:
+            raise ValueError(f"data.source.dataset={self.dataset!r} is unknown; valid: {list(DATASET_INFO)}")
+        if self.image_folder is not None and self.dataset != "image_folder":
+            raise ValueError(
+                f"data.source.image_folder={self.image_folder!r} is only read with dataset='image_folder', "
+                f"not dataset={self.dataset!r}"
+            )
+        if self.val_size is not None and self.val_fraction is not None:
+            raise ValueError(
+                f"data.source: give val_size (a count, here {self.val_size}) or val_fraction (here "
+                f"{self.val_fraction}), not both"
+            )
+        if self.val_fraction is not None and not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"data.source.val_fraction={self.val_fraction} must be in [0, 1)")
+        if self.val_size is not None and self.val_size < 0:
+            raise ValueError(f"data.source.val_size={self.val_size} must be at least 0 (a count of images)")
+        if self.info.train_pool_size is not None:  # fail at construction, not after the model is built
+            self.val_count(self.info.train_pool_size)
+
+    @property
+    def info(self) -> ImageDatasetInfo:
+        return DATASET_INFO[self.dataset]
+
+    def val_count(self, pool_size: int) -> int:
+        """Number of validation images to carve from a pool of ``pool_size`` images (the dataset's default where
+        neither ``val_size`` nor ``val_fraction`` is given)."""
+        val_size, val_fraction = self.val_size, self.val_fraction
+        if val_size is None and val_fraction is None:
+            val_size, val_fraction = self.info.default_val_size, self.info.default_val_fraction
+        if val_fraction is not None:
+            return round(val_fraction * pool_size)
+        if val_size >= pool_size:
+            raise ValueError(
+                f"data.source.val_size={val_size} is invalid for {self.dataset}: the training pool it is carved from "
+                f"has {pool_size} images; give a count in [0, {pool_size}), or val_fraction in [0, 1)"
+            )
+        return val_size
+
+
+@dataclass(frozen=True)
+class ImageLoaderConfig:
+    """How image batches are loaded (``data.loader``).
+
+    Args:
+        batch_size: images per batch, in every split.
+        num_workers: DataLoader worker processes; 0 loads in the main process (for in-memory datasets a batch is one
+            slice of a tensor: workers only help image folders and TrivialAugment / RandAugment).
+        pin_memory: pin batches in page-locked memory for faster copies to a GPU.
+    """
+
+    batch_size: int = 128
+    num_workers: int = 0
+    pin_memory: bool = False
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"data.loader.batch_size={self.batch_size} must be at least 1")
+        if self.num_workers < 0:
+            raise ValueError(f"data.loader.num_workers={self.num_workers} must be at least 0")
 
 
 def carve_splits(
@@ -308,99 +390,40 @@ class ImageDataModule(L.LightningDataModule):
     normalised (and for training augmented) float32 once on the device.
 
     Args:
-        dataset: which data. "fashion_mnist" reads Debian's dataset-fashion-mnist package offline, else
-            downloads; "mnist" and "cifar10" download through torchvision; "digits" is scikit-learn's
-            8×8 digits (instant, for tests); "image_folder" reads image files from ``image_folder``.
-        root: directory where torchvision datasets are stored (or downloaded to), and where an image folder's
-            files found readable are remembered (``image_checks/``) so that a later run does not decode them again.
-        download: let torchvision download a dataset missing under ``root`` (needs internet).
-        image_folder: for dataset="image_folder": a folder with train/ and optionally val/ and test/,
-            each holding one subfolder of images per class; or the class subfolders directly. Split
-            folders that are missing are carved from the training images. Images are read as RGB.
+        source: which images and how they split (``ImageSource``).
+        augment: the training set's augmentation (``AugmentConfig``).
+        loader: batch size, loader workers, pinned memory (``ImageLoaderConfig``).
         image_size: side length images are resized to (square); None: the dataset's native size
             (28 for (fashion_)mnist, 32 for cifar10, 8 for digits, 224 for image folders).
-        val_size: validation images carved from the training pool (a count), with a random split seeded by
-            ``seed``. Default: 5000 for fashion_mnist, mnist and cifar10; for digits and image folders
-            ``val_fraction`` 0.15. Ignored when an image folder has its own val/.
-        val_fraction: instead of ``val_size``, the fraction of the pool carved for validation, in [0, 1).
-            Digits with the defaults: 1298 train, 229 val, 270 test (a fixed 15% carve).
-        batch_size: images per batch, in every split.
-        num_workers: DataLoader worker processes; 0 loads in the main process (for in-memory datasets a batch
-            is one slice of a tensor: workers only help image folders and TrivialAugment / RandAugment).
-        augment: training-set augmentation: "none"; "flip" (horizontal flips; not for mnist and digits, whose
-            flipped digits are not digits); "flip_crop" (random crop after padding by image_size // 7 pixels,
-            plus horizontal flips except for mnist and digits); "trivialaugment" (TrivialAugmentWide);
-            "randaugment" (RandAugment). Flips and crops run per image on the training device.
-        random_erasing: the probability that a training image has one random rectangle (2% to 33% of its area)
-            replaced by noise after normalisation (Zhong et al. 2020; timm's ``--reprob`` with ``--remode pixel``),
-            in [0, 1]; 0: none. Combines with every ``augment``.
         seed: seeds the validation carve and the training-set shuffling.
-        pin_memory: pin batches in page-locked memory for faster copies to a GPU.
     """
 
     def __init__(
         self,
-        dataset: DatasetName = "fashion_mnist",
-        root: str = "data",
-        download: bool = True,
-        image_folder: str | None = None,
+        source: ImageSource = ImageSource(),
+        augment: AugmentConfig = AugmentConfig(),
+        loader: ImageLoaderConfig = ImageLoaderConfig(),
         image_size: int | None = None,
-        val_size: int | None = None,
-        val_fraction: float | None = None,
-        batch_size: int = 128,
-        num_workers: int = 0,
-        augment: AugmentName = "flip_crop",
-        random_erasing: float = 0.0,
         seed: int = 0,
-        pin_memory: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        if dataset not in DATASET_INFO:
-            raise ValueError(f"ImageDataModule: dataset={dataset!r} is unknown; valid: {list(DATASET_INFO)}")
-        if augment not in get_args(AugmentName):
-            valid = list(get_args(AugmentName))
-            raise ValueError(f"ImageDataModule: augment={augment!r} is unknown; valid: {valid}")
-        if image_folder is not None and dataset != "image_folder":
-            raise ValueError(
-                f"ImageDataModule: image_folder={image_folder!r} is only read with dataset='image_folder', "
-                f"not dataset={dataset!r}"
-            )
-        if val_size is not None and val_fraction is not None:
-            raise ValueError(
-                f"ImageDataModule: give val_size (a count, here {val_size}) or val_fraction (here {val_fraction}), "
-                "not both"
-            )
-        for name, value, minimum in (("image_size", image_size, 1), ("batch_size", batch_size, 1)):
-            if value is not None and value < minimum:
-                raise ValueError(f"ImageDataModule: {name}={value} must be at least {minimum}")
-        if num_workers < 0:
-            raise ValueError(f"ImageDataModule: num_workers={num_workers} must be at least 0")
-        if not 0.0 <= random_erasing <= 1.0:
-            raise ValueError(f"ImageDataModule: random_erasing={random_erasing} is a probability, in [0, 1]")
-        info = DATASET_INFO[dataset]
-        self.info = info
-        if augment == "flip" and not info.horizontal_flip:
-            raise ValueError(
-                f"ImageDataModule: augment='flip' does not suit dataset={dataset!r}: a mirrored image does not keep "
-                "its label there; use 'none', 'flip_crop' (crops only, for this dataset) or 'trivialaugment'"
-            )
-        self.dataset_name = dataset
-        self.root = root
-        self.download = download
-        if val_size is None and val_fraction is None:
-            val_size, val_fraction = info.default_val_size, info.default_val_fraction
-        self.val_size, self.val_fraction = val_size, val_fraction
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.augment = augment
-        self.random_erasing = random_erasing
+        self.source = as_config(ImageSource, source)
+        self.augment = as_config(AugmentConfig, augment)
+        self.loader = as_config(ImageLoaderConfig, loader)
         self.seed = seed
-        self.pin_memory = pin_memory
-
+        self.info = info = self.source.info
+        if self.augment.policy == "flip" and not info.horizontal_flip:
+            raise ValueError(
+                f"data.augment.policy='flip' does not suit dataset={self.source.dataset!r}: a mirrored image does not "
+                "keep its label there; use 'none', 'flip_crop' (crops only, for this dataset) or 'trivialaugment'"
+            )
+        if image_size is not None and image_size < 1:
+            raise ValueError(f"data.image_size={image_size} must be at least 1")
         self.in_channels = info.in_channels
         self.image_size = info.image_size if image_size is None else image_size
-        self.folder_layout = read_image_folder_layout(image_folder) if dataset == "image_folder" else None
+        is_folder = self.source.dataset == "image_folder"
+        self.folder_layout = read_image_folder_layout(self.source.image_folder) if is_folder else None
         self.class_names = self.folder_layout.class_names if self.folder_layout else list(info.class_names)
         self.num_classes = len(self.class_names)
         if self.num_classes < 2:
@@ -408,14 +431,9 @@ class ImageDataModule(L.LightningDataModule):
                 f"image_folder: {self.folder_layout.train_dir} has {self.num_classes} class folder "
                 f"({', '.join(self.class_names)}); classification needs at least 2"
             )
-
-        if info.train_pool_size is not None:  # fail at construction, not after the model is built
-            resolve_val_count(self.val_size, self.val_fraction, info.train_pool_size, dataset)
         self.normalize_mean, self.normalize_std = info.mean, info.std
-        self.train_dataset: ImageSubset | None = None
-        self.val_dataset: ImageSubset | None = None
-        self.test_dataset: ImageSubset | None = None
-        if dataset == "digits":  # statistics of the training split: instant for 1,797 tiny images
+        self.train_dataset = self.val_dataset = self.test_dataset = None
+        if self.source.dataset == "digits":  # statistics of the training split: instant for 1,797 tiny images
             self.setup()
             pixels = self.train_dataset.source.tensors[0][self.train_dataset.indices].float() / 255
             self.normalize_mean, self.normalize_std = (pixels.mean().item(),), (pixels.std().item(),)
@@ -424,26 +442,25 @@ class ImageDataModule(L.LightningDataModule):
 
     def _load_torchvision(self, train: bool) -> TensorDataset:
         """The official train or test split of fashion_mnist, mnist or cifar10, as uint8 images and labels."""
-        dataset_class = TORCHVISION_DATASETS[self.dataset_name]
-        found_offline = self.dataset_name == "fashion_mnist" and install_debian_fashion_mnist(self.root)
+        name, root, download = self.source.dataset, self.source.root, self.source.download
+        found_offline = name == "fashion_mnist" and install_debian_fashion_mnist(root)
         try:
-            dataset = dataset_class(self.root, train=train, download=self.download and not found_offline)
+            dataset = TORCHVISION_DATASETS[name](root, train=train, download=download and not found_offline)
         except (RuntimeError, OSError) as error:
-            if self.download:
+            if download:
                 online = "torchvision's download failed: is there an internet connection?"
             else:
-                online = "With internet, set download=True to let torchvision download it."
-            if self.dataset_name == "fashion_mnist":
+                online = "With internet, set data.source.download=true to let torchvision download it."
+            if name == "fashion_mnist":
                 offline = (
                     f"Offline: `apt-get install dataset-fashion-mnist` puts the files in "
                     f"{DEBIAN_FASHION_MNIST_DIR}, from where they are copied automatically."
                 )
             else:
-                folder = Path(self.root) / TORCHVISION_FOLDERS[self.dataset_name]
-                offline = f"Offline: put the files torchvision downloads into {folder}/."
-            raise RuntimeError(
-                f"Could not load {self.dataset_name} under root={self.root!r}: {error}\n{online}\n{offline}"
-            ) from error
+                offline = (
+                    f"Offline: put the files torchvision downloads into {Path(root) / TORCHVISION_FOLDERS[name]}/."
+                )
+            raise RuntimeError(f"Could not load {name} under root={root!r}: {error}\n{online}\n{offline}") from error
         images = torch.as_tensor(dataset.data)
         images = images[:, None] if images.ndim == 3 else images.permute(0, 3, 1, 2)  # CIFAR: (N, H, W, C)
         return TensorDataset(images.contiguous(), torch.as_tensor(dataset.targets, dtype=torch.long))
@@ -456,7 +473,7 @@ class ImageDataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         """Fetch a torchvision dataset (copy or download) once, before ``setup`` runs in every process."""
-        if self.dataset_name in TORCHVISION_DATASETS:
+        if self.source.dataset in TORCHVISION_DATASETS:
             self._load_torchvision(train=True)
             self._load_torchvision(train=False)
 
@@ -465,10 +482,10 @@ class ImageDataModule(L.LightningDataModule):
         if self.train_dataset is not None:
             return
         val_source = test_source = None
-        if self.dataset_name in TORCHVISION_DATASETS:
+        if self.source.dataset in TORCHVISION_DATASETS:
             pool = self._resized(self._load_torchvision(train=True))
             test_source = self._resized(self._load_torchvision(train=False))
-        elif self.dataset_name == "digits":
+        elif self.source.dataset == "digits":
             pool = self._resized(load_digits_as_images())
         else:
             layout = self.folder_layout
@@ -478,7 +495,7 @@ class ImageDataModule(L.LightningDataModule):
                     directory, layout.class_names, self.in_channels, self.image_size, require_every_class
                 )
                 paths = [path for path, _ in found.samples]
-                check_image_files(paths, directory, self.in_channels, Path(self.root) / IMAGE_CHECKS_FOLDER)
+                check_image_files(paths, directory, self.in_channels, Path(self.source.root) / IMAGE_CHECKS_FOLDER)
                 return found
 
             pool = read_folder(layout.train_dir, require_every_class=True)
@@ -490,7 +507,7 @@ class ImageDataModule(L.LightningDataModule):
         train_indices, val_indices, test_indices = carve_splits(
             len(pool),
             carve_test=test_source is None,
-            val_count_of=lambda size: resolve_val_count(self.val_size, self.val_fraction, size, self.dataset_name),
+            val_count_of=self.source.val_count,
             carve_val=val_source is None,
             seed=self.seed,
         )
@@ -508,21 +525,21 @@ class ImageDataModule(L.LightningDataModule):
 
     def _per_image_augmentation(self) -> v2.Transform | None:
         """TrivialAugment or RandAugment, which run in the loader on each uint8 image; None otherwise."""
-        return {"trivialaugment": v2.TrivialAugmentWide(), "randaugment": v2.RandAugment()}.get(self.augment)
+        return {"trivialaugment": v2.TrivialAugmentWide(), "randaugment": v2.RandAugment()}.get(self.augment.policy)
 
     def transform_batch(self, batch: tuple[Tensor, Tensor], train: bool) -> tuple[Tensor, Tensor]:
-        """uint8 images ``(batch, C, S, S)`` and labels → normalised float32 images (training: flipped and
-        cropped per ``augment`` first, erased per ``random_erasing`` after, each image with its own random draw)
-        and the labels."""
+        """uint8 images ``(batch, C, S, S)`` and labels → normalised float32 images (training: flipped and cropped
+        per ``augment.policy`` first, erased per ``augment.random_erasing`` after, each image with its own random
+        draw) and the labels."""
         images, labels = batch
-        if train and self.augment in ("flip", "flip_crop"):
-            if self.augment == "flip_crop":
+        if train and self.augment.policy in ("flip", "flip_crop"):
+            if self.augment.policy == "flip_crop":
                 images = random_crop(images, padding=max(1, self.image_size // 7))
             if self.info.horizontal_flip:
                 images = random_horizontal_flip(images)
         images = normalize(images, self.normalize_mean, self.normalize_std)
-        if train and self.random_erasing > 0:
-            images = random_erasing(images, self.random_erasing)
+        if train and self.augment.random_erasing > 0:
+            images = random_erasing(images, self.augment.random_erasing)
         return images, labels
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
@@ -548,12 +565,12 @@ class ImageDataModule(L.LightningDataModule):
             raise RuntimeError(f"ImageDataModule.{split}_dataloader() needs setup() to have run first")
         return DataLoader(
             dataset,
-            batch_size=self.batch_size,
+            batch_size=self.loader.batch_size,
             sampler=EpochShuffleSampler(len(dataset), self.seed) if shuffle else evaluation_sampler(dataset),
             collate_fn=collate_images,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.num_workers > 0,
+            num_workers=self.loader.num_workers,
+            pin_memory=self.loader.pin_memory,
+            persistent_workers=self.loader.num_workers > 0,
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -10,9 +10,37 @@ come from the device's default generator, which ``RandomStateCheckpoint`` saves,
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
+
+AugmentName = Literal["none", "flip", "flip_crop", "trivialaugment", "randaugment"]
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """How training images are augmented (``data.augment``); validation and test images never are.
+
+    Args:
+        policy: "none"; "flip" (horizontal flips; not for mnist and digits, whose flipped digits are not digits);
+            "flip_crop" (random crop after padding by image_size // 7 pixels, plus horizontal flips except for mnist
+            and digits); "trivialaugment" (TrivialAugmentWide); "randaugment" (RandAugment). Flips and crops run per
+            image on the training device; TrivialAugment and RandAugment per uint8 image in the loader.
+        random_erasing: the probability that a training image has one random rectangle (2% to 33% of its area)
+            replaced by noise after normalisation (Zhong et al. 2020; timm's ``--reprob`` with ``--remode pixel``),
+            in [0, 1]; 0: none. Combines with every ``policy``.
+    """
+
+    policy: AugmentName = "flip_crop"
+    random_erasing: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in get_args(AugmentName):
+            raise ValueError(f"data.augment.policy={self.policy!r} is unknown; valid: {list(get_args(AugmentName))}")
+        if not 0.0 <= self.random_erasing <= 1.0:
+            raise ValueError(f"data.augment.random_erasing={self.random_erasing} is a probability, in [0, 1]")
 
 
 def random_horizontal_flip(images: Tensor) -> Tensor:

@@ -11,7 +11,8 @@ in RGB (or grey), computed exactly; ties go to the lowest id. The palette travel
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -31,6 +32,30 @@ _KMEANS_N_INIT = 3
 _DICT_FORMAT = "lightformer.PixelTokenizer"
 _DICT_VERSION = 1
 _DICT_KEYS = ("format", "version", "palette", "image_size", "channels")
+
+
+PaletteName = Literal["uniform", "kmeans"]
+
+
+@dataclass(frozen=True)
+class PaletteConfig:
+    """The colours pixels are read as (``data.palette``): the vocabulary of an Image GPT is these plus a start token.
+
+    Args:
+        kind: "uniform": evenly spaced levels (grey: ``levels`` greys; colour: ``levels`` per channel, all ``levels³``
+            combinations); "kmeans": the ``levels`` colours of scikit-learn's k-means over the training pixels (seeded
+            by the data's ``seed``), Image GPT's choice, which spends the colours where the pixels are.
+        levels: grey levels or colours of the palette, from 2 to 256.
+    """
+
+    kind: PaletteName = "kmeans"
+    levels: int = 16
+
+    def __post_init__(self) -> None:
+        if self.kind not in get_args(PaletteName):
+            raise ValueError(f"data.palette.kind={self.kind!r} is unknown; valid: {list(get_args(PaletteName))}")
+        if isinstance(self.levels, bool) or not isinstance(self.levels, int) or not 2 <= self.levels <= 256:
+            raise ValueError(f"data.palette.levels={self.levels!r} must be an integer from 2 to 256 (palette colours)")
 
 
 def _describe(value: Any) -> str:
