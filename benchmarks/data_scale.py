@@ -101,6 +101,7 @@ def main() -> None:
                 ["-m", "lightformer", "prepare", *data_args(corpus, prepared, options.tokenizer, workers)]
             )
             row[f"prepare_s_{workers}w"], row[f"prepare_rss_gb_{workers}w"] = round(wall, 1), round(rss, 2)
+            print(json.dumps(row), flush=True)  # so far: a later step that fails leaves these figures
             folder = out.strip().removeprefix("prepared: ")
             if workers != options.workers[-1]:
                 shutil.rmtree(prepared)  # one prepared copy on disk at a time (4 GB of text: 8 GB of char shards)
