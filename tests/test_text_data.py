@@ -216,7 +216,9 @@ def test_the_tokenizer_trains_on_a_bounded_sample_of_every_piece(tmp_path, monke
     monkeypatch.setattr(Tokenizer, "train_char", spy)
     source = TextSource(train_files=[str(big)], val_fraction=0.0)
     num_pieces = len(source.pieces()["train"])
-    prepared = prepare_text(source, TokenizerConfig(sample_bytes=20_000), tmp_path / "prepared", num_workers=2)
+    prepared = prepare_text(
+        source, TokenizerConfig(sample_bytes=20_000), PrepareConfig(str(tmp_path / "prepared"), num_workers=2)
+    )
     assert num_pieces == 10 and len(sampled) == num_pieces  # a part of every piece
     assert all(0 < len(text) <= 20_000 // num_pieces and text.endswith("\n") for text in sampled)
     assert sampled[-1].startswith("line 18")  # the sample reaches the end of the corpus

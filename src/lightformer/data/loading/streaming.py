@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+from litdata.streaming.resolver import Dir
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from lightformer.data.preparation.prepare import LENGTHS
@@ -56,7 +57,7 @@ def as_pair(window: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def training_loader(
-    split_dir: str, block_size: int, loader: LoaderConfig, seed: int, epoch: Callable[[], int] | None = None
+    split_dir: str | Dir, block_size: int, loader: LoaderConfig, seed: int, epoch: Callable[[], int] | None = None
 ) -> StreamingDataLoader:
     """Shuffled training windows of a prepared split, a rank's share of them, with a resumable position; ``epoch``
     gives the number of epochs done (Lightning's), which picks the next epoch's order."""
@@ -119,6 +120,11 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
             self.restore = False
 
 
+def local_folder(split_dir: str | Dir) -> Path:
+    """The local folder of a split: itself, or where a split in an object store keeps its index and its lengths."""
+    return Path(split_dir.path if isinstance(split_dir, Dir) else split_dir)
+
+
 class Windows(Dataset):
     """Every window of ``window`` token ids of a prepared split, in order, by index (int64 arrays): map-style, so a
     sampler decides which rank reads which. Windows do not cross a shard, as the training windows'.
@@ -126,10 +132,10 @@ class Windows(Dataset):
     The streaming dataset behind it opens on first use, so a copy sent to a loader worker carries only the path.
     """
 
-    def __init__(self, split_dir: str, window: int) -> None:
+    def __init__(self, split_dir: str | Dir, window: int) -> None:
         self.split_dir = split_dir
         self.window = window
-        chunks = json.loads((Path(split_dir) / "index.json").read_text())["chunks"]
+        chunks = json.loads((local_folder(split_dir) / "index.json").read_text())["chunks"]
         self.length = sum(chunk["dim"] // window for chunk in chunks)  # TokensLoader's count of windows
         self._dataset: StreamingDataset | None = None
 
@@ -150,7 +156,7 @@ class Windows(Dataset):
 class EvaluationWindows(Windows):
     """Every (x, y) pair of a prepared split, in order, by index: windows of ``block_size + 1`` ids (``as_pair``)."""
 
-    def __init__(self, split_dir: str, block_size: int) -> None:
+    def __init__(self, split_dir: str | Dir, block_size: int) -> None:
         super().__init__(split_dir, block_size + 1)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,9 +191,9 @@ class Records(Dataset):
     The dataset opens on first use, so a copy sent to a loader worker carries only the path.
     """
 
-    def __init__(self, split_dir: str) -> None:
+    def __init__(self, split_dir: str | Dir) -> None:
         self.split_dir = split_dir
-        self.lengths = np.load(Path(split_dir) / LENGTHS, mmap_mode="r")  # records × length fields, not read yet
+        self.lengths = np.load(local_folder(split_dir) / LENGTHS, mmap_mode="r")  # records × fields, not read yet
         self._dataset: StreamingDataset | None = None
 
     def __len__(self) -> int:

@@ -70,8 +70,7 @@ class TextDataModule(L.LightningDataModule):
     def prepared(self) -> PreparedText:
         """The prepared tokenizer and shards, prepared on first use (once per job: see ``data.prepare``)."""
         if self._prepared is None:
-            config = self.prepare_config
-            self._prepared = prepare_text(self.source, self.tokenizer_config, config.dir, config.num_workers)
+            self._prepared = prepare_text(self.source, self.tokenizer_config, self.prepare_config)
         return self._prepared
 
     @property

@@ -11,7 +11,13 @@ atomically: a folder without it is half-written (a killed run) and is prepared a
 
 **Once per job.** The process that takes ``<folder>.lock`` prepares; every other process of the job (DDP ranks, a
 torchrun or srun launch on several nodes sharing a file system) waits on the lock, then finds the folder complete.
-Nodes without a shared file system each prepare their own copy.
+Nodes without a shared file system each prepare their own copy, or share one in an object store.
+
+**Object stores.** ``dir`` may be an ``s3://``, ``gs://`` or ``r2://`` URL (the stores LitData reads and writes;
+credentials and endpoints from the usual environment variables, e.g. ``AWS_ENDPOINT_URL`` for an S3-compatible
+store). The job's global rank 0 prepares into ``cache_dir`` as above, then uploads the folder, ``prepared.json``
+last; every other process waits for that file. Each node mirrors the small files (manifest, tokenizer, indexes,
+lengths) into its ``cache_dir``; LitData downloads the shards there as they are read.
 
 **Streaming.** Each split is a LitData dataset of token ids (``TokensLoader``: documents joined in one stream), which
 ``StreamingDataset`` reads as windows of any length without preparing again.
@@ -29,12 +35,14 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache, partial
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 import numpy as np
 from filelock import FileLock
 from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch.utilities import rank_zero_info
 from litdata import TokensLoader, optimize
+from litdata.streaming.resolver import Dir
 
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
 from lightformer.data.preparation.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer, token_dtype
@@ -48,6 +56,8 @@ CHUNK_BYTES = "64MB"
 # A tokenizer trains on at most this many bytes of text by default, taken evenly from every piece of the corpus.
 SAMPLE_BYTES = 64_000_000
 LENGTHS = "lengths.npy"  # a records folder's field lengths (``write_records``)
+REMOTE_SCHEMES = ("s3", "gs", "r2")  # the object stores LitData reads and writes (``litdata.streaming.fs_provider``)
+REMOTE_WAIT_S = 5.0  # how often a process that does not prepare looks for the object store's ``prepared.json``
 
 
 @dataclass(frozen=True)
@@ -56,16 +66,25 @@ class PrepareConfig:
 
     Args:
         dir: the folder that holds prepared data: one subfolder per source and tokenizer, reused while they are
-            unchanged.
+            unchanged. Or an object-store URL (``s3://bucket/prefix``, ``gs://``, ``r2://``): prepared once by the
+            job's rank 0, uploaded, and streamed from there by every node.
         num_workers: parallel encoding processes; default: every core.
+        cache_dir: for an object-store ``dir``: the local folder where rank 0 prepares before uploading, and where
+            every node keeps the small files and the shards LitData downloads as it reads them.
     """
 
     dir: str = "data/prepared"
     num_workers: int | None = None
+    cache_dir: str = "data/prepared-cache"
 
     def __post_init__(self) -> None:
         if self.num_workers is not None and self.num_workers < 1:
             raise ValueError(f"data.prepare.num_workers={self.num_workers} must be at least 1, or null for every core")
+        scheme = urlparse(self.dir).scheme
+        if "://" in self.dir and scheme not in REMOTE_SCHEMES:
+            valid = ", ".join(f"{name}://" for name in REMOTE_SCHEMES)
+            raise ValueError(f"data.prepare.dir={self.dir!r}: {scheme}:// is not a store LitData writes; valid: a "
+                             f"local folder, or {valid}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -127,8 +146,12 @@ class PreparedText:
     def num_tokens(self, split: str) -> int:
         return self.manifest["tokens"].get(split, 0)
 
-    def split_dir(self, split: str) -> str:
-        """The split's LitData folder, its chunk files checked: a missing or cut-short shard is named here."""
+    def split_dir(self, split: str) -> str | Dir:
+        """The split's LitData folder, its chunk files checked (a missing or cut-short shard is named here); for a
+        folder in an object store, the local mirror and the URL LitData downloads the shards from."""
+        location = split_location(self.folder, split, self.manifest)
+        if isinstance(location, Dir):
+            return location
         folder = self.folder / split
         try:
             chunks = json.loads((folder / "index.json").read_text())["chunks"]
@@ -149,13 +172,11 @@ class PreparedText:
 def prepare_text(
     source: TextSource,
     tokenizer: TokenizerConfig,
-    output_dir: str | Path,
-    num_workers: int | None = None,
+    prepare: PrepareConfig,
     extra_special_tokens: tuple[str, ...] = (),
 ) -> PreparedText:
-    """Prepare ``source`` into ``output_dir`` (see the module docstring), or find it prepared; returns the folder.
+    """Prepare ``source`` into ``prepare.dir`` (see the module docstring), or find it prepared; returns the folder.
 
-    ``num_workers``: parallel encoding processes (default: every core this process may use).
     ``extra_special_tokens``: special tokens a trained tokenizer gets after PAD, BOS, EOS and UNK (``MASK``, ...).
     """
     files = source.files()
@@ -173,15 +194,16 @@ def prepare_text(
         source=source,
         files=files,
         config=tokenizer,
-        num_workers=num_workers,
+        num_workers=prepare.num_workers,
         extra_special_tokens=extra_special_tokens,
     )
-    return PreparedText(prepared_folder(output_dir, stem_of(files["train"]), fingerprint, build))
+    return PreparedText(prepared_folder(prepare, stem_of(files["train"]), fingerprint, build))
 
 
-def prepared_folder(output_dir: str | Path, stem: str, fingerprint: dict, build: Callable[[Path], dict]) -> Path:
-    """The folder ``<output_dir>/<stem>-<hash of fingerprint>``, prepared by ``build`` once per job: what every kind
-    of prepared data (token shards, records) shares.
+def prepared_folder(prepare: PrepareConfig, stem: str, fingerprint: dict, build: Callable[[Path], dict]) -> Path:
+    """The folder ``<prepare.dir>/<stem>-<hash of fingerprint>``, prepared by ``build`` once per job: what every kind
+    of prepared data (token shards, records) shares. For an object-store ``dir``, the local folder under
+    ``prepare.cache_dir`` that holds it, or its small files (``split_location`` gives LitData the rest).
 
     A complete folder is returned at once. Else the process that takes ``<folder>.lock`` empties the folder (what a
     killed preparation left), calls ``build(folder)``, and writes ``prepared.json`` (the fingerprint and what
@@ -189,17 +211,93 @@ def prepared_folder(output_dir: str | Path, stem: str, fingerprint: dict, build:
     The random generators are left as they were: preparation runs in whichever process gets there first, before the
     model is built, and must not make that process start from other weights than the others.
     """
-    folder = Path(output_dir) / f"{stem}-{content_hash(fingerprint)}"
-    if (folder / MANIFEST).is_file():
+    if not isinstance(prepare, PrepareConfig):  # a bare folder: until translation and classification pass their config
+        prepare = PrepareConfig(dir=str(prepare))
+    name = f"{stem}-{content_hash(fingerprint)}"
+    if urlparse(prepare.dir).scheme in REMOTE_SCHEMES:
+        return _in_object_store(f"{prepare.dir.rstrip('/')}/{name}", Path(prepare.cache_dir) / name, fingerprint, build)
+    return _local_folder(Path(prepare.dir) / name, fingerprint, build)
+
+
+def split_location(folder: Path, split: str, manifest: dict | None = None) -> str | Dir:
+    """Where LitData reads a prepared folder's split: the local folder, or, for a mirror of a folder in an object
+    store, the local folder (small files, downloaded shards) and the split's URL."""
+    manifest = json.loads((folder / MANIFEST).read_text()) if manifest is None else manifest
+    local = str(folder / split)
+    return Dir(path=local, url=f"{manifest['url']}/{split}") if "url" in manifest else local
+
+
+def _local_folder(folder: Path, fingerprint: dict, build: Callable[[Path], dict]) -> Path:
+    if _complete(folder) and "url" not in _manifest(folder):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     with _lock(folder), _random_state_kept():
-        if not (folder / MANIFEST).is_file():  # another process may have prepared it while this one waited
-            shutil.rmtree(folder, ignore_errors=True)
+        if not _complete(folder) or "url" in _manifest(folder):  # prepared by another process while this one waited?
+            shutil.rmtree(folder, ignore_errors=True)  # half-written, or a mirror of a store that lost the folder
             folder.mkdir(parents=True)
             manifest = {**fingerprint, **build(folder), "created": time.time()}
             atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
     return folder
+
+
+def _in_object_store(url: str, local: Path, fingerprint: dict, build: Callable[[Path], dict]) -> Path:
+    """The job's rank 0 prepares ``local`` and uploads it to ``url``, ``prepared.json`` last; every other process
+    waits for that file. A node that did not prepare mirrors the small files (``small_files`` of the manifest)."""
+    from litdata.streaming.fs_provider import _get_fs_provider  # LitData's one client for s3, gs and r2
+
+    store = _get_fs_provider(url)
+    if not store.exists(f"{url}/{MANIFEST}"):
+        if _job_rank_zero():
+            _local_folder(local, fingerprint, build)
+            files = sorted(path for path in local.rglob("*") if path.is_file() and path.name != MANIFEST)
+            manifest = {**_manifest(local), "small_files": [_relative(p, local) for p in files if p.suffix != ".bin"]}
+            with preparing(f"uploading {len(files)} files of {local} to {url}"):
+                for path in files:
+                    store.upload_file(str(path), f"{url}/{_relative(path, local)}")
+                with atomic_open(local.with_name(f".{local.name}-{MANIFEST}")) as f:
+                    f.write(json.dumps(manifest, indent=1).encode())
+                store.upload_file(str(local.with_name(f".{local.name}-{MANIFEST}")), f"{url}/{MANIFEST}")
+            return local
+        rank_zero_info(f"preparing data: waiting for the job's rank 0 to prepare {url} ...")
+        while not store.exists(f"{url}/{MANIFEST}"):
+            time.sleep(REMOTE_WAIT_S)
+    if _complete(local) and _manifest(local).get("url", url) == url:
+        return local  # prepared here, or mirrored before
+    local.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(local):
+        if not (_complete(local) and _manifest(local).get("url", url) == url):
+            shutil.rmtree(local, ignore_errors=True)
+            local.mkdir(parents=True)
+            store.download_file(f"{url}/{MANIFEST}", str(local / f".{MANIFEST}"))
+            manifest = json.loads((local / f".{MANIFEST}").read_text())
+            for name in manifest["small_files"]:
+                (local / name).parent.mkdir(parents=True, exist_ok=True)
+                store.download_file(f"{url}/{name}", str(local / name))
+            atomic_write_bytes(local / MANIFEST, json.dumps({**manifest, "url": url}, indent=1).encode())
+            (local / f".{MANIFEST}").unlink()
+    return local
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / MANIFEST).is_file()
+
+
+def _manifest(folder: Path) -> dict:
+    return json.loads((folder / MANIFEST).read_text())
+
+
+def _relative(path: Path, folder: Path) -> str:
+    return path.relative_to(folder).as_posix()
+
+
+def _job_rank_zero() -> bool:
+    """Whether this process is the job's global rank 0, from the launcher's environment, before any process group
+    exists: torchrun's ``RANK``, SLURM's ``SLURM_PROCID``, or else Lightning's ``NODE_RANK`` and ``LOCAL_RANK``."""
+    env = os.environ
+    for key in ("RANK", "SLURM_PROCID"):
+        if key in env:
+            return env[key] == "0"
+    return env.get("NODE_RANK", env.get("GROUP_RANK", "0")) == "0" and env.get("LOCAL_RANK", "0") == "0"
 
 
 def write_shards(folder: Path, fn: Callable, inputs: list, workers: int | None, item_loader=None) -> None:
