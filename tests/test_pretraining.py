@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightformer.cli import cli_main
@@ -27,7 +28,7 @@ from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, PAD_ID, Toke
 from lightformer.data.raw.sources import TextSource, read_piece
 from lightformer.tasks.denoising import sentinel_numbers, sentinel_spans
 from lightformer.tasks.masked_lm import MaskedLanguageModelTask
-from tiny_runs import events_of, last_checkpoint, quiet_run_args
+from tiny_runs import Crash, CrashAt, RecordBatchDigests, build, events_of, last_checkpoint, quiet_run_args, task_args
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
 # Every line is the ten words in their cyclic order from another start: each word predicts the next.
@@ -466,3 +467,32 @@ def bag_of_words_floor(loader, task) -> float:
             total -= sum(math.log(words.count(w) / len(words)) for w in words)
             count += len(words)
     return total / count
+
+
+@pytest.mark.slow
+def test_a_masked_lm_run_resumed_mid_epoch_or_at_an_epochs_end_trains_on_exactly_the_batches_of_an_uninterrupted_run(
+    tmp_path, one_thread
+):
+    """18 batches an epoch; checkpoints every 6 steps; the run dies at step 20 and resumes from step 18 (an epoch's
+    end, Lightning then still inside epoch 0) and, separately, from step 12 (mid-epoch)."""
+    max_steps = 27
+    straight_batches = RecordBatchDigests()
+    straight = build([*task_args("mlm", tmp_path / "straight"), f"--trainer.max_steps={max_steps}"], straight_batches)
+    straight.trainer.fit(straight.model, straight.datamodule)
+    assert len(straight.trainer.train_dataloader) == 18
+
+    every = ModelCheckpoint(every_n_train_steps=6, save_top_k=-1, monitor=None, filename="{step}")
+    args = [*task_args("mlm", tmp_path / "killed"), f"--trainer.max_steps={max_steps}"]
+    killed = build(args, every, CrashAt(20))
+    with pytest.raises(Crash):
+        killed.trainer.fit(killed.model, killed.datamodule)
+    checkpoints = Path(every.dirpath)
+
+    for step in (18, 12):  # 18 first: the run resumed from 12 writes step=18.ckpt again
+        resumed_batches = RecordBatchDigests()
+        resumed = build(args, resumed_batches)
+        resumed.trainer.fit(resumed.model, resumed.datamodule, ckpt_path=checkpoints / f"step={step}.ckpt")
+        assert resumed_batches.batches == straight_batches.batches[step:], f"resumed from step {step}"
+        expected, actual = straight.model.state_dict(), resumed.model.state_dict()
+        for name, value in expected.items():
+            torch.testing.assert_close(actual[name], value, rtol=1e-6, atol=1e-7, msg=f"from step {step}: {name}")

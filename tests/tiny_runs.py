@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -315,6 +317,38 @@ class KillAt(Callback):
             import signal
 
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RecordBatchDigests(Callback):
+    """In memory, for in-process runs: ``batches``, the (global step, digest of its tensors) of every training batch
+    this process trains on, to compare runs batch by batch whatever a batch holds (tensors, or dicts or tuples of
+    them)."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, str]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        digest = hashlib.sha256()
+        for name, value in sorted(batch.items()) if isinstance(batch, dict) else enumerate(batch):
+            digest.update(str(name).encode())
+            digest.update(value.numpy().tobytes() if isinstance(value, torch.Tensor) else repr(value).encode())
+        self.batches.append((trainer.global_step, digest.hexdigest()))
+
+
+class Crash(Exception):
+    """What ``CrashAt`` raises."""
+
+
+class CrashAt(Callback):
+    """An in-process run dies as it reaches ``step``, as a killed process would: nothing more is saved (raises
+    ``Crash``, which the test expects)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            raise Crash(f"crashed at step {self.step}")
 
 
 def recorded(out_dir: Path, stage: str, rank: int) -> list[dict]:
