@@ -10,7 +10,7 @@ python benchmarks/bert_feature_probe.py --ckpt_path runs/mlm_austen/version_0/ch
     --config configs/classify/austen_scratch.yaml
 
 The data comes from the config's data section (a TextClassificationDataModule), encoded with the checkpoint's own
-tokenizer (its tokenizer_file, if any, is replaced).
+tokenizer (its tokenizer.file, if any, is replaced).
 """
 
 from __future__ import annotations
@@ -71,12 +71,14 @@ def probe_accuracies(encoder: BertEncoder, data: TextClassificationDataModule) -
 
 def measure(ckpt_path: str, data_args: dict, seed: int = 0) -> dict[str, list[float]]:
     """``{"pretrained": [...], "random": [...]}``: probe accuracy per layer of the checkpoint's encoder and of a
-    freshly initialised one of the same shape. ``data_args`` are TextClassificationDataModule arguments."""
+    freshly initialised one of the same shape. ``data_args`` are TextClassificationDataModule arguments (its groups as
+    plain dicts, as a config's data section holds them)."""
     task = load_task(ckpt_path, "MaskedLanguageModelTask", "bert_feature_probe")
     with tempfile.TemporaryDirectory() as folder:
         tokenizer_file = str(Path(folder) / "tokenizer.json")
         task.tokenizer.save(tokenizer_file)
-        data = TextClassificationDataModule(**{**data_args, "tokenizer_file": tokenizer_file})
+        tokenizer = {**(data_args.get("tokenizer") or {}), "file": tokenizer_file}
+        data = TextClassificationDataModule(**{**data_args, "tokenizer": tokenizer})
         data.prepare_data()
         data.setup("fit")
     torch.manual_seed(seed)

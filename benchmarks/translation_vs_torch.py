@@ -24,6 +24,7 @@ from torch import nn
 from torchmetrics.text import SacreBLEUScore
 
 from lightformer.data import TranslationDataModule
+from lightformer.data.modules.translation import PairBatches, PairSource, PairTokenizer
 from lightformer.generation import generate
 from lightformer.models import EncoderDecoder, EncoderDecoderConfig
 from lightformer.nn import SinusoidalPositionalEmbedding, TokenEmbedding, causal_mask
@@ -166,11 +167,9 @@ def main() -> None:
     torch.backends.mha.set_fastpath_enabled(False)
 
     data = TranslationDataModule(
-        corpus="ding",
-        ding_phrases=args.phrases,
-        sentence_repeats=args.sentence_repeats,
-        bpe_vocab_size=4000,
-        max_tokens=args.max_tokens,
+        PairSource(corpus="ding", ding_phrases=args.phrases, sentence_repeats=args.sentence_repeats),
+        PairTokenizer(vocab_size=4000),
+        PairBatches(max_tokens=args.max_tokens),
     )
     data.setup()
     vocab = data.tgt_vocab_size

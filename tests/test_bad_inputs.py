@@ -190,8 +190,8 @@ def test_a_max_len_shorter_than_the_longest_sentence_is_refused_in_one_line_at_s
     """Known only once the data is read (the longest sentence kept): a traceback from the task's set-up before."""
     found = refused(["fit", *task_args("translation", tmp_path), "--model.net.max_len=2", "--trainer.max_steps=1"])
     assert re.fullmatch(
-        r"lightformer: the data's longest sentence has \d+ positions \(data.max_sentence_tokens=\d+\) but model.net."
-        r"max_len=2, .*; set max_sentence_tokens <= 2 .* or model.net.max_len >= \d+",
+        r"lightformer: the data's longest sentence has \d+ positions \(data.batches.max_sentence_tokens=\d+\) but "
+        r"model.net.max_len=2, .*; set data.batches.max_sentence_tokens <= 2 .* or model.net.max_len >= \d+",
         found,
     ), found
     assert not list(tmp_path.rglob("*.ckpt"))

@@ -11,6 +11,7 @@ from PIL import Image
 from lightformer.cli import cli_main, main
 from lightformer.data import ImageDataModule, TextDataModule, TranslationDataModule
 from lightformer.data.modules.images import ImageSource
+from lightformer.data.modules.translation import PairBatches, PairSource, PairTokenizer
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.preparation.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer
 from lightformer.data.raw.image_files import load_image
@@ -46,9 +47,13 @@ def write_pairs(path, n: int = 30, words: int = 3):
     return path
 
 
-def translation_data(tmp_path, tsv, **kwargs) -> TranslationDataModule:
+def translation_data(tmp_path, tsv=None, batches: PairBatches = PairBatches(), **source) -> TranslationDataModule:
+    """A translation module of the TSV file ``tsv`` (or of the ``source`` fields) with the smallest BPE."""
     return TranslationDataModule(
-        tsv_files=[str(tsv)], bpe_vocab_size=MIN_BPE_VOCAB_SIZE, prepare_dir=str(tmp_path / "prepared"), **kwargs
+        PairSource(**({"tsv_files": [str(tsv)]} if tsv is not None else source)),
+        PairTokenizer(vocab_size=MIN_BPE_VOCAB_SIZE),
+        batches,
+        PrepareConfig(dir=str(tmp_path / "prepared")),
     )
 
 
@@ -102,13 +107,15 @@ def test_3_sequences_longer_than_the_position_table(tmp_path):
         task.setup("fit")
 
     # Byte-level BPE without merges: "w0x0 w0x1 w0x2 w0x3" + EOS is 20 source tokens.
-    datamodule = translation_data(tmp_path, write_pairs(tmp_path / "long.tsv", words=4), max_sentence_tokens=32)
+    datamodule = translation_data(
+        tmp_path, write_pairs(tmp_path / "long.tsv", words=4), PairBatches(max_sentence_tokens=32)
+    )
     datamodule.setup("fit")
     sizes = dict(src_vocab_size=datamodule.src_vocab_size, tgt_vocab_size=datamodule.tgt_vocab_size)
     task = with_data(translator(**sizes, max_len=8), datamodule)
     with pytest.raises(ValueError, match=r"max_sentence_tokens=32\) but model\.net\.max_len=8") as error:
         task.setup("fit")
-    assert "set max_sentence_tokens <= 8" in str(error.value)
+    assert "set data.batches.max_sentence_tokens <= 8" in str(error.value)
     with_data(translator(**sizes, max_len=32), datamodule).setup("fit")  # fits: no error
 
 
@@ -149,9 +156,7 @@ def test_6_missing_paths_are_named(tmp_path, capsys):
         translation_data(tmp_path, tmp_path / "missing.tsv").prepare_data()
     present = write_pairs(tmp_path / "present.de")
     absent = tmp_path / "absent.en"
-    parallel = TranslationDataModule(
-        src_file=str(present), tgt_file=str(absent), prepare_dir=str(tmp_path / "prepared")
-    )
+    parallel = translation_data(tmp_path, src_file=str(present), tgt_file=str(absent))
     with pytest.raises(FileNotFoundError, match=r"tgt_file: the file '.*absent\.en' does not exist"):
         parallel.prepare_data()
     with pytest.raises(FileNotFoundError, match=r"image_folder .*no-such-folder is not an existing directory"):
@@ -190,7 +195,7 @@ def test_8_bytes_that_are_not_utf8_are_located(tmp_path):
     src.write_bytes(latin1)
     tgt = tmp_path / "fine.en"
     tgt.write_text("one\ntwo\n", encoding="utf-8")
-    parallel = TranslationDataModule(src_file=str(src), tgt_file=str(tgt), prepare_dir=str(tmp_path / "prepared"))
+    parallel = translation_data(tmp_path, src_file=str(src), tgt_file=str(tgt))
     with pytest.raises(ValueError, match=r"latin1\.de is not UTF-8 text: byte 0xef at byte offset 10"):
         parallel.prepare_data()
 
@@ -199,7 +204,7 @@ def test_9_parallel_files_with_different_line_counts(tmp_path):
     src, tgt = tmp_path / "x.de", tmp_path / "x.en"
     src.write_text("eins\nzwei\ndrei\n", encoding="utf-8")
     tgt.write_text("one\ntwo\n", encoding="utf-8")
-    parallel = TranslationDataModule(src_file=str(src), tgt_file=str(tgt), prepare_dir=str(tmp_path / "prepared"))
+    parallel = translation_data(tmp_path, src_file=str(src), tgt_file=str(tgt))
     with pytest.raises(ValueError, match=r"x\.de has 3 lines, .*x\.en has 2; line i of one must translate line i"):
         parallel.prepare_data()
 

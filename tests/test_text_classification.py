@@ -18,16 +18,19 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import lightformer.data.modules.classification as classification
 from lightformer.cli import cli_main
 from lightformer.data.loading.sampling import EpochShuffleSampler
+from lightformer.data.loading.streaming import LoaderConfig
 from lightformer.data.modules.classification import (
     MIN_VOCAB_SIZE,
     SPLITS,
+    PassageSource,
+    PassageTokenizer,
     TextClassificationDataModule,
     austen_passages,
     novel_sentences,
     read_labelled_tsv,
     split_sentences,
 )
-from lightformer.data.preparation.prepare import MANIFEST
+from lightformer.data.preparation.prepare import MANIFEST, PrepareConfig
 from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
 from lightformer.data.raw.corpora import (
     AUSTEN_NOVELS,
@@ -58,7 +61,9 @@ def austen(tmp_path_factory) -> TextClassificationDataModule:
         austen_text(root / "austen")
     except CorpusUnavailableError as error:
         pytest.skip(f"could not fetch the Austen corpus: {error}")
-    return TextClassificationDataModule(data_root=str(root), prepare_dir=str(tmp_path_factory.mktemp("prepared")))
+    return TextClassificationDataModule(
+        PassageSource(data_root=str(root)), prepare=PrepareConfig(dir=str(tmp_path_factory.mktemp("prepared")))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -165,15 +170,30 @@ def write_toy(folder: Path) -> dict[str, Path]:
     return files
 
 
-def toy_module(files: dict[str, Path], prepared: Path, **options) -> TextClassificationDataModule:
+def toy_module(
+    files: dict[str, Path], prepared: Path, max_tokens: int = 128, batch_size: int = 32, seed: int = 0
+) -> TextClassificationDataModule:
     return TextClassificationDataModule(
-        corpus=None,
-        tsv_files=[str(files["train"])],
-        val_tsv_files=[str(files["val"])],
-        test_tsv_files=[str(files["test"])],
-        bpe_vocab_size=MIN_VOCAB_SIZE + 20,
-        prepare_dir=str(prepared),
-        **options,
+        PassageSource(
+            corpus=None,
+            tsv_files=[str(files["train"])],
+            val_tsv_files=[str(files["val"])],
+            test_tsv_files=[str(files["test"])],
+        ),
+        PassageTokenizer(vocab_size=MIN_VOCAB_SIZE + 20),
+        LoaderConfig(batch_size=batch_size),
+        max_tokens,
+        PrepareConfig(dir=str(prepared)),
+        seed,
+    )
+
+
+def tsv_module(train: Path, prepared: Path, vocab_size: int = 8192) -> TextClassificationDataModule:
+    """A module of one training TSV file, val and test cut from it by hash."""
+    return TextClassificationDataModule(
+        PassageSource(corpus=None, tsv_files=[str(train)]),
+        PassageTokenizer(vocab_size=vocab_size),
+        prepare=PrepareConfig(dir=str(prepared)),
     )
 
 
@@ -213,7 +233,7 @@ def test_tsv_without_val_and_test_files_is_split_by_text_hash(tmp_path):
     train = tmp_path / "train.tsv"
     lines = toy_lines(400, 3) + ["\t".join(["a text with\ta tab", "metal"])] + [""]
     train.write_text("\n".join(lines), encoding="utf-8")
-    data = TextClassificationDataModule(corpus=None, tsv_files=[str(train)], prepare_dir=str(tmp_path / "prepared"))
+    data = tsv_module(train, tmp_path / "prepared")
     examples = {split: [(data.tokenizer.decode(ids), label) for ids, label in records(data, split)] for split in SPLITS}
     sizes = {split: len(examples[split]) for split in SPLITS}
     assert sizes == {split: sum(data.class_counts[split].values()) for split in SPLITS}
@@ -230,7 +250,9 @@ def test_tsv_without_val_and_test_files_is_split_by_text_hash(tmp_path):
 def test_tsv_errors_name_the_file_and_line(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("good text\tfruit\nno tab on this line\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=rf"tsv_files: {bad}, line 2: no tab; each line must be 'text<TAB>label'"):
+    with pytest.raises(
+        ValueError, match=rf"data.source.tsv_files: {bad}, line 2: no tab; each line must be 'text<TAB>label'"
+    ):
         list(read_labelled_tsv(bad))
     empty = tmp_path / "empty.tsv"
     empty.write_text("good text\tfruit\n\t\tmetal\n", encoding="utf-8")
@@ -239,11 +261,11 @@ def test_tsv_errors_name_the_file_and_line(tmp_path):
     latin = tmp_path / "latin1.tsv"
     latin.write_bytes("good text\tfruit\n\ncaf\u00e9 au lait\tfruit\n".encode("latin-1"))
     with pytest.raises(ValueError, match=r"latin1.tsv is not UTF-8 text: byte 0xe9 at byte offset 20 \(line 3"):
-        TextClassificationDataModule(corpus=None, tsv_files=[str(latin)], prepare_dir=str(tmp_path)).prepare_data()
+        tsv_module(latin, tmp_path).prepare_data()
     single = tmp_path / "single.tsv"
     single.write_text("one text\tfruit\nanother text\tfruit\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"every line has the label 'fruit'; a classifier needs two or more"):
-        TextClassificationDataModule(corpus=None, tsv_files=[str(single)], prepare_dir=str(tmp_path)).prepare_data()
+        tsv_module(single, tmp_path).prepare_data()
 
 
 def test_unknown_val_label_is_refused_before_anything_is_encoded(tmp_path, monkeypatch):
@@ -262,9 +284,7 @@ def test_tsv_read_in_tiny_pieces_gives_the_same_records(tmp_path, monkeypatch):
     train.write_bytes(("\ufeff" + "\r\n".join(lines)).encode("utf-8"))  # a byte-order mark, CRLF, no final break
 
     def prepared(folder: str) -> TextClassificationDataModule:
-        data = TextClassificationDataModule(
-            corpus=None, tsv_files=[str(train)], bpe_vocab_size=MIN_VOCAB_SIZE + 20, prepare_dir=str(tmp_path / folder)
-        )
+        data = tsv_module(train, tmp_path / folder, MIN_VOCAB_SIZE + 20)
         data.prepare_data()
         return data
 
@@ -297,23 +317,31 @@ def test_preparing_twice_does_nothing_the_second_time(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("group", "fields", "message"),
     [
-        ({"batch_size": 0}, r"batch_size=0 must be at least 1"),
-        ({"prepare_workers": 0}, r"prepare_workers=0 must be at least 1, or null for every core"),
-        ({"passage_sentences": 0}, r"passage_sentences=0 must be at least 1"),
-        ({"max_tokens": 2}, r"max_tokens=2 must be at least 3"),
-        ({"bpe_vocab_size": 300}, rf"bpe_vocab_size=300 is too small.*at least {MIN_VOCAB_SIZE}"),
-        ({"corpus": "emma"}, r"corpus='emma' is not a built-in corpus; valid: 'austen'"),
-        ({"tsv_files": ["x.tsv"]}, r"got both: set corpus to null to read tsv_files"),
-        ({"corpus": None}, r"exactly one source of labelled texts.*got neither"),
-        ({"corpus": None, "tsv_files": ["missing.tsv"]}, r"tsv_files: the file 'missing.tsv' does not exist"),
-        ({"tokenizer_file": "missing.json"}, r"tokenizer_file: 'missing.json' does not exist"),
+        (LoaderConfig, {"batch_size": 0}, r"data.loader.batch_size=0 must be at least 1"),
+        (PrepareConfig, {"num_workers": 0}, r"data.prepare.num_workers=0 must be at least 1, or null for every core"),
+        (PassageSource, {"passage_sentences": 0}, r"data.source.passage_sentences=0 must be at least 1"),
+        (PassageSource, {"train_examples": 0}, r"data.source.train_examples=0 must be at least 1"),
+        (PassageSource, {"corpus": "emma"}, r"data.source.corpus='emma' is not a built-in corpus; valid: 'austen'"),
+        (PassageSource, {"tsv_files": ["x.tsv"]}, r"got both: set corpus to null to read tsv_files"),
+        (PassageSource, {"corpus": None}, r"data.source needs exactly one source of labelled texts.*got neither"),
+        (PassageSource, {"corpus": None, "tsv_files": []}, r"data.source.tsv_files is an empty list"),
+        (PassageSource, {"val_tsv_files": ["v.tsv"]}, r"corpus='austen' has its own val/test split.*val_tsv_files"),
+        (PassageTokenizer, {"vocab_size": 300}, rf"data.tokenizer.vocab_size=300 is too small.*least {MIN_VOCAB_SIZE}"),
+        (PassageTokenizer, {"file": "missing.json"}, r"data.tokenizer.file: 'missing.json' does not exist"),
+        (TextClassificationDataModule, {"max_tokens": 2}, r"data.max_tokens=2 must be at least 3"),
+        (TextClassificationDataModule, {"loader": LoaderConfig(val_windows=4)}, r"data.loader.val_windows is for"),
+        (
+            TextClassificationDataModule,
+            {"source": PassageSource(corpus=None, tsv_files=["missing.tsv"])},
+            r"data.source.tsv_files: the file 'missing.tsv' does not exist",
+        ),
     ],
 )
-def test_options_are_checked_at_construction(options, message):
+def test_options_are_checked_at_construction(group, fields, message):
     with pytest.raises((ValueError, FileNotFoundError), match=message):
-        TextClassificationDataModule(**options)
+        group(**fields)
 
 
 # --- training through the command line -----------------------------------------------------------------------
@@ -322,14 +350,14 @@ def test_options_are_checked_at_construction(options, message):
 def tiny_args(files: dict[str, Path], tmp_path: Path, *extra: str) -> list[str]:
     return [
         f"--config={CONFIG}",
-        "--data.corpus=null",
-        f"--data.tsv_files=[{files['train']}]",
-        f"--data.val_tsv_files=[{files['val']}]",
-        f"--data.test_tsv_files=[{files['test']}]",
-        f"--data.bpe_vocab_size={MIN_VOCAB_SIZE + 20}",
+        "--data.source.corpus=null",
+        f"--data.source.tsv_files=[{files['train']}]",
+        f"--data.source.val_tsv_files=[{files['val']}]",
+        f"--data.source.test_tsv_files=[{files['test']}]",
+        f"--data.tokenizer.vocab_size={MIN_VOCAB_SIZE + 20}",
         "--data.max_tokens=16",
-        "--data.batch_size=16",
-        f"--data.prepare_dir={tmp_path / 'prepared'}",
+        "--data.loader.batch_size=16",
+        f"--data.prepare.dir={tmp_path / 'prepared'}",
         *(f"--model.net.{name}={value}" for name, value in TINY_NET.items()),
         "--model.optimizer.lr=3e-3",
         "--model.optimizer.warmup_steps=5",
@@ -390,7 +418,7 @@ def test_checkpoint_refuses_data_of_other_classes(fitted, tmp_path):
     for path in files.values():  # the same texts and tokenizer, but the fruit are now called berries
         path.write_text(path.read_text(encoding="utf-8").replace("\tfruit", "\tberry"), encoding="utf-8")
     tokenizer_file = Path(fit.trainer.logger.log_dir) / "tokenizer.json"
-    args = tiny_args(files, tmp_path, f"--data.tokenizer_file={tokenizer_file}", f"--ckpt_path={checkpoint}")
+    args = tiny_args(files, tmp_path, f"--data.tokenizer.file={tokenizer_file}", f"--ckpt_path={checkpoint}")
     with pytest.raises(ValueError, match=r"the data's classes \['berry', 'metal'\] are not the checkpoint's"):
         cli_main(["test", *args])
 
@@ -440,12 +468,12 @@ def test_fine_tuning_loads_the_encoder_and_refuses_another_tokenizer(tmp_path):
     message = str(refused.value)
     assert f"model.init.checkpoint {checkpoint} was trained with another tokenizer" in message
     assert "the tokenizer the data module trained" in message
-    assert f"data.init_args.tokenizer_file={tmp_path / 'mlm' / 'version_0' / 'tokenizer.json'}" in message
+    assert f"data.init_args.tokenizer.file={tmp_path / 'mlm' / 'version_0' / 'tokenizer.json'}" in message
 
     # with the pretraining run's tokenizer: the encoder and pooler are loaded, the classifier is new
     probe = WeightsAtStart()
     tokenizer_file = tmp_path / "mlm" / "version_0" / "tokenizer.json"
-    cli = cli_main(tiny_args(files, tmp_path, *init, f"--data.tokenizer_file={tokenizer_file}"), run=False)
+    cli = cli_main(tiny_args(files, tmp_path, *init, f"--data.tokenizer.file={tokenizer_file}"), run=False)
     cli.trainer.callbacks.insert(0, probe)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     shared = {name for name in pretrained if name.startswith(("bert.", "pooler."))}
@@ -483,8 +511,9 @@ def test_pretraining_split_by_novel_reads_no_passage_the_classifier_is_tested_on
 
 
 def test_train_examples_labels_a_fixed_subset_of_the_training_passages(austen, passages):
-    options = {"data_root": str(REPO / "data"), "prepare_dir": str(austen.prepare_dir), "train_examples": 100}
-    few, again = TextClassificationDataModule(**options, seed=1), TextClassificationDataModule(**options, seed=2)
+    source = PassageSource(data_root=str(REPO / "data"), train_examples=100)
+    few = TextClassificationDataModule(source, prepare=austen.prepare_config, seed=1)
+    again = TextClassificationDataModule(source, prepare=austen.prepare_config, seed=2)
     chosen = few.dataset("train").indices
     assert chosen == again.dataset("train").indices and len(chosen) == 100  # the same labels whatever the seed
     assert chosen == sorted(set(chosen)) and max(chosen) < len(passages["train"])
@@ -498,5 +527,3 @@ def test_train_examples_labels_a_fixed_subset_of_the_training_passages(austen, p
         and few.class_counts["test"] == austen.class_counts["test"]
     )
     assert records(few, "test") != records(austen, "test")  # its BPE is trained on the 100 chosen passages only
-    with pytest.raises(ValueError, match="train_examples=0 must be at least 1"):
-        TextClassificationDataModule(train_examples=0)

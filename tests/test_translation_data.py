@@ -19,7 +19,8 @@ from torch.utils.data.distributed import DistributedSampler
 from lightformer.data.loading.sampling import TokenBudgetBatchSampler
 from lightformer.data.loading.sequences import collate_pairs
 from lightformer.data.modules import translation
-from lightformer.data.modules.translation import TranslationDataModule
+from lightformer.data.modules.translation import PairBatches, PairSource, PairTokenizer, TranslationDataModule
+from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from lightformer.data.raw import sources
 from lightformer.data.raw.corpora import (
@@ -71,9 +72,16 @@ def tsv(tmp_path) -> Path:
     return write_tsv(tmp_path / "pairs.tsv", make_pairs(300))
 
 
-def make_module(tmp_path: Path, **kwargs) -> TranslationDataModule:
-    defaults = dict(bpe_vocab_size=300, max_tokens=256, max_sentence_tokens=64, prepare_dir=str(tmp_path / "prepared"))
-    return TranslationDataModule(**{**defaults, **kwargs})
+def make_module(
+    tmp_path: Path, tokenizer: dict | None = None, batches: dict | None = None, **source
+) -> TranslationDataModule:
+    """A module of the source fields ``source`` with a small vocabulary and budget, prepared under tmp_path."""
+    return TranslationDataModule(
+        source=PairSource(**source),
+        tokenizer=PairTokenizer(**{"vocab_size": 300, **(tokenizer or {})}),
+        batches=PairBatches(**{"max_tokens": 256, "max_sentence_tokens": 64, **(batches or {})}),
+        prepare=PrepareConfig(dir=str(tmp_path / "prepared")),
+    )
 
 
 def column(dataset, key: str) -> list:
@@ -204,8 +212,8 @@ def test_ding_extraction_is_deterministic(tmp_path):
     if Path(DING_FILE).is_file():  # an excerpt of the real dictionary, in tmp_path only (GPL: not in the repo)
         with open(DING_FILE, encoding="utf-8") as f:
             ding.write_text("".join(itertools.islice(f, 20_000)), encoding="utf-8")
-    first = make_module(tmp_path, corpus="ding", ding_file=str(ding), prepare_dir=str(tmp_path / "a"))
-    second = make_module(tmp_path, corpus="ding", ding_file=str(ding), prepare_dir=str(tmp_path / "b"))
+    first = make_module(tmp_path / "a", corpus="ding", ding_file=str(ding))
+    second = make_module(tmp_path / "b", corpus="ding", ding_file=str(ding))
     first.setup("test")
     second.setup("test")
     assert pairs_of(first) == pairs_of(second)
@@ -228,7 +236,9 @@ def ding(tmp_path_factory) -> TranslationDataModule:
     if not Path(DING_FILE).is_file():
         pytest.skip(f"the Ding dictionary {DING_FILE} is absent (apt-get install trans-de-en)")
     module = TranslationDataModule(
-        corpus="ding", bpe_vocab_size=1000, prepare_dir=str(tmp_path_factory.mktemp("ding-prepared"))
+        PairSource(corpus="ding"),
+        PairTokenizer(vocab_size=1000),
+        prepare=PrepareConfig(dir=str(tmp_path_factory.mktemp("ding-prepared"))),
     )
     module.setup()
     return module
@@ -261,7 +271,7 @@ def test_ding_splits_follow_the_md5_buckets_of_the_german_sentence(ding):
 @needs_ding
 def test_ding_en_de_swaps_sides(ding):
     reverse = TranslationDataModule(
-        corpus="ding", direction="en-de", bpe_vocab_size=1000, prepare_dir=str(ding.prepare_dir)
+        PairSource(corpus="ding", direction="en-de"), PairTokenizer(vocab_size=1000), prepare=ding.prepare_config
     )  # the same folder: the pairs and the joint tokenizer serve both directions
     reverse.setup("test")
     assert reverse.prepared == ding.prepared
@@ -431,7 +441,7 @@ def test_batches_frame_source_and_target_and_keep_the_texts(tmp_path, tsv):
         for batch in loader:
             src, tgt = batch["src"], batch["tgt"]
             assert src.shape[0] == tgt.shape[0] == len(batch["src_text"]) == len(batch["tgt_text"])
-            assert src.numel() <= module.max_tokens and tgt.numel() <= module.max_tokens
+            assert src.numel() <= module.batches.max_tokens and tgt.numel() <= module.batches.max_tokens
             src_lengths, tgt_lengths = (src != PAD_ID).sum(1), (tgt != PAD_ID).sum(1)
             assert src_lengths.max() == src.shape[1] and tgt_lengths.max() == tgt.shape[1]
             for row in range(src.shape[0]):
@@ -447,7 +457,9 @@ def test_batches_frame_source_and_target_and_keep_the_texts(tmp_path, tsv):
 def test_long_train_pairs_are_dropped_and_long_eval_pairs_cut(tmp_path):
     pairs = make_pairs(300)
     pairs += [(f"Ein sehr langer Satz Nummer {i} " + "und noch mehr " * 30 + ".", "A long one.") for i in range(40)]
-    module = make_module(tmp_path, tsv_files=[str(write_tsv(tmp_path / "long.tsv", pairs))], max_sentence_tokens=40)
+    module = make_module(
+        tmp_path, tsv_files=[str(write_tsv(tmp_path / "long.tsv", pairs))], batches={"max_sentence_tokens": 40}
+    )
     module.setup()
     tokenizer = module.src_tokenizer  # joint
 
@@ -474,12 +486,12 @@ def test_tokenizers_and_sizes_exist_right_after_construction(tmp_path, tsv):
     assert module.src_tokenizer is module.tgt_tokenizer
     assert module.src_vocab_size == module.tgt_vocab_size == module.src_tokenizer.vocab_size <= 300
     assert module.pad_id == PAD_ID == 0
-    assert "bpe_vocab_size" in module.hparams and "vocab_size" not in module.hparams
+    assert "tokenizer" in module.hparams and "vocab_size" not in module.hparams
 
 
 @pytest.mark.parametrize("joint_vocab", [True, False])
 def test_joint_and_separate_vocabularies_round_trip(tmp_path, tsv, joint_vocab):
-    module = make_module(tmp_path, tsv_files=[str(tsv)], joint_vocab=joint_vocab)
+    module = make_module(tmp_path, tsv_files=[str(tsv)], tokenizer={"joint_vocab": joint_vocab})
     module.setup("fit")
     assert (module.src_tokenizer is module.tgt_tokenizer) is joint_vocab
     if not joint_vocab:
@@ -526,7 +538,7 @@ def test_a_half_written_folder_is_prepared_again(tmp_path, tsv):
 
 
 def test_bpe_dropout_trains_on_a_new_segmentation_each_epoch(tmp_path, tsv):
-    module = make_module(tmp_path, tsv_files=[str(tsv)], bpe_dropout=0.1, bpe_dropout_segmentations=3)
+    module = make_module(tmp_path, tsv_files=[str(tsv)], tokenizer={"bpe_dropout": 0.1, "bpe_dropout_segmentations": 3})
     module.setup("fit")
     plain = make_module(tmp_path, tsv_files=[str(tsv)])
     plain.setup("fit")
@@ -559,7 +571,9 @@ def test_bpe_dropout_trains_on_a_new_segmentation_each_epoch(tmp_path, tsv):
                 ids = batch["src"][row].tolist()
                 assert ids[: len(expected[text])] == expected[text]
 
-    again = make_module(tmp_path / "elsewhere", tsv_files=[str(tsv)], bpe_dropout=0.1, bpe_dropout_segmentations=3)
+    again = make_module(
+        tmp_path / "elsewhere", tsv_files=[str(tsv)], tokenizer={"bpe_dropout": 0.1, "bpe_dropout_segmentations": 3}
+    )
     again.setup("fit")  # drawn afresh in another folder: the same segmentations
     assert column(again.datasets["train"], "src") == src_ids
     assert column(again.datasets["train"], "tgt") == column(train, "tgt")
@@ -692,29 +706,27 @@ def test_tsv_line_without_tab_names_file_and_byte(tmp_path):
         read_sources(make_module(tmp_path, tsv_files=[str(bad)]))
 
 
-def test_max_tokens_below_max_sentence_tokens_names_both(tmp_path, tsv):
-    with pytest.raises(ValueError, match=r"max_tokens=100 is smaller than max_sentence_tokens=128"):
-        TranslationDataModule(tsv_files=[str(tsv)], max_tokens=100, max_sentence_tokens=128)
-
-
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("group", "fields", "message"),
     [
-        ({}, r"exactly one source .*got none"),
-        ({"corpus": "ding", "tsv_files": ["x.tsv"]}, r"exactly one source .*got corpus, tsv_files"),
-        ({"corpus": "wmt"}, r"corpus='wmt' is not a built-in corpus"),
-        ({"src_file": "x.de"}, r"src_file='x.de' needs tgt_file"),
-        ({"tsv_files": ["x.tsv"], "val_tgt_file": "v.en"}, r"val_tgt_file='v.en' needs val_src_file"),
-        ({"tsv_files": []}, r"tsv_files is an empty list"),
-        ({"tsv_files": ["x.tsv"], "direction": "en-de"}, r"direction='en-de' applies to corpus='ding' only"),
-        ({"corpus": "ding", "val_tsv_files": ["v.tsv"]}, r"remove val_tsv_files"),
-        ({"tsv_files": ["x.tsv"], "ding_phrases": True}, r"ding_phrases=True applies to corpus='ding' only"),
-        ({"tsv_files": ["x.tsv"], "bpe_vocab_size": 100}, r"bpe_vocab_size=100 is too small"),
-        ({"corpus": "ding", "sentence_repeats": 0}, r"sentence_repeats=0 must be at least 1"),
-        ({"corpus": "ding", "bpe_dropout": 1.0}, r"bpe_dropout=1.0 must be in \[0, 1\)"),
-        ({"corpus": "ding", "bpe_dropout_segmentations": 0}, r"bpe_dropout_segmentations=0 must be at least 1"),
+        (PairSource, {}, r"data.source needs exactly one source .*got none"),
+        (PairSource, {"corpus": "ding", "tsv_files": ["x.tsv"]}, r"exactly one source .*got corpus, tsv_files"),
+        (PairSource, {"corpus": "wmt"}, r"data.source.corpus='wmt' is not a built-in corpus"),
+        (PairSource, {"src_file": "x.de"}, r"data.source.src_file='x.de' needs tgt_file"),
+        (PairSource, {"tsv_files": ["x.tsv"], "val_tgt_file": "v.en"}, r"val_tgt_file='v.en' needs val_src_file"),
+        (PairSource, {"tsv_files": []}, r"data.source.tsv_files is an empty list"),
+        (PairSource, {"tsv_files": ["x.tsv"], "direction": "en-de"}, r"direction='en-de' applies to corpus='ding'"),
+        (PairSource, {"corpus": "ding", "val_tsv_files": ["v.tsv"]}, r"remove val_tsv_files"),
+        (PairSource, {"tsv_files": ["x.tsv"], "ding_phrases": True}, r"ding_phrases=True applies to corpus='ding'"),
+        (PairSource, {"corpus": "ding", "sentence_repeats": 0}, r"data.source.sentence_repeats=0 must be at least 1"),
+        (PairTokenizer, {"vocab_size": 100}, r"data.tokenizer.vocab_size=100 is too small"),
+        (PairTokenizer, {"bpe_dropout": 1.0}, r"data.tokenizer.bpe_dropout=1.0 must be in \[0, 1\)"),
+        (PairTokenizer, {"bpe_dropout_segmentations": 0}, r"bpe_dropout_segmentations=0 must be at least 1"),
+        (PairBatches, {"max_sentence_tokens": 2}, r"data.batches.max_sentence_tokens=2 must be at least 3"),
+        (PairBatches, {"max_tokens": 100}, r"data.batches.max_tokens=100 is smaller than max_sentence_tokens=128"),
+        (PairBatches, {"num_workers": -1}, r"data.batches.num_workers=-1 must be at least 0"),
     ],
 )
-def test_invalid_arguments_are_named(kwargs, message):
+def test_invalid_options_are_named(group, fields, message):
     with pytest.raises(ValueError, match=message):
-        TranslationDataModule(**kwargs)
+        group(**fields)

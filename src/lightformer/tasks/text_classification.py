@@ -38,7 +38,7 @@ class TextClassificationTask(TextTask):
     The model's ``vocab_size``, ``pad_id`` and ``num_classes`` (in ``net``) are linked from the data module by the
     command line. To fine-tune, set ``init.checkpoint`` to a masked-LM pretraining run's checkpoint:
     its encoder (``bert.*``) and pooler (``pooler.*``) are loaded by name, the classifier starts new. The data must
-    then be encoded with that run's tokenizer (``data.init_args.tokenizer_file``), which ``setup`` checks.
+    then be encoded with that run's tokenizer (``data.init_args.tokenizer.file``), which ``setup`` checks.
 
     Args:
         net: the BERT encoder's shape and its classifier's ``num_classes`` and ``classifier_dropout``
@@ -245,8 +245,8 @@ def check_texts_fit(max_len: int, max_tokens: int) -> None:
 
 def _data_tokenizer_name(datamodule) -> str:
     """How an error message names the data's tokenizer: its file, or the one the data module trained."""
-    path = getattr(datamodule, "tokenizer_file", None)
-    return f"the data's tokenizer_file {path}" if path else "the tokenizer the data module trained"
+    path = getattr(getattr(datamodule, "tokenizer_config", None), "file", None)
+    return f"the data's tokenizer.file {path}" if path else "the tokenizer the data module trained"
 
 
 def _check_same_classes(saved: list[str], data: list[str]) -> None:
@@ -288,5 +288,5 @@ def _check_init_tokenizer(path: str, data: Tokenizer, data_name: str) -> None:
     raise CheckpointError(
         f"model.init.checkpoint {path} was trained with another tokenizer than {data_name} (checkpoint vs data: "
         f"{difference}), so the ids of this data would stand for other tokens in the loaded weights; encode the "
-        f"data with that run's tokenizer: data.init_args.tokenizer_file={suggested}"
+        f"data with that run's tokenizer: data.init_args.tokenizer.file={suggested}"
     )

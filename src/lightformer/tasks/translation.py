@@ -81,11 +81,11 @@ class TranslationTask(Task):
         longest = _longest_sequence(datamodule)
         max_len = self.model.max_len
         if longest > max_len and self.model.config.position != "none":
-            limit = getattr(datamodule, "max_sentence_tokens", "?")
+            limit = getattr(getattr(datamodule, "batches", None), "max_sentence_tokens", "?")
             raise ConfigError(  # known only now: the longest sentence the data kept
-                f"the data's longest sentence has {longest} positions (data.max_sentence_tokens={limit}) but "
+                f"the data's longest sentence has {longest} positions (data.batches.max_sentence_tokens={limit}) but "
                 f"model.net.max_len={max_len}, the length of the model's position table, which must hold it; set "
-                f"max_sentence_tokens <= {max_len} (longer train pairs are dropped, val/test ids cut) or "
+                f"data.batches.max_sentence_tokens <= {max_len} (longer train pairs are dropped, val/test ids cut) or "
                 f"model.net.max_len >= {longest}"
             )
         if getattr(datamodule, "src_tokenizer", None) is not None:

@@ -1,12 +1,12 @@
 """Text classification data: labelled texts → [CLS] text [SEP] token ids, prepared once into records → padded
 batches with their labels.
 
-The texts are prepared once per job (``data.prepare.prepared_folder``: a folder under `prepare_dir` named by a hash
+The texts are prepared once per job (``prepared_folder``: a folder under `prepare.dir` named by a hash
 of everything its content depends on, built under a lock, its manifest written last), then read by index:
 
     Austen's novels ──passages, split (in memory: one 4 MB book)──┐
-    TSV files ──labels and counts (first pass)── pieces (every core)─┴─> <prepare_dir>/classify-<name>-<hash>/
-        tokenizer.json (trained on a bounded sample of the train texts, or `tokenizer_file`), prepared.json (the
+    TSV files ──labels and counts (first pass)── pieces (every core)─┴─> <prepare.dir>/classify-<name>-<hash>/
+        tokenizer.json (trained on a bounded sample of the train texts, or `tokenizer.file`), prepared.json (the
         class names and each split's class counts), train | val | test records {"ids": [CLS] text [SEP], "label"}
     records ──cut to `max_tokens` as read, a shuffle by (seed, epoch)──> padded batches
 
@@ -39,14 +39,14 @@ LAST tab (a text may hold tabs), both stripped; blank lines are skipped. The cla
 whole: a first pass reads every file piece by piece, checks each line (errors name the file and line) and counts
 the labels of each split; then the pieces are encoded on every core, each split's records filtered from them.
 
-**Tokenizer**: `tokenizer_file` (e.g. the `tokenizer.json` a masked-LM pretraining run wrote), or a byte-level BPE
-of `bpe_vocab_size` tokens trained on the train texts (a sample of at most ``SAMPLE_BYTES`` of them, taken evenly
+**Tokenizer**: `tokenizer.file` (e.g. the `tokenizer.json` a masked-LM pretraining run wrote), or a byte-level BPE
+of `tokenizer.vocab_size` tokens trained on the train texts (a sample of at most ``SAMPLE_BYTES`` of them, taken evenly
 from the files' pieces; the `train_examples` chosen, when set) with the same extra special tokens as the
 pretraining data (MASK, then 100 T5 sentinels), so that a classifier from scratch and one fine-tuned from a
 pretraining run have the same vocabulary size and special ids.
 
 Its length is two sources of labelled text (Austen's novels cut into passages, TSV files), their preparation into
-records, the data module and the checks of its options.
+records, the data module and its option groups (``PassageSource``, ``PassageTokenizer``), each checking its own fields.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -66,13 +66,15 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler
-from lightformer.data.loading.streaming import Records
+from lightformer.data.loading.streaming import LoaderConfig, Records
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
     MANIFEST,
     SAMPLE_BYTES,
     TOKENIZER,
+    PrepareConfig,
     prepared_folder,
     stem_of,
     worker_tokenizer,
@@ -189,7 +191,7 @@ def text_and_label(line: str) -> tuple[str, str, bool]:
     return text.strip(), label.strip(), bool(tab)
 
 
-def read_labelled_tsv(path: str | Path, what: str = "tsv_files") -> Iterator[tuple[str, str, int]]:
+def read_labelled_tsv(path: str | Path, what: str = "data.source.tsv_files") -> Iterator[tuple[str, str, int]]:
     """(text, label, line number) of each non-blank "text<TAB>label" line of a UTF-8 file, read piece by piece; a
     line without a tab, or with an empty text or label, raises ValueError naming ``what``, the file and the line (a
     file that is not UTF-8: the byte, its offset and line)."""
@@ -226,21 +228,23 @@ def scan_tsv(files: dict[str, list[Path]]) -> tuple[list[str], dict[str, list[in
     held_out = frozenset(split for split in ("val", "test") if not files[split])
     counts: dict[str, Counter] = {split: Counter() for split in SPLITS}
     for path in files["train"]:
-        for text, label, _ in read_labelled_tsv(path, "tsv_files"):
+        for text, label, _ in read_labelled_tsv(path, "data.source.tsv_files"):
             counts[split_of_line(text, "train", held_out)][label] += 1
     labels = set().union(*counts.values())
     if not labels:
-        raise ValueError(f"tsv_files: no labelled line in {', '.join(map(str, files['train']))}")
+        raise ValueError(f"data.source.tsv_files: no labelled line in {', '.join(map(str, files['train']))}")
     class_names = sorted(labels)
     if len(class_names) < 2:
-        raise ValueError(f"tsv_files: every line has the label {class_names[0]!r}; a classifier needs two or more")
+        raise ValueError(
+            f"data.source.tsv_files: every line has the label {class_names[0]!r}; a classifier needs two or more"
+        )
     for split in ("val", "test"):
         for path in files[split]:
-            for _, label, number in read_labelled_tsv(path, f"{_PREFIX[split]}tsv_files"):
+            for _, label, number in read_labelled_tsv(path, f"data.source.{_PREFIX[split]}tsv_files"):
                 if label not in labels:
                     raise ValueError(
-                        f"{_PREFIX[split]}tsv_files: {path}, line {number}: the label {label!r} is not one of the "
-                        f"training labels {class_names}"
+                        f"data.source.{_PREFIX[split]}tsv_files: {path}, line {number}: the label {label!r} is not "
+                        f"one of the training labels {class_names}"
                     )
                 counts[split][label] += 1
     return class_names, {split: [counts[split][name] for name in class_names] for split in SPLITS}
@@ -252,7 +256,7 @@ def tsv_examples(piece: Piece, split: str, held_out: frozenset[str], class_names
     index = {name: i for i, name in enumerate(class_names)}
     file_split = "train" if split in held_out else split
     examples = []
-    for line in piece_lines(piece, "tsv_files"):
+    for line in piece_lines(piece, "data.source.tsv_files"):
         if line.strip():
             text, label, _ = text_and_label(line)
             if split_of_line(text, file_split, held_out) == split:
@@ -311,16 +315,10 @@ def collate_classification(items: list[dict], max_tokens: int, pad_id: int = PAD
 # --- the data module -------------------------------------------------------------------------------------------
 
 
-class TextClassificationDataModule(L.LightningDataModule):
-    """Labelled texts for a BERT classifier: batches {"ids": (B, T), "labels": (B,)}.
-
-    Each text is encoded as [CLS] tokens [SEP] (the tokenizer's BOS and EOS), cut to `max_tokens` with [SEP] kept
-    last, and padded with `pad_id` (to the batch's longest, rounded up to a multiple of 8). Give the texts as
-    `corpus` (the default, Jane Austen's six novels: which novel does a passage come from) or as `tsv_files` with
-    `corpus: null`; see the module docstring for how passages are made, the splits drawn and the texts prepared.
-    `num_classes`, `class_names`, `vocab_size` and `pad_id` are available right after construction (the command
-    line links them into the model; the first use prepares the data); `class_counts` and `chance_accuracy` describe
-    the splits, whose class counts `setup` logs.
+@dataclass(frozen=True)
+class PassageSource:
+    """Where the labelled texts come from: `corpus` (the default) or `tsv_files` with `corpus: null`; see the module
+    docstring for how passages are made and the splits drawn.
 
     Args:
         corpus: "austen": passages of Jane Austen's six novels labelled with their novel (fetched from Debian's
@@ -332,98 +330,126 @@ class TextClassificationDataModule(L.LightningDataModule):
         train_examples: label only this many training texts, drawn at random once (the same ones for every run and
             seed; in their order); None: all of them. For learning curves, and for pretraining on more text than is
             labelled, the case pretraining is for. Val and test stay whole. A trained BPE is trained on these texts.
-        tokenizer_file: use this tokenizer JSON (``Tokenizer.save``; e.g. `runs/<pretraining run>/version_0/
-            tokenizer.json`) instead of training one: needed to fine-tune from a run that was trained with it.
-        bpe_vocab_size: size of the byte-level BPE trained on the train texts (when no `tokenizer_file`), with the
-            special tokens of masked-LM / T5 pretraining (at least 361: 256 bytes and 105 special tokens).
+        data_root: where the built-in corpus is stored.
+    """
+
+    corpus: Literal["austen"] | None = "austen"
+    tsv_files: list[str] | None = None
+    val_tsv_files: list[str] | None = None
+    test_tsv_files: list[str] | None = None
+    passage_sentences: int = 3
+    train_examples: int | None = None
+    data_root: str = "data"
+
+    def __post_init__(self) -> None:
+        if self.corpus not in (None, "austen"):
+            raise ValueError(
+                f"data.source.corpus={self.corpus!r} is not a built-in corpus; valid: 'austen', or null with tsv_files"
+            )
+        if (self.corpus is None) == (self.tsv_files is None):
+            raise ValueError(
+                "data.source needs exactly one source of labelled texts: corpus ('austen', the default) or tsv_files "
+                "with corpus: null; "
+                + ("got both: set corpus to null to read tsv_files" if self.corpus else "got neither")
+            )
+        for prefix in _PREFIX.values():
+            files = getattr(self, f"{prefix}tsv_files")
+            if files is not None and not as_list(files):
+                raise ValueError(
+                    f"data.source.{prefix}tsv_files is an empty list; give paths or glob patterns, or leave it unset"
+                )
+            if files is not None and self.corpus is not None:
+                raise ValueError(
+                    f"data.source.corpus={self.corpus!r} has its own val/test split (by position in each novel); "
+                    f"remove {prefix}tsv_files"
+                )
+        if self.passage_sentences < 1:
+            raise ValueError(f"data.source.passage_sentences={self.passage_sentences} must be at least 1")
+        if self.train_examples is not None and self.train_examples < 1:
+            raise ValueError(
+                f"data.source.train_examples={self.train_examples} must be at least 1, or null to use every "
+                "training text"
+            )
+
+    def files(self) -> dict[str, list[Path]]:
+        """Each split's TSV files ([] for the corpus, and for a split cut from the train files); missing files and
+        patterns without matches are refused, naming the option."""
+        return {
+            split: expand_patterns(as_list(getattr(self, f"{prefix}tsv_files")), f"data.source.{prefix}tsv_files")
+            for split, prefix in _PREFIX.items()
+        }
+
+
+@dataclass(frozen=True)
+class PassageTokenizer:
+    """The tokenizer of the texts: a file's, or a byte-level BPE trained on the train texts.
+
+    Args:
+        file: use this tokenizer JSON (``Tokenizer.save``; e.g. `runs/<pretraining run>/version_0/tokenizer.json`)
+            instead of training one: needed to fine-tune from a run that was trained with it.
+        vocab_size: size of the byte-level BPE trained on the train texts (when no `file`), with the special tokens
+            of masked-LM / T5 pretraining (at least 361: 256 bytes and 105 special tokens).
+    """
+
+    file: str | None = None
+    vocab_size: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.file is None and self.vocab_size < MIN_VOCAB_SIZE:
+            raise ValueError(
+                f"data.tokenizer.vocab_size={self.vocab_size} is too small: the byte-level BPE holds 256 bytes and "
+                f"{len(EXTRA_SPECIAL_TOKENS) + 4} special tokens; use at least {MIN_VOCAB_SIZE}"
+            )
+        if self.file is not None and not Path(self.file).is_file():
+            raise FileNotFoundError(
+                f"data.tokenizer.file: {self.file!r} does not exist (a pretraining run writes its tokenizer.json "
+                "beside its checkpoints/ folder: run it first, or point data.tokenizer.file at the run you have)"
+            )
+
+
+class TextClassificationDataModule(L.LightningDataModule):
+    """Labelled texts for a BERT classifier: batches {"ids": (B, T), "labels": (B,)}.
+
+    Each text is encoded as [CLS] tokens [SEP] (the tokenizer's BOS and EOS), cut to `max_tokens` with [SEP] kept
+    last, and padded with `pad_id` (to the batch's longest, rounded up to a multiple of 8). Give the texts as
+    `source.corpus` (the default, Jane Austen's six novels: which novel does a passage come from) or as
+    `source.tsv_files` with `source.corpus: null`; see the module docstring for how passages are made, the splits
+    drawn and the texts prepared. `num_classes`, `class_names`, `vocab_size` and `pad_id` are available right after
+    construction (the command line links them into the model; the first use prepares the data); `class_counts` and
+    `chance_accuracy` describe the splits, whose class counts `setup` logs.
+
+    Args:
+        source: the labelled texts and their splits (``PassageSource``).
+        tokenizer: the tokenizer file, or the size of the BPE to train (``PassageTokenizer``).
+        loader: texts per batch and loader workers (``LoaderConfig``; `val_windows` is for windows of text and
+            must stay unset).
         max_tokens: longest sequence in tokens, [CLS] and [SEP] included; longer texts are cut as they are read (at
             most the model's `max_len`).
-        batch_size: texts per batch.
-        num_workers: DataLoader worker processes.
-        prepare_dir: the folder that holds prepared data: one subfolder per source and tokenizer, reused while they
-            are unchanged.
-        prepare_workers: processes that encode the texts when preparing; default: every core.
-        data_root: where the built-in corpus is stored.
+        prepare: where and with how many processes the texts are prepared (``PrepareConfig``).
         seed: seeds the order of the training texts in each epoch (the splits do not depend on it).
     """
 
     def __init__(
         self,
-        corpus: Literal["austen"] | None = "austen",
-        tsv_files: list[str] | None = None,
-        val_tsv_files: list[str] | None = None,
-        test_tsv_files: list[str] | None = None,
-        passage_sentences: int = 3,
-        train_examples: int | None = None,
-        tokenizer_file: str | None = None,
-        bpe_vocab_size: int = 8192,
+        source: PassageSource = PassageSource(),
+        tokenizer: PassageTokenizer = PassageTokenizer(),
+        loader: LoaderConfig = LoaderConfig(batch_size=32),
         max_tokens: int = 128,
-        batch_size: int = 32,
-        num_workers: int = 0,
-        prepare_dir: str = "data/prepared",
-        prepare_workers: int | None = None,
-        data_root: str = "data",
+        prepare: PrepareConfig = PrepareConfig(),
         seed: int = 0,
     ) -> None:
         super().__init__()
-        if corpus is not None and corpus != "austen":
-            raise ValueError(f"corpus={corpus!r} is not a built-in corpus; valid: 'austen', or null with tsv_files")
-        if (corpus is None) == (tsv_files is None):
-            raise ValueError(
-                "TextClassificationDataModule needs exactly one source of labelled texts: corpus ('austen', the "
-                "default) or tsv_files with corpus: null; "
-                + ("got both: set corpus to null to read tsv_files" if corpus else "got neither")
-            )
-        for name, files in (
-            ("tsv_files", tsv_files),
-            ("val_tsv_files", val_tsv_files),
-            ("test_tsv_files", test_tsv_files),
-        ):
-            if files is not None and not as_list(files):
-                raise ValueError(f"{name} is an empty list; give paths or glob patterns, or leave it unset")
-            if files is not None and corpus is not None:
-                raise ValueError(
-                    f"corpus={corpus!r} has its own val/test split (by position in each novel); remove {name}"
-                )
-        for name, value, least in (
-            ("passage_sentences", passage_sentences, 1),
-            ("max_tokens", max_tokens, 3),
-            ("batch_size", batch_size, 1),
-            ("num_workers", num_workers, 0),
-        ):
-            if value < least:
-                what = " ([CLS], a token, [SEP])" if name == "max_tokens" else ""
-                raise ValueError(f"{name}={value} must be at least {least}{what}")
-        if train_examples is not None and train_examples < 1:
-            raise ValueError(f"train_examples={train_examples} must be at least 1, or null to use every training text")
-        if prepare_workers is not None and prepare_workers < 1:
-            raise ValueError(f"prepare_workers={prepare_workers} must be at least 1, or null for every core")
-        if tokenizer_file is None and bpe_vocab_size < MIN_VOCAB_SIZE:
-            raise ValueError(
-                f"bpe_vocab_size={bpe_vocab_size} is too small: the byte-level BPE holds 256 bytes and "
-                f"{len(EXTRA_SPECIAL_TOKENS) + 4} special tokens; use at least {MIN_VOCAB_SIZE}"
-            )
-        if tokenizer_file is not None and not Path(tokenizer_file).is_file():
-            raise FileNotFoundError(
-                f"tokenizer_file: {tokenizer_file!r} does not exist (a pretraining run writes its tokenizer.json "
-                "beside its checkpoints/ folder: run it first, or point tokenizer_file at the run you have)"
-            )
+        if max_tokens < 3:
+            raise ValueError(f"data.max_tokens={max_tokens} must be at least 3 ([CLS], a token, [SEP])")
         self.save_hyperparameters()
-        self.corpus = corpus
-        patterns = {"train": tsv_files, "val": val_tsv_files, "test": test_tsv_files}
-        self.files = {  # missing files and patterns without matches are refused here, naming the option
-            split: expand_patterns(as_list(patterns[split]), f"{_PREFIX[split]}tsv_files") for split in SPLITS
-        }
-        self.passage_sentences = passage_sentences
-        self.train_examples = train_examples
-        self.tokenizer_file = tokenizer_file
-        self.bpe_vocab_size = bpe_vocab_size
+        self.source = as_config(PassageSource, source)
+        self.tokenizer_config = as_config(PassageTokenizer, tokenizer)
+        self.loader = as_config(LoaderConfig, loader)
+        if self.loader.val_windows is not None:
+            raise ValueError("data.loader.val_windows is for windows of text; a classifier validates on every text")
+        self.prepare_config = as_config(PrepareConfig, prepare)
+        self.files = self.source.files()
         self.max_tokens = max_tokens
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.prepare_dir = Path(prepare_dir)
-        self.prepare_workers = prepare_workers
-        self.data_root = Path(data_root)
         self.seed = seed
         self.datasets: dict[str, Dataset] = {}
         self._folder: Path | None = None
@@ -438,7 +464,7 @@ class TextClassificationDataModule(L.LightningDataModule):
     def folder(self) -> Path:
         """The prepared folder (see the module docstring), prepared on first use (once per job)."""
         if self._folder is None:
-            self._folder = prepared_folder(self.prepare_dir, self._stem(), self._fingerprint(), self._prepare)
+            self._folder = prepared_folder(self.prepare_config.dir, self._stem(), self._fingerprint(), self._prepare)
         return self._folder
 
     @property
@@ -450,7 +476,7 @@ class TextClassificationDataModule(L.LightningDataModule):
 
     @property
     def tokenizer(self) -> Tokenizer:
-        """The tokenizer the records were encoded with: `tokenizer_file`'s, or the one trained when preparing."""
+        """The tokenizer the records were encoded with: `tokenizer.file`'s, or the one trained when preparing."""
         if self._tokenizer is None:
             self._tokenizer = Tokenizer.from_file(self.folder / TOKENIZER)
         return self._tokenizer
@@ -537,41 +563,46 @@ class TextClassificationDataModule(L.LightningDataModule):
     def _dataloader(self, dataset: Dataset, sampler) -> DataLoader:
         return DataLoader(
             dataset,
-            batch_size=self.batch_size,
+            batch_size=self.loader.batch_size,
             sampler=sampler,
             collate_fn=partial(collate_classification, max_tokens=self.max_tokens, pad_id=self.pad_id),
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            num_workers=self.loader.num_workers,
+            persistent_workers=self.loader.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
         )
 
     def _chosen(self) -> np.ndarray | None:
         """The indices of the `train_examples` train texts, drawn once (the same for every seed), in order; None:
         all of them."""
-        return chosen_examples(sum(self.manifest["counts"]["train"]), self.train_examples)
+        return chosen_examples(sum(self.manifest["counts"]["train"]), self.source.train_examples)
 
     def _describe_source(self) -> str:
-        if self.corpus == "austen":
-            return f"Austen's novels, passages of {self.passage_sentences} sentences"
+        if self.source.corpus == "austen":
+            return f"Austen's novels, passages of {self.source.passage_sentences} sentences"
         return ", ".join(str(path) for paths in self.files.values() for path in paths)
 
     def _stem(self) -> str:
-        return "classify-" + ("austen" if self.corpus == "austen" else stem_of(self.files["train"]))
+        return "classify-" + ("austen" if self.source.corpus == "austen" else stem_of(self.files["train"]))
 
     def _fingerprint(self) -> dict:
         """What the prepared folder's content depends on: the corpus's content or the files' path, size and time,
         the passage rule, the tokenizer (a file's content, or how one is trained), the format version."""
-        if self.tokenizer_file is not None:
-            tokenizer = {"file": content_hash(Path(self.tokenizer_file).read_text(encoding="utf-8", errors="replace"))}
+        if self.tokenizer_config.file is not None:
+            tokenizer = {
+                "file": content_hash(Path(self.tokenizer_config.file).read_text(encoding="utf-8", errors="replace"))
+            }
         else:
             tokenizer = {
-                "bpe_vocab_size": self.bpe_vocab_size,
+                "bpe_vocab_size": self.tokenizer_config.vocab_size,
                 "special": list(EXTRA_SPECIAL_TOKENS),
                 "sample_bytes": SAMPLE_BYTES,
-                "train_examples": self.train_examples,  # the texts it is trained on
+                "train_examples": self.source.train_examples,  # the texts it is trained on
             }
-        if self.corpus == "austen":
-            source = {"austen": sha256_of(austen_text(self.data_root / "austen")), "passages": self.passage_sentences}
+        if self.source.corpus == "austen":
+            source = {
+                "austen": sha256_of(austen_text(Path(self.source.data_root) / "austen")),
+                "passages": self.source.passage_sentences,
+            }
         else:
             source = {"tsv": {split: [file_stamp(path) for path in paths] for split, paths in self.files.items()}}
         return {"format": FORMAT_VERSION, **source, "tokenizer": tokenizer}
@@ -579,10 +610,10 @@ class TextClassificationDataModule(L.LightningDataModule):
     def _prepare(self, folder: Path) -> dict:
         """Build the prepared folder (``prepared_folder`` calls it once per job): tokenizer, records, class names and
         counts (what it returns goes into the manifest)."""
-        if self.corpus == "austen":
+        if self.source.corpus == "austen":
             with preparing(f"cutting {self._describe_source()}"):
-                text = read_utf8(austen_text(self.data_root / "austen"))
-                passages = austen_passages(text, self.passage_sentences)
+                text = read_utf8(austen_text(Path(self.source.data_root) / "austen"))
+                passages = austen_passages(text, self.source.passage_sentences)
             class_names = [title for _, title in AUSTEN_NOVELS]
             examples = {split: [(text, label) for text, label, _ in passages[split]] for split in SPLITS}
             counts = {
@@ -618,7 +649,7 @@ class TextClassificationDataModule(L.LightningDataModule):
             expected = sum(counts[split])
             if expected:
                 written = write_records(
-                    folder / split, records_of[split], inputs[split], self.prepare_workers, ("ids",)
+                    folder / split, records_of[split], inputs[split], self.prepare_config.num_workers, ("ids",)
                 )
                 if written != expected:
                     raise RuntimeError(f"{folder / split}: {written:,} records written for {expected:,} texts")
@@ -626,26 +657,28 @@ class TextClassificationDataModule(L.LightningDataModule):
         return {"class_names": class_names, "counts": counts, "vocab_size": tokenizer.vocab_size}
 
     def _train_tokenizer(self, train_texts, counts: dict[str, list[int]]) -> Tokenizer:
-        """`tokenizer_file`'s tokenizer, or a BPE trained on ``train_texts()`` (an iterable of the train texts) or
+        """`tokenizer.file`'s tokenizer, or a BPE trained on ``train_texts()`` (an iterable of the train texts) or
         on the `train_examples` chosen of them."""
-        if self.tokenizer_file is not None:
-            return Tokenizer.from_file(self.tokenizer_file)
+        if self.tokenizer_config.file is not None:
+            return Tokenizer.from_file(self.tokenizer_config.file)
         texts: Iterable[str] = train_texts()
-        chosen = chosen_examples(sum(counts["train"]), self.train_examples)
+        chosen = chosen_examples(sum(counts["train"]), self.source.train_examples)
         if chosen is not None:
             kept = set(chosen.tolist())
             texts = [text for i, text in enumerate(texts) if i in kept]
-        with preparing(f"training a byte-level BPE of {self.bpe_vocab_size} tokens on the train texts"):
-            return Tokenizer.train_bpe(texts, self.bpe_vocab_size, extra_special_tokens=EXTRA_SPECIAL_TOKENS)
+        with preparing(f"training a byte-level BPE of {self.tokenizer_config.vocab_size} tokens on the train texts"):
+            return Tokenizer.train_bpe(
+                texts, self.tokenizer_config.vocab_size, extra_special_tokens=EXTRA_SPECIAL_TOKENS
+            )
 
     def _tsv_sample(self, pieces: list[Piece], held_out: frozenset[str]) -> Iterator[str]:
         """The train texts of the train files' pieces, in order: all of them when the files hold at most
         ``SAMPLE_BYTES`` (or `train_examples` is set: its texts are drawn from all of them), else the same share of
         the start of every piece."""
         total = sum(piece.weight for piece in pieces)
-        limit = None if total <= SAMPLE_BYTES or self.train_examples is not None else SAMPLE_BYTES // len(pieces)
+        limit = None if total <= SAMPLE_BYTES or self.source.train_examples is not None else SAMPLE_BYTES // len(pieces)
         for piece in pieces:
-            for line in piece_lines(piece, "tsv_files", limit=limit):
+            for line in piece_lines(piece, "data.source.tsv_files", limit=limit):
                 if line.strip():
                     text, _, _ = text_and_label(line)
                     if split_of_line(text, "train", held_out) == "train":

@@ -1,6 +1,6 @@
 """Translation data: sentence pairs → BPE token ids → length-bucketed batches under a token budget.
 
-The pairs are prepared once per job into a folder under `prepare_dir` (``data.prepare.prepared_folder``: named by a
+The pairs are prepared once per job into a folder under `prepare.dir` (``prepared_folder``: named by a
 hash of everything its content depends on, built under a lock, its manifest written last):
 
     Ding dictionary (in memory) / TSV files / two line-aligned files (pieces of ≤ 8 MB, never a whole file)
@@ -15,8 +15,8 @@ only when batches are made, so de-en and en-de share the prepared folder. With B
 
 The Ding dictionary's extraction and the split of sentence pairs are described in ``lightformer.data.raw.corpora``.
 
-Its length is one class, the data module: its many sources and options (Ding, TSV or line-aligned files per split,
-direction, vocabulary, budgets) and their checks, which fail at construction naming the option.
+Its options are config groups (``PairSource``, ``PairTokenizer``, ``PairBatches``, ``PrepareConfig``), each of
+which checks its own fields when it is built, naming the option as it is written (``data.source.src_file``).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
+from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import TokenBudgetBatchSampler
 from lightformer.data.loading.sequences import collate_pairs
 from lightformer.data.loading.streaming import Records
@@ -44,6 +45,7 @@ from lightformer.data.preparation.caching import file_stamp, preparing
 from lightformer.data.preparation.prepare import (
     MANIFEST,
     SAMPLE_BYTES,
+    PrepareConfig,
     prepared_folder,
     stem_of,
     worker_tokenizer,
@@ -69,21 +71,16 @@ LENGTH_FIELDS = ("first", "second")  # a record's id arrays, whose lengths the b
 _DING_INPUT_PAIRS = 100_000  # Ding pairs per encoding input (one worker process each)
 
 
-class TranslationDataModule(L.LightningDataModule):
-    """Sentence pairs for an encoder-decoder: batches {"src": (B, S), "tgt": (B, T), "src_text", "tgt_text"}.
+SPLIT_PREFIX = {"train": "", "val": "val_", "test": "test_"}  # of each split's options: tsv_files, val_tsv_files...
 
-    `src` is `encode(source) + [EOS]`; `tgt` is `[BOS] + encode(target) + [EOS]` (the task shifts it for teacher
-    forcing); both are padded with `pad_id`. `src_text` / `tgt_text` are the pairs' texts (BLEU references).
-    Batches hold up to `max_tokens` padded tokens per side (see `TokenBudgetBatchSampler`).
 
-    Give the pairs as exactly one of `corpus`, `tsv_files`, or `src_file` + `tgt_file`. For files, the val and
-    test pairs come from `val_*` / `test_*` files when given, else from the md5 bucket split of the source
-    sentences (see the module docstring); file pairs are kept as they are (not deduplicated), except that pairs
-    with an empty side are skipped.
+@dataclass(frozen=True)
+class PairSource:
+    """Where the sentence pairs come from: exactly one of `corpus`, `tsv_files`, or `src_file` + `tgt_file`.
 
-    **Distributed training**: the batch sampler divides batches among ranks itself. It works with Lightning's
-    default `use_distributed_sampler: true` (it reads the ranks and epoch from the injected DistributedSampler)
-    and with `use_distributed_sampler: false` (it reads `torch.distributed`).
+    For files, the val and test pairs come from `val_*` / `test_*` files when given, else from the md5 bucket split
+    of the source sentences (see the module docstring); file pairs are kept as they are (not deduplicated), except
+    that pairs with an empty side are skipped.
 
     Args:
         corpus: a built-in offline corpus: "ding" (German–English sentence pairs from the Ding dictionary, Debian
@@ -106,144 +103,222 @@ class TranslationDataModule(L.LightningDataModule):
             Without ding_phrases it has no effect (an epoch of sentences only needs no balance).
         direction: with corpus="ding", "de-en" translates German to English, "en-de" English to German. For
             files the source is always the first column / `src_file`; only "de-en" (the default) is accepted.
-        joint_vocab: one byte-level BPE trained on both sides of the train split (needed to share embeddings);
-            False trains one BPE per side. The BPEs train on all the train pairs, or on a sample of about
-            `SAMPLE_BYTES` (64 MB) taken evenly from the training files when these are larger.
-        bpe_vocab_size: size of each trained BPE vocabulary (named so as not to clash with the model's
-            `src_vocab_size` / `tgt_vocab_size`, which are linked from this module's actual sizes).
+    """
+
+    corpus: Literal["ding"] | None = None
+    tsv_files: list[str] | None = None
+    src_file: str | None = None
+    tgt_file: str | None = None
+    val_tsv_files: list[str] | None = None
+    val_src_file: str | None = None
+    val_tgt_file: str | None = None
+    test_tsv_files: list[str] | None = None
+    test_src_file: str | None = None
+    test_tgt_file: str | None = None
+    ding_file: str = DING_FILE
+    ding_phrases: bool = False
+    sentence_repeats: int = 1
+    direction: Literal["de-en", "en-de"] = "de-en"
+
+    def __post_init__(self) -> None:
+        given = [
+            name
+            for name, is_given in (
+                ("corpus", self.corpus is not None),
+                ("tsv_files", self.tsv_files is not None),
+                ("src_file + tgt_file", self.src_file is not None or self.tgt_file is not None),
+            )
+            if is_given
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "data.source needs exactly one source of sentence pairs: corpus ('ding'), tsv_files, or "
+                f"src_file + tgt_file; got {', '.join(given) if given else 'none'}"
+            )
+        if self.corpus not in (None, "ding"):
+            raise ValueError(f"data.source.corpus={self.corpus!r} is not a built-in corpus; valid: 'ding'")
+        for split, prefix in SPLIT_PREFIX.items():
+            tsv, src, tgt = self.patterns(split)
+            if (src is None) != (tgt is None):
+                given_name, value, missing = ("src", src, "tgt") if tgt is None else ("tgt", tgt, "src")
+                raise ValueError(
+                    f"data.source.{prefix}{given_name}_file={value!r} needs {prefix}{missing}_file: line-aligned "
+                    "files come in pairs"
+                )
+            if tsv is not None and not as_list(tsv):
+                raise ValueError(
+                    f"data.source.{prefix}tsv_files is an empty list; give paths or glob patterns, or leave it unset"
+                )
+            if tsv is not None and src is not None:
+                raise ValueError(
+                    f"data.source: give the {split} pairs as {prefix}tsv_files or as {prefix}src_file + "
+                    f"{prefix}tgt_file, not both"
+                )
+        if self.corpus is not None:
+            explicit = [
+                f"{SPLIT_PREFIX[split]}{kind}"
+                for split in ("val", "test")
+                for kind, value in zip(("tsv_files", "src_file", "tgt_file"), self.patterns(split), strict=True)
+                if value is not None
+            ]
+            if explicit:
+                raise ValueError(
+                    "data.source.corpus='ding' has its own val/test split (md5 buckets of the German sentence); "
+                    f"remove {', '.join(explicit)}"
+                )
+        elif self.ding_phrases:
+            raise ValueError("data.source.ding_phrases=True applies to corpus='ding' only; the pairs come from files")
+        if self.sentence_repeats < 1:
+            raise ValueError(f"data.source.sentence_repeats={self.sentence_repeats} must be at least 1")
+        if self.direction not in ("de-en", "en-de"):
+            raise ValueError(f"data.source.direction={self.direction!r} is not valid; valid: 'de-en', 'en-de'")
+        if self.corpus is None and self.direction != "de-en":
+            raise ValueError(
+                f"data.source.direction={self.direction!r} applies to corpus='ding' only; for files the source is the "
+                "first column (tsv_files) or src_file: swap the columns or the files to reverse the direction"
+            )
+
+    def patterns(self, split: str) -> tuple[list[str] | None, str | None, str | None]:
+        """(tsv_files, src_file, tgt_file) of a split, as given."""
+        prefix = SPLIT_PREFIX[split]
+        return tuple(getattr(self, f"{prefix}{kind}") for kind in ("tsv_files", "src_file", "tgt_file"))
+
+    def files(self, split: str) -> dict[str, list[Path]]:
+        """{"tsv": [...]} or {"src": [path], "tgt": [path]} of a split's files; {} when it has none. A missing file
+        or a pattern without matches is an error naming the option."""
+        (tsv, src, tgt), prefix = self.patterns(split), f"data.source.{SPLIT_PREFIX[split]}"
+        if tsv:
+            return {"tsv": expand_patterns(as_list(tsv), f"{prefix}tsv_files")}
+        if src is not None:
+            return {
+                "src": expand_patterns([src], f"{prefix}src_file"),
+                "tgt": expand_patterns([tgt], f"{prefix}tgt_file"),
+            }
+        return {}
+
+    @property
+    def source_side(self) -> int:
+        """Index of the source side in the stored (German, English) / (first, second) pairs."""
+        return 1 if self.direction == "en-de" else 0
+
+
+@dataclass(frozen=True)
+class PairTokenizer:
+    """The byte-level BPE tokenizers of the pairs, trained on the train split.
+
+    Args:
+        joint_vocab: one BPE trained on both sides of the train split (needed to share embeddings); False trains
+            one BPE per side. The BPEs train on all the train pairs, or on a sample of about `SAMPLE_BYTES` (64 MB)
+            taken evenly from the training files when these are larger.
+        vocab_size: size of each trained BPE vocabulary (the model's `src_vocab_size` / `tgt_vocab_size` are linked
+            from the tokenizers' actual sizes).
         bpe_dropout: BPE-dropout (Provilkov et al. 2020; 0.1 in the paper) on the train split: each merge is skipped
             with this probability, so the model sees each train sentence split into subwords in several ways
             (`Tokenizer.encode_batch_with_dropout`). Validation and test keep the one segmentation of plain BPE.
             0 turns it off.
         bpe_dropout_segmentations: with bpe_dropout, how many segmentations of each train sentence are drawn (from
-            `seed`, prepared under `prepare_dir`); epoch e trains on the (e mod this)-th of each, so runs repeat exactly
-            on resume and on every rank.
+            the data's `seed`, prepared under `prepare.dir`); epoch e trains on the (e mod this)-th of each, so runs
+            repeat exactly on resume and on every rank.
+    """
+
+    joint_vocab: bool = True
+    vocab_size: int = 8000
+    bpe_dropout: float = 0.0
+    bpe_dropout_segmentations: int = 8
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < MIN_BPE_VOCAB_SIZE:
+            raise ValueError(
+                f"data.tokenizer.vocab_size={self.vocab_size} is too small for byte-level BPE: use at least "
+                f"{MIN_BPE_VOCAB_SIZE}"
+            )
+        if not 0.0 <= self.bpe_dropout < 1.0:
+            raise ValueError(
+                f"data.tokenizer.bpe_dropout={self.bpe_dropout} must be in [0, 1) (0.1 in the paper; 0 turns it off)"
+            )
+        if self.bpe_dropout_segmentations < 1:
+            raise ValueError(
+                f"data.tokenizer.bpe_dropout_segmentations={self.bpe_dropout_segmentations} must be at least 1"
+            )
+
+    @property
+    def names(self) -> tuple[str, str]:
+        """The tokenizer of each stored side, by its file's name (``tokenizer-<name>.json``)."""
+        return ("joint", "joint") if self.joint_vocab else ("first", "second")
+
+    @property
+    def segmentations(self) -> int:
+        """The train split's BPE-dropout segmentations, each a record split (0 without BPE-dropout)."""
+        return self.bpe_dropout_segmentations if self.bpe_dropout else 0
+
+
+@dataclass(frozen=True)
+class PairBatches:
+    """How the pairs are cut and batched.
+
+    Args:
         max_sentence_tokens: longest train sentence in tokens, BOS/EOS included; longer train pairs are dropped.
             Val and test pairs are all kept, their ids cut to this length with EOS kept last, and their texts
             kept whole, so BLEU is computed on the full split against the full references. (Not named `max_len`:
-            the model's `max_len` is its position table and need not be equal; Lightning refuses to log
-            hyperparameters that share a name but differ.)
+            the model's `max_len` is its position table and need not be equal.)
         max_tokens: token budget of one batch: rows × longest row (source or target) <= max_tokens; must be at
             least `max_sentence_tokens`.
         num_workers: DataLoader worker processes.
-        prepare_dir: where the pairs are prepared (tokenizers and records, one folder per source and options,
-            reused while they are unchanged; see the module docstring), on every core.
-        seed: seeds the batches' shuffling (the splits do not depend on it).
+    """
+
+    max_sentence_tokens: int = 128
+    max_tokens: int = 4096
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_sentence_tokens < 3:
+            raise ValueError(
+                f"data.batches.max_sentence_tokens={self.max_sentence_tokens} must be at least 3 (BOS, a token, EOS)"
+            )
+        if self.max_tokens < self.max_sentence_tokens:
+            raise ValueError(
+                f"data.batches.max_tokens={self.max_tokens} is smaller than max_sentence_tokens="
+                f"{self.max_sentence_tokens}: a batch must hold at least one sentence of the longest allowed length; "
+                "raise max_tokens or lower max_sentence_tokens"
+            )
+        if self.num_workers < 0:
+            raise ValueError(f"data.batches.num_workers={self.num_workers} must be at least 0")
+
+
+class TranslationDataModule(L.LightningDataModule):
+    """Sentence pairs for an encoder-decoder: batches {"src": (B, S), "tgt": (B, T), "src_text", "tgt_text"}.
+
+    `src` is `encode(source) + [EOS]`; `tgt` is `[BOS] + encode(target) + [EOS]` (the task shifts it for teacher
+    forcing); both are padded with `pad_id`. `src_text` / `tgt_text` are the pairs' texts (BLEU references).
+    Batches hold up to `batches.max_tokens` padded tokens per side (see `TokenBudgetBatchSampler`).
+
+    **Distributed training**: the batch sampler divides batches among ranks itself. It works with Lightning's
+    default `use_distributed_sampler: true` (it reads the ranks and epoch from the injected DistributedSampler)
+    and with `use_distributed_sampler: false` (it reads `torch.distributed`).
+
+    Args:
+        source: where the pairs come from, which direction they are translated (``PairSource``).
+        tokenizer: the BPE tokenizers and BPE-dropout (``PairTokenizer``).
+        batches: sentence length, token budget, loader workers (``PairBatches``).
+        prepare: where and with how many processes the pairs are prepared (tokenizers and records, one folder per
+            source and options, reused while they are unchanged; see the module docstring) (``PrepareConfig``).
+        seed: seeds the batches' shuffling and BPE-dropout's draws (the splits do not depend on it).
     """
 
     def __init__(
         self,
-        corpus: Literal["ding"] | None = None,
-        tsv_files: list[str] | None = None,
-        src_file: str | None = None,
-        tgt_file: str | None = None,
-        val_tsv_files: list[str] | None = None,
-        val_src_file: str | None = None,
-        val_tgt_file: str | None = None,
-        test_tsv_files: list[str] | None = None,
-        test_src_file: str | None = None,
-        test_tgt_file: str | None = None,
-        ding_file: str = DING_FILE,
-        ding_phrases: bool = False,
-        sentence_repeats: int = 1,
-        direction: Literal["de-en", "en-de"] = "de-en",
-        joint_vocab: bool = True,
-        bpe_vocab_size: int = 8000,
-        bpe_dropout: float = 0.0,
-        bpe_dropout_segmentations: int = 8,
-        max_sentence_tokens: int = 128,
-        max_tokens: int = 4096,
-        num_workers: int = 0,
-        prepare_dir: str = "data/prepared",
+        source: PairSource,
+        tokenizer: PairTokenizer = PairTokenizer(),
+        batches: PairBatches = PairBatches(),
+        prepare: PrepareConfig = PrepareConfig(),
         seed: int = 0,
     ) -> None:
         super().__init__()
-        sources = {
-            "corpus": corpus is not None,
-            "tsv_files": tsv_files is not None,
-            "src_file + tgt_file": src_file is not None or tgt_file is not None,
-        }
-        given = [name for name, is_given in sources.items() if is_given]
-        if len(given) != 1:
-            raise ValueError(
-                "TranslationDataModule needs exactly one source of sentence pairs: corpus ('ding'), tsv_files, or "
-                f"src_file + tgt_file; got {', '.join(given) if given else 'none'}"
-            )
-        if corpus is not None and corpus != "ding":
-            raise ValueError(f"corpus={corpus!r} is not a built-in corpus; valid: 'ding'")
-        split_files = {
-            "val": (val_tsv_files, val_src_file, val_tgt_file),
-            "test": (test_tsv_files, test_src_file, test_tgt_file),
-        }
-        for split, (tsv, src, tgt) in (("train", (tsv_files, src_file, tgt_file)), *split_files.items()):
-            prefix = "" if split == "train" else f"{split}_"
-            if (src is None) != (tgt is None):
-                given_name, value, missing_name = (
-                    (f"{prefix}src_file", src, f"{prefix}tgt_file")
-                    if tgt is None
-                    else (f"{prefix}tgt_file", tgt, f"{prefix}src_file")
-                )
-                raise ValueError(f"{given_name}={value!r} needs {missing_name}: line-aligned files come in pairs")
-            if tsv is not None and not as_list(tsv):
-                raise ValueError(f"{prefix}tsv_files is an empty list; give paths or glob patterns, or leave it unset")
-            if tsv is not None and src is not None:
-                raise ValueError(
-                    f"give the {split} pairs as {prefix}tsv_files or as {prefix}src_file + {prefix}tgt_file, not both"
-                )
-        if corpus is not None:
-            explicit = [name for name, value in _named_split_files(split_files) if value is not None]
-            if explicit:
-                raise ValueError(
-                    f"corpus='ding' has its own val/test split (md5 buckets of the German sentence); remove "
-                    f"{', '.join(explicit)}"
-                )
-        elif ding_phrases:
-            raise ValueError("ding_phrases=True applies to corpus='ding' only; the pairs come from files here")
-        if sentence_repeats < 1:
-            raise ValueError(f"sentence_repeats={sentence_repeats} must be at least 1")
-        if direction not in ("de-en", "en-de"):
-            raise ValueError(f"direction={direction!r} is not valid; valid: 'de-en', 'en-de'")
-        if corpus is None and direction != "de-en":
-            raise ValueError(
-                f"direction={direction!r} applies to corpus='ding' only; for files the source is the first column "
-                "(tsv_files) or src_file: swap the columns or the files to reverse the direction"
-            )
-        if bpe_vocab_size < MIN_BPE_VOCAB_SIZE:
-            raise ValueError(
-                f"bpe_vocab_size={bpe_vocab_size} is too small for byte-level BPE: use at least {MIN_BPE_VOCAB_SIZE}"
-            )
-        if not 0.0 <= bpe_dropout < 1.0:
-            raise ValueError(f"bpe_dropout={bpe_dropout} must be in [0, 1) (0.1 in the paper; 0 turns it off)")
-        if bpe_dropout_segmentations < 1:
-            raise ValueError(f"bpe_dropout_segmentations={bpe_dropout_segmentations} must be at least 1")
-        if max_sentence_tokens < 3:
-            raise ValueError(f"max_sentence_tokens={max_sentence_tokens} must be at least 3 (BOS, a token, EOS)")
-        if max_tokens < max_sentence_tokens:
-            raise ValueError(
-                f"max_tokens={max_tokens} is smaller than max_sentence_tokens={max_sentence_tokens}: a batch must "
-                "hold at least one sentence of the longest allowed length; raise max_tokens or lower "
-                "max_sentence_tokens"
-            )
-        if num_workers < 0:
-            raise ValueError(f"num_workers={num_workers} must be at least 0")
         self.save_hyperparameters()
-        self.corpus = corpus
-        self.file_patterns = {
-            "train": (as_list(tsv_files), src_file, tgt_file),
-            **{split: (as_list(tsv), src, tgt) for split, (tsv, src, tgt) in split_files.items()},
-        }
-        self.ding_file = Path(ding_file)
-        self.ding_phrases = ding_phrases
-        self.sentence_repeats = sentence_repeats
-        self.direction = direction
-        self.joint_vocab = joint_vocab
-        self.bpe_vocab_size = bpe_vocab_size
-        self.bpe_dropout = bpe_dropout
-        self.bpe_dropout_segmentations = bpe_dropout_segmentations
-        self.max_sentence_tokens = max_sentence_tokens
-        self.max_tokens = max_tokens
-        self.num_workers = num_workers
-        self.prepare_dir = Path(prepare_dir)
+        self.source = as_config(PairSource, source)
+        self.tokenizer_config = as_config(PairTokenizer, tokenizer)
+        self.batches = as_config(PairBatches, batches)
+        self.prepare_config = as_config(PrepareConfig, prepare)
         self.seed = seed
         self.datasets: dict[str, PreparedPairs] = {}
         self.stats: dict[str, object] = {}
@@ -255,12 +330,12 @@ class TranslationDataModule(L.LightningDataModule):
     @property
     def src_tokenizer(self) -> Tokenizer:
         """Tokenizer of the source side (the same object as `tgt_tokenizer` when `joint_vocab`)."""
-        return self._tokenizer(self._source_side)
+        return self._tokenizer(self.source.source_side)
 
     @property
     def tgt_tokenizer(self) -> Tokenizer:
         """Tokenizer of the target side."""
-        return self._tokenizer(1 - self._source_side)
+        return self._tokenizer(1 - self.source.source_side)
 
     @property
     def src_vocab_size(self) -> int:
@@ -285,7 +360,7 @@ class TranslationDataModule(L.LightningDataModule):
         """The prepared folder (tokenizers, record splits, manifest), prepared on first use; its manifest's
         statistics are in `stats` from then on."""
         if self._folder is None:
-            self._folder = prepared_folder(self.prepare_dir, self._stem(), self._fingerprint(), self._build)
+            self._folder = prepared_folder(self.prepare_config.dir, self._stem(), self._fingerprint(), self._build)
             self.stats.update(json.loads((self._folder / MANIFEST).read_text())["stats"])
         return self._folder
 
@@ -310,26 +385,21 @@ class TranslationDataModule(L.LightningDataModule):
 
     # --- internals ---
 
-    @property
-    def _source_side(self) -> int:
-        """Index of the source side in the stored (German, English) / (first, second) pairs."""
-        return 1 if self.direction == "en-de" else 0
-
     def _dataloader(self, split: str, shuffle: bool) -> DataLoader:
         if split not in self.datasets:
             self.setup({"train": "fit", "val": "validate", "test": "test"}[split])
         dataset = self.datasets[split]
         if len(dataset) == 0:
             raise ValueError(f"the {split} split has no sentence pairs ({self._describe_source(split)})")
-        blocks = self.bpe_dropout_segmentations if split == "train" and self.bpe_dropout else 1
+        blocks = max(self.tokenizer_config.segmentations, 1) if split == "train" else 1
         return DataLoader(
             dataset,
             batch_sampler=TokenBudgetBatchSampler(
-                dataset.lengths, self.max_tokens, shuffle=shuffle, seed=self.seed, blocks=blocks
+                dataset.lengths, self.batches.max_tokens, shuffle=shuffle, seed=self.seed, blocks=blocks
             ),
             collate_fn=partial(collate_pairs, pad_id=self.pad_id),
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            num_workers=self.batches.num_workers,
+            persistent_workers=self.batches.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
         )
 
@@ -339,12 +409,16 @@ class TranslationDataModule(L.LightningDataModule):
         With `bpe_dropout`, the train dataset is `bpe_dropout_segmentations` blocks, one per segmentation of the
         pairs (the batch sampler draws each epoch from one block); a pair too long in any of them is dropped.
         """
-        if split == "train" and self.bpe_dropout:
-            names = [_dropout_split(k) for k in range(self.bpe_dropout_segmentations)]
+        if split == "train" and self.tokenizer_config.bpe_dropout:
+            names = [_dropout_split(k) for k in range(self.tokenizer_config.bpe_dropout_segmentations)]
         else:
             names = [split]
         blocks = [Records(str(self.prepared / name)) for name in names]
-        src_side, tgt_side, limit = self._source_side, 1 - self._source_side, self.max_sentence_tokens
+        src_side, tgt_side, limit = (
+            self.source.source_side,
+            1 - self.source.source_side,
+            self.batches.max_sentence_tokens,
+        )
         too_long = np.logical_or.reduce(
             [(block.lengths[:, src_side] + 1 > limit) | (block.lengths[:, tgt_side] + 2 > limit) for block in blocks]
         )
@@ -361,51 +435,51 @@ class TranslationDataModule(L.LightningDataModule):
 
     def _tokenizer(self, side: int) -> Tokenizer:
         """The tokenizer of stored side 0 or 1 (both the joint one), from the prepared folder."""
-        name = self._tokenizer_names[side]
+        name = self.tokenizer_config.names[side]
         if name not in self._tokenizers:
             self._tokenizers[name] = Tokenizer.from_file(self.prepared / f"tokenizer-{name}.json")
         return self._tokenizers[name]
 
-    @property
-    def _tokenizer_names(self) -> tuple[str, str]:
-        return ("joint", "joint") if self.joint_vocab else ("first", "second")
-
     def _stem(self) -> str:
-        if self.corpus == "ding":
+        if self.source.corpus == "ding":
             return "translation-ding"
-        return f"translation-{stem_of([path for paths in self._split_files('train').values() for path in paths])}"
+        return f"translation-{stem_of([path for paths in self.source.files('train').values() for path in paths])}"
 
     def _fingerprint(self) -> dict:
         """What the prepared folder depends on: the sources (content hash of the Ding file, path + size + mtime of
         user files), the extraction and split rules (the format), the tokenizers' options, BPE-dropout's draws."""
-        if self.corpus == "ding":
+        if self.source.corpus == "ding":
             sources: dict = {
                 "ding": sha256_of(self._ding_path()),
-                "phrases": self.ding_phrases,
-                "sentence_repeats": self.sentence_repeats if self.ding_phrases else 1,
+                "phrases": self.source.ding_phrases,
+                "sentence_repeats": self.source.sentence_repeats if self.source.ding_phrases else 1,
             }
         else:
             sources = {
-                split: {kind: [file_stamp(p) for p in paths] for kind, paths in self._split_files(split).items()}
+                split: {kind: [file_stamp(p) for p in paths] for kind, paths in self.source.files(split).items()}
                 for split in SPLITS
             }
         dropout = (
-            {"p": self.bpe_dropout, "segmentations": self.bpe_dropout_segmentations, "seed": self.seed}
-            if self.bpe_dropout
+            {
+                "p": self.tokenizer_config.bpe_dropout,
+                "segmentations": self.tokenizer_config.bpe_dropout_segmentations,
+                "seed": self.seed,
+            }
+            if self.tokenizer_config.bpe_dropout
             else None
         )
         return {
             "format": _FORMAT_VERSION,
             "sources": sources,
-            "joint_vocab": self.joint_vocab,
-            "bpe_vocab_size": self.bpe_vocab_size,
+            "joint_vocab": self.tokenizer_config.joint_vocab,
+            "bpe_vocab_size": self.tokenizer_config.vocab_size,
             "sample_bytes": SAMPLE_BYTES,
             "bpe_dropout": dropout,
         }
 
     def _build(self, folder: Path) -> dict:
         """Prepare `folder`: the tokenizers, then the record splits; returns the manifest's additions."""
-        if self.corpus == "ding":
+        if self.source.corpus == "ding":
             inputs, stats = self._ding_inputs()
             tokenizers = self._train_tokenizers(inputs["train"], folder)
             stats.update(self._write_splits(folder, tokenizers, inputs, wanted={}, held_out=()))
@@ -420,7 +494,7 @@ class TranslationDataModule(L.LightningDataModule):
     def _ding_inputs(self) -> tuple[dict[str, list], dict[str, object]]:
         """Each split's Ding pairs (in memory: the dictionary is ~40 MB), as lists of up to `_DING_INPUT_PAIRS`,
         and the extraction's statistics."""
-        with preparing(f"reading the sentence pairs of the Ding dictionary {self.ding_file}"):
+        with preparing(f"reading the sentence pairs of the Ding dictionary {self.source.ding_file}"):
             sentences, phrases, stats = extract_ding_pairs(self._ding_path())
         pairs: dict[str, list[Pair]] = {split: [] for split in SPLITS}
         for pair in sentences:
@@ -428,12 +502,12 @@ class TranslationDataModule(L.LightningDataModule):
         stats["train_skipped_empty"] = 0
         for split in SPLITS:
             stats.update(_pair_statistics(split, pairs[split], ("german", "english")))
-        if self.ding_phrases:
+        if self.source.ding_phrases:
             held_out = {pair[0] for split in ("val", "test") for pair in pairs[split]}
             added = [pair for pair in phrases if pair[0] not in held_out]
             stats["train_phrase_pairs"] = len(added)
             stats["phrase_pairs_held_out"] = len(phrases) - len(added)
-            pairs["train"] = pairs["train"] * self.sentence_repeats + added
+            pairs["train"] = pairs["train"] * self.source.sentence_repeats + added
         chunks = {
             split: [found[i : i + _DING_INPUT_PAIRS] for i in range(0, len(found), _DING_INPUT_PAIRS)]
             for split, found in pairs.items()
@@ -447,13 +521,15 @@ class TranslationDataModule(L.LightningDataModule):
         if not count:
             raise ValueError(f"the train split has no sentence pairs ({self._describe_source('train')})")
         trained = {}
-        for name in dict.fromkeys(self._tokenizer_names):
-            sides = (0, 1) if self.joint_vocab else (("first", "second").index(name),)
+        for name in dict.fromkeys(self.tokenizer_config.names):
+            sides = (0, 1) if self.tokenizer_config.joint_vocab else (("first", "second").index(name),)
             texts = (pair[side] for side in sides for pairs in train for pair in pairs)
-            with preparing(f"training a {name} byte-level BPE of {self.bpe_vocab_size} tokens on {count:,} pairs"):
-                trained[name] = Tokenizer.train_bpe(texts, self.bpe_vocab_size)
+            with preparing(
+                f"training a {name} byte-level BPE of {self.tokenizer_config.vocab_size} tokens on {count:,} pairs"
+            ):
+                trained[name] = Tokenizer.train_bpe(texts, self.tokenizer_config.vocab_size)
             trained[name].save(folder / f"tokenizer-{name}.json")
-        return tuple(trained[name].to_str() for name in self._tokenizer_names)
+        return tuple(trained[name].to_str() for name in self.tokenizer_config.names)
 
     def _write_splits(
         self,
@@ -467,7 +543,7 @@ class TranslationDataModule(L.LightningDataModule):
         by a worker that keeps the pairs of `wanted[split]` (all of them for a split not in `wanted`); returns
         each split's statistics."""
         stats: dict[str, object] = {}
-        languages = ("german", "english") if self.corpus == "ding" else ("first", "second")
+        languages = ("german", "english") if self.source.corpus == "ding" else ("first", "second")
         counted = folder / ".statistics"
         for split in SPLITS:
             records_of = partial(
@@ -475,10 +551,16 @@ class TranslationDataModule(L.LightningDataModule):
                 wanted=wanted.get(split),
                 held_out=held_out,
                 tokenizers=tokenizers,
-                counts=None if self.corpus == "ding" else str(counted),
+                counts=None if self.source.corpus == "ding" else str(counted),
             )
-            write_records(folder / split, records_of, list(enumerate(inputs[split])), None, LENGTH_FIELDS)
-            if self.corpus != "ding":
+            write_records(
+                folder / split,
+                records_of,
+                list(enumerate(inputs[split])),
+                self.prepare_config.num_workers,
+                LENGTH_FIELDS,
+            )
+            if self.source.corpus != "ding":
                 counts = [json.loads((counted / f"{i:08d}.json").read_text()) for i in range(len(inputs[split]))]
                 shutil.rmtree(counted)
                 stats.update(_summed_statistics(split, counts, languages))
@@ -486,23 +568,29 @@ class TranslationDataModule(L.LightningDataModule):
                     stats[f"{split}_skipped_empty"] = 0
                 elif stats[f"{split}_pairs"] == 0:
                     raise self._no_pairs(split, stats[f"{split}_skipped_empty"])
-        for k in range(self.bpe_dropout_segmentations if self.bpe_dropout else 0):
+        for k in range(self.tokenizer_config.segmentations):
             records_of = partial(
                 _pair_records,
                 wanted=wanted.get("train"),
                 held_out=held_out,
                 tokenizers=tokenizers,
-                dropout=(self.bpe_dropout, self.seed, k),
+                dropout=(self.tokenizer_config.bpe_dropout, self.seed, k),
             )
-            with preparing(f"drawing BPE-dropout segmentation {k + 1} of {self.bpe_dropout_segmentations}"):
+            with preparing(
+                f"drawing BPE-dropout segmentation {k + 1} of {self.tokenizer_config.bpe_dropout_segmentations}"
+            ):
                 write_records(
-                    folder / _dropout_split(k), records_of, list(enumerate(inputs["train"])), None, LENGTH_FIELDS
+                    folder / _dropout_split(k),
+                    records_of,
+                    list(enumerate(inputs["train"])),
+                    self.prepare_config.num_workers,
+                    LENGTH_FIELDS,
                 )
         return stats
 
     def _no_pairs(self, split: str, skipped: int) -> ValueError:
         """The error for a split's files that hold no pair, `skipped` lines with an empty side."""
-        layout = "'source<TAB>target' lines" if "tsv" in self._split_files(split) else "line-aligned sentences"
+        layout = "'source<TAB>target' lines" if "tsv" in self.source.files(split) else "line-aligned sentences"
         return ValueError(
             f"no sentence pairs in {self._describe_source(split)}"
             + (f" ({skipped} lines with an empty side skipped)" if skipped else "")
@@ -512,7 +600,7 @@ class TranslationDataModule(L.LightningDataModule):
     def _pieces(self, split: str) -> list[Piece | AlignedPiece]:
         """The pieces of a split's own files ([] when it has none): byte ranges of TSV files, or aligned line
         ranges of two line-aligned files."""
-        files = self._split_files(split)
+        files = self.source.files(split)
         if "tsv" in files:
             spans = [FileSpan(path, "text", size, size) for path in files["tsv"] for size in [path.stat().st_size]]
             return [piece for span in spans for piece in pieces_of(span, 0, span.size, sources.PIECE_BYTES)]
@@ -536,31 +624,19 @@ class TranslationDataModule(L.LightningDataModule):
         return sampled
 
     def _ding_path(self) -> Path:
-        if not self.ding_file.is_file():
+        path = Path(self.source.ding_file)
+        if not path.is_file():
             raise CorpusUnavailableError(
-                f"ding_file: the Ding German–English dictionary is not at {self.ding_file}. It is Debian's "
+                f"data.source.ding_file: the Ding German–English dictionary is not at {path}. It is Debian's "
                 f"{DING_DEB_PACKAGE} package: run `sudo apt-get install {DING_DEB_PACKAGE}` (or point ding_file at a "
                 "copy of the de-en file)"
             )
-        return self.ding_file
-
-    def _split_files(self, split: str) -> dict[str, list[Path]]:
-        """{"tsv": [...]} or {"src": [path], "tgt": [path]} for a split's files; {} when it has none."""
-        tsv_patterns, src, tgt = self.file_patterns[split]
-        prefix = "" if split == "train" else f"{split}_"
-        if tsv_patterns:
-            return {"tsv": expand_patterns(tsv_patterns, f"{prefix}tsv_files")}
-        if src is not None:
-            return {
-                "src": expand_patterns([src], f"{prefix}src_file"),
-                "tgt": expand_patterns([tgt], f"{prefix}tgt_file"),
-            }
-        return {}
+        return path
 
     def _describe_source(self, split: str) -> str:
-        if self.corpus == "ding":
-            return f"the {split} split of the Ding dictionary {self.ding_file}"
-        files = self._split_files(split)
+        if self.source.corpus == "ding":
+            return f"the {split} split of the Ding dictionary {self.source.ding_file}"
+        files = self.source.files(split)
         if not files:
             return f"the md5 bucket split of the training files ({self._describe_source('train')})"
         return ", ".join(f"{kind} {', '.join(map(str, paths))}" for kind, paths in files.items())
@@ -772,11 +848,3 @@ def _summed_statistics(
 
 def _dropout_split(k: int) -> str:
     return f"train-dropout-{k}"
-
-
-def _named_split_files(split_files: dict[str, tuple]) -> list[tuple[str, object]]:
-    return [
-        (f"{split}_{kind}", value)
-        for split, values in split_files.items()
-        for kind, value in zip(("tsv_files", "src_file", "tgt_file"), values, strict=True)
-    ]
