@@ -1,16 +1,19 @@
 """Tests for lightformer.data.modules.images: digits, Fashion-MNIST from Debian's files, image folders, batch
 augmentation on the device, errors."""
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 import torchvision
 from PIL import Image
+from torchvision.transforms import v2
 
 from lightformer.data.modules import images
 from lightformer.data.modules.images import ImageDataModule, ImageLoaderConfig, ImageSource
 from lightformer.data.objectives.augment import AugmentConfig
+from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.raw import corpora
 from lightformer.data.raw.image_files import load_image
 
@@ -257,6 +260,7 @@ def test_image_folder_with_one_folder(tmp_path):
     datamodule = ImageDataModule(
         source=ImageSource(dataset="image_folder", image_folder=str(tmp_path)),
         loader=ImageLoaderConfig(batch_size=4),
+        prepare=PrepareConfig(dir=str(tmp_path / ".prepared")),  # a hidden folder is no class folder
         image_size=16,
     )
     assert datamodule.class_names == ["bird", "cat", "dog"]
@@ -275,7 +279,8 @@ def test_image_folder_with_split_folders(tmp_path):
     write_image_folder(tmp_path / "val", ["dog"], images_per_class=2)  # a class missing from val is fine
     write_image_folder(tmp_path / "test", ["bird", "cat", "dog"], images_per_class=1)
     datamodule = ImageDataModule(
-        source=ImageSource(dataset="image_folder", image_folder=str(tmp_path), val_fraction=0.5)
+        source=ImageSource(dataset="image_folder", image_folder=str(tmp_path), val_fraction=0.5),
+        prepare=PrepareConfig(dir=str(tmp_path / ".prepared")),
     )
     assert datamodule.image_size == 224
     datamodule.setup()
@@ -307,10 +312,41 @@ def test_image_folder_errors(tmp_path):
 
     write_image_folder(tmp_path / "small", ["cat", "dog"], images_per_class=5)
     too_big = ImageDataModule(
-        source=ImageSource(dataset="image_folder", image_folder=str(tmp_path / "small"), val_size=50)
+        source=ImageSource(dataset="image_folder", image_folder=str(tmp_path / "small"), val_size=50),
+        prepare=PrepareConfig(dir=str(tmp_path / "prepared")),
     )
     with pytest.raises(ValueError, match=r"val_size=50 .* has 8 images"):
         too_big.setup()
+
+
+def test_an_image_folder_is_prepared_once_into_records_of_its_files(tmp_path, monkeypatch):
+    write_image_folder(tmp_path / "images", ["cat", "dog"], images_per_class=3)
+    options = dict(
+        source=ImageSource(dataset="image_folder", image_folder=str(tmp_path / "images")),
+        augment=AugmentConfig(policy="none"),
+        prepare=PrepareConfig(dir=str(tmp_path / "prepared"), num_workers=2),
+        image_size=12,
+    )
+    first = ImageDataModule(**options)
+    first.prepare_data()
+    first.setup()
+    carve = json.loads((first.prepared / images.CARVE).read_text())  # each split's files, in record order
+    assert sorted(sum(carve.values(), [])) == sorted(str(path) for path in (tmp_path / "images").rglob("*.png"))
+    for split, files in carve.items():
+        dataset = getattr(first, f"{split}_dataset")
+        assert len(dataset) == len(files) > 0
+        for index, path in enumerate(files):  # streamed back: the file's pixels, decoded and resized as the loader does
+            image, label = dataset[index]
+            assert torch.equal(image, v2.functional.pil_to_tensor(load_image(path, 3, 12)))
+            assert label == first.class_names.index(Path(path).parent.name)
+
+    def no_preparing(*args, **kwargs):
+        raise AssertionError("prepared again")
+
+    monkeypatch.setattr(images, "write_records", no_preparing)
+    second = ImageDataModule(**options)  # another process of the job, or a later run: reads what is there
+    second.setup()
+    assert second.prepared == first.prepared and len(second.train_dataset) == len(first.train_dataset)
 
 
 # ---------------------------------------------------------------- argument errors and load_image

@@ -19,7 +19,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler
+from lightformer.data.loading.sampling import EpochShuffleSampler, ResumableDataLoader, evaluation_sampler
 from lightformer.data.modules.images import (
     ImageDataModule,
     ImageDatasetInfo,
@@ -30,6 +30,7 @@ from lightformer.data.modules.images import (
 )
 from lightformer.data.objectives.augment import AugmentConfig
 from lightformer.data.objectives.pixels import PaletteConfig, PixelTokenizer, downsample
+from lightformer.data.preparation.prepare import PrepareConfig
 
 SPLITS = ("train", "val", "test")
 
@@ -106,6 +107,7 @@ class ImageTokenDataModule(L.LightningDataModule):
         palette: the colours pixels are read as (``PaletteConfig``).
         loader: batch size, loader workers, pinned memory (``ImageLoaderConfig``; a batch is one slice of a tensor in
             memory: 0 workers is usually best).
+        prepare: where an image folder is prepared (``PrepareConfig``, as ``ImageDataModule``'s).
         image_size: side length of the modelled images, at most the dataset's (28 for (fashion_)mnist, 32 for
             cifar10, 8 for digits); smaller sizes are made by area averaging. Each image is ``image_size²``
             tokens, the sequence the GPT reads (its cost grows with the square of that length). None: the
@@ -121,6 +123,7 @@ class ImageTokenDataModule(L.LightningDataModule):
         source: ImageSource = ImageSource(),
         palette: PaletteConfig = PaletteConfig(),
         loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=64),
+        prepare: PrepareConfig = PrepareConfig(),
         image_size: int | None = None,
         seed: int = 0,
     ) -> None:
@@ -136,8 +139,9 @@ class ImageTokenDataModule(L.LightningDataModule):
         # The splits, as uint8 images at their native size (image folders: at image_size, read that way).
         loader = ImageLoaderConfig(batch_size=self.loader.batch_size)
         self.images_data = ImageDataModule(
-            self.source, AugmentConfig(policy="none"), loader, image_size if is_folder else None, seed
-        )
+            self.source, AugmentConfig(policy="none"), loader, as_config(PrepareConfig, prepare),
+            image_size if is_folder else None, seed,
+        )  # fmt: skip
         # Not named image_size / in_channels: the CLI links data attributes of those names into model.net.
         self.resolution = self.source.info.image_size if image_size is None else image_size
         self.channels = self.source.info.in_channels
@@ -242,7 +246,9 @@ class ImageTokenDataModule(L.LightningDataModule):
     def _dataloader(self, split: str, shuffle: bool) -> DataLoader:
         self._require(split)
         dataset = PixelSequenceDataset(self._tokens[split], self.pixel_tokenizer.start_id)
-        return DataLoader(
+        # training: a loader whose position inside an epoch is saved in checkpoints (an exact mid-epoch resume)
+        resumable = {"trainer": lambda: self.trainer} if shuffle else {}
+        return (ResumableDataLoader if shuffle else DataLoader)(
             dataset,
             batch_size=self.loader.batch_size,
             sampler=EpochShuffleSampler(len(dataset), self.seed) if shuffle else evaluation_sampler(dataset),
@@ -250,6 +256,7 @@ class ImageTokenDataModule(L.LightningDataModule):
             num_workers=self.loader.num_workers,
             pin_memory=self.loader.pin_memory,
             persistent_workers=self.loader.num_workers > 0,
+            **resumable,
         )
 
     def train_dataloader(self) -> DataLoader:

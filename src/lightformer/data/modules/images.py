@@ -10,16 +10,20 @@ constant seed (digits, an image folder without ``test/``), so test numbers compa
 is an image folder's own ``val/``, or else ``val_size`` images (or ``val_fraction`` of them) carved from what is
 left of the pool with a random split seeded by ``seed``. The rest is the training set.
 
-Pixels. Datasets that fit in memory (all but image folders) are decoded once into one uint8 tensor and batched by
-slicing it; image folders are decoded file by file in the loader's workers. Either way batches leave the loader as
-uint8 and are flipped, cropped and normalised on the device the model trains on (``data.augment``), in
+Pixels. The built-in datasets (Fashion-MNIST, MNIST, CIFAR-10, digits) are decoded once into one uint8 tensor held in
+memory and batched by slicing it: their size is fixed and bounded (at most 180 MB of pixels, CIFAR-10's), so a
+prepared copy would only add a step. Image folders, of any size, are prepared once per job into ``data.prepare.dir``
+(``prepare_image_folder``) and streamed: memory does not grow with the folder. Either way batches leave the loader
+as uint8 and are flipped, cropped and normalised on the device the model trains on (``data.augment``), in
 ``on_after_batch_transfer``; outside Lightning call ``transform_batch``. TrivialAugment and RandAugment, which need
 per-image operations on uint8 images, run in the loader.
 
-Image folders are checked once, before training: every file is decoded in full at ``setup`` (a header alone misses
-a file cut short, whose error would otherwise come from a loader worker mid-epoch), and a folder with files that
-are not readable images is refused in one line naming them. The files found good are remembered by path, size and
-modification time under ``root``, so a later run decodes only new or changed files. See ``check_image_files``.
+Image folders. Preparing lists the files, carves the splits, and writes each split's records ``{"image": the file's
+bytes, "label": class index}`` in order with LitData on every core (the bytes: lossless, and the size of the
+folder; decoding and resizing stay in the loader's workers). Every file is decoded in full there, so a folder with
+files that are not readable images (not an image, cut short, 32-bit pixels) is refused in one line naming them,
+before any training. The prepared folder's name holds a hash of the files' paths, sizes and modification times,
+the carve and the channels: a later run with the same files reads it without decoding anything again.
 
 Its length is the table of the datasets it knows (sizes, statistics, class names) and one data module with its
 options and their checks.
@@ -27,10 +31,13 @@ options and their checks.
 
 from __future__ import annotations
 
+import io
 import json
-import time
+import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -38,14 +45,14 @@ import lightning as L
 import numpy as np
 import torch
 import torchvision
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from PIL import UnidentifiedImageError
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler
+from lightformer.data.loading.sampling import EpochShuffleSampler, ResumableDataLoader, evaluation_sampler
+from lightformer.data.loading.streaming import Records
 from lightformer.data.objectives.augment import (
     AugmentConfig,
     normalize,
@@ -53,9 +60,17 @@ from lightformer.data.objectives.augment import (
     random_erasing,
     random_horizontal_flip,
 )
-from lightformer.data.preparation.caching import content_hash, write_json
+from lightformer.data.preparation.caching import content_hash, file_stamp
+from lightformer.data.preparation.prepare import MANIFEST, PrepareConfig, prepared_folder, stem_of, write_records
 from lightformer.data.raw.corpora import DEBIAN_FASHION_MNIST_DIR, install_debian_fashion_mnist
-from lightformer.data.raw.image_files import ImageFileDataset, load_image, read_image_folder_layout
+from lightformer.data.raw.image_files import (
+    ImageFolderLayout,
+    class_folder_files,
+    image_file_records,
+    load_image,
+    read_image_folder_layout,
+)
+from lightformer.data.raw.sources import SPLITS
 from lightformer.errors import ConfigError
 
 DatasetName = Literal["fashion_mnist", "mnist", "cifar10", "digits", "image_folder"]
@@ -271,85 +286,78 @@ def carve_splits(
     return remaining.tolist(), val_indices.tolist(), test_indices.tolist()
 
 
-IMAGE_CHECKS_FOLDER = "image_checks"  # under `root`: the files of each image folder found good, by their stamps
-IMAGE_CHECKS_VERSION = 1
+IMAGE_RECORDS_VERSION = 1  # bump when what a prepared image folder holds changes meaning
+CARVE = "carve.json"  # in a prepared image folder: each split's files, in record order
+MAX_PIECE_FILES = 1000  # image files per piece a preparing worker holds at a time
 
 
-def image_file_problem(path: str, in_channels: int) -> str | None:
-    """What keeps ``path`` from being a training image (None: nothing): decoded in full, as the loader will."""
-    try:
-        load_image(path, in_channels)
-    except (ValueError, OSError) as error:
-        cause = error.__cause__ or error
-        if isinstance(cause, FileNotFoundError):
-            return "gone: it was removed while the folder was read"
-        if isinstance(cause, UnidentifiedImageError):
-            return "not an image: PIL recognises no image format in it"
-        if "truncated" in str(cause).lower():
-            return f"cut short: {cause}"
-        return str(cause).removeprefix(f"{path} ")
-    return None
+def prepare_image_folder(
+    layout: ImageFolderLayout, source: ImageSource, in_channels: int, seed: int, prepare: PrepareConfig
+) -> Path:
+    """Prepare an image folder once per job (``prepare.prepared_folder``) into per-split records of the files' bytes
+    and labels, written by every core, in the order the splits read them (the carve: the folder's val/ and test/,
+    else ``carve_splits`` of train/); returns the prepared folder, which records the carve in ``carve.json``.
 
-
-def check_image_files(files: list[str], directory: Path, in_channels: int, remembered_in: Path | None) -> None:
-    """Decode every image file of an image folder's split in full (what the loader will do with it) and raise
-    ConfigError naming the files that are not readable images (not an image, cut short, 32-bit pixels), with what
-    is wrong with each, before any training.
-
-    A header alone (``Image.open``, or PIL's ``verify``) misses a file cut short, which then failed in a loader
-    worker after training started; so each file is decoded, which costs about 0.07 s per 1,000 28×28 PNGs and 0.9 s
-    per 1,000 224×224 JPEGs on one core (measured). The files found good are remembered in
-    ``remembered_in/<hash of the folder>.json`` by path, size and modification time, so a later run decodes only
-    the files added or changed since (a cache that does not load is checked again; one that cannot be written is
-    warned about). Files found bad are never remembered: they are named in every run until replaced.
+    Every file is decoded in full while it is written; files that are not readable images are refused together in
+    one ConfigError naming them (the folder is left unfinished: the next run prepares it again).
     """
-    from tqdm.auto import tqdm
+    listed = {"train": class_folder_files(layout.train_dir, layout.class_names, require_every_class=True)}
+    for split, directory in (("val", layout.val_dir), ("test", layout.test_dir)):
+        if directory is not None:
+            listed[split] = class_folder_files(directory, layout.class_names, require_every_class=False)
+    pool = listed["train"]
+    train, val, test = carve_splits(len(pool), "test" not in listed, source.val_count, "val" not in listed, seed)
+    files = {
+        "train": [pool[i] for i in train],
+        "val": listed["val"] if "val" in listed else [pool[i] for i in val],
+        "test": listed["test"] if "test" in listed else [pool[i] for i in test],
+    }
+    stamps = {split: [[*file_stamp(Path(path)), label] for path, label in files[split]] for split in SPLITS}
+    fingerprint = {"format": IMAGE_RECORDS_VERSION, "files": content_hash(stamps), "in_channels": in_channels}
+    build = partial(_write_image_records, files=files, in_channels=in_channels, workers=prepare.num_workers)
+    return prepared_folder(prepare.dir, stem_of([Path(source.image_folder)]), fingerprint, build)
 
-    record = None if remembered_in is None else remembered_in / f"{content_hash(str(directory.resolve()))}.json"
-    known: dict[str, list[int]] = {}
-    if record is not None and record.exists():
-        try:
-            saved = json.loads(record.read_text(encoding="utf-8"))
-            if saved.get("version") == IMAGE_CHECKS_VERSION:
-                known = {str(path): list(stamp) for path, stamp in saved["files"].items()}
-        except (ValueError, KeyError, TypeError, AttributeError, OSError):
-            known = {}  # damaged: every file is checked again and the record rewritten
-    good: dict[str, list[int]] = {}
-    to_check = []
-    for path in files:
-        stat = Path(path).stat()
-        stamp = [stat.st_size, stat.st_mtime_ns]
-        if known.get(path) == stamp:
-            good[path] = stamp
-        else:
-            to_check.append((path, stamp))
-    problems = []
-    start = time.monotonic()
-    shown = tqdm(to_check, desc=f"checking the images in {directory}", unit="file", disable=len(to_check) < 2000)
-    for path, stamp in shown:
-        problem = image_file_problem(path, in_channels)
-        if problem is None:
-            good[path] = stamp
-        else:
-            problems.append(f"{path} ({problem})")
-    if to_check:
-        rank_zero_info(
-            f"image_folder: decoded {len(to_check)} image files of {directory} in {time.monotonic() - start:.1f} s "
-            f"({len(files) - len(to_check)} found good by an earlier run)"
-        )
-    if record is not None and to_check and good != known:
-        try:
-            write_json(record, {"version": IMAGE_CHECKS_VERSION, "folder": str(directory), "files": good})
-        except OSError as error:
-            rank_zero_warn(f"image_folder: could not remember the checked image files in {record} ({error}); the "
-                           "next run checks them again")  # fmt: skip
+
+def _write_image_records(folder: Path, files: dict, in_channels: int, workers: int | None) -> dict:
+    """``prepared_folder``'s build for an image folder: each split's records, the bad files refused, the carve."""
+    problems_dir = folder / ".problems"
+    cores = workers or len(os.sched_getaffinity(0))
+    for split in SPLITS:
+        if files[split]:
+            size = max(1, min(MAX_PIECE_FILES, math.ceil(len(files[split]) / cores)))
+            pieces = list(enumerate(files[split][i : i + size] for i in range(0, len(files[split]), size)))
+            records_of = partial(image_file_records, in_channels=in_channels, problems_dir=str(problems_dir / split))
+            write_records(folder / split, records_of, pieces, workers, ("image",))
+    problems = [problem for path in sorted(problems_dir.rglob("*.json")) for problem in json.loads(path.read_text())]
     if problems:
+        total = sum(len(split_files) for split_files in files.values())
         listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise ConfigError(
-            f"data.image_folder: {len(problems)} of {len(files)} files in {directory} are not readable images: "
-            f"{listed}. Remove or replace them: every file with an image extension under a class folder is "
-            "trained on"
+            f"data.source.image_folder: {len(problems)} of {total} files are not readable images: {listed}. Remove "
+            "or replace them: every file with an image extension under a class folder is trained on"
         )
+    (folder / CARVE).write_text(json.dumps({split: [path for path, _ in files[split]] for split in SPLITS}))
+    counts = {split: len(files[split]) for split in SPLITS}
+    rank_zero_info(f"prepared image folder: {folder} ({', '.join(f'{s} {n:,} images' for s, n in counts.items())})")
+    return {"images": counts}
+
+
+class ImageRecords(Dataset):
+    """A prepared image-folder split (``prepare_image_folder``) by index: item i is (uint8 image ``(C, S, S)``
+    decoded from the stored file bytes and resized to ``image_size``, class index), what reading the file gives."""
+
+    def __init__(self, split_dir: str, in_channels: int, image_size: int) -> None:
+        self.records = Records(split_dir)
+        self.in_channels = in_channels
+        self.image_size = image_size
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, int]:
+        record = self.records[index]
+        image = load_image(io.BytesIO(record["image"]), self.in_channels, self.image_size)
+        return v2.functional.pil_to_tensor(image), int(record["label"])
 
 
 class ImageSubset(Dataset):
@@ -393,6 +401,8 @@ class ImageDataModule(L.LightningDataModule):
         source: which images and how they split (``ImageSource``).
         augment: the training set's augmentation (``AugmentConfig``).
         loader: batch size, loader workers, pinned memory (``ImageLoaderConfig``).
+        prepare: where an image folder is prepared, with how many processes (``PrepareConfig``; the built-in datasets
+            are read into memory and not prepared).
         image_size: side length images are resized to (square); None: the dataset's native size
             (28 for (fashion_)mnist, 32 for cifar10, 8 for digits, 224 for image folders).
         seed: seeds the validation carve and the training-set shuffling.
@@ -403,14 +413,14 @@ class ImageDataModule(L.LightningDataModule):
         source: ImageSource = ImageSource(),
         augment: AugmentConfig = AugmentConfig(),
         loader: ImageLoaderConfig = ImageLoaderConfig(),
+        prepare: PrepareConfig = PrepareConfig(),
         image_size: int | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.source = as_config(ImageSource, source)
-        self.augment = as_config(AugmentConfig, augment)
-        self.loader = as_config(ImageLoaderConfig, loader)
+        self.source, self.augment = as_config(ImageSource, source), as_config(AugmentConfig, augment)
+        self.loader, self.prepare = as_config(ImageLoaderConfig, loader), as_config(PrepareConfig, prepare)
         self.seed = seed
         self.info = info = self.source.info
         if self.augment.policy == "flip" and not info.horizontal_flip:
@@ -432,7 +442,7 @@ class ImageDataModule(L.LightningDataModule):
                 f"({', '.join(self.class_names)}); classification needs at least 2"
             )
         self.normalize_mean, self.normalize_std = info.mean, info.std
-        self.train_dataset = self.val_dataset = self.test_dataset = None
+        self.train_dataset = self.val_dataset = self.test_dataset = self._prepared = None
         if self.source.dataset == "digits":  # statistics of the training split: instant for 1,797 tiny images
             self.setup()
             pixels = self.train_dataset.source.tensors[0][self.train_dataset.indices].float() / 255
@@ -471,51 +481,52 @@ class ImageDataModule(L.LightningDataModule):
             images = v2.functional.resize(images, [self.image_size, self.image_size], antialias=True)
         return TensorDataset(images, labels)
 
+    @property
+    def prepared(self) -> Path:
+        """An image folder's prepared records, prepared on first use (once per job: see ``prepare_image_folder``)."""
+        if self._prepared is None:
+            self._prepared = prepare_image_folder(self.folder_layout, self.source, self.in_channels, self.seed,
+                                                  self.prepare)  # fmt: skip
+        return self._prepared
+
     def prepare_data(self) -> None:
-        """Fetch a torchvision dataset (copy or download) once, before ``setup`` runs in every process."""
+        """Fetch a torchvision dataset (copy or download), or prepare an image folder, once, before ``setup`` runs
+        in every process."""
         if self.source.dataset in TORCHVISION_DATASETS:
             self._load_torchvision(train=True)
             self._load_torchvision(train=False)
+        elif self.source.dataset == "image_folder":
+            self.prepared  # noqa: B018 (prepares on first use)
 
     def setup(self, stage: str | None = None) -> None:
         """Build the train, validation and test sets (all of them, once, whatever the stage)."""
         if self.train_dataset is not None:
             return
-        val_source = test_source = None
+        if self.source.dataset == "image_folder":
+            counts = json.loads((self.prepared / MANIFEST).read_text())["images"]
+            splits = {
+                split: ImageSubset(
+                    ImageRecords(str(self.prepared / split), self.in_channels, self.image_size)
+                    if counts[split]
+                    else [],
+                    list(range(counts[split])),
+                    self._per_image_augmentation() if split == "train" else None,
+                )
+                for split in SPLITS
+            }
+            self.train_dataset, self.val_dataset, self.test_dataset = splits["train"], splits["val"], splits["test"]
+            return
+        test_source = None
         if self.source.dataset in TORCHVISION_DATASETS:
             pool = self._resized(self._load_torchvision(train=True))
             test_source = self._resized(self._load_torchvision(train=False))
-        elif self.source.dataset == "digits":
-            pool = self._resized(load_digits_as_images())
         else:
-            layout = self.folder_layout
-
-            def read_folder(directory: Path, require_every_class: bool) -> ImageFileDataset:
-                found = ImageFileDataset.from_class_folders(
-                    directory, layout.class_names, self.in_channels, self.image_size, require_every_class
-                )
-                paths = [path for path, _ in found.samples]
-                check_image_files(paths, directory, self.in_channels, Path(self.source.root) / IMAGE_CHECKS_FOLDER)
-                return found
-
-            pool = read_folder(layout.train_dir, require_every_class=True)
-            if layout.val_dir is not None:
-                val_source = read_folder(layout.val_dir, require_every_class=False)
-            if layout.test_dir is not None:
-                test_source = read_folder(layout.test_dir, require_every_class=False)
-
+            pool = self._resized(load_digits_as_images())
         train_indices, val_indices, test_indices = carve_splits(
-            len(pool),
-            carve_test=test_source is None,
-            val_count_of=self.source.val_count,
-            carve_val=val_source is None,
-            seed=self.seed,
+            len(pool), test_source is None, self.source.val_count, carve_val=True, seed=self.seed
         )
         self.train_dataset = ImageSubset(pool, train_indices, self._per_image_augmentation())
-        if val_source is None:
-            self.val_dataset = ImageSubset(pool, val_indices)
-        else:
-            self.val_dataset = ImageSubset(val_source, list(range(len(val_source))))
+        self.val_dataset = ImageSubset(pool, val_indices)
         if test_source is None:
             self.test_dataset = ImageSubset(pool, test_indices)
         else:
@@ -563,7 +574,9 @@ class ImageDataModule(L.LightningDataModule):
     def _dataloader(self, dataset: ImageSubset | None, split: str, shuffle: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"ImageDataModule.{split}_dataloader() needs setup() to have run first")
-        return DataLoader(
+        # training: a loader whose position inside an epoch is saved in checkpoints (an exact mid-epoch resume)
+        resumable = {"trainer": lambda: self.trainer} if shuffle else {}
+        return (ResumableDataLoader if shuffle else DataLoader)(
             dataset,
             batch_size=self.loader.batch_size,
             sampler=EpochShuffleSampler(len(dataset), self.seed) if shuffle else evaluation_sampler(dataset),
@@ -571,6 +584,7 @@ class ImageDataModule(L.LightningDataModule):
             num_workers=self.loader.num_workers,
             pin_memory=self.loader.pin_memory,
             persistent_workers=self.loader.num_workers > 0,
+            **resumable,
         )
 
     def train_dataloader(self) -> DataLoader:

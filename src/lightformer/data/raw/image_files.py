@@ -1,4 +1,5 @@
-"""Image files: reading any PIL-readable file as grey or RGB, and the class-folder layout of image datasets.
+"""Image files: reading any PIL-readable file as grey or RGB, the class-folder layout of image datasets, and the
+records an image folder is prepared into (each file's bytes, checked by decoding it in full).
 
 A folder dataset follows torchvision's ``ImageFolder`` layout: ``<folder>/train/<class>/<files>`` with optional
 ``val/`` and ``test/`` beside it, or ``<folder>/<class>/<files>`` directly.
@@ -6,19 +7,24 @@ A folder dataset follows torchvision's ``ImageFolder`` layout: ``<folder>/train/
 
 from __future__ import annotations
 
+import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
-from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 from torchvision.transforms import v2
 
+from lightformer.files import atomic_write_bytes
 
-def load_image(path: str | Path, in_channels: int = 3, image_size: int | None = None) -> Image.Image:
-    """Open an image file as a PIL image in mode "L" (in_channels=1) or "RGB" (in_channels=3).
+
+def load_image(path: str | Path | BinaryIO, in_channels: int = 3, image_size: int | None = None) -> Image.Image:
+    """Open an image file (or its bytes, as a binary stream) as a PIL image in mode "L" (in_channels=1) or "RGB"
+    (in_channels=3).
 
     Any PIL mode with 8-bit channels (RGBA, LA, P, CMYK, 1, ...) is converted; an alpha channel is dropped.
     16-bit greyscale keeps its 8 most significant bits (PIL's own conversion would clip it at 255). 32-bit
@@ -113,34 +119,56 @@ def read_image_folder_layout(image_folder: str | None) -> ImageFolderLayout:
     return ImageFolderLayout(train_dir, split_dirs["val"], split_dirs["test"], class_names)
 
 
-class ImageFileDataset(Dataset):
-    """Labelled image files: item i is (uint8 image ``(C, S, S)`` resized to ``image_size``, class index)."""
+def class_folder_files(directory: Path, class_names: list[str], require_every_class: bool) -> list[tuple[str, int]]:
+    """The image files under ``directory/<class name>/`` (searched recursively, in torchvision's sorted order), each
+    with its class index."""
+    class_to_index = {name: index for index, name in enumerate(class_names)}
+    samples = make_dataset(str(directory), class_to_index, extensions=IMG_EXTENSIONS, allow_empty=True)
+    if not samples:
+        extensions = ", ".join(IMG_EXTENSIONS)
+        raise ValueError(f"image_folder: no image files ({extensions}) found in {directory}")
+    found = {label for _, label in samples}
+    empty = [name for name in class_names if class_to_index[name] not in found]
+    if require_every_class and empty:
+        raise ValueError(f"image_folder: class folders without image files in {directory}: {empty}")
+    return samples
 
-    def __init__(self, samples: list[tuple[str, int]], in_channels: int, image_size: int) -> None:
-        self.samples = samples
-        self.in_channels = in_channels
-        self.image_size = image_size
 
-    @classmethod
-    def from_class_folders(
-        cls, directory: Path, class_names: list[str], in_channels: int, image_size: int, require_every_class: bool
-    ) -> ImageFileDataset:
-        """Collect the image files under ``directory/<class name>/`` (searched recursively)."""
-        class_to_index = {name: index for index, name in enumerate(class_names)}
-        samples = make_dataset(str(directory), class_to_index, extensions=IMG_EXTENSIONS, allow_empty=True)
-        if not samples:
-            extensions = ", ".join(IMG_EXTENSIONS)
-            raise ValueError(f"image_folder: no image files ({extensions}) found in {directory}")
-        found = {label for _, label in samples}
-        empty = [name for name in class_names if class_to_index[name] not in found]
-        if require_every_class and empty:
-            raise ValueError(f"image_folder: class folders without image files in {directory}: {empty}")
-        return cls(samples, in_channels, image_size)
+def read_checked_image(path: str, in_channels: int) -> tuple[bytes | None, str | None]:
+    """The bytes of an image file and what keeps it from being a training image (None: nothing), found by decoding
+    the bytes in full as the loader will: a header alone (``Image.open``, or PIL's ``verify``) misses a file cut
+    short, which then failed in a loader worker after training started."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return None, "gone: it was removed while the folder was read"
+    except OSError as error:
+        return None, str(error)
+    stream = io.BytesIO(data)
+    try:
+        load_image(stream, in_channels)
+    except ValueError as error:
+        cause = error.__cause__ or error
+        if isinstance(cause, UnidentifiedImageError):
+            return None, "not an image: PIL recognises no image format in it"
+        if "truncated" in str(cause).lower():
+            return None, f"cut short: {cause}"
+        return None, str(cause).removeprefix(f"{stream} ")
+    return data, None
 
-    def __len__(self) -> int:
-        return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        path, label = self.samples[index]
-        image = load_image(path, self.in_channels, self.image_size)
-        return v2.functional.pil_to_tensor(image), label
+def image_file_records(piece: tuple[int, list[tuple[str, int]]], in_channels: int, problems_dir: str):
+    """The records ``{"image": the file's bytes, "label": class index}`` of one piece ``(index, [(path, label)])`` of
+    an image folder's split, each file checked by ``read_checked_image``: what the preparing workers run. The files
+    that are not readable images are left out and listed in ``<problems_dir>/<index>.json`` as "path (problem)"."""
+    index, files = piece
+    problems = []
+    for path, label in files:
+        data, problem = read_checked_image(path, in_channels)
+        if problem is None:
+            yield {"image": data, "label": label}
+        else:
+            problems.append(f"{path} ({problem})")
+    if problems:
+        Path(problems_dir).mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(Path(problems_dir) / f"{index:08d}.json", json.dumps(problems).encode())
