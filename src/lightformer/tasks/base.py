@@ -24,7 +24,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
@@ -45,6 +44,7 @@ from lightformer.config_groups import as_config
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.distributed import set_gathered, shard_model
 from lightformer.errors import ConfigError
+from lightformer.flops import FlopCounter
 from lightformer.nn import Decoder, Encoder
 from lightformer.progress import max_time_timer
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw, steps_within
@@ -114,7 +114,7 @@ class Task(L.LightningModule):
         self.compile = compile
         self.activation_checkpointing = activation_checkpointing
         self._forward = None  # the model's __call__, compiled or not; a method, never a registered module
-        self._flops_per_example: dict[tuple, int] = {}
+        self._flop_counter: FlopCounter | None = None
         self.flops_per_batch: int | None = None  # of the current batch, read by lightformer.callbacks.Throughput
         self.tested_step = 0  # the step the weights under test were trained to (on_test_start)
 
@@ -183,17 +183,13 @@ class Task(L.LightningModule):
     def batch_flops(self, batch: Any, backward: bool) -> int:
         """Floating-point operations of the model on ``batch``: the forward pass, and the backward pass if
         ``backward``. Counted by PyTorch's ``FlopCounterMode`` on a copy of the model on the meta device (no
-        compute), once per example shape (batches of one shape cost the count of one example times their size)."""
-        inputs = self.model_inputs(batch)
-        key = (backward, *(tuple(x.shape[1:]) for x in inputs))
-        if key not in self._flops_per_example:
+        compute) at a few shapes, then by a polynomial in the sequence lengths (``lightformer.flops``): a batch of a
+        new shape costs no count."""
+        if self._flop_counter is None:
             model_class = next(c for c in type(self.model).__mro__ if "FSDP" not in c.__name__)  # FSDP2 subclasses
-            with torch.device("meta"):
-                twin = model_class(self.model.config)
-                example = [torch.zeros(1, *x.shape[1:], dtype=x.dtype) for x in inputs]
-            loss = (lambda out: sum(o.float().sum() for o in _outputs(out))) if backward else None
-            self._flops_per_example[key] = measure_flops(twin, lambda: twin(*example), loss)
-        return self._flops_per_example[key] * len(inputs[0])
+            self._flop_counter = FlopCounter(lambda: model_class(self.model.config))
+        inputs = self.model_inputs(batch)
+        return self._flop_counter.per_example(inputs, backward) * len(inputs[0])
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self.flops_per_batch = self.batch_flops(batch, backward=True)
@@ -401,11 +397,6 @@ class TextTask(Task):
             if self.tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
                 check_same_tokenizer(saved=saved, data=self.tokenizer)
             self.tokenizer = saved
-
-
-def _outputs(out: Tensor | tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-    """A model's output as a tuple (BERT pre-training returns masked-LM and next-sentence logits)."""
-    return out if isinstance(out, tuple) else (out,)
 
 
 def clip_gradients(trainer: L.Trainer, optimizer: Optimizer, value: float | None, algorithm: str | None) -> None:
