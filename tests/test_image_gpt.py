@@ -1,6 +1,7 @@
 """Image GPT: pixel-token data, the task's palette in checkpoints, generation with and without the KV cache, features,
 a tiny digits run through the CLI (bits/dim, TensorBoard images), and the sample-images and probe commands."""
 
+import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,12 +10,16 @@ import pytest
 import torch
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torchvision.transforms.v2.functional import pil_to_tensor
 
 from lightformer.cli import cli_main
 from lightformer.commands import probe, sample_images
+from lightformer.data.modules import image_tokens
 from lightformer.data.modules.image_tokens import ImageTokenDataModule
-from lightformer.data.modules.images import ImageLoaderConfig, ImageSource
+from lightformer.data.modules.images import CARVE, ImageLoaderConfig, ImageSource
 from lightformer.data.objectives.pixels import PaletteConfig, PixelTokenizer
+from lightformer.data.preparation.prepare import PrepareConfig
+from lightformer.data.raw.image_files import load_image
 from lightformer.models.gpt import GPTConfig
 from lightformer.tasks.image_gpt import ImageGPTTask, bits_per_dim, completion_rows
 from lightformer.tensorboard import image_grid
@@ -70,6 +75,32 @@ def test_palette_is_fitted_on_training_pixels_and_downsampling_is_area_averaging
     data.setup()
     assert data.images("test").shape == (270, 1, 4, 4)
     assert set(data.images("test").unique().tolist()) <= {0, 85, 170, 255}
+
+
+def test_an_image_folder_is_streamed_and_encoded_batch_by_batch(tmp_path, monkeypatch):
+    for name in ("cat", "dog"):
+        (tmp_path / "images" / name).mkdir(parents=True)
+        for i in range(8):
+            Image.effect_noise((9, 9), 40 + 10 * i).convert("RGB").save(tmp_path / "images" / name / f"{i}.png")
+    monkeypatch.setattr(image_tokens, "PALETTE_SAMPLE_PIXELS", 5 * 36)  # five 6×6 images
+    data = ImageTokenDataModule(
+        source=ImageSource(dataset="image_folder", image_folder=str(tmp_path / "images")),
+        palette=PaletteConfig(kind="kmeans", levels=4),
+        loader=ImageLoaderConfig(batch_size=4),
+        prepare=PrepareConfig(dir=str(tmp_path / "prepared")),
+        image_size=6,
+    )
+    assert len(data._palette_sample()) == 5 < len(data.images_data.train_dataset)  # a bounded sample of training images
+    tokenizer = data.pixel_tokenizer
+    val = list(data.val_dataloader())
+    assert len(list(data.train_dataloader())) == 3  # 11 training images
+    assert not data._tokens and not data._images  # streamed: no split is held in memory
+    x, y = (torch.cat(parts) for parts in zip(*val, strict=True))
+    val_files = json.loads((data.images_data.prepared / CARVE).read_text())["val"]
+    pixels = torch.stack([pil_to_tensor(load_image(path, 3, 6)) for path in val_files])
+    assert torch.equal(y, tokenizer.encode(pixels))  # each batch: the palette ids of its files' pixels
+    assert (x[:, 0] == tokenizer.start_id).all() and torch.equal(x[:, 1:], y[:, :-1])
+    assert torch.equal(data.tokens("val"), y)  # read whole only when asked (lightformer probe)
 
 
 @pytest.mark.parametrize(

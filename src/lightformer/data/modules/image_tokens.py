@@ -1,11 +1,16 @@
-"""Image GPT data: images → (downsampled) uint8 → palette ids → next-pixel (x, y) sequences held in memory.
+"""Image GPT data: images → (downsampled) uint8 → palette ids → next-pixel (x, y) sequences.
 
 ``ImageTokenDataModule`` reads the splits of an ``ImageDataModule`` (Fashion-MNIST, MNIST, CIFAR-10, scikit-learn's
 digits, image folders) as uint8 images, optionally shrinks them by area averaging (``pixels.downsample``), chooses a
-palette (evenly spaced levels, or k-means colours fitted on the training pixels alone) and encodes every split once
-into pixel ids read in raster order (``pixels.PixelTokenizer``). A training example is one whole image:
-``y`` is its ``image_size²`` pixel ids and ``x`` is ``[start] + y[:-1]``, so the GPT predicts each pixel from the ones
-before it, the first from the start token alone; the batches are those of ``LanguageModelTask``.
+palette (evenly spaced levels, or k-means colours fitted on training pixels alone) and reads each image as pixel ids
+in raster order (``pixels.PixelTokenizer``). A training example is one whole image: ``y`` is its ``image_size²`` pixel
+ids and ``x`` is ``[start] + y[:-1]``, so the GPT predicts each pixel from the ones before it, the first from the
+start token alone; the batches are those of ``LanguageModelTask``.
+
+The built-in datasets (bounded: at most 180 MB of pixels) are encoded once, every split, into ids held in memory. An
+image folder, of any size, is streamed from its prepared records (``images.prepare_image_folder``) and each batch is
+encoded as it is read, so memory does not grow with the folder; its k-means palette is fitted on a bounded sample of
+training images (``PALETTE_SAMPLE_PIXELS``).
 
 ``vocab_size`` (palette colours + the start token) and ``block_size`` (pixels per image) are known right after
 construction, so LightningCLI links them into the GPT (``model.net``). The palette is fitted on first use of either.
@@ -14,6 +19,7 @@ construction, so LightningCLI links them into the GPT (``model.net``). The palet
 from __future__ import annotations
 
 import lightning as L
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -37,6 +43,17 @@ SPLITS = ("train", "val", "test")
 # A uniform colour palette has levels³ colours: more than this and the vocabulary (and the GPT's embedding and
 # output layers) grows past what Image GPT uses (512 k-means colours); k-means picks the colours that occur instead.
 MAX_UNIFORM_COLOURS = 4096
+# An image folder's k-means palette is fitted on the pixels of at most this many pixels' worth of training images,
+# drawn at random by the seed (``fit_kmeans`` then draws its 200,000 pixels from them): a bounded read, whatever the
+# folder's size. A folder with fewer training pixels is read whole, as the built-in datasets are.
+PALETTE_SAMPLE_PIXELS = 2_000_000
+
+
+def pixel_pairs(y: Tensor, start_id: int) -> tuple[Tensor, Tensor]:
+    """(x, y) of pixel ids ``(..., S*S)``: y as int64, x = ``[start_id] + y[:-1]`` along the last dimension."""
+    y = y.long()
+    start = torch.full((*y.shape[:-1], 1), start_id, dtype=torch.long)
+    return torch.cat([start, y[..., :-1]], dim=-1), y
 
 
 class PixelSequenceDataset(Dataset):
@@ -53,16 +70,32 @@ class PixelSequenceDataset(Dataset):
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def _pairs(self, y: Tensor) -> tuple[Tensor, Tensor]:
-        y = y.long()
-        start = torch.full((*y.shape[:-1], 1), self.start_id, dtype=torch.long)
-        return torch.cat([start, y[..., :-1]], dim=-1), y
-
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
-        return self._pairs(self.tokens[index])
+        return pixel_pairs(self.tokens[index], self.start_id)
 
     def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
-        return self._pairs(self.tokens[torch.as_tensor(indices, dtype=torch.long)])
+        return pixel_pairs(self.tokens[torch.as_tensor(indices, dtype=torch.long)], self.start_id)
+
+
+class EncodedImages(Dataset):
+    """Item i is (x, y) for image i of ``images`` (a dataset of (uint8 image ``(C, S, S)``, label), a prepared image
+    folder's split), its pixel ids encoded with ``tokenizer`` as its batch is read: no split's ids are ever all held.
+    ``__getitems__`` encodes a whole batch at once."""
+
+    def __init__(self, images: Dataset, tokenizer: PixelTokenizer) -> None:
+        self.images = images
+        self.tokenizer = tokenizer
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        x, y = self.__getitems__([index])
+        return x[0], y[0]
+
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
+        images = torch.stack([self.images[index][0] for index in indices])
+        return pixel_pairs(self.tokenizer.encode(images), self.tokenizer.start_id)
 
 
 def check_image_size(image_size: int | None, source: ImageSource) -> None:
@@ -146,6 +179,7 @@ class ImageTokenDataModule(L.LightningDataModule):
         self.resolution = self.source.info.image_size if image_size is None else image_size
         self.channels = self.source.info.in_channels
         self.class_names = self.images_data.class_names
+        self.streams_images = is_folder  # encoded per batch from prepared records, not held in memory
         self._pixel_tokenizer: PixelTokenizer | None = None
         self._images: dict[str, Tensor] = {}  # uint8 (N, C, S, S) at image_size, before quantising
         self._labels: dict[str, Tensor] = {}
@@ -165,29 +199,44 @@ class ImageTokenDataModule(L.LightningDataModule):
 
     @property
     def pixel_tokenizer(self) -> PixelTokenizer:
-        """The palette and its ids; a k-means palette is fitted on the training images on first use."""
+        """The palette and its ids; a k-means palette is fitted on training images on first use."""
         if self._pixel_tokenizer is None:
             levels = self.palette_config.levels
             if self.palette_config.kind == "uniform":
                 self._pixel_tokenizer = PixelTokenizer.uniform(levels, self.resolution, self.channels)
             else:
-                self._read_images()
                 try:
                     self._pixel_tokenizer = PixelTokenizer.fit_kmeans(
-                        self._images["train"], levels, self.resolution, seed=self.seed
+                        self._palette_sample(), levels, self.resolution, seed=self.seed
                     )
                 except ValueError as error:  # fewer distinct colours than levels
                     raise ValueError(f"data.palette: kind='kmeans' with levels={levels}: {error}") from None
         return self._pixel_tokenizer
 
+    def _palette_sample(self) -> Tensor:
+        """The training images a k-means palette is fitted on: all of a built-in dataset's; of an image folder's, at
+        most ``PALETTE_SAMPLE_PIXELS`` pixels' worth, drawn by the seed (all of them, in order, when that is all)."""
+        if not self.streams_images:
+            self._read_images()
+            return self._images["train"]
+        self.setup()
+        train = self.images_data.train_dataset
+        count = min(len(train), max(1, PALETTE_SAMPLE_PIXELS // self.block_size))
+        chosen = range(len(train))
+        if count < len(train):
+            chosen = np.sort(np.random.default_rng(self.seed).choice(len(train), count, replace=False)).tolist()
+        return torch.stack([train[index][0] for index in chosen])
+
     # --- reading and encoding ---------------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
-        """Fetch a torchvision dataset (copy or download) once, before ``setup`` runs in every process."""
+        """Fetch a torchvision dataset (copy or download), or prepare an image folder, once, before ``setup`` runs
+        in every process."""
         self.images_data.prepare_data()
 
     def _read_images(self) -> None:
-        """Every split as uint8 images at image_size (area-averaged) and their labels, once."""
+        """Every split as uint8 images at image_size (area-averaged) and their labels, once: for an image folder only
+        where ``tokens``, ``images`` or ``labels`` are asked for (``lightformer probe``), which read it whole."""
         if self._images:
             return
         self.images_data.setup()
@@ -196,23 +245,29 @@ class ImageTokenDataModule(L.LightningDataModule):
             if isinstance(subset.source, TensorDataset):
                 rows = torch.as_tensor(subset.indices, dtype=torch.long)
                 images, labels = subset.source.tensors[0][rows], subset.source.tensors[1][rows]
-            else:  # image files, decoded one by one (already at image_size)
+            else:  # a prepared image folder, decoded image by image (already at image_size)
                 items = [subset[i] for i in range(len(subset))]
-                if not items:
-                    raise ValueError(f"ImageTokenDataModule: the {split} split of the image folder is empty")
                 images = torch.stack([image for image, _ in items])
                 labels = torch.as_tensor([int(label) for _, label in items], dtype=torch.long)
-            if len(images) == 0:
-                raise ValueError(
-                    f"ImageTokenDataModule: the {split} split of dataset={self.source.dataset!r} is empty; "
-                    "change data.source.val_size / val_fraction or add images"
-                )
             if images.shape[-1] != self.resolution:
                 images = downsample(images.contiguous(), self.resolution)
             self._images[split], self._labels[split] = images.contiguous(), labels
 
     def setup(self, stage: str | None = None) -> None:
-        """Encode every split with the palette (all of them, once, whatever the stage)."""
+        """Read the splits (all of them, once, whatever the stage): a built-in dataset's encoded with the palette
+        into ids held in memory; an image folder's prepared records, which the loaders encode batch by batch."""
+        self.images_data.setup()
+        for split in SPLITS:
+            if len(getattr(self.images_data, f"{split}_dataset")) == 0:
+                raise ValueError(
+                    f"ImageTokenDataModule: the {split} split of dataset={self.source.dataset!r} is empty; "
+                    "change data.source.val_size / val_fraction or add images"
+                )
+        if not self.streams_images:
+            self._encode()
+
+    def _encode(self) -> None:
+        """Every split's images as palette ids, held in memory, once."""
         if self._tokens:
             return
         self._read_images()
@@ -223,8 +278,8 @@ class ImageTokenDataModule(L.LightningDataModule):
     def _require(self, split: str) -> None:
         if split not in SPLITS:
             raise ValueError(f"split={split!r} is unknown; valid: {list(SPLITS)}")
-        if not self._tokens:
-            self.setup()
+        self.setup()
+        self._encode()
 
     def tokens(self, split: str) -> Tensor:
         """The pixel ids of a split, int64 ``(N, image_size²)`` in raster order."""
@@ -244,8 +299,11 @@ class ImageTokenDataModule(L.LightningDataModule):
     # --- loaders ----------------------------------------------------------------------------------------------
 
     def _dataloader(self, split: str, shuffle: bool) -> DataLoader:
-        self._require(split)
-        dataset = PixelSequenceDataset(self._tokens[split], self.pixel_tokenizer.start_id)
+        self.setup()
+        if self.streams_images:
+            dataset = EncodedImages(getattr(self.images_data, f"{split}_dataset"), self.pixel_tokenizer)
+        else:
+            dataset = PixelSequenceDataset(self._tokens[split], self.pixel_tokenizer.start_id)
         # training: a loader whose position inside an epoch is saved in checkpoints (an exact mid-epoch resume)
         resumable = {"trainer": lambda: self.trainer} if shuffle else {}
         return (ResumableDataLoader if shuffle else DataLoader)(
