@@ -330,6 +330,11 @@ class Task(L.LightningModule):
         set_gathered(self.model, True)
 
     def on_train_start(self) -> None:
+        # A resumed run hands its loaders their saved position (mid-epoch) only if Lightning builds them after
+        # restoring the checkpoint; asking for estimated_stepping_batches in configure_optimizers (a schedule fitted
+        # to max_epochs) builds them before, and Lightning then keeps the position unused. Hand it over here, before
+        # the first batch is drawn (a no-op when it was handed over, or when the run is not resumed).
+        self.trainer.fit_loop._load_combined_loader_states()
         scheduler = self.lr_schedulers()
         planned = getattr(scheduler.lr_lambdas[0], "total_steps", None) if scheduler is not None else None
         total = self.trainer.estimated_stepping_batches

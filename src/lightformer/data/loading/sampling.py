@@ -5,9 +5,8 @@ of sentence pairs under a token budget."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
-import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
@@ -61,16 +60,12 @@ class ResumableDataLoader(DataLoader):
     dropout's random numbers after the resume are those of the uninterrupted run. (Its workers are then seeded
     differently from that run's: exact for datasets whose randomness comes from the index, as masking's does.)
 
-    Lightning hands the saved state over only if it builds the loaders after restoring the checkpoint; it builds
-    them earlier when ``trainer.estimated_stepping_batches`` is asked for before (as ``configure_optimizers`` does
-    to fit a schedule to ``max_epochs``), and then never does. So give ``trainer``, a function returning the Trainer
-    that runs this loader (a data module's ``lambda: self.trainer``): as the first epoch starts, the loader loads
-    the state Lightning left behind.
+    Lightning hands the saved state over only if it builds the loaders after restoring the checkpoint;
+    ``Task.on_train_start`` hands it over when they were built before.
     """
 
-    def __init__(self, *args, trainer: Callable[[], L.Trainer | None] | None = None, **kwargs) -> None:
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.trainer = trainer
         self._epoch: int | None = None  # the epoch of the batches counted, if the sampler says
         self._handed_out = 0  # batches handed out in that epoch
         self._restored: dict | None = None  # a state to resume from at the next iteration
@@ -88,8 +83,6 @@ class ResumableDataLoader(DataLoader):
         return _Skipping(self, super()._index_sampler)
 
     def __iter__(self):
-        if self._restored is None and self.trainer is not None and (trainer := self.trainer()) is not None:
-            trainer.fit_loop._load_combined_loader_states()  # left behind if the loaders were built before restoring
         self._epoch = self._sampler_epoch()
         self._handed_out = self._batches_to_skip()
         if self._handed_out:

@@ -305,7 +305,6 @@ class ImageTokenDataModule(L.LightningDataModule):
         else:
             dataset = PixelSequenceDataset(self._tokens[split], self.pixel_tokenizer.start_id)
         # training: a loader whose position inside an epoch is saved in checkpoints (an exact mid-epoch resume)
-        resumable = {"trainer": lambda: self.trainer} if shuffle else {}
         return (ResumableDataLoader if shuffle else DataLoader)(
             dataset,
             batch_size=self.loader.batch_size,
@@ -314,7 +313,6 @@ class ImageTokenDataModule(L.LightningDataModule):
             num_workers=self.loader.num_workers,
             pin_memory=self.loader.pin_memory,
             persistent_workers=self.loader.num_workers > 0,
-            **resumable,
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -575,7 +575,6 @@ class ImageDataModule(L.LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"ImageDataModule.{split}_dataloader() needs setup() to have run first")
         # training: a loader whose position inside an epoch is saved in checkpoints (an exact mid-epoch resume)
-        resumable = {"trainer": lambda: self.trainer} if shuffle else {}
         return (ResumableDataLoader if shuffle else DataLoader)(
             dataset,
             batch_size=self.loader.batch_size,
@@ -584,7 +583,6 @@ class ImageDataModule(L.LightningDataModule):
             num_workers=self.loader.num_workers,
             pin_memory=self.loader.pin_memory,
             persistent_workers=self.loader.num_workers > 0,
-            **resumable,
         )
 
     def train_dataloader(self) -> DataLoader:

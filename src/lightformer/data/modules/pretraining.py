@@ -367,7 +367,6 @@ class _SegmentDataModule(L.LightningDataModule):
 
     def _loader(self, dataset: Dataset, sampler, drop_last: bool, resumable: bool = False) -> DataLoader:
         """A loader of ``dataset``; ``resumable`` (training) saves its position inside an epoch in checkpoints."""
-        resume = {"trainer": lambda: self.trainer} if resumable else {}
         return (ResumableDataLoader if resumable else DataLoader)(
             dataset,
             batch_size=self.loader.batch_size,
@@ -377,7 +376,6 @@ class _SegmentDataModule(L.LightningDataModule):
             num_workers=self.loader.num_workers,
             persistent_workers=self.loader.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
-            **resume,
         )
 
 
