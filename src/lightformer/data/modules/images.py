@@ -46,6 +46,7 @@ import numpy as np
 import torch
 import torchvision
 from lightning.pytorch.utilities import rank_zero_info
+from litdata.streaming.resolver import Dir
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
@@ -61,7 +62,14 @@ from lightformer.data.objectives.augment import (
     random_horizontal_flip,
 )
 from lightformer.data.preparation.caching import content_hash, file_stamp
-from lightformer.data.preparation.prepare import MANIFEST, PrepareConfig, prepared_folder, stem_of, write_records
+from lightformer.data.preparation.prepare import (
+    MANIFEST,
+    PrepareConfig,
+    prepared_folder,
+    split_location,
+    stem_of,
+    write_records,
+)
 from lightformer.data.raw.corpora import DEBIAN_FASHION_MNIST_DIR, install_debian_fashion_mnist
 from lightformer.data.raw.image_files import (
     ImageFolderLayout,
@@ -315,7 +323,7 @@ def prepare_image_folder(
     stamps = {split: [[*file_stamp(Path(path)), label] for path, label in files[split]] for split in SPLITS}
     fingerprint = {"format": IMAGE_RECORDS_VERSION, "files": content_hash(stamps), "in_channels": in_channels}
     build = partial(_write_image_records, files=files, in_channels=in_channels, workers=prepare.num_workers)
-    return prepared_folder(prepare.dir, stem_of([Path(source.image_folder)]), fingerprint, build)
+    return prepared_folder(prepare, stem_of([Path(source.image_folder)]), fingerprint, build)
 
 
 def _write_image_records(folder: Path, files: dict, in_channels: int, workers: int | None) -> dict:
@@ -346,7 +354,7 @@ class ImageRecords(Dataset):
     """A prepared image-folder split (``prepare_image_folder``) by index: item i is (uint8 image ``(C, S, S)``
     decoded from the stored file bytes and resized to ``image_size``, class index), what reading the file gives."""
 
-    def __init__(self, split_dir: str, in_channels: int, image_size: int) -> None:
+    def __init__(self, split_dir: str | Dir, in_channels: int, image_size: int) -> None:
         self.records = Records(split_dir)
         self.in_channels = in_channels
         self.image_size = image_size
@@ -506,7 +514,7 @@ class ImageDataModule(L.LightningDataModule):
             counts = json.loads((self.prepared / MANIFEST).read_text())["images"]
             splits = {
                 split: ImageSubset(
-                    ImageRecords(str(self.prepared / split), self.in_channels, self.image_size)
+                    ImageRecords(split_location(self.prepared, split), self.in_channels, self.image_size)
                     if counts[split]
                     else [],
                     list(range(counts[split])),
