@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import lightformer.data.modules.classification as classification
+import lightformer.data.raw.sources as sources
 from lightformer.cli import cli_main
 from lightformer.data.loading.sampling import EpochShuffleSampler
 from lightformer.data.loading.streaming import LoaderConfig
@@ -247,13 +248,24 @@ def test_tsv_without_val_and_test_files_is_split_by_text_hash(tmp_path):
         assert examples[split] == expected
 
 
-def test_tsv_errors_name_the_file_and_line(tmp_path):
+def test_tsv_errors_name_the_file_and_line(tmp_path, monkeypatch):
     bad = tmp_path / "bad.tsv"
     bad.write_text("good text\tfruit\nno tab on this line\n", encoding="utf-8")
     with pytest.raises(
         ValueError, match=rf"data.source.tsv_files: {bad}, line 2: no tab; each line must be 'text<TAB>label'"
     ):
         list(read_labelled_tsv(bad))
+    monkeypatch.setattr(sources, "PIECE_BYTES", 64)  # the same errors in a later piece of a file: its line in the file
+    late = tmp_path / "late.tsv"
+    late.write_bytes(b"good text\tfruit\n" * 20 + b"a label missing\n" + b"good text\tfruit\n" * 5)
+    assert len(sources.line_pieces(late)) > 3
+    with pytest.raises(ValueError, match=rf"data.source.val_tsv_files: {late}, line 21: no tab"):
+        list(read_labelled_tsv(late, "data.source.val_tsv_files"))
+    late.write_bytes(b"good text\tfruit\n" * 20 + "caf\u00e9\tfruit\n".encode("latin-1"))
+    with pytest.raises(
+        ValueError, match=rf"tsv_files: {late} is not UTF-8 text: byte 0xe9 at byte offset 323 \(line 21"
+    ):
+        list(read_labelled_tsv(late))
     empty = tmp_path / "empty.tsv"
     empty.write_text("good text\tfruit\n\t\tmetal\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"line 2: the text is empty"):
@@ -289,9 +301,9 @@ def test_tsv_read_in_tiny_pieces_gives_the_same_records(tmp_path, monkeypatch):
         return data
 
     whole = prepared("whole")
-    assert len(classification.tsv_pieces(train)) == 1
+    assert len(sources.line_pieces(train)) == 1
     monkeypatch.setattr("lightformer.data.raw.sources.PIECE_BYTES", 1024)
-    assert len(classification.tsv_pieces(train)) > 10
+    assert len(sources.line_pieces(train)) > 10
     pieces = prepared("pieces")
     assert pieces.tokenizer.to_str() == whole.tokenizer.to_str()
     assert pieces.class_counts == whole.class_counts

@@ -683,27 +683,41 @@ def test_empty_corpus_is_an_error_naming_the_file(tmp_path):
         read_sources(make_module(tmp_path, tsv_files=[str(empty)]))
 
 
-def test_non_utf8_bytes_are_reported_with_file_and_offset(tmp_path):
-    bad = tmp_path / "latin1.tsv"
-    bad.write_bytes(b"Gut.\tGood.\n" + "Grüße.\tGreetings.\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"latin1\.tsv is not UTF-8 text: byte 0xfc at byte offset 13"):
-        read_sources(make_module(tmp_path, tsv_files=[str(bad)]))
+GOOD_LINES = "".join(f"Satz {i} ist gut.\tSentence {i} is good.\n" for i in range(20))  # lines 1-20: 4 pieces
 
 
-def test_line_count_mismatch_reports_both_counts_and_files(tmp_path):
-    src, tgt = tmp_path / "x.de", tmp_path / "x.en"
-    src.write_text("Eins ist hier.\nZwei ist hier.\nDrei ist hier.\n", encoding="utf-8")
-    tgt.write_text("One is here.\nTwo is here.\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"x\.de has 3 lines, .*x\.en has 2") as error:
-        read_sources(make_module(tmp_path, src_file=str(src), tgt_file=str(tgt)))
-    assert str(src) in str(error.value) and str(tgt) in str(error.value)
-
-
-def test_tsv_line_without_tab_names_file_and_byte(tmp_path):
-    bad = tmp_path / "bad.tsv"
-    bad.write_text("Gut.\tGood.\nNur eine Spalte hier\nJa.\tYes.\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"bad\.tsv, byte 11: no tab"):
-        read_sources(make_module(tmp_path, tsv_files=[str(bad)]))
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        (
+            {"tsv_files": GOOD_LINES.encode() + "Grüße.\tGreetings.\n".encode("latin-1")},
+            rf"data.source.tsv_files: \S*train\.tsv is not UTF-8 text: byte 0xfc at byte offset {len(GOOD_LINES) + 2} "
+            r"\(line 21: ",
+        ),
+        (
+            {"tsv_files": (GOOD_LINES + "Nur eine Spalte hier\nJa.\tYes.\n").encode()},
+            r"data.source.tsv_files: \S*train\.tsv, line 21: no tab; each line must be 'source<TAB>target'",
+        ),
+        (
+            {"src_file": (GOOD_LINES.replace("\t", "\n") + "Grüße.\n").encode("latin-1"), "tgt_file": b"x\n" * 41},
+            r"data.source.src_file: \S*train\.src is not UTF-8 text: byte 0xfc at byte offset \d+ \(line 41: ",
+        ),
+        (
+            {"src_file": b"Eins.\nZwei.\nDrei.\n", "tgt_file": b"One.\nTwo.\n"},
+            r"the line-aligned files differ in length: \S*train\.src has 3 lines, \S*train\.tgt has 2; line i of one",
+        ),
+    ],
+    ids=["not-utf8", "no-tab", "aligned-not-utf8", "unequal-lines"],
+)
+def test_reading_errors_name_the_option_file_and_line(tmp_path, monkeypatch, files, message):
+    """Files read in pieces of 200 bytes: an error in a later piece names its line in the whole file."""
+    monkeypatch.setattr(sources, "PIECE_BYTES", 200)
+    names = {"tsv_files": "train.tsv", "src_file": "train.src", "tgt_file": "train.tgt"}
+    for option, content in files.items():
+        (tmp_path / names[option]).write_bytes(content)
+    options = {key: [str(tmp_path / names[key])] if key == "tsv_files" else str(tmp_path / names[key]) for key in files}
+    with pytest.raises(ValueError, match=message):
+        make_module(tmp_path, **options).setup()
 
 
 @pytest.mark.parametrize(

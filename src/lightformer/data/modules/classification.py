@@ -55,7 +55,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -81,9 +81,8 @@ from lightformer.data.preparation.prepare import (
     write_records,
 )
 from lightformer.data.preparation.tokenizers import EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
-from lightformer.data.raw import sources
 from lightformer.data.raw.corpora import AUSTEN_NOVELS, austen_text, split_austen_text, split_of
-from lightformer.data.raw.sources import SPLITS, FileSpan, Piece, pieces_of
+from lightformer.data.raw.sources import SPLITS, Piece, line_pieces, piece_lines
 from lightformer.files import as_list, expand_patterns, read_utf8, sha256_of
 
 _PREFIX = {"train": "", "val": "val_", "test": "test_"}  # of each split's option: tsv_files, val_tsv_files, ...
@@ -153,38 +152,6 @@ def austen_passages(text: str, passage_sentences: int) -> dict[str, list[Example
 # --- TSV files -------------------------------------------------------------------------------------------------
 
 
-def tsv_pieces(path: Path) -> list[Piece]:
-    """A TSV file cut into pieces of at most ``sources.PIECE_BYTES`` that begin and end at line breaks, however long a
-    line (cut as JSONL is: a line is one example, never split)."""
-    span = replace(FileSpan.of(Path(path)), format="jsonl")
-    return pieces_of(span, 0, span.extent, sources.PIECE_BYTES)
-
-
-def piece_lines(piece: Piece, what: str, first_line: int = 1, limit: int | None = None) -> list[str]:
-    """The lines of a piece of a UTF-8 file, split on "\\n" only, "\\r" dropped, a file's byte-order mark dropped.
-    ``limit``: read about this many bytes at most, whole lines (a sample). A piece that is not UTF-8 raises
-    ValueError naming ``what`` (the option), the file, the byte, its offset and its line (``first_line``: the
-    piece's first line's number)."""
-    end = piece.end if limit is None else min(piece.end, piece.start + limit)
-    with open(piece.path, "rb") as f:
-        f.seek(piece.start)
-        data = f.read(end - piece.start)
-    if end < piece.end:
-        data = data[: data.rfind(b"\n") + 1]
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = first_line + data.count(b"\n", 0, error.start)
-        raise ValueError(
-            f"{what}: {piece.path} is not UTF-8 text: byte 0x{data[error.start]:02x} at byte offset "
-            f"{piece.start + error.start} (line {line}: {error.reason}); convert it, e.g. `iconv -f latin1 -t utf-8`"
-        ) from None
-    lines = (text.removeprefix("\ufeff") if piece.start == 0 else text).split("\n")
-    if lines[-1] == "":
-        lines.pop()  # the final newline ends the last line; it does not start another
-    return [line.removesuffix("\r") for line in lines]
-
-
 def text_and_label(line: str) -> tuple[str, str, bool]:
     """(text, label, whether the line has a tab) of a "text<TAB>label" line: the label follows the LAST tab."""
     text, tab, label = line.rpartition("\t")
@@ -196,8 +163,8 @@ def read_labelled_tsv(path: str | Path, what: str = "data.source.tsv_files") -> 
     line without a tab, or with an empty text or label, raises ValueError naming ``what``, the file and the line (a
     file that is not UTF-8: the byte, its offset and line)."""
     number = 0
-    for piece in tsv_pieces(Path(path)):
-        for line in piece_lines(piece, what, number + 1):
+    for piece in line_pieces(Path(path)):
+        for line in piece_lines(piece, what):
             number += 1
             if not line.strip():
                 continue
@@ -634,7 +601,7 @@ class TextClassificationDataModule(L.LightningDataModule):
             with preparing(f"checking and counting the labelled lines of {self._describe_source()}"):
                 class_names, counts = scan_tsv(self.files)
             held_out = frozenset(split for split in ("val", "test") if not self.files[split])
-            pieces = {split: [p for path in paths for p in tsv_pieces(path)] for split, paths in self.files.items()}
+            pieces = {split: [p for path in paths for p in line_pieces(path)] for split, paths in self.files.items()}
             tokenizer = self._train_tokenizer(lambda: self._tsv_sample(pieces["train"], held_out), counts)
             tokenizer_json = tokenizer.to_str()
             inputs = {split: pieces["train" if split in held_out else split] for split in SPLITS}

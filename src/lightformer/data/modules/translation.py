@@ -27,7 +27,6 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
-from itertools import zip_longest
 from pathlib import Path
 from typing import Literal
 
@@ -52,7 +51,6 @@ from lightformer.data.preparation.prepare import (
     write_records,
 )
 from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer
-from lightformer.data.raw import sources
 from lightformer.data.raw.corpora import (
     DING_DEB_PACKAGE,
     DING_FILE,
@@ -61,7 +59,16 @@ from lightformer.data.raw.corpora import (
     extract_ding_pairs,
     split_of,
 )
-from lightformer.data.raw.sources import SPLITS, FileSpan, Piece, pieces_of, read_piece, stage_splits
+from lightformer.data.raw.sources import (
+    SPLITS,
+    AlignedPiece,
+    Piece,
+    aligned_pieces,
+    first_line,
+    line_pieces,
+    piece_lines,
+    stage_splits,
+)
 from lightformer.files import as_list, atomic_open, expand_patterns, sha256_of
 
 # Bump when what a prepared folder holds changes meaning (extraction rules, split rule, record fields), so that
@@ -551,6 +558,7 @@ class TranslationDataModule(L.LightningDataModule):
                 wanted=wanted.get(split),
                 held_out=held_out,
                 tokenizers=tokenizers,
+                options=f"data.source.{'' if split in held_out else SPLIT_PREFIX[split]}",
                 counts=None if self.source.corpus == "ding" else str(counted),
             )
             write_records(
@@ -598,14 +606,13 @@ class TranslationDataModule(L.LightningDataModule):
         )
 
     def _pieces(self, split: str) -> list[Piece | AlignedPiece]:
-        """The pieces of a split's own files ([] when it has none): byte ranges of TSV files, or aligned line
+        """The pieces of a split's own files ([] when it has none): line ranges of TSV files, or aligned line
         ranges of two line-aligned files."""
         files = self.source.files(split)
         if "tsv" in files:
-            spans = [FileSpan(path, "text", size, size) for path in files["tsv"] for size in [path.stat().st_size]]
-            return [piece for span in spans for piece in pieces_of(span, 0, span.size, sources.PIECE_BYTES)]
+            return [piece for path in files["tsv"] for piece in line_pieces(path)]
         if "src" in files:
-            return aligned_pieces(files["src"][0], files["tgt"][0], sources.PIECE_BYTES)
+            return aligned_pieces(files["src"][0], files["tgt"][0])
         return []
 
     def _sampled_train_pairs(self, pieces: list[Piece | AlignedPiece], held_out: tuple[str, ...]) -> list[list[Pair]]:
@@ -616,7 +623,7 @@ class TranslationDataModule(L.LightningDataModule):
         sampled, read, skipped = [], 0, 0
         with preparing(f"reading {'a sample of ' if limit else ''}the train pairs of {self._describe_source('train')}"):
             for piece in pieces:
-                pairs, piece_skipped = read_pairs(piece, limit)
+                pairs, piece_skipped = read_pairs(piece, limit=limit)
                 sampled.append([pair for pair in pairs if _split_of_pair(pair, held_out) == "train"])
                 read, skipped = read + len(pairs), skipped + piece_skipped
         if not read:
@@ -699,83 +706,32 @@ class PreparedPairs(Dataset):
         return framed
 
 
-@dataclass(frozen=True)
-class AlignedPiece:
-    """The same range of lines of two line-aligned files: their byte ranges `src` and `tgt`."""
-
-    src: Piece
-    tgt: Piece
-
-    @property
-    def weight(self) -> int:
-        return self.src.weight + self.tgt.weight
-
-
-def aligned_pieces(src_path: Path, tgt_path: Path, piece_bytes: int) -> list[AlignedPiece]:
-    """Two line-aligned files cut into aligned line ranges of at most about `piece_bytes` bytes of either file, by
-    one pass over both that keeps only the byte offsets of the cuts; files of different line counts are an error
-    naming both files and both counts."""
-    pieces, lines, cut, position = [], 0, (0, 0), [0, 0]
-    src_size, tgt_size = src_path.stat().st_size, tgt_path.stat().st_size
-    with open(src_path, "rb") as src, open(tgt_path, "rb") as tgt:
-        for src_line, tgt_line in zip_longest(src, tgt):
-            if src_line is None or tgt_line is None:
-                src_lines = lines + (src_line is not None) + sum(1 for _ in src)
-                tgt_lines = lines + (tgt_line is not None) + sum(1 for _ in tgt)
-                raise ValueError(
-                    f"the line-aligned files differ in length: {src_path} has {src_lines} lines, {tgt_path} has "
-                    f"{tgt_lines}; line i of one must translate line i of the other"
-                )
-            lines += 1
-            position[0] += len(src_line)
-            position[1] += len(tgt_line)
-            if max(position[0] - cut[0], position[1] - cut[1]) >= piece_bytes:
-                pieces.append(_aligned(src_path, tgt_path, cut, position, (src_size, tgt_size)))
-                cut = tuple(position)
-    if position[0] > cut[0] or position[1] > cut[1]:
-        pieces.append(_aligned(src_path, tgt_path, cut, position, (src_size, tgt_size)))
-    return pieces
-
-
-def _aligned(src_path: Path, tgt_path: Path, start, end, sizes) -> AlignedPiece:
-    src, tgt = (
-        Piece(str(path), "text", start[i], end[i], end[i] == sizes[i]) for i, path in enumerate((src_path, tgt_path))
-    )
-    return AlignedPiece(src, tgt)
-
-
-def read_pairs(source: list[Pair] | Piece | AlignedPiece, limit: int | None = None) -> tuple[list[Pair], int]:
+def read_pairs(
+    source: list[Pair] | Piece | AlignedPiece, options: str = "data.source.", limit: int | None = None
+) -> tuple[list[Pair], int]:
     """(pairs, number of lines skipped for an empty side) of an input: a list of pairs is itself; a TSV piece's
-    non-blank lines (first and second column; a line without a tab is an error naming the file and byte); an aligned
-    piece's line pairs. `limit`: read about this many bytes of a piece (a sample, whole lines)."""
+    non-blank lines (first and second column; a line without a tab is an error naming the file and line); an aligned
+    piece's line pairs. ``options``: the prefix of the options that name the files (``data.source.val_``), for errors.
+    ``limit``: read about this many bytes of a piece (a sample, whole lines)."""
     if isinstance(source, list):
         return source, 0
     if isinstance(source, AlignedPiece):
-        src_lines = _lines(next(read_piece(source.src, limit=limit)))
-        tgt_lines = _lines(next(read_piece(source.tgt)))[: len(src_lines)]
+        src_lines = piece_lines(source.src, f"{options}src_file", limit)
+        tgt_lines = piece_lines(source.tgt, f"{options}tgt_file")[: len(src_lines)]
         pairs = [(src.strip(), tgt.strip()) for src, tgt in zip(src_lines, tgt_lines, strict=True)]
     else:
-        pairs, offset = [], source.start
-        for line in next(read_piece(source, limit=limit)).split("\n"):
+        pairs = []
+        for index, line in enumerate(piece_lines(source, f"{options}tsv_files", limit)):
             if line.strip():
                 fields = line.split("\t")
                 if len(fields) < 2:
                     raise ValueError(
-                        f"{source.path}, byte {offset}: no tab; each line must be 'source<TAB>target' "
-                        f"(line starts {line[:60]!r})"
+                        f"{options}tsv_files: {source.path}, line {first_line(source) + index}: no tab; each line "
+                        f"must be 'source<TAB>target' (line starts {line[:60]!r})"
                     )
                 pairs.append((fields[0].strip(), fields[1].strip()))
-            offset += len(line.encode("utf-8")) + 1
     kept = [(src, tgt) for src, tgt in pairs if src and tgt]
     return kept, len(pairs) - len(kept)
-
-
-def _lines(text: str) -> list[str]:
-    """A piece's lines, split on "\\n" only, "\\r" dropped (as ``files.read_lines``)."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
 
 
 def _split_of_pair(pair: Pair, held_out: tuple[str, ...]) -> str:
@@ -790,16 +746,17 @@ def _pair_records(
     wanted: str | None,
     held_out: tuple[str, ...],
     tokenizers: tuple[str, str],
+    options: str = "data.source.",
     counts: str | None = None,
     dropout: tuple[float, int, int] | None = None,
 ) -> Iterator[dict]:
     """The records of one input (``write_records``): its pairs of split `wanted` (all for None), each side's ids
-    without special tokens and both texts. `counts`: a folder for the input's pair and word counts. `dropout`:
-    (probability, seed, segmentation k) for a BPE-dropout segmentation, drawn from (seed, k, side), and the input's
-    index after the first input (so one input of all the pairs draws as ``Tokenizer.encode_batch_with_dropout`` of
-    the whole list would)."""
+    without special tokens and both texts. `options`: the prefix of the options naming its files (for errors).
+    `counts`: a folder for the input's pair and word counts. `dropout`: (probability, seed, segmentation k) for a
+    BPE-dropout segmentation, drawn from (seed, k, side), and the input's index after the first input (so one input
+    of all the pairs draws as ``Tokenizer.encode_batch_with_dropout`` of the whole list would)."""
     index, source = item
-    pairs, skipped = read_pairs(source)
+    pairs, skipped = read_pairs(source, options)
     if wanted is not None:
         pairs = [pair for pair in pairs if _split_of_pair(pair, held_out) == wanted]
     ids = []

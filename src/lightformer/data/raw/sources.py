@@ -13,6 +13,10 @@ the next line break (JSONL and text) or row (Parquet), so no line or record is s
 **What a piece reads as.** Text files are one running text: a file that does not end with a line break gets one, so
 two files never join mid-line. JSONL and Parquet records are documents: each record's `text_field` is one
 document, and preparation ends every document with EOS.
+
+**Files of lines** (TSV files, two line-aligned files of sentence pairs) are cut at line breaks only
+(`line_pieces`, `aligned_pieces`) and read as lines (`piece_lines`), by translation and classification alike; an
+error names the option, the file and the line in the whole file, whichever piece it is in.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -219,6 +224,98 @@ def _last_character_start(data: bytes) -> int:
     while end > 0 and data[end - 1] & 0xC0 == 0x80:  # continuation bytes, 10xxxxxx
         end -= 1
     return end - 1 if end > 0 and data[end - 1] >= 0xC0 else end
+
+
+# --- files of lines (TSV, line-aligned pairs), read in pieces -------------------------------------------------
+
+
+def line_pieces(path: Path, piece_bytes: int | None = None) -> list[Piece]:
+    """A file of lines cut into pieces of about ``piece_bytes`` (default ``PIECE_BYTES``) that begin and end at line
+    breaks, however long a line (cut as JSONL is: a line is one example, never split)."""
+    span = FileSpan(Path(path), "jsonl", Path(path).stat().st_size, Path(path).stat().st_size)
+    return pieces_of(span, 0, span.extent, piece_bytes or PIECE_BYTES)
+
+
+def piece_lines(piece: Piece, what: str, limit: int | None = None) -> list[str]:
+    """The lines of a piece of a UTF-8 file, split on "\\n" only, "\\r" dropped, a file's byte-order mark dropped.
+    ``limit``: read about this many bytes at most, whole lines (a sample). A piece that is not UTF-8 raises
+    ValueError naming ``what`` (the option), the file, the byte, its offset and its line."""
+    end = piece.end if limit is None else min(piece.end, piece.start + limit)
+    with open(piece.path, "rb") as f:
+        f.seek(piece.start)
+        data = f.read(end - piece.start)
+    if end < piece.end:
+        data = data[: data.rfind(b"\n") + 1]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = first_line(piece) + data.count(b"\n", 0, error.start)
+        raise ValueError(
+            f"{what}: {piece.path} is not UTF-8 text: byte 0x{data[error.start]:02x} at byte offset "
+            f"{piece.start + error.start} (line {line}: {error.reason}); convert it, e.g. `iconv -f latin1 -t utf-8`"
+        ) from None
+    lines = (text.removeprefix("\ufeff") if piece.start == 0 else text).split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the final newline ends the last line; it does not start another
+    return [line.removesuffix("\r") for line in lines]
+
+
+def first_line(piece: Piece) -> int:
+    """The number (from 1) of a piece's first line in its file: the line breaks before it, counted when asked (for
+    an error message: it reads the file up to the piece)."""
+    breaks, position = 0, 0
+    with open(piece.path, "rb") as f:
+        while position < piece.start:
+            block = f.read(min(1 << 20, piece.start - position))
+            if not block:
+                break
+            breaks, position = breaks + block.count(b"\n"), position + len(block)
+    return breaks + 1
+
+
+@dataclass(frozen=True)
+class AlignedPiece:
+    """The same range of lines of two line-aligned files (line i of one translates line i of the other): their byte
+    ranges ``src`` and ``tgt``."""
+
+    src: Piece
+    tgt: Piece
+
+    @property
+    def weight(self) -> int:
+        return self.src.weight + self.tgt.weight
+
+
+def aligned_pieces(src_path: Path, tgt_path: Path, piece_bytes: int | None = None) -> list[AlignedPiece]:
+    """Two line-aligned files cut into aligned line ranges of at most about ``piece_bytes`` (default
+    ``PIECE_BYTES``) of either file, by one pass over both that keeps only the byte offsets of the cuts; files of
+    different line counts are an error naming both files and both counts."""
+    piece_bytes = piece_bytes or PIECE_BYTES
+    paths, sizes = (Path(src_path), Path(tgt_path)), (Path(src_path).stat().st_size, Path(tgt_path).stat().st_size)
+
+    def aligned(start: tuple[int, int], end: list[int]) -> AlignedPiece:
+        src, tgt = (Piece(str(paths[i]), "text", start[i], end[i], end[i] == sizes[i]) for i in (0, 1))
+        return AlignedPiece(src, tgt)
+
+    pieces, lines, cut, position = [], 0, (0, 0), [0, 0]
+    with open(paths[0], "rb") as src, open(paths[1], "rb") as tgt:
+        for src_line, tgt_line in zip_longest(src, tgt):
+            if src_line is None or tgt_line is None:
+                src_lines = lines + (src_line is not None) + sum(1 for _ in src)
+                tgt_lines = lines + (tgt_line is not None) + sum(1 for _ in tgt)
+                raise ValueError(
+                    f"the line-aligned files differ in length: {paths[0]} has {src_lines} lines, {paths[1]} has "
+                    f"{tgt_lines}; line i of one must translate line i of the other"
+                )
+            lines += 1
+            position[0] += len(src_line)
+            position[1] += len(tgt_line)
+            if max(position[0] - cut[0], position[1] - cut[1]) >= piece_bytes:
+                pieces.append(aligned(cut, position))
+                cut = tuple(position)
+    if position[0] > cut[0] or position[1] > cut[1]:
+        pieces.append(aligned(cut, position))
+    return pieces
 
 
 def _record_text(line: str, text_field: str, path: str, offset: int) -> str:
