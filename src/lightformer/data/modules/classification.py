@@ -67,7 +67,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler
+from lightformer.data.loading.sampling import EpochShuffleSampler, ResumableDataLoader, evaluation_sampler
 from lightformer.data.loading.streaming import LoaderConfig, Records
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
@@ -513,7 +513,7 @@ class TextClassificationDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         dataset = self.dataset("train")
-        return self._dataloader(dataset, EpochShuffleSampler(len(dataset), self.seed))
+        return self._dataloader(dataset, EpochShuffleSampler(len(dataset), self.seed), ResumableDataLoader)
 
     def val_dataloader(self) -> DataLoader | list:
         if not sum(self.manifest["counts"]["val"]):
@@ -527,8 +527,10 @@ class TextClassificationDataModule(L.LightningDataModule):
 
     # --- internals ---
 
-    def _dataloader(self, dataset: Dataset, sampler) -> DataLoader:
-        return DataLoader(
+    def _dataloader(self, dataset: Dataset, sampler, loader: type[DataLoader] = DataLoader) -> DataLoader:
+        """Padded batches of ``dataset`` in ``sampler``'s order; training's ``loader`` is a ``ResumableDataLoader``
+        (a resumed run continues mid-epoch)."""
+        return loader(
             dataset,
             batch_size=self.loader.batch_size,
             sampler=sampler,

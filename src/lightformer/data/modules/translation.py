@@ -37,7 +37,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.sampling import TokenBudgetBatchSampler
+from lightformer.data.loading.sampling import ResumableDataLoader, TokenBudgetBatchSampler
 from lightformer.data.loading.sequences import collate_pairs
 from lightformer.data.loading.streaming import Records
 from lightformer.data.preparation.caching import file_stamp, preparing
@@ -399,7 +399,8 @@ class TranslationDataModule(L.LightningDataModule):
         if len(dataset) == 0:
             raise ValueError(f"the {split} split has no sentence pairs ({self._describe_source(split)})")
         blocks = max(self.tokenizer_config.segmentations, 1) if split == "train" else 1
-        return DataLoader(
+        loader = ResumableDataLoader if split == "train" else DataLoader  # a resumed run continues mid-epoch
+        return loader(
             dataset,
             batch_sampler=TokenBudgetBatchSampler(
                 dataset.lengths, self.batches.max_tokens, shuffle=shuffle, seed=self.seed, blocks=blocks
