@@ -45,7 +45,7 @@ class StopAfterEpochs(Callback):
         ("vision", ["--trainer.max_steps=1000"]),
         ("vision", ["--trainer.max_steps=1000", "--trainer.check_val_every_n_epoch=3"]),
         # a new BPE-dropout segmentation of the train pairs each epoch (epochs 3-4 use the second of two again)
-        ("translation", ["--data.bpe_dropout=0.1", "--data.bpe_dropout_segmentations=2"]),
+        ("translation", ["--data.tokenizer.bpe_dropout=0.1", "--data.tokenizer.bpe_dropout_segmentations=2"]),
         # late dropout that starts in epoch 3 (3 steps an epoch): the resumed run starts without dropout, as the
         # uninterrupted run was at that step, and turns it on at the same step
         ("translation", ["--trainer.callbacks+=lightformer.callbacks.LateDropout", "--trainer.callbacks.start_step=8"]),

@@ -257,7 +257,7 @@ def test_11_tokenizer_that_does_not_match_the_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="tokenizer differs from the one saved in the checkpoint") as error:
         loaded.setup("fit")
     assert "id 7 is 'd' in the first, 'x' in the second" in str(error.value)
-    assert "tokenizer_file" in str(error.value)
+    assert "tokenizer.file" in str(error.value)
     # `fit --ckpt_path`: the data module's tokenizer comes first (setup), the checkpoint's after.
     resumed = with_data(lm(vocab_size=12, block_size=8), SimpleNamespace(tokenizer=other))
     resumed.setup("fit")

@@ -10,7 +10,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from lightformer.data.loading.streaming import Records
-from lightformer.data.preparation.prepare import prepared_folder, write_records
+from lightformer.data.preparation.prepare import PrepareConfig, prepared_folder, write_records
 
 
 def records_of(piece: tuple[int, int]):
@@ -52,11 +52,12 @@ def test_a_prepared_folder_is_built_once_and_a_half_written_one_again(tmp_path):
         (folder / "data").write_text("x")
         return {"count": len(built)}
 
-    folder = prepared_folder(tmp_path, "name", {"source": 1}, build)
-    assert prepared_folder(tmp_path, "name", {"source": 1}, build) == folder and len(built) == 1
+    prepare = PrepareConfig(dir=str(tmp_path))
+    folder = prepared_folder(prepare, "name", {"source": 1}, build)
+    assert prepared_folder(prepare, "name", {"source": 1}, build) == folder and len(built) == 1
     assert folder.name.startswith("name-") and (folder / "prepared.json").is_file()
     (folder / "prepared.json").unlink()  # as a preparation killed before its last write leaves it
     (folder / "leftover").write_text("from the killed run")
-    assert prepared_folder(tmp_path, "name", {"source": 1}, build) == folder and len(built) == 2
+    assert prepared_folder(prepare, "name", {"source": 1}, build) == folder and len(built) == 2
     assert not (folder / "leftover").exists()
-    assert prepared_folder(tmp_path, "name", {"source": 2}, build) != folder  # another fingerprint, another folder
+    assert prepared_folder(prepare, "name", {"source": 2}, build) != folder  # another fingerprint, another folder

@@ -48,7 +48,7 @@ def check_same_tokenizer(saved: Tokenizer, data: Tokenizer, side: str = "") -> N
         raise CheckpointError(
             f"the data module's {side}tokenizer differs from the one saved in the checkpoint (checkpoint vs data: "
             f"{difference}), so the model's ids would stand for other tokens; use the data and tokenizer the model "
-            "was trained with (the same files and vocabulary size, or data.init_args.tokenizer_file=<run dir>/"
+            "was trained with (the same files and vocabulary size, or data.init_args.tokenizer.file=<run dir>/"
             "tokenizer.json)"
         )
 

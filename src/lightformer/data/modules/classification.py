@@ -76,6 +76,7 @@ from lightformer.data.preparation.prepare import (
     TOKENIZER,
     PrepareConfig,
     prepared_folder,
+    split_location,
     stem_of,
     worker_tokenizer,
     write_records,
@@ -431,7 +432,7 @@ class TextClassificationDataModule(L.LightningDataModule):
     def folder(self) -> Path:
         """The prepared folder (see the module docstring), prepared on first use (once per job)."""
         if self._folder is None:
-            self._folder = prepared_folder(self.prepare_config.dir, self._stem(), self._fingerprint(), self._prepare)
+            self._folder = prepared_folder(self.prepare_config, self._stem(), self._fingerprint(), self._prepare)
         return self._folder
 
     @property
@@ -489,7 +490,7 @@ class TextClassificationDataModule(L.LightningDataModule):
         if split not in self.datasets:
             if not sum(self.manifest["counts"][split]):
                 raise ValueError(f"the {split} split has no texts ({self._describe_source()})")
-            records = Records(str(self.folder / split))
+            records = Records(split_location(self.folder, split))
             chosen = self._chosen() if split == "train" else None
             self.datasets[split] = records if chosen is None else Subset(records, chosen.tolist())
         return self.datasets[split]

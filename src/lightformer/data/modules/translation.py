@@ -46,6 +46,7 @@ from lightformer.data.preparation.prepare import (
     SAMPLE_BYTES,
     PrepareConfig,
     prepared_folder,
+    split_location,
     stem_of,
     worker_tokenizer,
     write_records,
@@ -367,7 +368,7 @@ class TranslationDataModule(L.LightningDataModule):
         """The prepared folder (tokenizers, record splits, manifest), prepared on first use; its manifest's
         statistics are in `stats` from then on."""
         if self._folder is None:
-            self._folder = prepared_folder(self.prepare_config.dir, self._stem(), self._fingerprint(), self._build)
+            self._folder = prepared_folder(self.prepare_config, self._stem(), self._fingerprint(), self._build)
             self.stats.update(json.loads((self._folder / MANIFEST).read_text())["stats"])
         return self._folder
 
@@ -421,7 +422,7 @@ class TranslationDataModule(L.LightningDataModule):
             names = [_dropout_split(k) for k in range(self.tokenizer_config.bpe_dropout_segmentations)]
         else:
             names = [split]
-        blocks = [Records(str(self.prepared / name)) for name in names]
+        blocks = [Records(split_location(self.prepared, name)) for name in names]
         src_side, tgt_side, limit = (
             self.source.source_side,
             1 - self.source.source_side,

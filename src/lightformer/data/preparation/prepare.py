@@ -211,8 +211,6 @@ def prepared_folder(prepare: PrepareConfig, stem: str, fingerprint: dict, build:
     The random generators are left as they were: preparation runs in whichever process gets there first, before the
     model is built, and must not make that process start from other weights than the others.
     """
-    if not isinstance(prepare, PrepareConfig):  # a bare folder: until translation and classification pass their config
-        prepare = PrepareConfig(dir=str(prepare))
     name = f"{stem}-{content_hash(fingerprint)}"
     if urlparse(prepare.dir).scheme in REMOTE_SCHEMES:
         return _in_object_store(f"{prepare.dir.rstrip('/')}/{name}", Path(prepare.cache_dir) / name, fingerprint, build)

@@ -48,7 +48,7 @@ import zlib
 from pathlib import Path
 
 from lightformer.data.preparation.caching import preparing
-from lightformer.files import atomic_open, atomic_write_bytes, read_lines, read_utf8, sha256_of
+from lightformer.files import atomic_open, atomic_write_bytes, read_utf8, sha256_of
 
 Pair = tuple[str, str]
 
@@ -362,32 +362,3 @@ def extract_ding_pairs(path: str | Path) -> tuple[list[Pair], list[Pair], dict[s
                 phrases[pair] = None
     phrase_list = [pair for pair in phrases if pair not in sentences]
     return list(sentences), phrase_list, counts
-
-
-# --- sentence-pair files ---------------------------------------------------------------------------------------
-
-
-def read_tsv_pairs(path: Path) -> list[Pair]:
-    """(first column, second column) of each non-blank line of a TSV file; a line without a tab is an error."""
-    pairs = []
-    for number, line in enumerate(read_lines(path), start=1):
-        if not line.strip():
-            continue
-        fields = line.split("\t")
-        if len(fields) < 2:
-            raise ValueError(
-                f"{path}, line {number}: no tab; each line must be 'source<TAB>target' (line starts {line[:60]!r})"
-            )
-        pairs.append((fields[0].strip(), fields[1].strip()))
-    return pairs
-
-
-def read_parallel_pairs(src_path: Path, tgt_path: Path) -> list[Pair]:
-    """(line i of src_path, line i of tgt_path) for every i; files of different lengths are an error."""
-    src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
-    if len(src_lines) != len(tgt_lines):
-        raise ValueError(
-            f"the line-aligned files differ in length: {src_path} has {len(src_lines)} lines, {tgt_path} has "
-            f"{len(tgt_lines)}; line i of one must translate line i of the other"
-        )
-    return [(src.strip(), tgt.strip()) for src, tgt in zip(src_lines, tgt_lines, strict=True)]
