@@ -223,7 +223,7 @@ def test_tsv_labels_are_sorted_and_batches_framed_and_cut_as_read(tmp_path):
         assert label == record_label and data.class_names[label] == ("fruit" if text.split()[0] in FRUIT else "metal")
     # the order of an epoch depends on (seed, epoch) only; another max_tokens reads the same prepared folder
     again = toy_module(files, tmp_path / "prepared", max_tokens=64, batch_size=8)
-    assert again.folder == data.folder
+    assert again.prepared == data.prepared
     longer = next(iter(again.train_dataloader()))
     assert torch.equal(longer["labels"], labels) and longer["ids"].shape[1] > 8
     for row, (full, _) in zip(longer["ids"].tolist(), whole, strict=True):
@@ -317,11 +317,11 @@ def test_preparing_twice_does_nothing_the_second_time(tmp_path, monkeypatch):
     files = write_toy(tmp_path / "toy")
     first = toy_module(files, tmp_path / "prepared")
     first.prepare_data()
-    manifest = (first.folder / MANIFEST).read_bytes()
+    manifest = (first.prepared / MANIFEST).read_bytes()
     monkeypatch.setattr(classification, "scan_tsv", lambda *args: pytest.fail("prepared again"))
     again = toy_module(files, tmp_path / "prepared", max_tokens=16, batch_size=4, seed=3)
     again.prepare_data()
-    assert again.folder == first.folder and (again.folder / MANIFEST).read_bytes() == manifest
+    assert again.prepared == first.prepared and (again.prepared / MANIFEST).read_bytes() == manifest
     assert again.tokenizer.to_str() == first.tokenizer.to_str() and again.class_counts == first.class_counts
     files["train"].write_text(files["train"].read_text(encoding="utf-8") + "one more plum\tfruit\n", encoding="utf-8")
     with pytest.raises(pytest.fail.Exception, match="prepared again"):  # a changed file is prepared again

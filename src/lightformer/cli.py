@@ -668,8 +668,9 @@ def prepare_main(args: list[str]) -> None:
         datamodule.prepare_data()
     except (ValueError, OSError, CorpusUnavailableError) as error:
         raise ConfigError(f"data: {error}") from None
-    prepared = getattr(datamodule, "prepared", None)
-    print(f"prepared: {prepared.folder}" if prepared is not None else f"prepared: {type(datamodule).__name__}'s data")
+    prepared = getattr(datamodule, "prepared", None)  # PreparedText, a prepared folder, or None: nothing prepared
+    folder = getattr(prepared, "folder", prepared)
+    print(f"prepared: {folder}" if folder is not None else f"prepared: {type(datamodule).__name__}'s data (in memory)")
 
 
 def main(argv: list[str] | None = None) -> None:

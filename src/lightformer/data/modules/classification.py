@@ -429,7 +429,7 @@ class TextClassificationDataModule(L.LightningDataModule):
     # --- what the model needs: available right after construction (LightningCLI links them) ---
 
     @property
-    def folder(self) -> Path:
+    def prepared(self) -> Path:
         """The prepared folder (see the module docstring), prepared on first use (once per job)."""
         if self._folder is None:
             self._folder = prepared_folder(self.prepare_config, self._stem(), self._fingerprint(), self._prepare)
@@ -439,14 +439,14 @@ class TextClassificationDataModule(L.LightningDataModule):
     def manifest(self) -> dict:
         """The prepared folder's ``prepared.json``: the fingerprint, "class_names", each split's class "counts"."""
         if self._manifest is None:
-            self._manifest = json.loads((self.folder / MANIFEST).read_text(encoding="utf-8"))
+            self._manifest = json.loads((self.prepared / MANIFEST).read_text(encoding="utf-8"))
         return self._manifest
 
     @property
     def tokenizer(self) -> Tokenizer:
         """The tokenizer the records were encoded with: `tokenizer.file`'s, or the one trained when preparing."""
         if self._tokenizer is None:
-            self._tokenizer = Tokenizer.from_file(self.folder / TOKENIZER)
+            self._tokenizer = Tokenizer.from_file(self.prepared / TOKENIZER)
         return self._tokenizer
 
     @property
@@ -490,7 +490,7 @@ class TextClassificationDataModule(L.LightningDataModule):
         if split not in self.datasets:
             if not sum(self.manifest["counts"][split]):
                 raise ValueError(f"the {split} split has no texts ({self._describe_source()})")
-            records = Records(split_location(self.folder, split))
+            records = Records(split_location(self.prepared, split))
             chosen = self._chosen() if split == "train" else None
             self.datasets[split] = records if chosen is None else Subset(records, chosen.tolist())
         return self.datasets[split]
@@ -499,7 +499,7 @@ class TextClassificationDataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         """Prepare the records and the tokenizer (once per job), or find them prepared."""
-        self.folder  # noqa: B018 (prepares on first use)
+        self.prepared  # noqa: B018 (prepares on first use)
 
     def setup(self, stage: str | None = None) -> None:
         """Log the class counts of the splits, once."""

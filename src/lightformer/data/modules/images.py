@@ -490,9 +490,10 @@ class ImageDataModule(L.LightningDataModule):
         return TensorDataset(images, labels)
 
     @property
-    def prepared(self) -> Path:
-        """An image folder's prepared records, prepared on first use (once per job: see ``prepare_image_folder``)."""
-        if self._prepared is None:
+    def prepared(self) -> Path | None:
+        """An image folder's prepared records, prepared on first use (once per job: see ``prepare_image_folder``);
+        None for a built-in dataset (held in memory, nothing prepared)."""
+        if self._prepared is None and self.source.dataset == "image_folder":
             self._prepared = prepare_image_folder(self.folder_layout, self.source, self.in_channels, self.seed,
                                                   self.prepare)  # fmt: skip
         return self._prepared
