@@ -25,14 +25,13 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.sampling import EpochShuffleSampler, ResumableDataLoader, evaluation_sampler
 from lightformer.data.modules.images import (
     ImageDataModule,
     ImageDatasetInfo,
     ImageLoaderConfig,
     ImageSource,
     ImageSubset,
-    collate_images,
+    image_loader,
 )
 from lightformer.data.objectives.augment import AugmentConfig
 from lightformer.data.objectives.pixels import PaletteConfig, PixelTokenizer, downsample
@@ -304,16 +303,7 @@ class ImageTokenDataModule(L.LightningDataModule):
             dataset = EncodedImages(getattr(self.images_data, f"{split}_dataset"), self.pixel_tokenizer)
         else:
             dataset = PixelSequenceDataset(self._tokens[split], self.pixel_tokenizer.start_id)
-        # training: a loader whose position inside an epoch is saved in checkpoints (an exact mid-epoch resume)
-        return (ResumableDataLoader if shuffle else DataLoader)(
-            dataset,
-            batch_size=self.loader.batch_size,
-            sampler=EpochShuffleSampler(len(dataset), self.seed) if shuffle else evaluation_sampler(dataset),
-            collate_fn=collate_images,
-            num_workers=self.loader.num_workers,
-            pin_memory=self.loader.pin_memory,
-            persistent_workers=self.loader.num_workers > 0,
-        )
+        return image_loader(dataset, self.loader, self.seed, shuffle)
 
     def train_dataloader(self) -> DataLoader:
         return self._dataloader("train", shuffle=True)

@@ -401,6 +401,21 @@ def collate_images(items: tuple[Tensor, Tensor] | list) -> tuple[Tensor, Tensor]
     return items if isinstance(items, tuple) else tuple(default_collate(items))
 
 
+def image_loader(dataset: Dataset, loader: ImageLoaderConfig, seed: int, shuffle: bool) -> DataLoader:
+    """The loader of an image split (Image GPT's too): training (``shuffle``) in an order drawn from (seed, epoch),
+    its position inside an epoch saved in checkpoints (an exact mid-epoch resume); evaluation in order, every image
+    once under DDP."""
+    return (ResumableDataLoader if shuffle else DataLoader)(
+        dataset,
+        batch_size=loader.batch_size,
+        sampler=EpochShuffleSampler(len(dataset), seed) if shuffle else evaluation_sampler(dataset),
+        collate_fn=collate_images,
+        num_workers=loader.num_workers,
+        pin_memory=loader.pin_memory,
+        persistent_workers=loader.num_workers > 0,
+    )
+
+
 class ImageDataModule(L.LightningDataModule):
     """Batches of images (batch, channels, image_size, image_size) and labels (batch,): uint8 from the loaders,
     normalised (and for training augmented) float32 once on the device.
@@ -583,16 +598,7 @@ class ImageDataModule(L.LightningDataModule):
     def _dataloader(self, dataset: ImageSubset | None, split: str, shuffle: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"ImageDataModule.{split}_dataloader() needs setup() to have run first")
-        # training: a loader whose position inside an epoch is saved in checkpoints (an exact mid-epoch resume)
-        return (ResumableDataLoader if shuffle else DataLoader)(
-            dataset,
-            batch_size=self.loader.batch_size,
-            sampler=EpochShuffleSampler(len(dataset), self.seed) if shuffle else evaluation_sampler(dataset),
-            collate_fn=collate_images,
-            num_workers=self.loader.num_workers,
-            pin_memory=self.loader.pin_memory,
-            persistent_workers=self.loader.num_workers > 0,
-        )
+        return image_loader(dataset, self.loader, self.seed, shuffle)
 
     def train_dataloader(self) -> DataLoader:
         return self._dataloader(self.train_dataset, "train", shuffle=True)
