@@ -370,8 +370,11 @@ def test_masked_lm_task_learns_and_its_checkpoint_alone_fills_masks(tmp_path, ca
         ]
         (tmp_path / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     train, val = str(tmp_path / "train.tsv"), str(tmp_path / "val.tsv")
-    data = {"corpus": None, "tsv_files": [train], "val_tsv_files": [val], "test_tsv_files": [val], "batch_size": 16}
-    data["prepare_dir"] = str(tmp_path / "prepared")
+    data = {
+        "source": {"corpus": None, "tsv_files": [train], "val_tsv_files": [val], "test_tsv_files": [val]},
+        "loader": {"batch_size": 16},
+        "prepare": {"dir": str(tmp_path / "prepared")},
+    }
     accuracies = load_script("benchmarks/bert_feature_probe.py").measure(ckpt, data)
     assert set(accuracies) == {"pretrained", "random"}
     assert all(len(values) == 3 and min(values) >= 0.9 for values in accuracies.values()), accuracies  # 2 layers
