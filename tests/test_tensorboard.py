@@ -85,7 +85,7 @@ def test_hparams_compare_the_runs_by_their_settings_and_results(board):
     rows = {group["hparams"]["model/net/d_model"]: group for group in groups}
     assert sorted(rows) == [16, 32]
     recorded = set(groups[0]["hparams"])  # every hyperparameter is recorded with the run
-    assert {"model/net/d_model", "model/net/n_layers", "model/optimizer/lr", "data/batch_size"} <= recorded
+    assert {"model/net/d_model", "model/net/n_layers", "model/optimizer/lr", "data/loader/batch_size"} <= recorded
     assert not any(name.startswith("_") or "/_" in name for name in recorded)  # no _class_path, no _instantiator
     for group in rows.values():  # each run's validation accuracy, side by side
         values = {m["name"]["tag"]: m["value"] for m in group["metricValues"]}
