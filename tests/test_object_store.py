@@ -52,6 +52,7 @@ def test_a_corpus_prepared_into_an_object_store_streams_on_a_node_that_did_not_p
     name = prepared.folder.name
     assert f"prepared/{name}/prepared.json" in keys and f"prepared/{name}/tokenizer.json" in keys
     assert any(key.startswith(f"prepared/{name}/train/chunk-") for key in keys)
+    assert not list((tmp_path / "node0").glob(".*")), "the uploaded manifest's temporary file is left behind"
 
     # Another node: an empty cache, not the job's rank 0; it must not prepare, only mirror and stream.
     monkeypatch.setenv("NODE_RANK", "1")

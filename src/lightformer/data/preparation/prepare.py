@@ -226,11 +226,11 @@ def split_location(folder: Path, split: str, manifest: dict | None = None) -> st
 
 
 def _local_folder(folder: Path, fingerprint: dict, build: Callable[[Path], dict]) -> Path:
-    if _complete(folder) and "url" not in _manifest(folder):
+    if _prepared_here(folder):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     with _lock(folder), _random_state_kept():
-        if not _complete(folder) or "url" in _manifest(folder):  # prepared by another process while this one waited?
+        if not _prepared_here(folder):  # prepared by another process while this one waited?
             shutil.rmtree(folder, ignore_errors=True)  # half-written, or a mirror of a store that lost the folder
             folder.mkdir(parents=True)
             manifest = {**fingerprint, **build(folder), "created": time.time()}
@@ -246,24 +246,16 @@ def _in_object_store(url: str, local: Path, fingerprint: dict, build: Callable[[
     store = _get_fs_provider(url)
     if not store.exists(f"{url}/{MANIFEST}"):
         if _job_rank_zero():
-            _local_folder(local, fingerprint, build)
-            files = sorted(path for path in local.rglob("*") if path.is_file() and path.name != MANIFEST)
-            manifest = {**_manifest(local), "small_files": [_relative(p, local) for p in files if p.suffix != ".bin"]}
-            with preparing(f"uploading {len(files)} files of {local} to {url}"):
-                for path in files:
-                    store.upload_file(str(path), f"{url}/{_relative(path, local)}")
-                with atomic_open(local.with_name(f".{local.name}-{MANIFEST}")) as f:
-                    f.write(json.dumps(manifest, indent=1).encode())
-                store.upload_file(str(local.with_name(f".{local.name}-{MANIFEST}")), f"{url}/{MANIFEST}")
+            _upload(_local_folder(local, fingerprint, build), url, store)
             return local
         rank_zero_info(f"preparing data: waiting for the job's rank 0 to prepare {url} ...")
         while not store.exists(f"{url}/{MANIFEST}"):
             time.sleep(REMOTE_WAIT_S)
-    if _complete(local) and _manifest(local).get("url", url) == url:
-        return local  # prepared here, or mirrored before
+    if _holds(local, url):
+        return local
     local.parent.mkdir(parents=True, exist_ok=True)
     with _lock(local):
-        if not (_complete(local) and _manifest(local).get("url", url) == url):
+        if not _holds(local, url):
             shutil.rmtree(local, ignore_errors=True)
             local.mkdir(parents=True)
             store.download_file(f"{url}/{MANIFEST}", str(local / f".{MANIFEST}"))
@@ -274,6 +266,30 @@ def _in_object_store(url: str, local: Path, fingerprint: dict, build: Callable[[
             atomic_write_bytes(local / MANIFEST, json.dumps({**manifest, "url": url}, indent=1).encode())
             (local / f".{MANIFEST}").unlink()
     return local
+
+
+def _upload(folder: Path, url: str, store) -> None:
+    """Every file of a prepared folder to ``url``, then its manifest, which also lists the small files (all but the
+    shards) that a node mirrors."""
+    files = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != MANIFEST)
+    manifest = {**_manifest(folder), "small_files": [_relative(p, folder) for p in files if p.suffix != ".bin"]}
+    uploaded_manifest = folder.with_name(f".{folder.name}-{MANIFEST}")
+    with preparing(f"uploading {len(files)} files of {folder} to {url}"):
+        for path in files:
+            store.upload_file(str(path), f"{url}/{_relative(path, folder)}")
+        atomic_write_bytes(uploaded_manifest, json.dumps(manifest, indent=1).encode())
+        store.upload_file(str(uploaded_manifest), f"{url}/{MANIFEST}")
+        uploaded_manifest.unlink()
+
+
+def _prepared_here(folder: Path) -> bool:
+    """Whether ``folder`` is complete and was built here (not a mirror of a folder in an object store)."""
+    return _complete(folder) and "url" not in _manifest(folder)
+
+
+def _holds(local: Path, url: str) -> bool:
+    """Whether ``local`` holds the object store's folder at ``url``: prepared here, or mirrored from it before."""
+    return _complete(local) and _manifest(local).get("url", url) == url
 
 
 def _complete(folder: Path) -> bool:
