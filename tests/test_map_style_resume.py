@@ -2,6 +2,9 @@
 epoch were handed out, and a loader given that state yields the rest of the epoch, then the next epochs, without
 reading the skipped examples."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
@@ -102,3 +105,21 @@ def test_a_state_saved_at_an_epochs_end_resumes_at_the_next_epochs_first_batch()
     again = make_loader("budget", 0)
     again.load_state_dict(finished.state_dict())
     assert epoch(again, 0) == first  # the same epoch, done: nothing left to skip into
+
+
+def test_a_dropped_loader_is_freed_at_once_with_its_workers():
+    """No reference cycle keeps a loader (and its persistent workers) alive until the garbage collector runs: there,
+    shutting the workers down waits seconds for each."""
+    loader = make_loader("budget", 2)
+    epoch(loader, 0, stop=4)
+    workers = loader._iterator._workers
+    freed = weakref.ref(loader)
+    gc.disable()
+    try:
+        del loader
+        assert freed() is None, "a reference cycle holds the loader"
+    finally:
+        gc.enable()
+    for worker in workers:
+        worker.join(timeout=10)
+        assert not worker.is_alive()

@@ -5,6 +5,7 @@ of sentence pairs under a token budget."""
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -113,13 +114,17 @@ class ResumableDataLoader(DataLoader):
 
 class _Skipping:
     """The index sampler of a ``ResumableDataLoader`` as its iterators see it: each iteration starts where the
-    loader's position says (read as the iteration starts, after ``set_epoch``); its length is the whole epoch's."""
+    loader's position says (read as the iteration starts, after ``set_epoch``); its length is the whole epoch's.
+
+    It refers to its loader weakly: a persistent-workers iterator keeps it for good, and the loader keeps that
+    iterator, so a strong reference would be a cycle that keeps the workers alive until the garbage collector runs
+    (where shutting them down waits seconds for each)."""
 
     def __init__(self, loader: ResumableDataLoader, index_sampler: Sampler | BatchSampler) -> None:
-        self.loader, self.index_sampler = loader, index_sampler
+        self.loader, self.index_sampler = weakref.ref(loader), index_sampler
 
     def __iter__(self) -> Iterator:
-        return itertools.islice(iter(self.index_sampler), self.loader._handed_out, None)
+        return itertools.islice(iter(self.index_sampler), self.loader()._handed_out, None)
 
     def __len__(self) -> int:
         return len(self.index_sampler)
