@@ -1,93 +1,121 @@
-"""Is the model fed? A vision config's training epoch through ``fit`` against its bare training step, in images/s.
+"""What does ``fit`` cost on top of the model? A config's training steps inside ``fit`` against the same model's bare
+training step on the same batches, in items/s (tokens or images).
 
-    python benchmarks/input_pipeline.py                                   # configs/vision/vit_fashion_mnist.yaml
-    python benchmarks/input_pipeline.py --config configs/vision/vit_cifar10.yaml --steps 200    # on a GPU
+    python benchmarks/fit_overhead.py                      # the CPU recipes: LM, ViT, translation
+    python benchmarks/fit_overhead.py --configs configs/lm/austen_bpe_gpu.yaml --steps 300    # on a GPU
 
-The bare step trains the same model with the same optimizer and precision on batches already on the device
-(augmented and normalised there, as the data module does), so it measures the model alone; the epoch is one
-``fit`` epoch without validation, timed from its first to its last batch (loading, transfer and augmentation
-included). A ratio near 1 means the data pipeline keeps up with the model.
+Inside ``fit`` everything a run does per step counts: loading and transfer, augmentation, the callbacks (throughput
+and MFU with their FLOP count, the random-state and non-finite guards), logging to TensorBoard every
+``log_every_n_steps``, gradient clipping, the scheduler. Validation and checkpoint writes are left out by design
+(``limit_val_batches=0``, the checkpoint callbacks removed): they are once per interval, not per step. Steps are timed
+from the start of the ``--warmup``-th to the end of the last one; every batch of that window is kept.
+
+The bare step is nanoGPT's loop on those same batches, already on the device: ``training_step`` under the
+precision's autocast, ``backward``, clipping as configured, ``optimizer.step``, the scheduler, nothing else. A ratio
+``fit / bare`` near 1 means ``fit`` adds nothing to a step (the bar is 0.95 on a CPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from pathlib import Path
 
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightformer.cli import cli_main
 
 REPO = Path(__file__).resolve().parents[1]
+CPU_RECIPES = ["configs/lm/austen_char.yaml", "configs/vision/vit_fashion_mnist.yaml",
+               "configs/translation/ding_de_en.yaml"]  # fmt: skip
 
 
-class EpochTimer(Callback):
-    """Images and seconds from the first training batch's start to the last one's end (steady state)."""
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
-    def __init__(self) -> None:
+
+class StepWindow(Callback):
+    """The batches of steps ``warmup..`` (as the model receives them) and the seconds from the first one's start to
+    the last one's end."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.batches: list = []
         self.start = self.end = 0.0
-        self.images = 0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        if batch_idx == 1:  # after the first batch: allocations, caches, the loader's start
+        if trainer.global_step == self.warmup:
+            synchronize(pl_module.device)
             self.start = time.perf_counter()
-        if batch_idx >= 1:
-            self.images += len(batch[0])
+        if trainer.global_step >= self.warmup:
+            self.batches.append(batch)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize()
+        synchronize(pl_module.device)
         self.end = time.perf_counter()
+
+
+def bare_seconds(cli, batches: list) -> float:
+    """Seconds the bare training step takes over ``batches`` (after one warm-up pass over a few of them)."""
+    task, trainer = cli.model, cli.trainer
+    task.log = task.log_dict = lambda *args, **kwargs: None  # no trainer loop to log to
+    task.train()
+    optimization = task.configure_optimizers()
+    optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
+    clip = trainer.gradient_clip_val
+    parameters = [p for p in task.parameters() if p.requires_grad]
+
+    def step(i: int, batch) -> None:
+        with trainer.precision_plugin.forward_context():
+            loss = task.training_step(batch, i)
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(parameters, clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+
+    for i, batch in enumerate(batches[:3]):
+        step(i, batch)
+    synchronize(trainer.strategy.root_device)
+    start = time.perf_counter()
+    for i, batch in enumerate(batches):
+        step(i, batch)
+    synchronize(trainer.strategy.root_device)
+    return time.perf_counter() - start
+
+
+def measure(config: str, steps: int, warmup: int, overrides: list[str]) -> tuple[float, float]:
+    """(items/s inside fit, items/s of the bare step) for ``config``."""
+    window = StepWindow(warmup)
+    with tempfile.TemporaryDirectory() as runs:
+        args = [f"--config={REPO / config}", f"--trainer.default_root_dir={runs}", f"--trainer.max_steps={warmup + steps}",
+                "--trainer.max_time=null", "--trainer.max_epochs=-1", "--trainer.limit_val_batches=0",
+                "--trainer.enable_progress_bar=false",
+                f"--trainer.logger.init_args.save_dir={runs}", *overrides]  # fmt: skip
+        cli = cli_main(args, run=False)
+        callbacks = [c for c in cli.trainer.callbacks if not isinstance(c, ModelCheckpoint)]  # no checkpoint writes
+        cli.trainer.callbacks = [*callbacks, window]
+        cli.trainer.fit(cli.model, cli.datamodule)
+        items = sum(cli.model.throughput_counts(batch)[1] for batch in window.batches)
+        fit_rate = items / (window.end - window.start)
+        return fit_rate, items / bare_seconds(cli, window.batches)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/vision/vit_fashion_mnist.yaml")
-    parser.add_argument("--steps", type=int, default=100, help="timed bare steps")
-    parser.add_argument("overrides", nargs="*", help="more CLI options, e.g. --trainer.accelerator=gpu")
+    parser.add_argument("--configs", nargs="+", default=CPU_RECIPES)
+    parser.add_argument("--steps", type=int, default=60, help="timed steps (and the bare step's batches)")
+    parser.add_argument("--warmup", type=int, default=10, help="steps before the timed window")
+    parser.add_argument("overrides", nargs="*", help="more CLI options for every config, e.g. --trainer.devices=1")
     args = parser.parse_args()
-
-    common = [f"--config={REPO / args.config}", "--trainer.logger=false", "--trainer.enable_checkpointing=false",
-              "--trainer.max_epochs=1", "--trainer.max_time=null", "--trainer.limit_val_batches=0",
-              "--trainer.enable_progress_bar=false", *args.overrides]  # fmt: skip
-    timer = EpochTimer()
-    cli = cli_main(common, run=False)
-    cli.trainer.callbacks.append(timer)
-    cli.trainer.fit(cli.model, cli.datamodule)
-    epoch_rate = timer.images / (timer.end - timer.start)
-
-    # the bare step: the fitted model and data module, batches prepared on the device beforehand
-    task, data, strategy = cli.model, cli.datamodule, cli.trainer.strategy
-    device = strategy.root_device
-    loader = iter(data.train_dataloader())
-    batches = [tuple(t.to(device) for t in next(loader)) for _ in range(8)]
-    optimizer = task.configure_optimizers()["optimizer"]
-    task.train()
-    precision = cli.trainer.precision_plugin
-
-    def step(batch) -> None:
-        images, labels = data.transform_batch(batch, train=True)
-        with precision.forward_context():
-            logits = task(images)
-        loss = torch.nn.functional.cross_entropy(logits.float(), labels, label_smoothing=task.hparams.label_smoothing)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-    for batch in batches[:3]:
-        step(batch)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for i in range(args.steps):
-        step(batches[i % len(batches)])
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    step_rate = args.steps * len(batches[0][0]) / (time.perf_counter() - start)
-    print(f"{args.config} on {device}: fit epoch {epoch_rate:,.0f} images/s, bare step {step_rate:,.0f} images/s, "
-          f"ratio {epoch_rate / step_rate:.2f}")  # fmt: skip
+    print(f"{'config':<42} {'fit items/s':>12} {'bare items/s':>13} {'fit/bare':>9}")
+    for config in args.configs:
+        fit_rate, bare_rate = measure(config, args.steps, args.warmup, args.overrides)
+        print(f"{config:<42} {fit_rate:>12,.0f} {bare_rate:>13,.0f} {fit_rate / bare_rate:>9.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -310,6 +310,17 @@ def test_non_utf8_file_names_file_and_offset(tmp_path):
         _ = make_module(tmp_path, train_files=[str(latin1)]).vocab_size
 
 
+def test_a_non_utf8_byte_only_a_preparation_worker_reads_names_file_and_line(tmp_path, monkeypatch):
+    """Past the tokenizer's sample (one line of each 200-byte piece), the byte is read by a LitData worker only."""
+    monkeypatch.setattr(sources, "PIECE_BYTES", 200)
+    latin1 = tmp_path / "latin1.txt"
+    lines = "".join(f"line {i} of plain ASCII text here\n" for i in range(23))
+    latin1.write_bytes(lines.encode() + "café\n".encode("latin-1"))
+    module = make_module(tmp_path, train_files=[str(latin1)], val_fraction=0.0, tokenizer={"sample_bytes": 100})
+    with pytest.raises(ValueError, match=r"latin1\.txt is not UTF-8 text: byte 0xe9 at byte offset \d+ \(line 24"):
+        _ = module.vocab_size
+
+
 def test_a_record_without_its_text_field_is_named(tmp_path):
     jsonl = tmp_path / "docs.jsonl"
     jsonl.write_text('{"text": "fine"}\n{"body": "no text field"}\n')

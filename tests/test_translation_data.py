@@ -706,18 +706,34 @@ GOOD_LINES = "".join(f"Satz {i} ist gut.\tSentence {i} is good.\n" for i in rang
             {"src_file": b"Eins.\nZwei.\nDrei.\n", "tgt_file": b"One.\nTwo.\n"},
             r"the line-aligned files differ in length: \S*train\.src has 3 lines, \S*train\.tgt has 2; line i of one",
         ),
+        (
+            {"tsv_files": GOOD_LINES.encode(), "val_tsv_files": (GOOD_LINES + "Nur eine Spalte hier\n").encode()},
+            r"data.source.val_tsv_files: \S*val\.tsv, line 21: no tab; each line must be 'source<TAB>target'",
+        ),
     ],
-    ids=["not-utf8", "no-tab", "aligned-not-utf8", "unequal-lines"],
+    ids=["not-utf8", "no-tab", "aligned-not-utf8", "unequal-lines", "val-no-tab"],
 )
 def test_reading_errors_name_the_option_file_and_line(tmp_path, monkeypatch, files, message):
     """Files read in pieces of 200 bytes: an error in a later piece names its line in the whole file."""
     monkeypatch.setattr(sources, "PIECE_BYTES", 200)
-    names = {"tsv_files": "train.tsv", "src_file": "train.src", "tgt_file": "train.tgt"}
+    names = {"tsv_files": "train.tsv", "val_tsv_files": "val.tsv", "src_file": "train.src", "tgt_file": "train.tgt"}
     for option, content in files.items():
         (tmp_path / names[option]).write_bytes(content)
-    options = {key: [str(tmp_path / names[key])] if key == "tsv_files" else str(tmp_path / names[key]) for key in files}
+    options = {key: [str(tmp_path / name)] if key.endswith("tsv_files") else str(tmp_path / name)
+               for key, name in names.items() if key in files}  # fmt: skip
     with pytest.raises(ValueError, match=message):
         make_module(tmp_path, **options).setup()
+
+
+def test_a_bad_line_only_a_preparation_worker_reads_is_the_same_error(tmp_path, monkeypatch):
+    """A line past the tokenizers' sample (one line of each 200-byte piece) is read by a LitData worker only."""
+    monkeypatch.setattr(sources, "PIECE_BYTES", 200)
+    monkeypatch.setattr(translation, "SAMPLE_BYTES", 100)
+    train = tmp_path / "train.tsv"
+    train.write_text(GOOD_LINES + "Ja.\tYes.\n" * 3 + "Nur eine Spalte hier\n", encoding="utf-8")
+    message = r"data.source.tsv_files: \S*train\.tsv, line 24: no tab; each line must be 'source<TAB>target'"
+    with pytest.raises(ValueError, match=message):
+        make_module(tmp_path, tsv_files=[str(train)]).setup()
 
 
 @pytest.mark.parametrize(

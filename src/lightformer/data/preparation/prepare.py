@@ -25,6 +25,7 @@ lengths) into its ``cache_dir``; LitData downloads the shards there as they are 
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import shutil
@@ -319,18 +320,38 @@ def write_shards(folder: Path, fn: Callable, inputs: list, workers: int | None, 
     chunks in ``folder`` by ``workers`` processes (default: every core), each holding one input at a time."""
     workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(inputs)))
     with preparing(f"writing {len(inputs)} pieces into {folder} on {workers} processes"), _tokenizers_single_threaded():
-        optimize(
-            fn=fn,
-            inputs=inputs,
-            output_dir=str(folder),
-            chunk_bytes=CHUNK_BYTES,
-            item_loader=item_loader,
-            num_workers=workers,
-            start_method="fork" if hasattr(os, "fork") else None,  # spawn re-imports torch: seconds per worker
-            keep_data_ordered=True,  # contiguous runs of inputs per worker, chunks in worker order: items in order
-            reorder_files=False,
-            verbose=False,
-        )
+        try:
+            optimize(
+                fn=fn,
+                inputs=inputs,
+                output_dir=str(folder),
+                chunk_bytes=CHUNK_BYTES,
+                item_loader=item_loader,
+                num_workers=workers,
+                start_method="fork" if hasattr(os, "fork") else None,  # spawn re-imports torch: seconds per worker
+                keep_data_ordered=True,  # contiguous runs of inputs per worker, chunks in worker order: items in order
+                reorder_files=False,
+                verbose=False,
+            )
+        except RuntimeError as error:
+            raised = _worker_error(str(error))
+            if raised is None:
+                raise
+            raise raised from None
+
+
+def _worker_error(message: str) -> Exception | None:
+    """The error a LitData worker raised, rebuilt from the traceback text that ``optimize`` re-raises it in (a
+    RuntimeError "We found the following error Traceback ... ValueError: <message>."), when it is a built-in
+    exception (a bad line of the user's files: the message names the option, file and line); else None."""
+    if not message.startswith("We found the following error Traceback"):
+        return None
+    *_, last = message.removesuffix(".").rstrip().splitlines()
+    name, _, text = last.partition(": ")
+    kind = getattr(builtins, name, None)
+    if not (isinstance(kind, type) and issubclass(kind, Exception)):
+        return None
+    return kind(text)
 
 
 def write_records(
