@@ -317,7 +317,7 @@ def test_a_non_utf8_byte_only_a_preparation_worker_reads_names_file_and_line(tmp
     lines = "".join(f"line {i} of plain ASCII text here\n" for i in range(23))
     latin1.write_bytes(lines.encode() + "café\n".encode("latin-1"))
     module = make_module(tmp_path, train_files=[str(latin1)], val_fraction=0.0, tokenizer={"sample_bytes": 100})
-    with pytest.raises(ValueError, match=r"latin1\.txt is not UTF-8 text: byte 0xe9 at byte offset \d+ \(line 24"):
+    with pytest.raises(ValueError, match=rf"latin1\.txt is not UTF-8 text: byte 0xe9 at byte offset {len(lines) + 3} "):
         _ = module.vocab_size
 
 

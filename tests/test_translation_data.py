@@ -726,14 +726,17 @@ def test_reading_errors_name_the_option_file_and_line(tmp_path, monkeypatch, fil
 
 
 def test_a_bad_line_only_a_preparation_worker_reads_is_the_same_error(tmp_path, monkeypatch):
-    """A line past the tokenizers' sample (one line of each 200-byte piece) is read by a LitData worker only."""
+    """Pieces of about 200 bytes (5 lines), a tokenizer sample of 60 bytes of each: only a LitData worker reads line
+    28, the last of its piece."""
     monkeypatch.setattr(sources, "PIECE_BYTES", 200)
-    monkeypatch.setattr(translation, "SAMPLE_BYTES", 100)
+    monkeypatch.setattr(translation, "SAMPLE_BYTES", 300)
     train = tmp_path / "train.tsv"
-    train.write_text(GOOD_LINES + "Ja.\tYes.\n" * 3 + "Nur eine Spalte hier\n", encoding="utf-8")
-    message = r"data.source.tsv_files: \S*train\.tsv, line 24: no tab; each line must be 'source<TAB>target'"
+    more = "".join(f"Satz {i} ist gut.\tSentence {i} is good.\n" for i in range(20, 27))
+    train.write_text(GOOD_LINES + more + "Nur eine Spalte hier\n", encoding="utf-8")
+    message = r"data.source.tsv_files: \S*train\.tsv, line 28: no tab; each line must be 'source<TAB>target'"
     with pytest.raises(ValueError, match=message):
         make_module(tmp_path, tsv_files=[str(train)]).setup()
+    assert not list(tmp_path.glob("prepared/*/prepared.json"))
 
 
 @pytest.mark.parametrize(

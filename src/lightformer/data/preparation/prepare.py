@@ -25,12 +25,12 @@ lengths) into its ``cache_dir``; LitData downloads the shards there as they are 
 
 from __future__ import annotations
 
-import builtins
 import json
 import os
+import pickle
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property, lru_cache, partial
@@ -317,41 +317,50 @@ def _job_rank_zero() -> bool:
 
 def write_shards(folder: Path, fn: Callable, inputs: list, workers: int | None, item_loader=None) -> None:
     """``litdata.optimize``: ``fn(input)`` yields the items of one input, written in the inputs' order into 64 MB
-    chunks in ``folder`` by ``workers`` processes (default: every core), each holding one input at a time."""
+    chunks in ``folder`` by ``workers`` processes (default: every core), each holding one input at a time.
+
+    An error that ``fn`` raises (a bad line of the user's files, which only the worker reading it sees) is raised
+    here, as itself, once the workers have stopped: a worker that meets one saves it and stops, the others stop at
+    their next input. LitData's own handling would terminate the workers mid-way, leaving their helper processes
+    orphaned, and raise a RuntimeError around the traceback's text."""
     workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(inputs)))
+    errors = folder.with_name(f".{folder.name}-errors")
+    shutil.rmtree(errors, ignore_errors=True)
+    errors.mkdir(parents=True)
     with preparing(f"writing {len(inputs)} pieces into {folder} on {workers} processes"), _tokenizers_single_threaded():
+        optimize(
+            fn=partial(_until_an_error, fn=fn, errors=str(errors)),
+            inputs=inputs,
+            output_dir=str(folder),
+            chunk_bytes=CHUNK_BYTES,
+            item_loader=item_loader,
+            num_workers=workers,
+            start_method="fork" if hasattr(os, "fork") else None,  # spawn re-imports torch: seconds per worker
+            keep_data_ordered=True,  # contiguous runs of inputs per worker, chunks in worker order: items in order
+            reorder_files=False,
+            verbose=False,
+        )
+    raised = sorted(errors.glob("*.pickle"))
+    error = pickle.loads(raised[0].read_bytes()) if raised else None
+    shutil.rmtree(errors)
+    if error is not None:
+        raise error
+
+
+def _until_an_error(item: Any, fn: Callable, errors: str) -> Iterator:
+    """``fn(item)``'s items, unless a worker has met an error (then none); an error ``fn`` raises is saved in
+    ``errors`` (``write_shards`` raises it) instead of ending the worker."""
+    if any(os.scandir(errors)):
+        return
+    try:
+        yield from fn(item)
+    except Exception as error:
         try:
-            optimize(
-                fn=fn,
-                inputs=inputs,
-                output_dir=str(folder),
-                chunk_bytes=CHUNK_BYTES,
-                item_loader=item_loader,
-                num_workers=workers,
-                start_method="fork" if hasattr(os, "fork") else None,  # spawn re-imports torch: seconds per worker
-                keep_data_ordered=True,  # contiguous runs of inputs per worker, chunks in worker order: items in order
-                reorder_files=False,
-                verbose=False,
-            )
-        except RuntimeError as error:
-            raised = _worker_error(str(error))
-            if raised is None:
-                raise
-            raise raised from None
-
-
-def _worker_error(message: str) -> Exception | None:
-    """The error a LitData worker raised, rebuilt from the traceback text that ``optimize`` re-raises it in (a
-    RuntimeError "We found the following error Traceback ... ValueError: <message>."), when it is a built-in
-    exception (a bad line of the user's files: the message names the option, file and line); else None."""
-    if not message.startswith("We found the following error Traceback"):
-        return None
-    *_, last = message.removesuffix(".").rstrip().splitlines()
-    name, _, text = last.partition(": ")
-    kind = getattr(builtins, name, None)
-    if not (isinstance(kind, type) and issubclass(kind, Exception)):
-        return None
-    return kind(text)
+            saved = pickle.dumps(error)
+        except Exception:  # an exception that does not pickle: its type and message
+            saved = pickle.dumps(RuntimeError(f"{type(error).__name__}: {error}"))
+        with atomic_open(Path(errors) / f"{os.getpid()}.pickle") as f:
+            f.write(saved)
 
 
 def write_records(
