@@ -10,9 +10,10 @@ and MFU with their FLOP count, the random-state and non-finite guards), logging 
 (``limit_val_batches=0``, the checkpoint callbacks removed): they are once per interval, not per step. Steps are timed
 from the start of the ``--warmup``-th to the end of the last one; every batch of that window is kept.
 
-The bare step is nanoGPT's loop on those same batches, already on the device: ``training_step`` under the
-precision's autocast, ``backward``, clipping as configured, ``optimizer.step``, the scheduler, nothing else. A ratio
-``fit / bare`` near 1 means ``fit`` adds nothing to a step (the bar is 0.95 on a CPU).
+The bare step is nanoGPT's loop on those same batches, already on the device: the data module's augmentation on the
+device if it has one (images), ``training_step`` under the precision's autocast, ``backward``, clipping as
+configured, ``optimizer.step``, the scheduler, nothing else. A ratio ``fit / bare`` near 1 means ``fit`` adds nothing
+to a step (the bar is 0.95 on a CPU).
 """
 
 from __future__ import annotations
@@ -38,20 +39,30 @@ def synchronize(device: torch.device) -> None:
 
 
 class StepWindow(Callback):
-    """The batches of steps ``warmup..`` (as the model receives them) and the seconds from the first one's start to
-    the last one's end."""
+    """The batches of steps ``warmup..`` (as they reach the device, before the data module's
+    ``on_after_batch_transfer``: images are augmented there, in the step) and the seconds from the first one's start
+    to the last one's end."""
 
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup
         self.batches: list = []
         self.start = self.end = 0.0
 
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        data = trainer.datamodule
+        transform = data.on_after_batch_transfer
+
+        def record(batch, dataloader_idx: int):
+            if trainer.training and trainer.global_step >= self.warmup:
+                self.batches.append(batch)
+            return transform(batch, dataloader_idx)
+
+        data.on_after_batch_transfer = record
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if trainer.global_step == self.warmup:
             synchronize(pl_module.device)
             self.start = time.perf_counter()
-        if trainer.global_step >= self.warmup:
-            self.batches.append(batch)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         synchronize(pl_module.device)
@@ -68,7 +79,11 @@ def bare_seconds(cli, batches: list) -> float:
     clip = trainer.gradient_clip_val
     parameters = [p for p in task.parameters() if p.requires_grad]
 
+    transform = getattr(cli.datamodule, "transform_batch", None)  # augmentation on the device, as in fit
+
     def step(i: int, batch) -> None:
+        if transform is not None:
+            batch = transform(batch, train=True)
         with trainer.precision_plugin.forward_context():
             loss = task.training_step(batch, i)
         loss.backward()
@@ -92,9 +107,9 @@ def measure(config: str, steps: int, warmup: int, overrides: list[str]) -> tuple
     """(items/s inside fit, items/s of the bare step) for ``config``."""
     window = StepWindow(warmup)
     with tempfile.TemporaryDirectory() as runs:
-        args = [f"--config={REPO / config}", f"--trainer.default_root_dir={runs}", f"--trainer.max_steps={warmup + steps}",
-                "--trainer.max_time=null", "--trainer.max_epochs=-1", "--trainer.limit_val_batches=0",
-                "--trainer.enable_progress_bar=false",
+        args = [f"--config={REPO / config}", f"--trainer.default_root_dir={runs}",
+                f"--trainer.max_steps={warmup + steps}", "--trainer.max_time=null", "--trainer.max_epochs=-1",
+                "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
                 f"--trainer.logger.init_args.save_dir={runs}", *overrides]  # fmt: skip
         cli = cli_main(args, run=False)
         callbacks = [c for c in cli.trainer.callbacks if not isinstance(c, ModelCheckpoint)]  # no checkpoint writes
