@@ -13,12 +13,14 @@ from the start of the ``--warmup``-th to the end of the last one; every batch of
 The bare step is nanoGPT's loop on those same batches, already on the device: the data module's augmentation on the
 device if it has one (images), ``training_step`` under the precision's autocast, ``backward``, clipping as
 configured, ``optimizer.step``, the scheduler, nothing else. A ratio ``fit / bare`` near 1 means ``fit`` adds nothing
-to a step (the bar is 0.95 on a CPU).
+to a step (the bar is 0.95 on a CPU). It is given for the totals, and as the median over the batches of each batch's
+ratio, which a burst of load from another process on a shared machine moves less.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -40,13 +42,18 @@ def synchronize(device: torch.device) -> None:
 
 class StepWindow(Callback):
     """The batches of steps ``warmup..`` (as they reach the device, before the data module's
-    ``on_after_batch_transfer``: images are augmented there, in the step) and the seconds from the first one's start
-    to the last one's end."""
+    ``on_after_batch_transfer``: images are augmented there, in the step) and the seconds each took, from its start
+    to the next one's (loading the next batch included)."""
 
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup
         self.batches: list = []
-        self.start = self.end = 0.0
+        self.starts: list[float] = []
+        self.end = 0.0
+
+    @property
+    def seconds(self) -> list[float]:
+        return [b - a for a, b in zip(self.starts, [*self.starts[1:], self.end], strict=True)]
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         data = trainer.datamodule
@@ -60,17 +67,17 @@ class StepWindow(Callback):
         data.on_after_batch_transfer = record
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        if trainer.global_step == self.warmup:
+        if trainer.global_step >= self.warmup:
             synchronize(pl_module.device)
-            self.start = time.perf_counter()
+            self.starts.append(time.perf_counter())
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         synchronize(pl_module.device)
         self.end = time.perf_counter()
 
 
-def bare_seconds(cli, batches: list) -> float:
-    """Seconds the bare training step takes over ``batches`` (after one warm-up pass over a few of them)."""
+def bare_seconds(cli, batches: list) -> list[float]:
+    """Seconds the bare training step takes on each of ``batches`` (after a warm-up on a few of them)."""
     task, trainer = cli.model, cli.trainer
     task.log = task.log_dict = lambda *args, **kwargs: None  # no trainer loop to log to
     task.train()
@@ -95,16 +102,19 @@ def bare_seconds(cli, batches: list) -> float:
 
     for i, batch in enumerate(batches[:3]):
         step(i, batch)
-    synchronize(trainer.strategy.root_device)
-    start = time.perf_counter()
+    seconds = []
     for i, batch in enumerate(batches):
+        synchronize(trainer.strategy.root_device)
+        start = time.perf_counter()
         step(i, batch)
-    synchronize(trainer.strategy.root_device)
-    return time.perf_counter() - start
+        synchronize(trainer.strategy.root_device)
+        seconds.append(time.perf_counter() - start)
+    return seconds
 
 
-def measure(config: str, steps: int, warmup: int, overrides: list[str]) -> tuple[float, float]:
-    """(items/s inside fit, items/s of the bare step) for ``config``."""
+def measure(config: str, steps: int, warmup: int, overrides: list[str]) -> tuple[float, float, float]:
+    """(items/s inside fit, items/s of the bare step, the median over the batches of fit's rate over the bare
+    step's: robust to a burst of load from elsewhere on a shared machine) for ``config``."""
     window = StepWindow(warmup)
     with tempfile.TemporaryDirectory() as runs:
         args = [f"--config={REPO / config}", f"--trainer.default_root_dir={runs}",
@@ -116,8 +126,8 @@ def measure(config: str, steps: int, warmup: int, overrides: list[str]) -> tuple
         cli.trainer.callbacks = [*callbacks, window]
         cli.trainer.fit(cli.model, cli.datamodule)
         items = sum(cli.model.throughput_counts(batch)[1] for batch in window.batches)
-        fit_rate = items / (window.end - window.start)
-        return fit_rate, items / bare_seconds(cli, window.batches)
+        fit, bare = window.seconds, bare_seconds(cli, window.batches)
+        return items / sum(fit), items / sum(bare), statistics.median(b / f for f, b in zip(fit, bare, strict=True))
 
 
 def main() -> None:
@@ -127,10 +137,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10, help="steps before the timed window")
     parser.add_argument("overrides", nargs="*", help="more CLI options for every config, e.g. --trainer.devices=1")
     args = parser.parse_args()
-    print(f"{'config':<42} {'fit items/s':>12} {'bare items/s':>13} {'fit/bare':>9}")
+    print(f"{'config':<40} {'fit items/s':>12} {'bare items/s':>13} {'fit/bare':>9} {'median per batch':>17}")
     for config in args.configs:
-        fit_rate, bare_rate = measure(config, args.steps, args.warmup, args.overrides)
-        print(f"{config:<42} {fit_rate:>12,.0f} {bare_rate:>13,.0f} {fit_rate / bare_rate:>9.2f}", flush=True)
+        fit_rate, bare_rate, median = measure(config, args.steps, args.warmup, args.overrides)
+        print(f"{config:<40} {fit_rate:>12,.0f} {bare_rate:>13,.0f} {fit_rate / bare_rate:>9.2f} {median:>17.2f}",
+              flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
