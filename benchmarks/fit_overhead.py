@@ -10,11 +10,12 @@ and MFU with their FLOP count, the random-state and non-finite guards), logging 
 (``limit_val_batches=0``, the checkpoint callbacks removed): they are once per interval, not per step. Steps are timed
 from the start of the ``--warmup``-th to the end of the last one; every batch of that window is kept.
 
-The bare step is nanoGPT's loop on those same batches, already on the device: the data module's augmentation on the
-device if it has one (images), ``training_step`` under the precision's autocast, ``backward``, clipping as
-configured, ``optimizer.step``, the scheduler, nothing else. A ratio ``fit / bare`` near 1 means ``fit`` adds nothing
-to a step (the bar is 0.95 on a CPU). It is given for the totals, and as the median over the batches of each batch's
-ratio, which a burst of load from another process on a shared machine moves less.
+The bare step is nanoGPT's loop on those same batches, already on the device, with the model's dropout as it was in
+the window (``LateDropout`` may have it off): the data module's augmentation on the device if it has one (images),
+``training_step`` under the precision's autocast, ``backward``, clipping as configured, ``optimizer.step``, the
+scheduler, nothing else. A ratio ``fit / bare`` near 1 means ``fit`` adds nothing to a step (the bar is 0.95 on a
+CPU). It is given for the totals, and as the median over the batches of each batch's ratio, which a burst of load
+from another process on a shared machine moves less.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from lightformer.callbacks import drop_rates
 from lightformer.cli import cli_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,6 +52,7 @@ class StepWindow(Callback):
         self.batches: list = []
         self.starts: list[float] = []
         self.end = 0.0
+        self.drop_rates: dict = {}  # the model's dropout rates in the window (LateDropout may have them at 0)
 
     @property
     def seconds(self) -> list[float]:
@@ -67,6 +70,8 @@ class StepWindow(Callback):
         data.on_after_batch_transfer = record
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.warmup:
+            self.drop_rates = drop_rates(pl_module)
         if trainer.global_step >= self.warmup:
             synchronize(pl_module.device)
             self.starts.append(time.perf_counter())
@@ -126,6 +131,8 @@ def measure(config: str, steps: int, warmup: int, overrides: list[str]) -> tuple
         cli.trainer.callbacks = [*callbacks, window]
         cli.trainer.fit(cli.model, cli.datamodule)
         items = sum(cli.model.throughput_counts(batch)[1] for batch in window.batches)
+        for module, (attribute, rate) in window.drop_rates.items():  # the model as it trained in the window
+            setattr(module, attribute, rate)
         fit, bare = window.seconds, bare_seconds(cli, window.batches)
         return items / sum(fit), items / sum(bare), statistics.median(b / f for f, b in zip(fit, bare, strict=True))
 
