@@ -130,12 +130,21 @@ def test_fsdp2_makes_each_layer_and_the_model_a_unit_and_activation_checkpointin
 # --- DDP on 2 CPU processes ------------------------------------------------------------------------------
 
 
-def run_cli(args: list[str], tmp_path: Path) -> None:
+def start_cli(args: list[str], log: Path) -> subprocess.Popen:
+    """``python -m lightformer <args>`` started, its output written to ``log`` (a pipe would stall it when full)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run(
-        [sys.executable, "-m", "lightformer", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "lightformer", *args], cwd=REPO, env=env, stdout=out, stderr=out)
+
+
+def finish(run: subprocess.Popen, log: Path) -> None:
+    assert run.wait(timeout=300) == 0, log.read_text()[-3000:]
+
+
+def run_cli(args: list[str], tmp_path: Path) -> None:
+    log = tmp_path / "cli.log"
+    finish(start_cli(args, log), log)
 
 
 def probe(out_dir: Path) -> str:
@@ -160,6 +169,11 @@ def test_ddp_on_two_cpu_processes_shards_the_data_and_matches_one_process(task, 
         "--trainer.gradient_clip_val=0.5",
         "--trainer.limit_val_batches=1.0",  # the whole validation set: DDP splits it, one process takes all
     ]
+    # The FSDP2 run below is started now: each launch leaves a core idle while its second process imports.
+    fsdp_dir = tmp_path / "fsdp"
+    fsdp_args = [*task_args(task, fsdp_dir), *args[len(task_args(task, tmp_path)) :]]
+    fsdp_args[fsdp_args.index("--config=configs/trainer/ddp_cpu.yaml")] = "--config=configs/trainer/fsdp_cpu.yaml"
+    fsdp_run = start_cli(["fit", *fsdp_args, probe(fsdp_dir / "probe")], fsdp_dir / "cli.log")
     run_cli(["fit", *args, probe(tmp_path / "ddp")], tmp_path)
     ranks = [json.loads((tmp_path / "ddp" / f"rank{r}.json").read_text()) for r in (0, 1)]
 
@@ -184,10 +198,7 @@ def test_ddp_on_two_cpu_processes_shards_the_data_and_matches_one_process(task, 
 
     # FSDP2 on the same 2 processes, same data and clipping: every layer sharded (DTensor gradients, their global
     # norm clipped, the fused AdamW stepping shards), the checkpoint gathered into one file: the same weights.
-    fsdp_dir = tmp_path / "fsdp"
-    fsdp_args = [*task_args(task, fsdp_dir), *args[len(task_args(task, tmp_path)) :]]
-    fsdp_args[fsdp_args.index("--config=configs/trainer/ddp_cpu.yaml")] = "--config=configs/trainer/fsdp_cpu.yaml"
-    run_cli(["fit", *fsdp_args, probe(fsdp_dir / "probe")], tmp_path)
+    finish(fsdp_run, fsdp_dir / "cli.log")
     sharded = torch.load(last_checkpoint(fsdp_dir), weights_only=True)["state_dict"]
     replicated = torch.load(last_checkpoint(tmp_path), weights_only=True)["state_dict"]
     assert sharded.keys() == replicated.keys()

@@ -27,14 +27,12 @@ def lm_args(tmp_path: Path, *extra: str) -> list[str]:
     return [*args, "--data.source.val_fraction=0.1", "--trainer.max_epochs=-1", *extra]
 
 
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO / "src")])}
+
+
 def run(args: list[str], tmp_path: Path, command: list[str] | None = None, check: bool = True):
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO / "src")]),
-    }
     command = command or [sys.executable, "-m", "lightformer", "fit"]
-    result = subprocess.run([*command, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run([*command, *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
     if check and result.returncode != 0:
         raise AssertionError(f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
     return result
@@ -55,19 +53,19 @@ def test_a_run_killed_mid_epoch_resumes_with_exactly_the_batches_it_would_have_s
     per_epoch = 28 // processes  # about: LitData gives each rank as many windows, in whole batches
     max_steps = per_epoch + per_epoch // 2 + 3  # into the second epoch
     kill_at = 5 * (per_epoch // 10) + 2  # mid-epoch, 2 steps after a checkpoint (one every 5 steps)
+    # The uninterrupted run goes on beside the killed one: each launch leaves a core idle while its ranks import.
     straight = tmp_path / "straight"
-    run(
-        [
-            *lm_args(straight, *ddp),
-            f"--trainer.max_steps={max_steps}",
-            callback("RecordBatches", out_dir=str(straight / "batches")),
-        ],
-        straight,
-    )
+    straight_args = [*lm_args(straight, *ddp), f"--trainer.max_steps={max_steps}",
+                     callback("RecordBatches", out_dir=str(straight / "batches"))]  # fmt: skip
+    with open(tmp_path / "straight.log", "w") as log:
+        uninterrupted = subprocess.Popen(
+            [sys.executable, "-m", "lightformer", "fit", *straight_args], cwd=REPO, env=ENV, stdout=log, stderr=log
+        )
 
     killed = tmp_path / "killed"
     args = [*lm_args(killed, *ddp, *every), f"--trainer.max_steps={max_steps}"]
     result = run([*args, callback("KillAt", step=kill_at)], killed, check=False)
+    assert uninterrupted.wait(timeout=600) == 0, (tmp_path / "straight.log").read_text()[-5000:]
     assert result.returncode == -signal.SIGKILL or result.returncode != 0, result.stderr[-2000:]
     checkpoints = killed / "runs" / "austen_char" / "version_0" / "checkpoints"
     resumed_from = torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"]
@@ -110,14 +108,9 @@ def test_two_nodes_launched_by_torchrun_share_each_epoch_and_evaluate_every_wind
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
                     "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}",
                     "-m", "lightformer", "fit"]  # fmt: skip
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO / "src")]),
-        }
         nodes.append(
             subprocess.Popen(
-                [*torchrun, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                [*torchrun, *args], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
         )
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
