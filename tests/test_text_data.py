@@ -310,7 +310,7 @@ def test_non_utf8_file_names_file_and_offset(tmp_path):
         _ = make_module(tmp_path, train_files=[str(latin1)]).vocab_size
 
 
-def test_a_non_utf8_byte_only_a_preparation_worker_reads_names_file_and_line(tmp_path, monkeypatch):
+def test_a_non_utf8_byte_only_a_preparation_worker_reads_names_file_and_offset(tmp_path, monkeypatch):
     """Past the tokenizer's sample (one line of each 200-byte piece), the byte is read by a LitData worker only."""
     monkeypatch.setattr(sources, "PIECE_BYTES", 200)
     latin1 = tmp_path / "latin1.txt"

@@ -350,14 +350,15 @@ def write_shards(folder: Path, fn: Callable, inputs: list, workers: int | None, 
 def _until_an_error(item: Any, fn: Callable, errors: str) -> Iterator:
     """``fn(item)``'s items, unless a worker has met an error (then none); an error ``fn`` raises is saved in
     ``errors`` (``write_shards`` raises it) instead of ending the worker."""
-    if any(os.scandir(errors)):
+    if os.listdir(errors):
         return
     try:
         yield from fn(item)
     except Exception as error:
         try:
             saved = pickle.dumps(error)
-        except Exception:  # an exception that does not pickle: its type and message
+            pickle.loads(saved)  # some pickle but do not unpickle (an __init__ with other arguments)
+        except Exception:  # then its type and message
             saved = pickle.dumps(RuntimeError(f"{type(error).__name__}: {error}"))
         with atomic_open(Path(errors) / f"{os.getpid()}.pickle") as f:
             f.write(saved)
