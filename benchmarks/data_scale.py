@@ -5,8 +5,9 @@ built by repeating Jane Austen's novels.
     python benchmarks/data_scale.py --sizes-mb 40 400 4000 --tokenizer char
 
 Each measurement runs in a fresh process (`lightformer prepare` / `fit`); peak RSS is the largest of the process and
-its preparation workers (``getrusage(RUSAGE_CHILDREN)``). The corpora go under ``--work`` (not committed; 4 GB needs
-8 GB of free disk with its shards). Repeated text is fine for memory and speed figures, not for quality ones.
+its preparation workers (``getrusage(RUSAGE_CHILDREN)``). The corpora go under ``--work`` and are kept for the next run
+(delete the folder when done); the prepared shards are removed after each size. 4 GB needs 12 GB of free disk while it
+runs. Repeated text is fine for memory and speed figures, not for quality ones.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def main() -> None:
         row["fit_ddp_rss_gb_per_rank"] = round(run([*fit, "--config=configs/trainer/ddp_cpu.yaml"])[1], 2)
         speed = subprocess.run([sys.executable, "-c", LOADER_SPEED, folder], capture_output=True, text=True, check=True)
         row["loader_tokens_per_s"] = round(float(speed.stdout.strip()))
+        shutil.rmtree(prepared)  # the corpus stays for the next run; its shards are twice its size
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(f"{os.cpu_count()} cores; {' | '.join(rows[0])}")
