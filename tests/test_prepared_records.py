@@ -10,7 +10,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from lightformer.data.loading.streaming import Records
-from lightformer.data.preparation.prepare import PrepareConfig, prepared_folder, write_records
+from lightformer.data.preparation import prepare
+from lightformer.data.preparation.prepare import PrepareConfig, prepared_folder, write_records, write_shards
 
 
 def records_of(piece: tuple[int, int]):
@@ -61,3 +62,13 @@ def test_a_prepared_folder_is_built_once_and_a_half_written_one_again(tmp_path):
     assert prepared_folder(prepare, "name", {"source": 1}, build) == folder and len(built) == 2
     assert not (folder / "leftover").exists()
     assert prepared_folder(prepare, "name", {"source": 2}, build) != folder  # another fingerprint, another folder
+
+
+def test_an_interrupted_preparation_leaves_no_error_folder_beside_the_users(tmp_path, monkeypatch):
+    def interrupted(**kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prepare, "optimize", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_shards(tmp_path / "shards", lambda item: iter([item]), inputs=[1, 2], workers=1)
+    assert not list(tmp_path.iterdir())

@@ -737,6 +737,7 @@ def test_a_bad_line_only_a_preparation_worker_reads_is_the_same_error(tmp_path, 
     with pytest.raises(ValueError, match=message):
         make_module(tmp_path, tsv_files=[str(train)]).setup()
     assert not list(tmp_path.glob("prepared/*/prepared.json"))
+    assert not list(tmp_path.glob("prepared/**/.*-errors"))  # the worker's saved error goes with it
 
 
 @pytest.mark.parametrize(

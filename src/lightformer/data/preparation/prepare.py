@@ -327,22 +327,25 @@ def write_shards(folder: Path, fn: Callable, inputs: list, workers: int | None, 
     errors = folder.with_name(f".{folder.name}-errors")
     shutil.rmtree(errors, ignore_errors=True)
     errors.mkdir(parents=True)
-    with preparing(f"writing {len(inputs)} pieces into {folder} on {workers} processes"), _tokenizers_single_threaded():
-        optimize(
-            fn=partial(_until_an_error, fn=fn, errors=str(errors)),
-            inputs=inputs,
-            output_dir=str(folder),
-            chunk_bytes=CHUNK_BYTES,
-            item_loader=item_loader,
-            num_workers=workers,
-            start_method="fork" if hasattr(os, "fork") else None,  # spawn re-imports torch: seconds per worker
-            keep_data_ordered=True,  # contiguous runs of inputs per worker, chunks in worker order: items in order
-            reorder_files=False,
-            verbose=False,
-        )
-    raised = sorted(errors.glob("*.pickle"))
-    error = pickle.loads(raised[0].read_bytes()) if raised else None
-    shutil.rmtree(errors)
+    what = f"writing {len(inputs)} pieces into {folder} on {workers} processes"
+    try:
+        with preparing(what), _tokenizers_single_threaded():
+            optimize(
+                fn=partial(_until_an_error, fn=fn, errors=str(errors)),
+                inputs=inputs,
+                output_dir=str(folder),
+                chunk_bytes=CHUNK_BYTES,
+                item_loader=item_loader,
+                num_workers=workers,
+                start_method="fork" if hasattr(os, "fork") else None,  # spawn re-imports torch: seconds per worker
+                keep_data_ordered=True,  # contiguous runs of inputs per worker, chunks in worker order: items in order
+                reorder_files=False,
+                verbose=False,
+            )
+        raised = sorted(errors.glob("*.pickle"))
+        error = pickle.loads(raised[0].read_bytes()) if raised else None
+    finally:  # also when preparation is interrupted: nothing is left beside the user's folder
+        shutil.rmtree(errors, ignore_errors=True)
     if error is not None:
         raise error
 
