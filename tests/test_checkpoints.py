@@ -6,8 +6,6 @@ import math
 import os
 import pickle
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,9 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lightformer.callbacks import AtomicCheckpointIO, NonFiniteLossError, RandomStateCheckpoint
 from lightformer.cli import cli_main, main
-from tiny_runs import ALL_TASKS, build, last_checkpoint, task_args
-
-REPO = Path(__file__).resolve().parents[1]
+from tiny_runs import ALL_TASKS, build, last_checkpoint, start_cli, task_args
 
 
 class StopAfterEpochs(Callback):
@@ -130,13 +126,14 @@ def test_a_run_killed_with_sigkill_resumes_and_finishes(tmp_path):
         "--trainer.max_epochs=-1",
         *("--model.net.dropout=0.0", "--model.net.drop_path=0.0", "--data.augment.policy=none"),  # learn fast
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "lightformer", "fit", *args], cwd=REPO, env=env)
+    process = start_cli(["fit", *args], tmp_path / "cli.log", threads=1)
     checkpoints = tmp_path / "runs" / "vit_digits" / "version_0" / "checkpoints"
     deadline = time.monotonic() + 120
     while not (checkpoints / "last.ckpt").exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert process.poll() is None, "the run ended (or failed) before it could be killed"
+    assert process.poll() is None, (
+        "the run ended before it could be killed: " + (tmp_path / "cli.log").read_text()[-3000:]
+    )
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     assert process.returncode == -signal.SIGKILL

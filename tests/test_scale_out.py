@@ -5,9 +5,6 @@ GPU-only checks (FSDP, 16-mixed) skip where no GPU is present."""
 import glob
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,9 +17,8 @@ from lightformer.models import EncoderDecoderConfig, GPTConfig, ViTConfig
 from lightformer.nn import DecoderLayer, EncoderLayer
 from lightformer.tasks import ImageClassificationTask, LanguageModelTask, TranslationTask
 from lightformer.tasks.base import clip_gradients
-from tiny_runs import ShardProbe, build, last_checkpoint, resolved_config, task_args
+from tiny_runs import ShardProbe, build, finish, last_checkpoint, resolved_config, run_cli, start_cli, task_args
 
-REPO = Path(__file__).resolve().parents[1]
 TASK_CONFIGS = sorted(c for c in glob.glob("configs/*/*.yaml") if not c.startswith("configs/trainer/"))
 PRESETS = sorted(glob.glob("configs/trainer/*.yaml"))
 TASKS = ["vision", "lm", "translation"]
@@ -130,23 +126,6 @@ def test_fsdp2_makes_each_layer_and_the_model_a_unit_and_activation_checkpointin
 # --- DDP on 2 CPU processes ------------------------------------------------------------------------------
 
 
-def start_cli(args: list[str], log: Path) -> subprocess.Popen:
-    """``python -m lightformer <args>`` started, its output written to ``log`` (a pipe would stall it when full)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "lightformer", *args], cwd=REPO, env=env, stdout=out, stderr=out)
-
-
-def finish(run: subprocess.Popen, log: Path) -> None:
-    assert run.wait(timeout=300) == 0, log.read_text()[-3000:]
-
-
-def run_cli(args: list[str], tmp_path: Path) -> None:
-    log = tmp_path / "cli.log"
-    finish(start_cli(args, log), log)
-
-
 def probe(out_dir: Path) -> str:
     callback = {"class_path": "tiny_runs.ShardProbe", "init_args": {"out_dir": str(out_dir)}}
     return f"--trainer.callbacks+={json.dumps(callback)}"
@@ -174,7 +153,7 @@ def test_ddp_on_two_cpu_processes_shards_the_data_and_matches_one_process(task, 
     fsdp_args = [*task_args(task, fsdp_dir), *args[len(task_args(task, tmp_path)) :]]
     fsdp_args[fsdp_args.index("--config=configs/trainer/ddp_cpu.yaml")] = "--config=configs/trainer/fsdp_cpu.yaml"
     fsdp_run = start_cli(["fit", *fsdp_args, probe(fsdp_dir / "probe")], fsdp_dir / "cli.log")
-    run_cli(["fit", *args, probe(tmp_path / "ddp")], tmp_path)
+    run_cli(["fit", *args, probe(tmp_path / "ddp")], tmp_path / "cli.log")
     ranks = [json.loads((tmp_path / "ddp" / f"rank{r}.json").read_text()) for r in (0, 1)]
 
     assert [r["world_size"] for r in ranks] == [2, 2]
@@ -236,7 +215,7 @@ def test_ddp_processes_share_the_schedule_fitted_to_max_time(tmp_path):
         f"--trainer.callbacks+={json.dumps(record)}",
         f"--trainer.callbacks+={json.dumps(clock)}",
     ]
-    run_cli(["fit", *args], tmp_path)
+    run_cli(["fit", *args], tmp_path / "cli.log")
     ranks = [json.loads((tmp_path / "plan" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0] == ranks[1] == {**ranks[0], "step": 200, "planned_steps": 200}, ranks  # rank 1 alone: 100
 
@@ -354,7 +333,7 @@ def test_mixed_precision_on_gpu_trains_each_task_with_finite_loss(task, precisio
 def test_fsdp_preset_trains_and_writes_a_checkpoint_that_loads(task, tmp_path):
     args = [*task_args(task, tmp_path), "--config=configs/trainer/fsdp.yaml", "--trainer.devices=1"]
     args.append("--trainer.gradient_clip_val=1.0")
-    run_cli(["fit", *args, "--trainer.max_epochs=1"], tmp_path)
+    run_cli(["fit", *args, "--trainer.max_epochs=1"], tmp_path / "cli.log")
     checkpoint = torch.load(last_checkpoint(tmp_path), weights_only=True)
     assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values() if v.is_floating_point())
 

@@ -2,10 +2,7 @@
 uninterrupted run sees (one process, two DDP processes), and two nodes launched by torchrun share every epoch."""
 
 import json
-import os
-import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from tiny_runs import recorded, task_args
+from tiny_runs import finish, recorded, run_cli, start_cli, task_args
 
-REPO = Path(__file__).resolve().parents[1]
 # Random numbers: no two windows of the corpus hold the same ids, so windows can be told apart by their ids.
 TEXT = "".join(" ".join(map(str, np.random.default_rng(i).integers(0, 10**6, 11))) + ".\n" for i in range(60))
 
@@ -25,17 +21,6 @@ def lm_args(tmp_path: Path, *extra: str) -> list[str]:
     args = task_args("lm", tmp_path)
     (tmp_path / "corpus.txt").write_text(TEXT, encoding="utf-8")
     return [*args, "--data.source.val_fraction=0.1", "--trainer.max_epochs=-1", *extra]
-
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO / "src")])}
-
-
-def run(args: list[str], tmp_path: Path, command: list[str] | None = None, check: bool = True):
-    command = command or [sys.executable, "-m", "lightformer", "fit"]
-    result = subprocess.run([*command, *args], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
-    if check and result.returncode != 0:
-        raise AssertionError(f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
-    return result
 
 
 def callback(name: str, **init_args) -> str:
@@ -57,23 +42,22 @@ def test_a_run_killed_mid_epoch_resumes_with_exactly_the_batches_it_would_have_s
     straight = tmp_path / "straight"
     straight_args = [*lm_args(straight, *ddp), f"--trainer.max_steps={max_steps}",
                      callback("RecordBatches", out_dir=str(straight / "batches"))]  # fmt: skip
-    with open(tmp_path / "straight.log", "w") as log:
-        uninterrupted = subprocess.Popen(
-            [sys.executable, "-m", "lightformer", "fit", *straight_args], cwd=REPO, env=ENV, stdout=log, stderr=log
-        )
+    uninterrupted = start_cli(["fit", *straight_args], straight / "cli.log", threads=1)
 
     killed = tmp_path / "killed"
     args = [*lm_args(killed, *ddp, *every), f"--trainer.max_steps={max_steps}"]
-    result = run([*args, callback("KillAt", step=kill_at)], killed, check=False)
-    assert uninterrupted.wait(timeout=600) == 0, (tmp_path / "straight.log").read_text()[-5000:]
-    assert result.returncode == -signal.SIGKILL or result.returncode != 0, result.stderr[-2000:]
+    killed_run = start_cli(["fit", *args, callback("KillAt", step=kill_at)], killed / "killed.log", threads=1)
+    assert killed_run.wait(timeout=600) != 0, (killed / "killed.log").read_text()[-3000:]  # by SIGKILL (both ranks)
+    finish(uninterrupted, straight / "cli.log")
     checkpoints = killed / "runs" / "austen_char" / "version_0" / "checkpoints"
     resumed_from = torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"]
     assert 0 < resumed_from < kill_at and resumed_from % 5 == 0
-    run(
-        [*args, callback("RecordBatches", out_dir=str(killed / "batches")), f"--ckpt_path={checkpoints / 'last.ckpt'}"],
-        killed,
-    )
+    resume = [
+        *args,
+        callback("RecordBatches", out_dir=str(killed / "batches")),
+        f"--ckpt_path={checkpoints / 'last.ckpt'}",
+    ]
+    run_cli(["fit", *resume], killed / "resumed.log", threads=1)
 
     for rank in range(processes):
         expected = [b for b in recorded(straight / "batches", "train", rank) if b["step"] >= resumed_from]
@@ -106,15 +90,11 @@ def test_two_nodes_launched_by_torchrun_share_each_epoch_and_evaluate_every_wind
     nodes = []
     for node in (0, 1):
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
-                    "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}",
-                    "-m", "lightformer", "fit"]  # fmt: skip
-        nodes.append(
-            subprocess.Popen(
-                [*torchrun, *args], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-        )
-    outputs = [node.communicate(timeout=600)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+                    "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}"]  # fmt: skip
+        log = tmp_path / f"node{node}.log"
+        nodes.append((start_cli(["fit", *args], log, launcher=torchrun, threads=1), log))
+    for node, log in nodes:
+        finish(node, log)
     assert len(list((tmp_path / "prepared").glob("*/prepared.json"))) == 1  # prepared once, for both nodes
 
     train = [

@@ -5,6 +5,9 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from torch.utils.data import IterableDataset
 
 from lightformer.cli import cli_main
 
+REPO = Path(__file__).resolve().parents[1]
 # Every task, by the name task_args knows it: the tests that run each task (resume, bf16) take them all.
 ALL_TASKS = ("vision", "lm", "translation", "mlm", "t5", "classify", "igpt")
 CORPUS = "It is a truth universally acknowledged, that a single man in possession of a good fortune.\n" * 30
@@ -191,6 +195,30 @@ def task_args(task: str, tmp_path: Path) -> list[str]:
         "--trainer.val_check_interval=null",
         *common,
     ]
+
+
+def start_cli(
+    args: list[str], log: Path, launcher: list[str] | None = None, threads: int | None = None
+) -> subprocess.Popen:
+    """``python -m lightformer <args>`` started from the repository (``launcher`` replaces ``python``, e.g. with
+    torchrun), its output written to ``log`` (a pipe would stall it when full), with this folder on its path for the
+    callbacks above and, given ``threads``, that many threads per process."""
+    path = os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        command = [*(launcher or [sys.executable]), "-m", "lightformer", *args]
+        return subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=out)
+
+
+def finish(run: subprocess.Popen, log: Path) -> None:
+    """Wait for a run of ``start_cli``; fail with the end of its ``log`` unless it succeeds."""
+    assert run.wait(timeout=600) == 0, log.read_text()[-5000:]
+
+
+def run_cli(args: list[str], log: Path, threads: int | None = None) -> None:
+    """``python -m lightformer <args>`` run to its successful end (``start_cli``)."""
+    finish(start_cli(args, log, threads=threads), log)
 
 
 def resolved_config(capsys, *configs: str) -> dict:
