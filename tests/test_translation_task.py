@@ -53,6 +53,7 @@ def trained(tmp_path_factory):
         "--model.optimizer.lr=2e-3",
         "--model.optimizer.warmup_steps=50",
         "--model.optimizer.schedule=cosine",
+        "--model.optimizer.fit_to_max_time=false",  # no max_time to fit to
         "--trainer.precision=32-true",
         "--trainer.max_time=null",
         "--trainer.max_steps=500",
