@@ -93,6 +93,8 @@ def test_two_nodes_launched_by_torchrun_share_each_epoch_and_evaluate_every_wind
                     "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}"]  # fmt: skip
         log = tmp_path / f"node{node}.log"
         nodes.append((start_cli(["fit", *args], log, launcher=torchrun, threads=1), log))
+    for node, _ in nodes:  # both ended before either is judged: a failed node 0 leaves no node 1 behind
+        node.wait(timeout=600)
     for node, log in nodes:
         finish(node, log)
     assert len(list((tmp_path / "prepared").glob("*/prepared.json"))) == 1  # prepared once, for both nodes
