@@ -473,19 +473,21 @@ def bag_of_words_floor(loader, task) -> float:
 
 
 @pytest.mark.slow
-def test_a_masked_lm_run_resumed_mid_epoch_or_at_an_epochs_end_trains_on_exactly_the_batches_of_an_uninterrupted_run(
-    tmp_path, one_thread
+@pytest.mark.parametrize("task", ["mlm", "t5"])
+def test_a_pretraining_run_resumed_mid_epoch_or_at_an_epochs_end_trains_on_exactly_the_batches_of_an_uninterrupted_run(
+    task, tmp_path, one_thread
 ):
-    """18 batches an epoch; checkpoints every 6 steps; the run dies at step 20 and resumes from step 18 (an epoch's
-    end, Lightning then still inside epoch 0) and, separately, from step 12 (mid-epoch)."""
+    """Masked LM and span corruption (random masks and spans drawn per batch): 18 batches an epoch; checkpoints every
+    6 steps; the run dies at step 20 and resumes from step 18 (an epoch's end, Lightning then still inside epoch 0)
+    and, separately, from step 12 (mid-epoch)."""
     max_steps = 27
     straight_batches = RecordBatchDigests()
-    straight = build([*task_args("mlm", tmp_path / "straight"), f"--trainer.max_steps={max_steps}"], straight_batches)
+    straight = build([*task_args(task, tmp_path / "straight"), f"--trainer.max_steps={max_steps}"], straight_batches)
     straight.trainer.fit(straight.model, straight.datamodule)
     assert len(straight.trainer.train_dataloader) == 18
 
     every = ModelCheckpoint(every_n_train_steps=6, save_top_k=-1, monitor=None, filename="{step}")
-    args = [*task_args("mlm", tmp_path / "killed"), f"--trainer.max_steps={max_steps}"]
+    args = [*task_args(task, tmp_path / "killed"), f"--trainer.max_steps={max_steps}"]
     killed = build(args, every, CrashAt(20))
     with pytest.raises(Crash):
         killed.trainer.fit(killed.model, killed.datamodule)
@@ -498,4 +500,4 @@ def test_a_masked_lm_run_resumed_mid_epoch_or_at_an_epochs_end_trains_on_exactly
         assert resumed_batches.batches == straight_batches.batches[step:], f"resumed from step {step}"
         expected, actual = straight.model.state_dict(), resumed.model.state_dict()
         for name, value in expected.items():
-            torch.testing.assert_close(actual[name], value, rtol=1e-6, atol=1e-7, msg=f"from step {step}: {name}")
+            torch.testing.assert_close(actual[name], value, rtol=1e-6, atol=1e-7, msg=f"{task}, step {step}: {name}")

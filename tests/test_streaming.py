@@ -28,7 +28,7 @@ def callback(name: str, **init_args) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("processes", [2])  # one process is the same code with rank 0 alone (and 35 s more of CI)
+@pytest.mark.parametrize("processes", [1, 2])
 def test_a_run_killed_mid_epoch_resumes_with_exactly_the_batches_it_would_have_seen(tmp_path, processes):
     ddp = ["--config=configs/trainer/ddp_cpu.yaml"] if processes == 2 else []
     every = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
