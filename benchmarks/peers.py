@@ -121,7 +121,7 @@ def vision_task() -> Task:
 
     model, data = config_args("vision/vit_fashion_mnist.yaml")
     shape = {key: model[key] for key in vit_vs_timm.SHAPE_KEYS if key in model}
-    image_size, batch_size, channels, classes = data["image_size"], data["batch_size"], 1, 10  # Fashion-MNIST
+    image_size, batch_size, channels, classes = data["image_size"], data["loader"]["batch_size"], 1, 10  # Fashion-MNIST
     described = ", ".join(f"{key} {value}" for key, value in shape.items())
 
     def random_batch(generator: torch.Generator) -> Batch:
@@ -144,8 +144,8 @@ def translation_task() -> Task:
     from lightformer.data.preparation.tokenizers import PAD_ID, SPECIAL_TOKENS
 
     model, data = config_args("translation/ding_de_en.yaml")
-    vocab_size, length = data["bpe_vocab_size"], 32
-    pairs = data["max_tokens"] // length
+    vocab_size, length = data["tokenizer"]["vocab_size"], 32
+    pairs = data["batches"]["max_tokens"] // length
     dims = [model[key] for key in ("n_encoder_layers", "d_model", "n_heads", "d_ff", "dropout")]
     names = {"ours": "lightformer", "peer": "torch.nn.Transformer"}
 

@@ -1,11 +1,14 @@
 """benchmarks/peers.py and benchmarks/dropout.py end to end on a tiny budget: the real code path, no timing
 assertions."""
 
+import importlib
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
 
 PEERS = Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
 
@@ -28,6 +31,22 @@ def test_peers_prints_ratio_table_and_probes_memory():
     probe = run_peers("--memory-probe", "lm", "ours", "fp32", "--threads", "1")  # what the CPU run does per model
     mib = json.loads(probe.splitlines()[-1])["mib"]
     assert math.isfinite(mib) and mib > 0
+
+
+def test_every_peers_task_reads_its_config_and_both_models_compute_its_loss():
+    """The shapes come from the shipped configs: a renamed config key must fail here, not in a benchmark run."""
+    sys.path.insert(0, str(PEERS.parent))
+    try:
+        peers = importlib.import_module("peers")
+        for name in peers.TASKS:
+            task = peers.make_task(name, "config")
+            (inputs, targets), *_ = task.batches(1, torch.device("cpu"))
+            for role in peers.ROLES:
+                with torch.no_grad():
+                    loss = peers.training_loss(task.build(role), inputs, targets, task.ignore_index)
+                assert math.isfinite(loss.item()), (name, role)
+    finally:
+        sys.path.remove(str(PEERS.parent))
 
 
 def test_dropout_benchmark_prints_a_ratio_for_each_shape_and_dtype():
