@@ -3,6 +3,7 @@ uninterrupted run sees (one process, two DDP processes), and two nodes launched 
 
 import json
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -93,8 +94,15 @@ def test_two_nodes_launched_by_torchrun_share_each_epoch_and_evaluate_every_wind
                     "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}"]  # fmt: skip
         log = tmp_path / f"node{node}.log"
         nodes.append((start_cli(["fit", *args], log, launcher=torchrun, threads=1), log))
-    for node, _ in nodes:  # both ended before either is judged: a failed node 0 leaves no node 1 behind
-        node.wait(timeout=600)
+    # Judge the nodes only once none is left running: a node whose peer failed waits for it at the next collective.
+    for node, _ in nodes:
+        try:
+            if node.wait(timeout=600) != 0:
+                break
+        except subprocess.TimeoutExpired:
+            break
+    for node, _ in nodes:
+        node.terminate()  # torchrun passes SIGTERM on to its worker; a no-op for a node that has ended
     for node, log in nodes:
         finish(node, log)
     assert len(list((tmp_path / "prepared").glob("*/prepared.json"))) == 1  # prepared once, for both nodes
