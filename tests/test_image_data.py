@@ -182,20 +182,53 @@ def test_random_erasing_replaces_one_rectangle_of_about_the_drawn_share_of_each_
     torch.testing.assert_close(evaluated, plain[:8])  # evaluation is never erased
 
 
-def test_per_image_augmentation_runs_in_the_loader():
-    for augment in ("trivialaugment", "randaugment"):
+@pytest.mark.parametrize("policy", ["trivialaugment", "randaugment"])
+def test_per_image_augmentation_runs_in_the_loader_drawn_from_seed_epoch_and_index(policy):
+    """TrivialAugment and RandAugment run on uint8 images in the loader; each image's draws come from (seed, epoch,
+    index), so neither the loader's workers nor the global generator change them, and a resumed epoch is exact."""
+
+    def loader(workers: int, global_seed: int):
+        torch.manual_seed(global_seed)  # seeds the loader's workers, and the draws of a transform left unseeded
         datamodule = ImageDataModule(
             source=ImageSource(dataset="digits"),
-            augment=AugmentConfig(policy=augment),
-            loader=ImageLoaderConfig(batch_size=16),
+            augment=AugmentConfig(policy=policy),
+            loader=ImageLoaderConfig(batch_size=16, num_workers=workers),
             image_size=16,
         )
         datamodule.setup()
-        batch = next(iter(datamodule.train_dataloader()))
-        assert batch[0].shape == (16, 1, 16, 16) and batch[0].dtype == torch.uint8
-        plain = datamodule.train_dataset.source.tensors[0][datamodule.train_dataset.indices[:1]]
-        assert datamodule.transform_batch(batch, train=True)[0].isfinite().all()
-    assert plain.shape == (1, 1, 16, 16)  # resized once, at setup
+        return datamodule, datamodule.train_dataloader()
+
+    def epoch(loader, number: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        loader.sampler.set_epoch(number)
+        return list(loader)  # whole: a worker left mid-epoch takes seconds to shut down
+
+    datamodule, reference = loader(workers=0, global_seed=0)
+    batches = epoch(reference, 1)
+    images, labels = batches[0]
+    assert images.shape == (16, 1, 16, 16) and images.dtype == torch.uint8
+    train = datamodule.train_dataset
+    keys = list(reference.sampler)[:16]
+    assert all(epoch == 1 for _, epoch in keys)
+    plain = train.source.tensors[0][[train.indices[index] for index, _ in keys]]
+    assert plain.shape == images.shape  # resized once, at setup
+    assert (images != plain).flatten(1).any(1).sum() >= 8  # most images are changed (an identity op is drawn too)
+    assert datamodule.transform_batch(batches[0], train=True)[0].isfinite().all()
+
+    _, with_workers = loader(workers=2, global_seed=1)
+    for (got, got_labels), (want, want_labels) in zip(epoch(with_workers, 1), batches, strict=True):
+        assert torch.equal(got, want) and torch.equal(got_labels, want_labels)
+
+    _, resumed = loader(workers=2, global_seed=2)
+    resumed.load_state_dict({"epoch": 1, "batches": 3})
+    for (got, _), (want, _) in zip(epoch(resumed, 1), batches[3:], strict=True):
+        assert torch.equal(got, want)
+
+    index = keys[0][0]
+    state = torch.get_rng_state()
+    draws = [train[(index, number)][0] for number in range(1, 9)]
+    assert torch.equal(torch.get_rng_state(), state)  # the global generator is left as it was
+    assert torch.equal(draws[0], images[0])
+    assert any(not torch.equal(draw, draws[0]) for draw in draws[1:])  # another epoch, another draw
 
 
 # ---------------------------------------------------------------- Fashion-MNIST from Debian's package

@@ -59,7 +59,8 @@ class ResumableDataLoader(DataLoader):
     A ``DataLoader`` iterator draws its workers' base seed from the global generator as it starts. The run being
     resumed drew it at the epoch's start, so the resumed iteration draws it from a fork of the generator, and
     dropout's random numbers after the resume are those of the uninterrupted run. (Its workers are then seeded
-    differently from that run's: exact for datasets whose randomness comes from the index, as masking's does.)
+    differently from that run's: exact for datasets whose randomness comes from the index, as masking's and the
+    images' augmentation in the loader do.)
 
     Lightning hands the saved state over only if it builds the loaders after restoring the checkpoint;
     ``Task.on_train_start`` hands it over when they were built before.

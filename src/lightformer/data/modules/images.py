@@ -16,7 +16,8 @@ prepared copy would only add a step. Image folders, of any size, are prepared on
 (``prepare_image_folder``) and streamed: memory does not grow with the folder. Either way batches leave the loader
 as uint8 and are flipped, cropped and normalised on the device the model trains on (``data.augment``), in
 ``on_after_batch_transfer``; outside Lightning call ``transform_batch``. TrivialAugment and RandAugment, which need
-per-image operations on uint8 images, run in the loader.
+per-image operations on uint8 images, run in the loader, each image's draws seeded by (seed, epoch, index): the same
+whatever the number of workers, and exact on resume.
 
 Image folders. Preparing lists the files, carves the splits, and writes each split's records ``{"image": the file's
 bytes, "label": class index}`` in order with LitData on every core (the bytes: lossless, and the size of the
@@ -371,29 +372,46 @@ class ImageRecords(Dataset):
 class ImageSubset(Dataset):
     """The (uint8 image, label) items of ``source`` at ``indices``, each image through ``transform`` if given.
 
-    For a source held in memory (a ``TensorDataset``) ``__getitems__`` slices a whole batch at once.
+    The transform's random draws (TrivialAugment's, RandAugment's) come from (``seed``, epoch, index) alone: the
+    training sampler yields ``(index, epoch)`` keys (``EpochShuffleSampler(with_epoch=True)``), so an image is
+    augmented afresh each epoch, the same whatever the number of loader workers, and exactly again on resume. For a
+    source held in memory (a ``TensorDataset``) ``__getitems__`` slices a whole batch at once.
     """
 
-    def __init__(self, source: Dataset, indices: list[int], transform: v2.Transform | None = None) -> None:
+    def __init__(
+        self, source: Dataset, indices: list[int], transform: v2.Transform | None = None, seed: int = 0
+    ) -> None:
         self.source = source
         self.indices = indices
         self.transform = transform
+        self.seed = seed
 
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, index: int) -> tuple[Tensor, Tensor | int]:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor, Tensor | int]:
+        index, epoch = key if isinstance(key, tuple) else (key, 0)
         image, label = self.source[self.indices[index]]
-        return (self.transform(image) if self.transform is not None else image), label
+        return self._transformed(image, index, epoch), label
 
-    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor] | list[tuple[Tensor, Tensor | int]]:
+    def __getitems__(self, keys: list) -> tuple[Tensor, Tensor] | list[tuple[Tensor, Tensor | int]]:
         if not isinstance(self.source, TensorDataset):
-            return [self[i] for i in indices]
-        rows = torch.as_tensor([self.indices[i] for i in indices], dtype=torch.long)
+            return [self[key] for key in keys]
+        keys = [key if isinstance(key, tuple) else (key, 0) for key in keys]
+        rows = torch.as_tensor([self.indices[index] for index, _ in keys], dtype=torch.long)
         images, labels = self.source.tensors[0][rows], self.source.tensors[1][rows]
         if self.transform is not None:
-            images = torch.stack([self.transform(image) for image in images])
+            images = torch.stack([self._transformed(image, *key) for image, key in zip(images, keys, strict=True)])
         return images, labels
+
+    def _transformed(self, image: Tensor, index: int, epoch: int) -> Tensor:
+        """``image`` through the transform, its draws seeded by (seed, epoch, index); the global generator is left
+        as it was."""
+        if self.transform is None:
+            return image
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(np.random.SeedSequence((self.seed, int(epoch), int(index))).generate_state(1)[0]))
+            return self.transform(image)
 
 
 def collate_images(items: tuple[Tensor, Tensor] | list) -> tuple[Tensor, Tensor]:
@@ -404,11 +422,14 @@ def collate_images(items: tuple[Tensor, Tensor] | list) -> tuple[Tensor, Tensor]
 def image_loader(dataset: Dataset, loader: ImageLoaderConfig, seed: int, shuffle: bool) -> DataLoader:
     """The loader of an image split (Image GPT's too): training (``shuffle``) in an order drawn from (seed, epoch),
     its position inside an epoch saved in checkpoints (an exact mid-epoch resume); evaluation in order, every image
-    once under DDP."""
+    once under DDP. A training set that augments in the loader (``ImageSubset.transform``) is handed (index, epoch)
+    keys, from which it draws."""
+    augmented = getattr(dataset, "transform", None) is not None
+    sampler = EpochShuffleSampler(len(dataset), seed, with_epoch=augmented) if shuffle else evaluation_sampler(dataset)
     return (ResumableDataLoader if shuffle else DataLoader)(
         dataset,
         batch_size=loader.batch_size,
-        sampler=EpochShuffleSampler(len(dataset), seed) if shuffle else evaluation_sampler(dataset),
+        sampler=sampler,
         collate_fn=collate_images,
         num_workers=loader.num_workers,
         pin_memory=loader.pin_memory,
@@ -535,6 +556,7 @@ class ImageDataModule(L.LightningDataModule):
                     else [],
                     list(range(counts[split])),
                     self._per_image_augmentation() if split == "train" else None,
+                    self.seed,
                 )
                 for split in SPLITS
             }
@@ -549,7 +571,7 @@ class ImageDataModule(L.LightningDataModule):
         train_indices, val_indices, test_indices = carve_splits(
             len(pool), test_source is None, self.source.val_count, carve_val=True, seed=self.seed
         )
-        self.train_dataset = ImageSubset(pool, train_indices, self._per_image_augmentation())
+        self.train_dataset = ImageSubset(pool, train_indices, self._per_image_augmentation(), self.seed)
         self.val_dataset = ImageSubset(pool, val_indices)
         if test_source is None:
             self.test_dataset = ImageSubset(pool, test_indices)
