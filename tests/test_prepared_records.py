@@ -3,7 +3,9 @@ translation pairs and labelled passages are prepared into."""
 
 from __future__ import annotations
 
+import os
 import pickle
+import tempfile
 
 import numpy as np
 import pytest
@@ -72,3 +74,22 @@ def test_an_interrupted_preparation_leaves_no_error_folder_beside_the_users(tmp_
     with pytest.raises(KeyboardInterrupt):
         write_shards(tmp_path / "shards", lambda item: iter([item]), inputs=[1, 2], workers=1)
     assert not list(tmp_path.iterdir())
+
+
+def test_preparing_leaves_the_temporary_directorys_data_and_chunks_folders_alone(tmp_path, monkeypatch):
+    """LitData's ``optimize`` empties its cache folders as it starts, by default ``$TMPDIR/data`` and
+    ``$TMPDIR/chunks``: a corpus kept in /tmp/data, or the data folder of a run started in /tmp, would go.
+    Preparation gives it folders of its own, removed after; the environment is left as it was."""
+    temporary = tmp_path / "tmp"
+    for folder in ("data", "chunks"):
+        (temporary / folder).mkdir(parents=True)
+        (temporary / folder / "corpus.txt").write_text("the user's")
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    ours = ("TOKENIZERS_PARALLELISM", "DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
+    before = [os.environ.get(key) for key in ours]
+    count = write_records(tmp_path / "train", records_of, [(0, 50), (50, 50)], workers=2, length_fields=("src",))
+    assert count == 100 and len(Records(str(tmp_path / "train"))) == 100
+    for folder in ("data", "chunks"):
+        assert (temporary / folder / "corpus.txt").read_text() == "the user's"
+    assert sorted(path.name for path in temporary.iterdir()) == ["chunks", "data"]  # its own folders are gone
+    assert [os.environ.get(key) for key in ours] == before

@@ -29,6 +29,7 @@ import json
 import os
 import pickle
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -329,7 +330,7 @@ def write_shards(folder: Path, fn: Callable, inputs: list, workers: int | None, 
     errors.mkdir(parents=True)
     what = f"writing {len(inputs)} pieces into {folder} on {workers} processes"
     try:
-        with preparing(what), _tokenizers_single_threaded():
+        with preparing(what), _optimize_environment():
             optimize(
                 fn=partial(_until_an_error, fn=fn, errors=str(errors)),
                 inputs=inputs,
@@ -536,15 +537,29 @@ def _random_state_kept():
 
 
 @contextmanager
-def _tokenizers_single_threaded():
-    """The encoding processes are the parallelism: Hugging Face tokenizers' own threads would oversubscribe the
-    cores (and it warns when a process that used them forks)."""
-    saved = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM")
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = saved
+def _optimize_environment() -> Iterator[None]:
+    """The environment ``optimize`` and its workers run in, restored after:
+
+    - Hugging Face tokenizers single-threaded: the encoding processes are the parallelism; the tokenizers' own
+      threads would oversubscribe the cores (and it warns when a process that used them forks).
+    - LitData's cache folders of this call's own, removed after. ``optimize`` empties them as it starts, and by
+      default they are ``$TMPDIR/chunks`` and ``$TMPDIR/data``: a corpus kept in /tmp/data, the data folder of a run
+      started in /tmp, or another preparation under way on the machine would go. Folders named in
+      ``DATA_OPTIMIZER_CACHE_FOLDER`` and ``DATA_OPTIMIZER_DATA_CACHE_FOLDER`` are used as given.
+    """
+    with tempfile.TemporaryDirectory(prefix="lightformer-optimize-") as cache:
+        values = {
+            "TOKENIZERS_PARALLELISM": "false",
+            "DATA_OPTIMIZER_CACHE_FOLDER": os.environ.get("DATA_OPTIMIZER_CACHE_FOLDER", f"{cache}/chunks"),
+            "DATA_OPTIMIZER_DATA_CACHE_FOLDER": os.environ.get("DATA_OPTIMIZER_DATA_CACHE_FOLDER", f"{cache}/data"),
+        }
+        saved = {key: os.environ.get(key) for key in values}
+        os.environ.update(values)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key)
+                else:
+                    os.environ[key] = value
