@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightformer.cli import cli_main, main
@@ -18,31 +19,60 @@ CORPUS = (
 ) * 40
 
 
-def fit_tiny(tmp_path, *extra: str) -> str:
+def tiny_args(tmp_path, *extra: str) -> list[str]:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(CORPUS, encoding="utf-8")
-    cli_main(
-        [
-            "fit",
-            "--config=configs/lm/austen_char.yaml",
-            "--data.source.corpus=null",
-            f"--data.source.train_files=[{corpus}]",
-            f"--data.prepare.dir={tmp_path / 'prepared'}",
-            "--data.block_size=32",
-            "--data.loader.batch_size=8",
-            "--model.net.n_layers=2",
-            "--model.net.d_model=32",
-            "--model.optimizer.warmup_steps=2",
-            "--model.sample_tokens=20",
-            "--trainer.max_steps=6",
-            "--trainer.val_check_interval=3",
-            "--trainer.log_every_n_steps=1",
-            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-            "--trainer.enable_progress_bar=false",
-            *extra,
-        ]
-    )
+    return [
+        "--config=configs/lm/austen_char.yaml",
+        "--data.source.corpus=null",
+        f"--data.source.train_files=[{corpus}]",
+        f"--data.prepare.dir={tmp_path / 'prepared'}",
+        "--data.block_size=32",
+        "--data.loader.batch_size=8",
+        "--model.net.n_layers=2",
+        "--model.net.d_model=32",
+        "--model.optimizer.warmup_steps=2",
+        "--model.sample_tokens=20",
+        "--trainer.max_steps=6",
+        "--trainer.val_check_interval=3",
+        "--trainer.log_every_n_steps=1",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+        "--trainer.enable_progress_bar=false",
+        *extra,
+    ]
+
+
+def fit_tiny(tmp_path, *extra: str) -> str:
+    cli_main(["fit", *tiny_args(tmp_path, *extra)])
     return glob.glob(str(tmp_path / "runs" / "austen_char" / "version_0"))[0]
+
+
+def test_training_scalars_reach_the_logs_on_the_logging_steps_with_those_steps_values(tmp_path, monkeypatch):
+    """``Task.log_train``: every ``log_every_n_steps``, and at the step where a callback ends the run (as max_time's
+    timer does), the logs get that step's own loss; ``self.log`` is called on those steps only."""
+    cli = cli_main([*tiny_args(tmp_path, "--trainer.max_steps=12", "--trainer.log_every_n_steps=3")], run=False)
+
+    class StopAtSeven(Callback):
+        losses: list[float] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.losses.append(outputs["loss"].item())
+            trainer.should_stop = len(self.losses) == 7
+
+    cli.trainer.callbacks.append(StopAtSeven())
+    logged, log = [], cli.model.log
+    monkeypatch.setattr(
+        cli.model, "log", lambda name, *args, **kwargs: (logged.append(name), log(name, *args, **kwargs))
+    )
+    cli.trainer.fit(cli.model, cli.datamodule)
+    events = EventAccumulator(glob.glob(str(tmp_path / "runs" / "austen_char" / "version_0"))[0])
+    events.Reload()
+    losses = StopAtSeven.losses
+    assert len(losses) == 7
+    steps = [2, 5, 6]  # Lightning labels the n-th batch's logs n - 1: batches 3 and 6, and 7 where the run stopped
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(i, pytest.approx(losses[i])) for i in steps]
+    assert [e.value for e in events.Scalars("train/ppl")] == [pytest.approx(math.exp(losses[i])) for i in steps]
+    assert [name for name in logged if name.startswith("train/")] == ["train/loss", "train/ppl"] * len(steps)
 
 
 @pytest.mark.slow

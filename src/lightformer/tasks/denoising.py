@@ -128,8 +128,7 @@ class DenoisingTask(TranslationTask):
         logits, encoder_logits = self(src, tgt[:, :-1], at_sentinels)
         loss, _ = self._target_loss(logits, tgt)
         encoder_loss = F.cross_entropy(encoder_logits.float()[span_of], span_tokens)
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(src))
-        self.log("train/encoder_loss", encoder_loss, batch_size=len(src))
+        self.log_train({"train/loss": loss, "train/encoder_loss": encoder_loss})
         return loss + weight * encoder_loss
 
     # --- evaluation: loss and exact-span accuracy (the translation task's BLEU is not computed) ---------------

@@ -145,13 +145,14 @@ class ImageClassificationTask(Task):
         if self.mixup is None:
             logits = self(images)
             loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.hparams.label_smoothing)
-            self.log("train/acc", (logits.argmax(-1) == labels).float().mean())
+            metrics = {"train/acc": (logits.argmax(-1) == labels).float().mean()}
         else:
             if len(images) % 2:  # timm's Mixup pairs each image with the batch's reverse
                 images, labels = images[:-1], labels[:-1]
             images, soft_targets = self.mixup(images, labels)
             loss = self.soft_target_loss(self(images).float(), soft_targets)
-        self.log("train/loss", loss, prog_bar=True)
+            metrics = {}
+        self.log_train({"train/loss": loss, **metrics})
         return loss
 
     def model_inputs(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor]:

@@ -129,8 +129,7 @@ class ImageGPTTask(LanguageModelTask):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/bpd", bits_per_dim(loss.detach()))
+        self.log_train({"train/loss": loss, "train/bpd": bits_per_dim(loss.detach())})
         return loss
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

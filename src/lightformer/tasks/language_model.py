@@ -80,8 +80,7 @@ class LanguageModelTask(TextTask):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/ppl", torch.exp(loss.detach()))
+        self.log_train({"train/loss": loss, "train/ppl": torch.exp(loss.detach())})
         return loss
 
     def model_inputs(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor]:

@@ -105,11 +105,7 @@ class MaskedLanguageModelTask(TextTask):
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         losses = self._losses(batch)
-        size = len(batch["ids"])
-        self.log("train/loss", losses["loss"], prog_bar=True, batch_size=size)
-        self.log("train/mlm_loss", losses["mlm_loss"], batch_size=size)
-        if "nsp_loss" in losses:
-            self.log("train/nsp_loss", losses["nsp_loss"], batch_size=size)
+        self.log_train({f"train/{name}": losses[name] for name in ("loss", "mlm_loss", "nsp_loss") if name in losses})
         return losses["loss"]
 
     def model_inputs(self, batch: Batch) -> tuple[Tensor, Tensor]:

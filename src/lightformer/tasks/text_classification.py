@@ -140,8 +140,7 @@ class TextClassificationTask(TextTask):
         labels = batch["labels"]
         logits = self(batch["ids"]).float()
         loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(labels))
-        self.log("train/acc", (logits.argmax(-1) == labels).float().mean(), batch_size=len(labels))
+        self.log_train({"train/loss": loss, "train/acc": (logits.argmax(-1) == labels).float().mean()})
         return loss
 
     def _evaluate(self, batch: Batch, loss: MeanMetric, acc: MulticlassAccuracy, f1: MulticlassF1Score) -> Tensor:

@@ -146,7 +146,7 @@ class TranslationTask(Task):
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss, _ = self._loss(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["src"].shape[0])
+        self.log_train({"train/loss": loss})
         return loss
 
     def model_inputs(self, batch: Batch) -> tuple[Tensor, Tensor]:
