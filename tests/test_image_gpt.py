@@ -100,7 +100,14 @@ def test_an_image_folder_is_streamed_and_encoded_batch_by_batch(tmp_path, monkey
     pixels = torch.stack([pil_to_tensor(load_image(path, 3, 6)) for path in val_files])
     assert torch.equal(y, tokenizer.encode(pixels))  # each batch: the palette ids of its files' pixels
     assert (x[:, 0] == tokenizer.start_id).all() and torch.equal(x[:, 1:], y[:, :-1])
-    assert torch.equal(data.tokens("val"), y)  # read whole only when asked (lightformer probe)
+    records = data.images_data.train_dataset.source.records
+    read, read_record = [], type(records).__getitem__
+    monkeypatch.setattr(type(records), "__getitem__", lambda self, i: (read.append((self, i)), read_record(self, i))[1])
+    images, labels = data.labelled_images("train", limit=3)  # lightformer probe --max_train=3
+    assert read == [(records, i) for i in range(3)] and not data._images  # those three files only, nothing held
+    assert images.shape == (3, 3, 6, 6) and labels.tolist() == [int(records[i]["label"]) for i in range(3)]
+    assert torch.equal(tokenizer.encode(images), data.tokens("train")[:3])  # the quantised images, as read whole
+    assert torch.equal(data.tokens("val"), y)  # read whole only when asked
 
 
 @pytest.mark.parametrize(

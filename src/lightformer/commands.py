@@ -419,7 +419,7 @@ def probe(
         config: a config YAML (the run's ``config.yaml`` or the one it was trained with) whose data section
             rebuilds the data; default: the data settings saved in the checkpoint.
         max_train: fit the classifiers on the first MAX_TRAIN training images only (the split is in random
-            order), to probe a large dataset quickly; default: all.
+            order), to probe a large dataset quickly; an image folder's others are not read. Default: all.
         batch_size: images per forward pass when extracting features.
         device: "cpu", "cuda", "cuda:1", ...
 
@@ -439,10 +439,8 @@ def probe(
     data = _probe_data(checkpoint, ckpt_path, config)
     check_same_palette(saved=task._require_palette(), data=data.pixel_tokenizer)
     data.setup()
-    train_images, train_labels = data.images("train"), data.labels("train")
-    if max_train is not None:
-        train_images, train_labels = train_images[:max_train], train_labels[:max_train]
-    test_images, test_labels = data.images("test"), data.labels("test")
+    train_images, train_labels = data.labelled_images("train", max_train)
+    test_images, test_labels = data.labelled_images("test")
 
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline

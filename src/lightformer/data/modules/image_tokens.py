@@ -234,23 +234,30 @@ class ImageTokenDataModule(L.LightningDataModule):
         self.images_data.prepare_data()
 
     def _read_images(self) -> None:
-        """Every split as uint8 images at image_size (area-averaged) and their labels, once: for an image folder only
-        where ``tokens``, ``images`` or ``labels`` are asked for (``lightformer probe``), which read it whole."""
+        """Every split as uint8 images at the model's resolution and their labels, held in memory once (a built-in
+        dataset's, which the loaders then slice)."""
         if self._images:
             return
-        self.images_data.setup()
         for split in SPLITS:
-            subset: ImageSubset = getattr(self.images_data, f"{split}_dataset")
-            if isinstance(subset.source, TensorDataset):
-                rows = torch.as_tensor(subset.indices, dtype=torch.long)
-                images, labels = subset.source.tensors[0][rows], subset.source.tensors[1][rows]
-            else:  # a prepared image folder, decoded image by image (already at image_size)
-                items = [subset[i] for i in range(len(subset))]
-                images = torch.stack([image for image, _ in items])
-                labels = torch.as_tensor([int(label) for _, label in items], dtype=torch.long)
-            if images.shape[-1] != self.resolution:
-                images = downsample(images.contiguous(), self.resolution)
-            self._images[split], self._labels[split] = images.contiguous(), labels
+            self._images[split], self._labels[split] = self._read_split(split)
+
+    def _read_split(self, split: str, limit: int | None = None) -> tuple[Tensor, Tensor]:
+        """The first ``limit`` images of a split (all if None), uint8 at the model's resolution (area-averaged), and
+        their labels: a built-in dataset's sliced from memory; a prepared image folder's decoded one by one, only
+        those."""
+        self.images_data.setup()
+        subset: ImageSubset = getattr(self.images_data, f"{split}_dataset")
+        count = len(subset) if limit is None else min(limit, len(subset))
+        if isinstance(subset.source, TensorDataset):
+            rows = torch.as_tensor(subset.indices[:count], dtype=torch.long)
+            images, labels = subset.source.tensors[0][rows], subset.source.tensors[1][rows]
+        else:  # a prepared image folder (already at image_size)
+            items = [subset[i] for i in range(count)]
+            images = torch.stack([image for image, _ in items])
+            labels = torch.as_tensor([int(label) for _, label in items], dtype=torch.long)
+        if images.shape[-1] != self.resolution:
+            images = downsample(images.contiguous(), self.resolution)
+        return images.contiguous(), labels
 
     def setup(self, stage: str | None = None) -> None:
         """Read the splits (all of them, once, whatever the stage): a built-in dataset's encoded with the palette
@@ -294,6 +301,17 @@ class ImageTokenDataModule(L.LightningDataModule):
         """The class labels of a split, int64 ``(N,)`` (for ``lightformer probe``), in the order of ``images``."""
         self._require(split)
         return self._labels[split]
+
+    def labelled_images(self, split: str, limit: int | None = None) -> tuple[Tensor, Tensor]:
+        """``images(split)`` and ``labels(split)``, the first ``limit`` of them if given (``lightformer probe``). An
+        image folder's are read from its prepared records, only those asked for: memory grows with ``limit``, not
+        with the folder."""
+        if not self.streams_images:
+            return self.images(split)[:limit], self.labels(split)[:limit]
+        if split not in SPLITS:
+            raise ValueError(f"split={split!r} is unknown; valid: {list(SPLITS)}")
+        images, labels = self._read_split(split, limit)
+        return self.pixel_tokenizer.decode(self.pixel_tokenizer.encode(images).long()), labels
 
     # --- loaders ----------------------------------------------------------------------------------------------
 
