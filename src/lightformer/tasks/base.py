@@ -357,10 +357,10 @@ class Task(L.LightningModule):
 
         They are handed to ``self.log`` at the step's end, and only on the steps whose logs are written: every
         ``log_every_n_steps``, and the step where a callback stops the run (max_time's timer), as Lightning's own
-        ``LearningRateMonitor`` and ``ThroughputMonitor`` decide. The logs hold the same values as if every step logged, without the cost: one ``self.log`` call
-        takes about 0.4 ms of a CPU core whatever the model (two a step were 4% of the character LM's step on a
-        2-core host). ``trainer.callback_metrics``, which a checkpoint monitoring a ``train/`` metric reads, holds the
-        latest logged step's."""
+        ``LearningRateMonitor`` and ``ThroughputMonitor`` decide. The logs hold the same values as if every step
+        logged, without the cost: one ``self.log`` call takes about 0.4 ms of a CPU core whatever the model (two a
+        step were 4% of the character LM's step on a 2-core host). ``trainer.callback_metrics``, which a checkpoint
+        monitoring a ``train/`` metric reads, holds the latest logged step's."""
         self._train_metrics = {name: value.detach() for name, value in metrics.items()}
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
