@@ -13,6 +13,14 @@ import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
+Key = int | tuple[int, int]  # a dataset index, or (index, epoch) from EpochShuffleSampler(with_epoch=True)
+
+
+def index_and_epoch(key: Key) -> tuple[int, int]:
+    """(index, epoch) of a dataset key: an evaluation loader's plain index draws as epoch 0."""
+    index, epoch = key if isinstance(key, tuple) else (key, 0)
+    return int(index), int(epoch)
+
 
 class EpochShuffleSampler(Sampler[int]):
     """A random permutation of ``range(size)`` drawn from (seed, epoch) alone.

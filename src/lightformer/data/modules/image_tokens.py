@@ -282,8 +282,7 @@ class ImageTokenDataModule(L.LightningDataModule):
             self._tokens[split] = tokenizer.encode(self._images[split]).to(torch.int16)
 
     def _require(self, split: str) -> None:
-        if split not in SPLITS:
-            raise ValueError(f"split={split!r} is unknown; valid: {list(SPLITS)}")
+        _check_split(split)
         self.setup()
         self._encode()
 
@@ -307,9 +306,9 @@ class ImageTokenDataModule(L.LightningDataModule):
         image folder's are read from its prepared records, only those asked for: memory grows with ``limit``, not
         with the folder."""
         if not self.streams_images:
-            return self.images(split)[:limit], self.labels(split)[:limit]
-        if split not in SPLITS:
-            raise ValueError(f"split={split!r} is unknown; valid: {list(SPLITS)}")
+            self._require(split)
+            return self.pixel_tokenizer.decode(self._tokens[split][:limit].long()), self._labels[split][:limit]
+        _check_split(split)
         images, labels = self._read_split(split, limit)
         return self.pixel_tokenizer.decode(self.pixel_tokenizer.encode(images).long()), labels
 
@@ -331,3 +330,8 @@ class ImageTokenDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._dataloader("test", shuffle=False)
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r} is unknown; valid: {list(SPLITS)}")

@@ -53,7 +53,13 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.sampling import EpochShuffleSampler, ResumableDataLoader, evaluation_sampler
+from lightformer.data.loading.sampling import (
+    EpochShuffleSampler,
+    Key,
+    ResumableDataLoader,
+    evaluation_sampler,
+    index_and_epoch,
+)
 from lightformer.data.loading.streaming import Records
 from lightformer.data.objectives.augment import (
     AugmentConfig,
@@ -389,15 +395,15 @@ class ImageSubset(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor, Tensor | int]:
-        index, epoch = key if isinstance(key, tuple) else (key, 0)
+    def __getitem__(self, key: Key) -> tuple[Tensor, Tensor | int]:
+        index, epoch = index_and_epoch(key)
         image, label = self.source[self.indices[index]]
         return self._transformed(image, index, epoch), label
 
-    def __getitems__(self, keys: list) -> tuple[Tensor, Tensor] | list[tuple[Tensor, Tensor | int]]:
+    def __getitems__(self, keys: list[Key]) -> tuple[Tensor, Tensor] | list[tuple[Tensor, Tensor | int]]:
         if not isinstance(self.source, TensorDataset):
             return [self[key] for key in keys]
-        keys = [key if isinstance(key, tuple) else (key, 0) for key in keys]
+        keys = [index_and_epoch(key) for key in keys]
         rows = torch.as_tensor([self.indices[index] for index, _ in keys], dtype=torch.long)
         images, labels = self.source.tensors[0][rows], self.source.tensors[1][rows]
         if self.transform is not None:
@@ -410,7 +416,7 @@ class ImageSubset(Dataset):
         if self.transform is None:
             return image
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(np.random.SeedSequence((self.seed, int(epoch), int(index))).generate_state(1)[0]))
+            torch.manual_seed(int(np.random.SeedSequence((self.seed, epoch, index)).generate_state(1)[0]))
             return self.transform(image)
 
 

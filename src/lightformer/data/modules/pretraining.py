@@ -34,7 +34,13 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.sampling import EpochShuffleSampler, ResumableDataLoader, evaluation_sampler
+from lightformer.data.loading.sampling import (
+    EpochShuffleSampler,
+    Key,
+    ResumableDataLoader,
+    evaluation_sampler,
+    index_and_epoch,
+)
 from lightformer.data.loading.sequences import collate_pairs
 from lightformer.data.loading.streaming import LoaderConfig, Windows, validation_subset
 from lightformer.data.objectives.masking import (
@@ -56,8 +62,6 @@ from lightformer.data.preparation.tokenizers import (
 )
 from lightformer.data.raw.sources import TextSource, stage_splits
 
-Key = int | tuple[int, int]  # a dataset index, or (index, epoch) from EpochShuffleSampler(with_epoch=True)
-
 
 class _Segments(Dataset):
     """The windows of a prepared split as segments, and the random generator of each example. ``fixed`` makes every
@@ -75,11 +79,10 @@ class _Segments(Dataset):
 
     def rng(self, key: Key) -> tuple[int, np.random.Generator]:
         """(index, the generator of this example's draws) for an index or an (index, epoch) pair."""
-        index, epoch = key if isinstance(key, tuple) else (key, 0)
-        index = int(index)
+        index, epoch = index_and_epoch(key)
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} is out of range for {len(self)} examples")
-        return index, np.random.default_rng((self.seed, 0 if self.fixed else int(epoch), index))
+        return index, np.random.default_rng((self.seed, 0 if self.fixed else epoch, index))
 
 
 class MaskedLMDataset(_Segments):
