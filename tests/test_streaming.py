@@ -3,8 +3,8 @@ uninterrupted run sees (one process, two DDP processes), and two nodes launched 
 
 import json
 import socket
-import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -94,13 +94,13 @@ def test_two_nodes_launched_by_torchrun_share_each_epoch_and_evaluate_every_wind
                     "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}"]  # fmt: skip
         log = tmp_path / f"node{node}.log"
         nodes.append((start_cli(["fit", *args], log, launcher=torchrun, threads=1), log))
-    # Judge the nodes only once none is left running: a node whose peer failed waits for it at the next collective.
-    for node, _ in nodes:
-        try:
-            if node.wait(timeout=600) != 0:
-                break
-        except subprocess.TimeoutExpired:
+    # Judge the nodes only once none is left running: a node whose peer failed waits for it at the next collective,
+    # so the first node to fail (either one) or the time limit ends the wait, and the other is stopped.
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not any(node.poll() for node, _ in nodes):
+        if all(node.returncode is not None for node, _ in nodes):
             break
+        time.sleep(0.5)
     for node, _ in nodes:
         node.terminate()  # torchrun passes SIGTERM on to its worker; a no-op for a node that has ended
     for node, log in nodes:
