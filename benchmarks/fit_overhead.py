@@ -3,6 +3,8 @@ training step on the same batches, in items/s (tokens or images).
 
     python benchmarks/fit_overhead.py                      # the CPU recipes: LM, ViT, translation
     python benchmarks/fit_overhead.py --configs configs/lm/austen_bpe_gpu.yaml --steps 300    # on a GPU
+    python benchmarks/fit_overhead.py --configs configs/vision/vit_fashion_mnist.yaml -- \\
+        --config=configs/trainer/gpu.yaml      # more options for every config's fit after --: a CPU config on a GPU
 
 Inside ``fit`` everything a run does per step counts: loading and transfer, augmentation, the callbacks (throughput
 and MFU with their FLOP count, the random-state and non-finite guards), logging to TensorBoard every
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
 
 from lightformer.callbacks import drop_rates
 from lightformer.cli import cli_main
@@ -81,11 +84,21 @@ class StepWindow(Callback):
         self.end = time.perf_counter()
 
 
+def batches_device(batches: list) -> torch.device:
+    """The device ``batches`` are on: that of the first tensor of the first batch (a tuple or a dict of tensors)."""
+    first = batches[0]
+    values = first.values() if isinstance(first, dict) else first
+    return next(value.device for value in values if isinstance(value, torch.Tensor))
+
+
 def bare_seconds(cli, batches: list) -> list[float]:
-    """Seconds the bare training step takes on each of ``batches`` (after a warm-up on a few of them)."""
+    """Seconds the bare training step takes on each of ``batches`` (after a warm-up on a few of them).
+
+    The task trains on the device of the batches: ``fit``'s teardown moves the task back to the CPU (Lightning's
+    ``Strategy.teardown``), while the batches it recorded stay on the device they were trained on (a GPU)."""
     task, trainer = cli.model, cli.trainer
     task.log = task.log_dict = lambda *args, **kwargs: None  # no trainer loop to log to
-    task.train()
+    task.to(batches_device(batches)).train()  # before configure_optimizers: the fused AdamW needs them there
     optimization = task.configure_optimizers()
     optimizer, scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
     clip = trainer.gradient_clip_val
@@ -117,19 +130,26 @@ def bare_seconds(cli, batches: list) -> list[float]:
     return seconds
 
 
+def fit_window(config: str, steps: int, warmup: int, overrides: list[str], runs: str) -> tuple[LightningCLI, Callback]:
+    """Trains ``config`` inside ``fit`` for ``warmup + steps`` steps (no validation, no checkpoint writes, logs under
+    ``runs``); returns the CLI (its task, trainer and data module) and the window of steps it recorded."""
+    window = StepWindow(warmup)
+    args = [f"--config={REPO / config}", f"--trainer.default_root_dir={runs}",
+            f"--trainer.max_steps={warmup + steps}", "--trainer.max_time=null", "--trainer.max_epochs=-1",
+            "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
+            f"--trainer.logger.init_args.save_dir={runs}", *overrides]  # fmt: skip
+    cli = cli_main(args, run=False)
+    callbacks = [c for c in cli.trainer.callbacks if not isinstance(c, ModelCheckpoint)]  # no checkpoint writes
+    cli.trainer.callbacks = [*callbacks, window]
+    cli.trainer.fit(cli.model, cli.datamodule)
+    return cli, window
+
+
 def measure(config: str, steps: int, warmup: int, overrides: list[str]) -> tuple[float, float, float]:
     """(items/s inside fit, items/s of the bare step, the median over the batches of fit's rate over the bare
     step's: robust to a burst of load from elsewhere on a shared machine) for ``config``."""
-    window = StepWindow(warmup)
     with tempfile.TemporaryDirectory() as runs:
-        args = [f"--config={REPO / config}", f"--trainer.default_root_dir={runs}",
-                f"--trainer.max_steps={warmup + steps}", "--trainer.max_time=null", "--trainer.max_epochs=-1",
-                "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
-                f"--trainer.logger.init_args.save_dir={runs}", *overrides]  # fmt: skip
-        cli = cli_main(args, run=False)
-        callbacks = [c for c in cli.trainer.callbacks if not isinstance(c, ModelCheckpoint)]  # no checkpoint writes
-        cli.trainer.callbacks = [*callbacks, window]
-        cli.trainer.fit(cli.model, cli.datamodule)
+        cli, window = fit_window(config, steps, warmup, overrides, runs)
         items = sum(cli.model.throughput_counts(batch)[1] for batch in window.batches)
         for module, (attribute, rate) in window.drop_rates.items():  # the model as it trained in the window
             setattr(module, attribute, rate)
@@ -142,7 +162,7 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=CPU_RECIPES)
     parser.add_argument("--steps", type=int, default=60, help="timed steps (and the bare step's batches)")
     parser.add_argument("--warmup", type=int, default=10, help="steps before the timed window")
-    parser.add_argument("overrides", nargs="*", help="more CLI options for every config, e.g. --trainer.devices=1")
+    parser.add_argument("overrides", nargs="*", help="more CLI options for every config, after --")
     args = parser.parse_args()
     print(f"{'config':<40} {'fit items/s':>12} {'bare items/s':>13} {'fit/bare':>9} {'median per batch':>17}")
     for config in args.configs:

@@ -348,13 +348,16 @@ def flop_rate(flops_per_second: float) -> str:
     )
 
 
-def machine(device: torch.device) -> str:
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model and the instructions torch uses on it."""
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())[1]
-        name += f" ({torch.backends.cpu.get_cpu_capability()})"
-    return f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+        return torch.cuda.get_device_name(device)
+    name = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())[1]
+    return f"{name} ({torch.backends.cpu.get_cpu_capability()})"
+
+
+def machine(device: torch.device) -> str:
+    return f"{device_name(device)}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def mfu(cell: Cell, role: str, flops: dict[str, int], peaks: dict[str, float]) -> float:

@@ -14,6 +14,7 @@ import errno
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from timm.layers import DropPath
 from torch import nn
 
+from lightformer import peaks
 from lightformer.files import atomic_open, remove_orphaned_temporary_files
 from lightformer.nn import Dropout, MultiHeadAttention, TokenDropout
 
@@ -378,13 +380,13 @@ class Throughput(ThroughputMonitor):
     lightformer's ``TensorBoardLogger`` shows in a section after the loss and metrics: ``velocity/train/device/mfu``.
 
     The task says what a batch holds (``Task.throughput_counts``) and what it costs (``Task.batch_flops``: counted by
-    PyTorch on the model's own operations, backward included in training). MFU needs the device's peak: Lightning
-    knows the dense tensor-core peak of common GPUs at the run's precision; give ``peak_flops`` for others, or to
-    measure against a peak you measured (a CPU has none in Lightning's table, so no MFU is logged there without it).
+    PyTorch on the model's own operations, backward included in training). MFU needs the device's peak at the run's
+    precision: ``lightformer.peaks.peak_flops`` takes it from a datasheet table (dense), Lightning's table, or, for a
+    CPU or a card in neither, a short matrix-multiply measurement; the log says once which, and what it is.
 
     Args:
         window_size: batches per throughput reading (a moving window).
-        peak_flops: peak FLOP/s of one device for MFU; None: Lightning's table for the device and precision.
+        peak_flops: peak FLOP/s of one device for MFU; None: ``lightformer.peaks.peak_flops``.
     """
 
     def __init__(self, window_size: int = 20, peak_flops: float | None = None) -> None:
@@ -394,11 +396,15 @@ class Throughput(ThroughputMonitor):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._task = pl_module
-        super().setup(trainer, pl_module, stage)
-        if self.peak_flops is not None:
-            self.available_flops = self.peak_flops
-            for throughput in self._throughputs.values():
-                throughput.available_flops = self.peak_flops
+        with warnings.catch_warnings():  # "FLOPs not found for ...": the peak comes from lightformer.peaks
+            warnings.filterwarnings("ignore", message="FLOPs not found")
+            super().setup(trainer, pl_module, stage)
+        if self.peak_flops is None:  # once: a fit's later validate or test keeps it
+            self.peak_flops, source = peaks.peak_flops(trainer.strategy.root_device, trainer.precision)
+            rank_zero_info(f"MFU is against {self.peak_flops / 1e12:,.2f} TFLOP/s per device: {source}")
+        self.available_flops = self.peak_flops
+        for throughput in self._throughputs.values():
+            throughput.available_flops = self.peak_flops
 
     def _samples(self, batch: Any) -> int:
         return self._task.throughput_counts(batch)[0]

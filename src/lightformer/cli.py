@@ -42,9 +42,11 @@ from lightformer.checkpoints import CheckpointError, read_checkpoint, require_fi
 from lightformer.data.raw.corpora import CorpusUnavailableError
 from lightformer.errors import ConfigError
 from lightformer.files import release_lock, take_lock
+from lightformer.peaks import resolve_precision
 from lightformer.progress import Summary, validation_line
 from lightformer.tasks.base import Task, class_of
 from lightformer.tensorboard import samples_already_drawn
+from lightformer.trainer import Trainer
 
 DATA_LINKS = (
     "vocab_size",
@@ -131,6 +133,9 @@ class LightformerCLI(LightningCLI):
     config or on the command line is refused.
     """
 
+    def __init__(self, *args, trainer_class: type[L.Trainer] = Trainer, **kwargs) -> None:
+        super().__init__(*args, trainer_class=trainer_class, **kwargs)  # lightformer's: precision may be "auto"
+
     def add_arguments_to_parser(self, parser) -> None:
         for name in DATA_LINKS:
             parser.link_arguments(f"data.{name}", f"model.init_args.net.{name}", apply_on="instantiate")
@@ -140,6 +145,7 @@ class LightformerCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         keep_last_checkpoint_current(config.trainer)
         show_progress(config.trainer)
+        resolve_auto_precision(config.trainer, config.get("ckpt_path") if self.subcommand == "fit" else None)
         if self.subcommand == "test" and config.get("ckpt_path"):
             log_into_tested_run(config.trainer, config.ckpt_path)
         if self.subcommand == "fit" and config.get("ckpt_path"):
@@ -291,6 +297,17 @@ def show_progress(trainer: Namespace) -> None:
         trainer.enable_progress_bar = False
         added = Namespace(class_path="lightformer.progress.ProgressLog", init_args=Namespace(every_seconds=30.0))
     trainer.callbacks = [*(trainer.callbacks or []), added]
+
+
+def resolve_auto_precision(trainer: Namespace, resumed: str | None) -> None:
+    """``precision: auto`` → the precision this run trains in (``lightformer.peaks.resolve_precision``), before the
+    trainer is built, so that the run's saved ``config.yaml`` names it; a resumed run keeps its checkpoint's."""
+    if trainer.precision != "auto":
+        return
+    saved = None
+    if resumed and Path(resumed).is_file():
+        saved = torch.load(resumed, map_location="cpu", weights_only=True, mmap=True).get("precision")
+    trainer.precision = resolve_precision("auto", trainer.accelerator, saved)
 
 
 def log_into_tested_run(trainer: Namespace, ckpt_path: str) -> None:

@@ -102,6 +102,7 @@ class Task(L.LightningModule):
     # The metrics the HParams tab shows beside each run's hyperparameters (their latest values).
     hparam_metrics: tuple[str, ...] = ("val/loss", "test/loss")
     items_name = "items"  # what ``throughput_counts`` counts, in progress lines
+    variable_shapes = False  # do the batches' sizes or lengths vary from batch to batch (``forward``)
 
     def __init__(
         self, optimizer: OptimizerConfig | dict, compile: bool, activation_checkpointing: bool, init: InitConfig | dict
@@ -163,12 +164,19 @@ class Task(L.LightningModule):
     def forward(self, *inputs: Tensor) -> Tensor:
         """The model's forward pass, compiled on first use when ``compile`` (see the model for the shapes).
 
+        A task whose batches vary in shape (``variable_shapes``: token-budget batches, padding to the longest in the
+        batch) compiles with dynamic shapes from the start: one graph serves every batch size and length. Left to
+        itself, ``torch.compile`` compiles the first shape static and the second dynamic, and a model with a graph
+        break (the masked-LM head's gather of the masked positions) twice more; each compile costs a minute of a CPU
+        or of a GPU's host (``tests/test_compile.py`` counts them). A task of fixed shapes compiles them static.
+
         The compiled function is kept as a bound method, not a module: a second registered module would store
         every weight twice in checkpoints, under keys an eager model cannot load. Generation and beam search
         (growing lengths, a cache) call ``self.model`` eagerly.
         """
         if self._forward is None:
-            self._forward = torch.compile(self.model).__call__ if self.compile else self.model.__call__
+            dynamic = True if self.variable_shapes else None  # None: static, then dynamic if a second shape comes
+            self._forward = (torch.compile(self.model, dynamic=dynamic) if self.compile else self.model).__call__
         return self._forward(*inputs)
 
     # --- throughput: what a batch holds and costs ----------------------------------------------------------
@@ -352,6 +360,10 @@ class Task(L.LightningModule):
                 + ". To plan a new schedule, start a new run from the checkpoint's weights instead of resuming."
             )
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """The precision the run trains in: ``precision: auto`` resumes in it (``cli.resolve_auto_precision``)."""
+        checkpoint["precision"] = str(self.trainer.precision)
+
     def log_train(self, metrics: dict[str, Tensor]) -> None:
         """This training step's scalars for the logs, ``train/loss`` among them (the progress line and bar show it).
 
@@ -411,6 +423,7 @@ class TextTask(Task):
             self.tokenizer.save(Path(log_dir) / "tokenizer.json")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         if self.tokenizer is not None:
             checkpoint["tokenizer"] = self.tokenizer.to_str()
 

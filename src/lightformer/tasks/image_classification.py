@@ -115,6 +115,7 @@ class ImageClassificationTask(Task):
             self.normalize_mean, self.normalize_std = [float(m) for m in mean], [float(s) for s in std]
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         checkpoint[CHECKPOINT_KEY] = {
             "class_names": self.class_names,
             "normalize_mean": self.normalize_mean,

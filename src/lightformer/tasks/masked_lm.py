@@ -51,6 +51,7 @@ class MaskedLanguageModelTask(TextTask):
 
     hparam_metrics = ("val/mlm_acc", "val/nsp_acc", "val/loss", "test/mlm_acc", "test/nsp_acc")
     items_name = "tokens"  # what throughput counts
+    variable_shapes = True  # batches padded to their longest sequence
 
     def __init__(
         self,

@@ -51,6 +51,7 @@ class TextClassificationTask(TextTask):
     """
 
     items_name = "tokens"  # what throughput counts (padding left out)
+    variable_shapes = True  # batches padded to their longest sequence
     hparam_metrics = ("val/acc", "val/f1", "val/loss", "test/acc", "test/f1")
 
     def __init__(

@@ -103,6 +103,7 @@ class TranslationTask(Task):
             self.src_tokenizer, self.tgt_tokenizer = tokenizers["src"], tokenizers["tgt"]
 
     items_name = "target tokens"  # what throughput counts
+    variable_shapes = True  # batches padded to their longest sequence
     hparam_metrics = ("val/bleu", "val/loss", "test/bleu", "test/loss")
 
     def on_fit_start(self) -> None:
@@ -113,6 +114,7 @@ class TranslationTask(Task):
             self.tgt_tokenizer.save(Path(log_dir) / "tgt_tokenizer.json")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
         if self.src_tokenizer is not None:
             checkpoint["src_tokenizer"] = self.src_tokenizer.to_str()
             checkpoint["tgt_tokenizer"] = self.tgt_tokenizer.to_str()
