@@ -277,6 +277,150 @@ def test_translate_keeps_blank_lines_blank_and_says_so(trained, tmp_path, capsys
 # --- faults during training ------------------------------------------------------------------------------------
 
 
+# --- refused in one line where a traceback, or a run that trained nothing, used to be (issue #49) -----------------
+
+ONE_LINE_TEXT = ("It is a truth universally acknowledged that a single man in possession of a good fortune must be in "
+                 "want of a wife. ") * 3  # fmt: skip
+
+
+def one_line_corpus(tmp_path: Path) -> list[str]:
+    """The character LM's config on a 300-character text of one line (no line break to cut a validation split at)."""
+    text = tmp_path / "tiny.txt"
+    text.write_text(ONE_LINE_TEXT[:300], encoding="utf-8")
+    return [*LM, "--trainer.logger=false", "--data.source.corpus=null", f"--data.source.train_files=[{text}]",
+            f"--data.prepare.dir={tmp_path / 'prepared'}", "--data.block_size=32", "--trainer.precision=32-true",
+            f"--trainer.default_root_dir={tmp_path}"]  # fmt: skip
+
+
+def test_a_fit_that_would_train_nothing_is_refused_before_the_first_step(tmp_path):
+    # Lightning ended such a fit at once with a warning ("No training batches") and exit 0, nothing trained.
+    args = one_line_corpus(tmp_path)
+    message = refused([*args, "--data.source.val_fraction=0.3"])
+    assert re.fullmatch(
+        r"lightformer: data.source.val_fraction=0.3 gives an empty val split: the training text is cut only "
+        r"between line breaks, and .*tiny.txt has too few for 30% of it; give more text, the split's own files "
+        r"\(data.source.val_files\), or data.source.val_fraction=0 for no val split",
+        message,
+    ), message
+    message = refused([*args, "--data.source.val_fraction=0", "--data.source.test_fraction=0"])
+    assert message == (
+        "lightformer: data: the train split has 301 tokens: 9 windows of block_size + 1 = 33 tokens, fewer than one "
+        "batch of data.loader.batch_size=12; lower the batch size or data.block_size, or give more training text"
+    )
+
+
+@pytest.mark.slow
+def test_a_fit_with_no_training_batch_on_either_ddp_process_is_refused(tmp_path):
+    from tiny_runs import start_cli
+
+    args = [*one_line_corpus(tmp_path)[1:], "--config=configs/trainer/ddp_cpu.yaml", "--trainer.devices=2",
+            "--data.source.val_fraction=0", "--data.source.test_fraction=0", "--data.loader.batch_size=5"]  # fmt: skip
+    log = tmp_path / "log.txt"
+    assert start_cli(["fit", *args], log).wait(timeout=300) != 0
+    output = log.read_text()
+    assert (
+        "lightformer: data: the train split has 301 tokens: 9 windows of block_size + 1 = 33 tokens, 4 for each of 2 "
+        "processes, fewer than one batch of data.loader.batch_size=5"
+    ) in output
+    assert "Traceback" not in output, output[-3000:]
+
+
+def test_a_config_file_that_is_not_yaml_is_named_with_the_line(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("trainer:\n  max_steps: [1\nmodel: x\n", encoding="utf-8")
+    for command in ("fit", "prepare", "test"):
+        message = refused([command, f"--config={config}"])
+        assert (
+            message
+            == f"lightformer: --config {config}: not valid YAML at line 3, column 6: expected ',' or ']', but got ':'"
+        )
+    config.write_text("- trainer\n", encoding="utf-8")
+    assert "a config is a mapping of sections (trainer, model, data), not a list" in refused(["fit", "-c", str(config)])
+
+
+def test_export_and_average_make_the_output_folder_and_refuse_one_they_cannot(trained, tmp_path, capsys):
+    made = tmp_path / "new" / "folder" / "lm.safetensors"
+    main(["export", f"--ckpt_path={trained['lm']}", f"--output={made}"])
+    assert made.is_file()
+    for command, output in (("export", tmp_path), ("average", tmp_path)):
+        paths = f"--ckpt_path={trained['lm']}" if command == "export" else f"--ckpt_paths={trained['lm']}"
+        assert refused([command, paths, f"--output={output}"]).startswith(
+            f"lightformer: --output: {output} is a folder"
+        )
+    (tmp_path / "a_file").write_text("")
+    message = refused(["export", f"--ckpt_path={trained['lm']}", f"--output={tmp_path / 'a_file' / 'x.safetensors'}"])
+    assert message.startswith(f"lightformer: --output: the folder {tmp_path / 'a_file'} cannot be made (")
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_testing_a_run_whose_data_has_no_test_split_is_refused_before_the_checkpoint_is_restored(tmp_path, caplog):
+    args = [*task_args("lm", tmp_path), "--data.source.test_fraction=0", "--trainer.max_steps=2"]
+    main(["fit", *args])
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        message = refused(["test", *args, f"--ckpt_path={last_checkpoint(tmp_path)}"])
+    assert message == "lightformer: data: there is no test split: set data.source.test_files, or test_fraction above 0"
+    assert "Restoring states from the checkpoint" not in caplog.text
+
+
+def test_resuming_on_data_that_changed_since_the_checkpoint_is_refused_naming_the_file(tmp_path):
+    args = task_args("lm", tmp_path)
+    main(["fit", *args, "--trainer.max_steps=2"])
+    checkpoint = last_checkpoint(tmp_path)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus.read_text(encoding="utf-8").replace("fortune", "fortunes"), encoding="utf-8")
+    message = refused(["fit", *args, "--trainer.max_steps=4", f"--ckpt_path={checkpoint}"])
+    assert message.startswith(
+        f"lightformer: data: the data changed since the checkpoint was written ({corpus} changed (size or "
+    )
+    assert message.endswith(
+        "Resume on the data it trained on (restore those files and settings), or start a new run from its weights: "
+        "give the checkpoint as --model.init.checkpoint instead of --ckpt_path"
+    )
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == 2  # nothing trained
+    validated = cli_main(["validate", *args, f"--ckpt_path={checkpoint}"])  # evaluating on other data is allowed
+    assert "val/loss" in validated.trainer.callback_metrics
+
+
+def test_freezing_parameters_the_model_lacks_is_refused_before_any_data_work(tmp_path):
+    prepared = tmp_path / "prepared"
+    message = refused([*CLASSIFY, "--trainer.logger=false", "--model.init.freeze=[bert.nope]",
+                       f"--data.prepare.dir={prepared}"])  # fmt: skip
+    assert message.startswith(
+        "lightformer: model.init.freeze: no parameter of the model is under 'bert.nope' (its modules: bert,"
+    )
+    assert not prepared.exists()
+
+
+def test_a_resume_into_the_warm_up_says_which_steps_still_warm_up(tmp_path):
+    args = [*task_args("vision", tmp_path), "--trainer.limit_train_batches=3", "--model.optimizer.warmup_steps=10"]
+    first = build([*args, "--trainer.max_epochs=1"])
+    first.trainer.fit(first.model, first.datamodule)
+    longer = build([*args, "--trainer.max_epochs=5"])
+    with pytest.warns(UserWarning, match=r"planned for 3 steps .* goes to 15 steps, so steps 3\.\.10 still warm up, "
+                                         r"then steps 10\.\.15 run at min_lr="):  # fmt: skip
+        longer.trainer.fit(longer.model, longer.datamodule, ckpt_path=last_checkpoint(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("error", "ours", "message"),
+    [
+        (KeyError("an internal inconsistency"), True, "the error above is a bug in lightformer, not in your config or "
+                                                      "data: please report it with the command line and this output"),
+        (torch.OutOfMemoryError("CUDA out of memory"), False, "the device ran out of memory: lower data.loader."),
+    ],
+)  # fmt: skip
+def test_an_error_of_ours_keeps_its_traceback_and_asks_for_a_report(monkeypatch, capsys, error, ours, message):
+    import lightformer.cli
+
+    def fail(args):
+        raise error
+
+    monkeypatch.setattr(lightformer.cli, "cli_main", fail)
+    assert refused(["fit", "--config=configs/lm/austen_char.yaml"]).startswith(f"lightformer: {message}")
+    assert ("Traceback" in capsys.readouterr().err) == ours
+
+
 def test_last_ckpt_is_the_last_state_even_when_the_metric_never_improves(tmp_path):
     """The issue's reproducer: 4 epochs at a learning rate too small to move the metric; last.ckpt at the end."""
     args = [
@@ -586,3 +730,161 @@ def test_a_run_folder_held_by_a_live_fit_is_refused_and_a_stale_lock_is_replaced
     assert holder.lock == f"{socket.gethostname()} {os.getpid()}\n" and not lock.exists()  # taken, then released
     lock.write_text(f"{socket.gethostname()} {os.getpid()}\n")
     cli.trainer.test(cli.model, cli.datamodule)  # test (and validate) write beside a run: no lock taken
+
+
+# --- data the config names (issue #49) ---
+
+
+def text_data(command: str, corpus: Path, tmp_path: Path, *more: str) -> list[str]:
+    """``fit`` (or ``prepare``) of the character LM on ``corpus``, prepared under ``tmp_path/prepared``."""
+    options = ["--data.source.corpus", "null", f"--data.source.train_files=[{corpus}]", "--trainer.logger=false"]
+    return [command, *LM[1:], *options, f"--data.prepare.dir={tmp_path / 'prepared'}", *more]
+
+
+def assert_one_line(message: str, capsys) -> None:
+    assert "\n" not in message, message
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["prepare", "fit"])
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_text_column_of_numbers_is_refused_naming_the_file_the_column_and_its_type(tmp_path, command, kind, capsys):
+    """Integers in the text column: "TypeError: 'int' object is not iterable" from the tokenizer, naming neither
+    the file nor the column; and the refused preparation left an empty folder and a .lock under prepare.dir."""
+    if kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        corpus = tmp_path / "numbers.parquet"
+        pq.write_table(pa.table({"text": list(range(50)), "title": [f"t{i}" for i in range(50)]}), corpus)
+        expected = (
+            rf"{corpus}: the column 'text' holds int64 values, but the text must be strings; set "
+            r"data.source.text_field to a column of strings \(its columns: text: int64, title: string\)"
+        )
+    else:
+        import json
+
+        corpus = tmp_path / "numbers.jsonl"
+        corpus.write_text("".join(json.dumps({"text": i, "title": f"t{i}"}) + "\n" for i in range(50)))
+        expected = (
+            rf"{corpus}: the record at byte offset 0 has a number in its text field 'text', not a string; set "
+            r"data.source.text_field to the field that holds the text \(its fields: \['text', 'title'\]\)"
+        )
+    message = refused(text_data(command, corpus, tmp_path))
+    assert re.search(expected, message), message
+    assert_one_line(message, capsys)
+    assert list((tmp_path / "prepared").iterdir()) == []  # nothing left behind: no half-made folder, no .lock
+
+
+def test_an_object_store_without_credentials_is_refused_naming_prepare_dir(tmp_path, monkeypatch, capsys):
+    """botocore's NoCredentialsError traceback, naming neither data.prepare.dir nor the bucket."""
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no wait for a cloud machine's credentials service
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello world\n" * 50, encoding="utf-8")
+    store = ["--data.prepare.dir=s3://nonexistent-bucket/x", f"--data.prepare.cache_dir={tmp_path / 'cache'}"]
+    for command in ("prepare", "fit"):
+        message = refused(text_data(command, corpus, tmp_path, *store))
+        assert re.search(
+            r"data.prepare.dir='s3://nonexistent-bucket/x': the bucket nonexistent-bucket cannot be used \(Unable to "
+            r"locate credentials\): give credentials that may read and write it \(AWS_ACCESS_KEY_ID and "
+            r"AWS_SECRET_ACCESS_KEY, or "
+            r"AWS_PROFILE and ~/.aws/credentials; AWS_ENDPOINT_URL for an S3-compatible store\), or a local folder "
+            r"as data.prepare.dir$",
+            message,
+        ), message
+        assert_one_line(message, capsys)
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "prepared").exists()
+
+
+@pytest.mark.parametrize(("task", "damage"), [("lm", "cut short"), ("lm", "missing"), ("translation", "cut short")])
+def test_a_damaged_prepared_shard_is_refused_at_setup_in_one_line(tmp_path, task, damage, capsys):
+    """A shard cut short or deleted: a good message, but inside a traceback from train_dataloader (a ValueError
+    raised in trainer.fit, which main let through)."""
+    args = [*task_args(task, tmp_path), "--trainer.max_steps=1"]
+    main(["prepare", *args])
+    folder = re.search(r"prepared: (\S+)", capsys.readouterr().out).group(1)
+    (shard, *_) = sorted(Path(folder).glob("train/chunk-*.bin"))
+    if damage == "missing":
+        shard.unlink()
+    else:
+        shard.write_bytes(shard.read_bytes()[:100])
+    message = refused(["fit", *args])
+    state = "missing" if damage == "missing" else r"cut short \(100 bytes\)"
+    assert re.search(
+        rf"the shard {shard} is {state}: delete {folder} and prepare again \(`lightformer prepare`, or any `fit`\)$",
+        message,
+    ), message
+    assert_one_line(message, capsys)
+    assert not list(tmp_path.rglob("*.ckpt"))  # refused at set-up: nothing trained
+
+
+@pytest.mark.parametrize("content", ["nothing", "files that are not images"])
+def test_an_image_folder_without_images_is_refused_in_one_line(tmp_path, content, capsys):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    if content != "nothing":
+        for name in ("cat", "dog"):
+            (folder / name).mkdir()
+            (folder / name / "notes.txt").write_text("not an image")
+    source = [f"--data.source.{option}" for option in ("dataset=image_folder", f"image_folder={folder}")]
+    message = refused(["fit", *task_args("vision", tmp_path), *source, f"--data.prepare.dir={tmp_path}/prepared"])
+    expected = (
+        rf"data.source.image_folder: {folder} has no class subfolders; expected a folder holding train/"
+        if content == "nothing"
+        else rf"data.source.image_folder: no image files \(\.jpg, .*\) in {folder}: put each class's images in a "
+        r"subfolder named after the class"
+    )
+    assert re.search(expected, message), message
+    assert_one_line(message, capsys)
+    assert not (tmp_path / "prepared").exists() or list((tmp_path / "prepared").iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def image_gpt(tmp_path_factory) -> str:
+    """A checkpoint of the tiny Image GPT run (one step)."""
+    folder = tmp_path_factory.mktemp("igpt")
+    cli = build([*task_args("igpt", folder), "--trainer.max_steps=1", "--trainer.limit_val_batches=1"])
+    cli.trainer.fit(cli.model, cli.datamodule)
+    return last_checkpoint(folder)
+
+
+def test_an_image_file_that_is_not_an_image_is_refused_by_classify_and_sample_images(
+    trained, image_gpt, tmp_path, capsys
+):
+    """classify and sample-images printed the right last line after a traceback."""
+    not_image = tmp_path / "notimage.png"
+    not_image.write_text("not pixels")
+    for argv in (
+        ["classify", f"--ckpt_path={trained['vision']}", f"--images={not_image}"],
+        ["sample-images", f"--ckpt_path={image_gpt}", f"--complete_from={not_image}", "--num_samples=0",
+         f"--output={tmp_path}/samples.png"],
+    ):  # fmt: skip
+        option = argv[2].partition("=")[0]
+        message = refused(argv)
+        assert message == (
+            f"lightformer: {option}: {not_image} is not a readable image file (cannot identify image file "
+            f"'{not_image}'): give PNG, JPEG or another image file that PIL reads"
+        ), message
+        assert_one_line(message, capsys)
+    assert not list(tmp_path.glob("samples*"))
+
+
+def test_text_in_utf16_is_refused_with_the_conversion_from_utf16(tmp_path, capsys):
+    """The refusal of a UTF-16 file suggested `iconv -f latin1`; a Latin-1 file keeps that hint."""
+    utf16 = tmp_path / "utf16.txt"
+    utf16.write_bytes("hello world\n".encode("utf-16") * 50)
+    message = refused(text_data("prepare", utf16, tmp_path))
+    assert re.search(
+        rf"{utf16} is not UTF-8 text: byte 0xff at byte offset 0 \(invalid start byte\); it looks like UTF-16 \(a "
+        r"byte-order mark, or NUL bytes between the characters\): convert it, e.g. `iconv -f utf-16 -t utf-8`$",
+        message,
+    ), message
+    assert_one_line(message, capsys)
+    assert list((tmp_path / "prepared").iterdir()) == []
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("caf\xe9 au lait\n".encode("latin-1") * 50)
+    assert refused(text_data("prepare", latin1, tmp_path)).endswith("convert it, e.g. `iconv -f latin1 -t utf-8`")

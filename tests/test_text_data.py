@@ -145,7 +145,7 @@ def test_no_validation_split_when_val_fraction_is_zero(tmp_path, corpus):
     assert not module.prepared.has("val")
     assert module.val_dataloader() == []
     with pytest.raises(ValueError, match="no test split"):
-        module.test_dataloader()
+        module.setup("test")
 
 
 def test_globs_and_folders_are_expanded_and_sorted(tmp_path):

@@ -163,7 +163,8 @@ class LightformerCLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, OSError, CorpusUnavailableError) as error:
             reason = reason_of(error)
-            raise ConfigError(f"{_section_of(reason)}{reason}") from None
+            section = "" if isinstance(reason, ConfigError) else _section_of(reason)  # ours name their field
+            raise ConfigError(f"{section}{reason}") from None
 
     def after_instantiate_classes(self) -> None:
         net = self.model.hparams.get("net", {})
@@ -224,9 +225,12 @@ class LightformerCLI(LightningCLI):
             lock.take(self.trainer.log_dir)
 
     def after_fit(self) -> None:
-        """A run that validated on a subset of the validation split (``TextDataModule``'s ``loader.val_windows``) ends
+        """A fit that had no training batch is refused (Lightning ends it with a warning and success); a run that
+        validated on a subset of the validation split (``TextDataModule``'s ``loader.val_windows``) ends
         with one validation on all of it, of the last weights, logged at the last step. Its pictures and text samples
         are not drawn again when the fit's last validation drew them from the same weights."""
+        if self.trainer.fit_loop.max_batches == 0 and self.trainer.limit_train_batches != 0:
+            raise ConfigError(no_training_batch(self.trainer))
         if getattr(self.datamodule, "validates_on_a_subset", False) and not self.trainer.interrupted:
             drawn = getattr(self.model, "validated_at_step", None) == self.trainer.global_step
             with samples_already_drawn(self.model) if drawn else contextlib.nullcontext():
@@ -246,6 +250,17 @@ class LightformerCLI(LightningCLI):
                 if not any(isinstance(callback, kind) for callback in trainer.callbacks):
                     trainer.callbacks.append(default)
         return trainer
+
+
+def no_training_batch(trainer: L.Trainer) -> str:
+    """Why a fit had no training batch: how much data each process had, and what a batch needs."""
+    batch_size = getattr(trainer.train_dataloader, "batch_size", None)
+    processes = f"each of its {trainer.world_size} processes has" if trainer.world_size > 1 else "it has"
+    return (
+        f"data: the training split gives no batch: {processes} fewer examples than one batch of "
+        f"data.loader.batch_size={batch_size} (an incomplete batch is dropped); lower the batch size or the length of "
+        "an example (data.block_size, data.segment_tokens), or give more training data"
+    )
 
 
 LIGHTNING_CHECKPOINT = {
@@ -455,16 +470,17 @@ def check_lengths_before_data(config) -> None:
 
 
 def check_init_before_data(model: Namespace) -> None:
-    """Check the ``model.init`` of a new fit against the model its config builds, before the data module is built,
-    which for most tasks prepares the data (the tokenizer that the linked ``vocab_size`` comes from). The sizes
-    linked from the data are not known yet, so the task is built twice on the meta device (no memory, no compute)
-    with two sets of stand-in sizes: the tensors whose shapes differ between the two depend on the data and are
-    compared by name only, the others by name and shape (``Task.check_init``). ``Task.setup`` checks again before
-    loading, with every shape known, after the task's own checks of the data (a tokenizer or classes other than the
-    checkpoint's, which name the cause of a mismatch in those tensors better)."""
+    """Check the ``model.init`` of a new fit (its checkpoint, and the parameters it freezes) against the model its
+    config builds, before the data module is built, which for most tasks prepares the data (the tokenizer that the
+    linked ``vocab_size`` comes from). The sizes linked from the data are not known yet, so the task is built twice
+    on the meta device (no memory, no compute) with two sets of stand-in sizes: the tensors whose shapes differ
+    between the two depend on the data and are compared by name only, the others by name and shape
+    (``Task.check_init``). ``Task.setup`` checks again before loading, with every shape known, after the task's own
+    checks of the data (a tokenizer or classes other than the checkpoint's, which name the cause of a mismatch in
+    those tensors better)."""
     init = model.init_args.get("init") if model.get("init_args") else None
     task_class = class_of(model.class_path)
-    if not init or not init.get("checkpoint") or task_class is None or not issubclass(task_class, Task):
+    if not init or not (init.get("checkpoint") or init.get("freeze")) or not issubclass(task_class or object, Task):
         return
     arguments = model.init_args.as_dict()
     net_class = typing.get_type_hints(task_class.__init__).get("net")
@@ -609,17 +625,45 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def config_files(args: list[str]) -> list[str]:
+    """The files that ``--config`` (``-c``) names on a command line, in order."""
+    files = []
+    for i, arg in enumerate(args):
+        if arg in ("--config", "-c") and i + 1 < len(args):
+            files.append(args[i + 1])
+        elif arg.startswith("--config="):
+            files.append(arg.partition("=")[2])
+    return files
+
+
+def read_config_file(path: str) -> dict:
+    """A config file's YAML, or a ``ConfigError`` naming the file (and the line and column of a syntax error)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise ConfigError(f"--config {path!r}: no such config file") from None
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError(f"--config {path}: not valid YAML{where}: {problem}") from None
+    if config is not None and not isinstance(config, dict):
+        raise ConfigError(f"--config {path}: a config is a mapping of sections (trainer, model, data), not a "
+                          f"{type(config).__name__}")  # fmt: skip
+    return config or {}
+
+
 def task_help(command: str, args: list[str]) -> None:
     """``<command> --config FILE --help``: the options of the config's task (with its model and optimizer groups)
     and data module, instead of the 550 lines that include every Trainer option."""
     classes = {}
-    for i, arg in enumerate(args):
-        path = args[i + 1] if arg in ("--config", "-c") and i + 1 < len(args) else arg.partition("=")[2]
-        if (arg in ("--config", "-c") or arg.startswith("--config=")) and Path(path).is_file():
-            config = yaml.safe_load(Path(path).read_text()) or {}
-            for section in ("model", "data"):
-                if isinstance(config.get(section), dict) and "class_path" in config[section]:
-                    classes[section] = config[section]["class_path"]
+    for path in config_files(args):
+        config = read_config_file(path)
+        for section in ("model", "data"):
+            if isinstance(config.get(section), dict) and "class_path" in config[section]:
+                classes[section] = config[section]["class_path"]
     print(f"lightformer {command}: the options of {' and '.join(classes.values())} (set them in YAML or as flags)")
     print("Lightning's Trainer options (devices, precision, steps, callbacks, ...): lightformer fit --help\n")
     for section, class_path in classes.items():
@@ -664,10 +708,8 @@ def prepare_main(args: list[str]) -> None:
         if name in ("--config", "-c"):
             path = value if has_value else (args[i + 1] if i + 1 < len(args) else "")
             i += 1 if has_value else 2
-            config = yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
-            if config is None:
-                raise ConfigError(f"--config {path!r}: no such config file")
-            if isinstance(config, dict) and "data" in config:
+            config = read_config_file(path)
+            if "data" in config:
                 kept.append(f"--data={json.dumps(config['data'])}")
             continue
         if name.startswith("--data") or name in ("-h", "--help"):
@@ -683,6 +725,8 @@ def prepare_main(args: list[str]) -> None:
     try:
         datamodule = parser.instantiate_classes(parser.parse_args(null_group_fields(kept))).data
         datamodule.prepare_data()
+    except ConfigError:
+        raise
     except (ValueError, OSError, CorpusUnavailableError) as error:
         raise ConfigError(f"data: {error}") from None
     prepared = getattr(datamodule, "prepared", None)  # PreparedText, a prepared folder, or None: nothing prepared
@@ -714,11 +758,30 @@ def main(argv: list[str] | None = None) -> None:
         elif {"-h", "--help"} & set(args) and any(a in ("-c", "--config") or a.startswith("--config=") for a in args):
             task_help(command, args[1:])
         else:
+            for path in config_files(args):  # a syntax error named with its file (jsonargparse: "<unicode string>")
+                read_config_file(path)
             cli_main(args)
-    except (ConfigError, CheckpointError, NonFiniteLossError) as error:
+    except (ConfigError, CheckpointError, NonFiniteLossError, CorpusUnavailableError) as error:
         raise SystemExit(f"lightformer: {error}") from None
+    except torch.OutOfMemoryError:
+        raise SystemExit(
+            "lightformer: the device ran out of memory: lower data.loader.batch_size (or the data's tokens per batch) "
+            "and raise trainer.accumulate_grad_batches to keep the batch, or turn on "
+            "model.activation_checkpointing, or use more devices (configs/trainer/fsdp.yaml)"
+        ) from None
     except OSError as error:
         if error.errno not in (errno.ENOSPC, errno.EACCES, errno.EROFS):
-            raise
+            raise_as_bug()
         where = f": {error.filename}" if error.filename else ""  # the folder, or in our own messages already
         raise SystemExit(f"lightformer: {error.strerror}{where}") from None
+    except Exception:  # not an error in what the user gave (those are the ones above): a bug of ours
+        raise_as_bug()
+
+
+def raise_as_bug() -> None:
+    """Show the exception being handled with its traceback, and exit saying that it is lightformer's fault."""
+    traceback.print_exc()
+    raise SystemExit(
+        "lightformer: the error above is a bug in lightformer, not in your config or data: please report it with the "
+        "command line and this output"
+    ) from None

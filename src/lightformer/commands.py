@@ -23,7 +23,7 @@ from torch import Tensor
 from lightformer import checkpoints, tasks
 from lightformer.checkpoints import CARRIED, CheckpointError, read_checkpoint, require_file
 from lightformer.data.preparation.tokenizers import MASK
-from lightformer.errors import ConfigError
+from lightformer.errors import ConfigError, DataError
 from lightformer.files import atomic_write_bytes, expand_patterns, read_lines
 from lightformer.generation import check_sampling
 from lightformer.tasks.image_gpt import check_same_palette, completion_rows, read_image_files
@@ -196,8 +196,25 @@ def classify(
     _check(top_k >= 1, f"--top_k={top_k} must be at least 1")
     task = load_task(ckpt_path, "ImageClassificationTask", "classify", device)
     paths = _paths(images, "--images", "image file", ".png")
-    for path, ranked in zip(paths, task.classify_files(paths, top_k), strict=True):
+    try:
+        classified = task.classify_files(paths, top_k)
+    except DataError as error:  # a file that is not a readable image, named
+        raise DataError(f"--images: {error}") from None
+    for path, ranked in zip(paths, classified, strict=True):
         print(f"{path}: " + ", ".join(f"{name} ({probability:.1%})" for name, probability in ranked))
+
+
+def output_file(path: str, example: str) -> Path:
+    """The file ``--output`` names, its folder made if missing (before any work: a typo in the folder fails fast, not
+    after minutes); a folder is refused, with ``example`` as the kind of file to give."""
+    output = Path(path)
+    if output.is_dir():
+        raise ConfigError(f"--output: {path} is a folder; give the file to write in it, such as {output / example}")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"--output: the folder {output.parent} cannot be made ({error.strerror})") from None
+    return output
 
 
 def export(*, ckpt_path: str, output: str, layout: Literal["lightformer", "timm"] = "lightformer") -> None:
@@ -217,6 +234,7 @@ def export(*, ckpt_path: str, output: str, layout: Literal["lightformer", "timm"
 
     from lightformer.models.vit import lightformer_to_timm
 
+    output_file(output, "model.safetensors")
     checkpoint = read_checkpoint(ckpt_path)
     name = task_name(checkpoint)
     if name is None:
@@ -259,6 +277,7 @@ def average(*, ckpt_paths: list[str] | str, output: str, last: int | None = None
     paths = sorted(set(_paths(ckpt_paths, "--ckpt_paths", "checkpoint file", ".ckpt")))
     if not paths:
         raise ConfigError("--ckpt_paths: no checkpoint file given")
+    output_file(output, "averaged.ckpt")
     print(checkpoints.average(paths, output, last))
 
 
@@ -343,6 +362,10 @@ def sample_images(
     task = load_task(ckpt_path, "ImageGPTTask", "sample-images", device)
     tokenizer = task._require_palette()
     size = tokenizer.image_size
+    try:  # before any sampling: a file that is not a readable image is named at once
+        given = read_image_files(paths, tokenizer) if paths else None
+    except DataError as error:
+        raise DataError(f"--complete_from: {error}") from None
     written = []
     if num_samples:
         images = task.sample_images(num_samples, temperature, top_k, top_p, seed)
@@ -358,9 +381,7 @@ def sample_images(
     if paths:
         target = Path(output)
         completions_path = str(target.with_name(f"{target.stem}_completions{target.suffix or '.png'}"))
-        grid, _ = completion_rows(
-            task, read_image_files(paths, tokenizer), num_completions, temperature, top_k, top_p, seed
-        )
+        grid, _ = completion_rows(task, given, num_completions, temperature, top_k, top_p, seed)
         _write_png(grid, completions_path)
         print(
             f"wrote {completions_path}: one row per image of --complete_from ({len(paths)}): the image in the "

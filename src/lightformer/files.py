@@ -8,6 +8,7 @@ processes (DDP ranks, parallel tests) may write the same file at once, and a cra
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import glob
 import hashlib
@@ -19,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
+
+from lightformer.errors import DataError
 
 TEMPORARY_SUFFIX = ".tmp"
 
@@ -72,19 +75,39 @@ def sha256_of(path: str | Path) -> str:
 
 
 def read_utf8(path: str | Path, what: str | None = None) -> str:
-    """A file's UTF-8 text, a leading byte-order mark dropped; a file that is not UTF-8 raises ValueError naming
-    the file (``what`` says which option gave it), the byte, its offset and line, and how to convert it."""
+    """A file's UTF-8 text, a leading byte-order mark dropped; a file that is not UTF-8 raises ``not_utf8``'s
+    DataError (a ValueError) naming the file (``what`` says which option gave it), the byte, its offset and line, and
+    how to convert it."""
     path = Path(path)
     data = path.read_bytes()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise ValueError(
-            f"{what + ': ' if what else ''}{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at byte offset "
-            f"{error.start} (line {line}: {error.reason}); convert it, e.g. `iconv -f latin1 -t utf-8`"
-        ) from None
+        raise not_utf8(path, data, error, line=data.count(b"\n", 0, error.start) + 1, what=what) from None
     return text.removeprefix("\ufeff")
+
+
+def not_utf8(
+    path: str | Path,
+    data: bytes,
+    error: UnicodeDecodeError,
+    offset: int = 0,
+    line: int | None = None,
+    what: str | None = None,
+) -> DataError:
+    """The error for ``data``, read from ``path`` at byte ``offset``, that is not UTF-8: it names the file (``what``
+    says which option gave it), the byte, its offset (and ``line``), and how to convert it: from UTF-16 when the
+    bytes look like it (a byte-order mark, or a NUL byte beside every other character), else from Latin-1."""
+    sample = data[:4096]
+    nuls = max(sample[0::2].count(0), sample[1::2].count(0))
+    utf16 = sample.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or nuls > len(sample) // 6
+    looks = "it looks like UTF-16 (a byte-order mark, or NUL bytes between the characters): " if utf16 else ""
+    where = error.reason if line is None else f"line {line}: {error.reason}"
+    return DataError(
+        f"{what + ': ' if what else ''}{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at byte offset "
+        f"{offset + error.start} ({where}); {looks}convert it, e.g. `iconv -f {'utf-16' if utf16 else 'latin1'} -t "
+        "utf-8`"
+    )
 
 
 def read_lines(path: str | Path, what: str | None = None) -> list[str]:

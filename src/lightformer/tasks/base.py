@@ -349,20 +349,26 @@ class Task(L.LightningModule):
         total = self.trainer.estimated_stepping_batches
         fitted = self.optimizer_config.fit_to_max_time  # re-planned as it goes: a resumed plan differs by design
         if planned is not None and planned != total and self.optimizer_config.schedule == "cosine" and not fitted:
+            warmup = self.optimizer_config.warmup_steps
+            if total <= planned:
+                effect = f"it stops at step {total}, before the decay ends"
+            elif planned >= warmup:
+                effect = f"steps {planned}..{total} run at min_lr={self.optimizer_config.min_lr}"
+            elif total <= warmup:
+                effect = f"steps {planned}..{total} still warm up (to step {warmup}), with no decay after them"
+            else:
+                effect = (f"steps {planned}..{warmup} still warm up, then steps {warmup}..{total} run at "
+                          f"min_lr={self.optimizer_config.min_lr} (no decay)")  # fmt: skip
             rank_zero_warn(
                 f"the learning-rate schedule was planned for {planned} steps by the run this checkpoint comes from, "
-                f"and it is kept (resuming is exact); this run goes to {total} steps, so "
-                + (
-                    f"steps {planned}..{total} run at min_lr={self.optimizer_config.min_lr}"
-                    if total > planned
-                    else f"it stops at step {total}, before the decay ends"
-                )
-                + ". To plan a new schedule, start a new run from the checkpoint's weights instead of resuming."
+                f"and it is kept (resuming is exact); this run goes to {total} steps, so {effect}. To plan a new "
+                "schedule, start a new run from the checkpoint's weights instead of resuming."
             )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """The precision the run trains in: ``precision: auto`` resumes in it (``cli.resolve_auto_precision``)."""
-        checkpoint["precision"] = str(self.trainer.precision)
+        if self._trainer is not None:  # (a checkpoint written outside a run has no precision)
+            checkpoint["precision"] = str(self._trainer.precision)
 
     def log_train(self, metrics: dict[str, Tensor]) -> None:
         """This training step's scalars for the logs, ``train/loss`` among them (the progress line and bar show it).
@@ -408,7 +414,7 @@ class TextTask(Task):
     def take_tokenizer(self, tokenizer: Tokenizer, vocab_size: int) -> None:
         """Use the data module's ``tokenizer`` with a model of ``vocab_size`` ids."""
         if tokenizer.vocab_size > vocab_size:
-            raise ValueError(
+            raise ConfigError(
                 f"the tokenizer has {tokenizer.vocab_size} tokens but model.net.vocab_size={vocab_size}; the model's "
                 "vocabulary must hold every token id"
             )

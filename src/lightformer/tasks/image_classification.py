@@ -106,7 +106,7 @@ class ImageClassificationTask(Task):
         for name in ("num_classes", "image_size", "in_channels"):
             value, expected = getattr(datamodule, name, None), getattr(self.model.config, name)
             if value is not None and value != expected:
-                raise ValueError(f"the data has {name}={value} but model.net.{name}={expected}; they must be equal")
+                raise ConfigError(f"the data has {name}={value} but model.net.{name}={expected}; they must be equal")
         class_names = getattr(datamodule, "class_names", None)
         if class_names:
             self.class_names = [str(name) for name in class_names]

@@ -23,6 +23,7 @@ from torch import Tensor
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig
 from lightformer.data.objectives.pixels import PixelTokenizer, downsample
+from lightformer.errors import ConfigError
 from lightformer.generation import check_sampling, generate
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.tasks.language_model import LanguageModelTask
@@ -104,7 +105,7 @@ class ImageGPTTask(LanguageModelTask):
         if tokenizer is None:
             return
         if tokenizer.vocab_size > self.model.vocab_size:
-            raise ValueError(
+            raise ConfigError(
                 f"the palette has {tokenizer.num_colors} colours + a start token but model.net.vocab_size="
                 f"{self.model.vocab_size}; the model's vocabulary must hold every id"
             )
@@ -322,7 +323,7 @@ class _PaletteDecoder:
 def check_same_palette(saved: PixelTokenizer, data: PixelTokenizer) -> None:
     """Refuse data encoded with another palette than the one the model was trained with."""
     if saved != data:
-        raise ValueError(
+        raise ConfigError(
             f"the data module's palette ({data!r}: {data.palette.flatten().tolist()}) differs from the one saved in "
             f"the checkpoint ({saved!r}: {saved.palette.flatten().tolist()}), so the model's ids would stand for "
             "other colours; use the data settings the model was trained with (dataset, image_size, palette, levels, "

@@ -10,6 +10,7 @@ from torchmetrics import MeanMetric
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import InitConfig
 from lightformer.config_groups import as_config
+from lightformer.errors import ConfigError
 from lightformer.generation import generate
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.tasks.base import TextTask
@@ -60,7 +61,7 @@ class LanguageModelTask(TextTask):
         datamodule = getattr(self.trainer, "datamodule", None)
         block_size = getattr(datamodule, "block_size", None)
         if block_size is not None and block_size > self.model.block_size:
-            raise ValueError(
+            raise ConfigError(
                 f"data.block_size={block_size} is larger than model.net.block_size={self.model.block_size}, the "
                 f"length of the model's position table; set the data's block_size to at most {self.model.block_size}"
             )

@@ -95,7 +95,7 @@ class TextClassificationTask(TextTask):
         config = self.model.config
         num_classes, max_tokens = getattr(datamodule, "num_classes", None), getattr(datamodule, "max_tokens", None)
         if num_classes is not None and num_classes != self.num_classes:
-            raise ValueError(
+            raise ConfigError(
                 f"the data has num_classes={num_classes} but model.net.num_classes={self.num_classes}; they must be "
                 "equal"
             )

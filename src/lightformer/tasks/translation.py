@@ -93,7 +93,7 @@ class TranslationTask(Task):
             for side, tokenizer in tokenizers.items():
                 size = getattr(self.model.config, f"{side}_vocab_size")
                 if tokenizer.vocab_size > size:
-                    raise ValueError(
+                    raise ConfigError(
                         f"the data's {side} tokenizer has {tokenizer.vocab_size} tokens but model.net."
                         f"{side}_vocab_size={size}; the model's vocabulary must hold every token id"
                     )

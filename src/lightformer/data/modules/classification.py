@@ -69,7 +69,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import EpochShuffleSampler, ResumableDataLoader, evaluation_sampler
 from lightformer.data.loading.streaming import LoaderConfig, Records
-from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
+from lightformer.data.preparation.caching import SameDataOnResume, content_hash, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
     MANIFEST,
     SAMPLE_BYTES,
@@ -83,7 +83,8 @@ from lightformer.data.preparation.prepare import (
 )
 from lightformer.data.preparation.tokenizers import EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
 from lightformer.data.raw.corpora import AUSTEN_NOVELS, austen_text, split_austen_text, split_of
-from lightformer.data.raw.sources import SPLITS, Piece, line_pieces, piece_lines
+from lightformer.data.raw.sources import SPLITS, Piece, line_pieces, piece_lines, stage_splits
+from lightformer.errors import DataError
 from lightformer.files import as_list, expand_patterns, read_utf8, sha256_of
 
 _PREFIX = {"train": "", "val": "val_", "test": "test_"}  # of each split's option: tsv_files, val_tsv_files, ...
@@ -375,7 +376,7 @@ class PassageTokenizer:
             )
 
 
-class TextClassificationDataModule(L.LightningDataModule):
+class TextClassificationDataModule(SameDataOnResume, L.LightningDataModule):
     """Labelled texts for a BERT classifier: batches {"ids": (B, T), "labels": (B,)}.
 
     Each text is encoded as [CLS] tokens [SEP] (the tokenizer's BOS and EOS), cut to `max_tokens` with [SEP] kept
@@ -489,7 +490,7 @@ class TextClassificationDataModule(L.LightningDataModule):
         """A split's records by index ({"ids": whole, "label"}): the `train_examples` chosen of train when set."""
         if split not in self.datasets:
             if not sum(self.manifest["counts"][split]):
-                raise ValueError(f"the {split} split has no texts ({self._describe_source()})")
+                raise DataError(f"the {split} split has no texts ({self._describe_source()})")
             records = Records(split_location(self.prepared, split))
             chosen = self._chosen() if split == "train" else None
             self.datasets[split] = records if chosen is None else Subset(records, chosen.tolist())
@@ -502,7 +503,11 @@ class TextClassificationDataModule(L.LightningDataModule):
         self.prepared  # noqa: B018 (prepares on first use)
 
     def setup(self, stage: str | None = None) -> None:
-        """Log the class counts of the splits, once."""
+        """Open the splits ``stage`` needs that hold texts (their shards checked: ``split_location``); log the class
+        counts of the splits, once."""
+        for split in stage_splits(stage):
+            if sum(self.manifest["counts"][split]):
+                self.dataset(split)
         if not self._logged_counts:
             self._logged_counts = True
             lines = [f"TextClassificationDataModule: {self.num_classes} classes ({self._describe_source()})"]

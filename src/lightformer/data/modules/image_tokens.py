@@ -18,6 +18,8 @@ construction, so LightningCLI links them into the GPT (``model.net``). The palet
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
 import numpy as np
 import torch
@@ -35,7 +37,9 @@ from lightformer.data.modules.images import (
 )
 from lightformer.data.objectives.augment import AugmentConfig
 from lightformer.data.objectives.pixels import PaletteConfig, PixelTokenizer, downsample
+from lightformer.data.preparation.caching import SameDataOnResume
 from lightformer.data.preparation.prepare import PrepareConfig
+from lightformer.errors import DataError
 
 SPLITS = ("train", "val", "test")
 
@@ -130,7 +134,7 @@ def check_palette(palette: PaletteConfig, info: ImageDatasetInfo) -> None:
         )
 
 
-class ImageTokenDataModule(L.LightningDataModule):
+class ImageTokenDataModule(SameDataOnResume, L.LightningDataModule):
     """Images as sequences of palette ids for Image GPT: batches (x, y), each ``(batch, image_size²)`` int64.
 
     Args:
@@ -233,6 +237,11 @@ class ImageTokenDataModule(L.LightningDataModule):
         in every process."""
         self.images_data.prepare_data()
 
+    @property
+    def prepared(self) -> Path | None:
+        """An image folder's prepared records (``ImageDataModule.prepared``); None for a built-in dataset."""
+        return self.images_data.prepared
+
     def _read_images(self) -> None:
         """Every split as uint8 images at the model's resolution and their labels, held in memory once (a built-in
         dataset's, which the loaders then slice)."""
@@ -265,7 +274,7 @@ class ImageTokenDataModule(L.LightningDataModule):
         self.images_data.setup()
         for split in SPLITS:
             if len(getattr(self.images_data, f"{split}_dataset")) == 0:
-                raise ValueError(
+                raise DataError(
                     f"ImageTokenDataModule: the {split} split of dataset={self.source.dataset!r} is empty; "
                     "change data.source.val_size / val_fraction or add images"
                 )

@@ -68,7 +68,7 @@ from lightformer.data.objectives.augment import (
     random_erasing,
     random_horizontal_flip,
 )
-from lightformer.data.preparation.caching import content_hash, file_stamp
+from lightformer.data.preparation.caching import SameDataOnResume, content_hash, file_stamp
 from lightformer.data.preparation.prepare import (
     MANIFEST,
     PrepareConfig,
@@ -86,7 +86,7 @@ from lightformer.data.raw.image_files import (
     read_image_folder_layout,
 )
 from lightformer.data.raw.sources import SPLITS
-from lightformer.errors import ConfigError
+from lightformer.errors import ConfigError, DataError
 
 DatasetName = Literal["fashion_mnist", "mnist", "cifar10", "digits", "image_folder"]
 
@@ -250,7 +250,7 @@ class ImageSource:
         if val_fraction is not None:
             return round(val_fraction * pool_size)
         if val_size >= pool_size:
-            raise ValueError(
+            raise DataError(
                 f"data.source.val_size={val_size} is invalid for {self.dataset}: the training pool it is carved from "
                 f"has {pool_size} images; give a count in [0, {pool_size}), or val_fraction in [0, 1)"
             )
@@ -314,7 +314,7 @@ def prepare_image_folder(
     else ``carve_splits`` of train/); returns the prepared folder, which records the carve in ``carve.json``.
 
     Every file is decoded in full while it is written; files that are not readable images are refused together in
-    one ConfigError naming them (the folder is left unfinished: the next run prepares it again).
+    one ConfigError naming them (nothing of the folder is left: ``prepare.prepared_folder``).
     """
     listed = {"train": class_folder_files(layout.train_dir, layout.class_names, require_every_class=True)}
     for split, directory in (("val", layout.val_dir), ("test", layout.test_dir)):
@@ -443,7 +443,7 @@ def image_loader(dataset: Dataset, loader: ImageLoaderConfig, seed: int, shuffle
     )
 
 
-class ImageDataModule(L.LightningDataModule):
+class ImageDataModule(SameDataOnResume, L.LightningDataModule):
     """Batches of images (batch, channels, image_size, image_size) and labels (batch,): uint8 from the loaders,
     normalised (and for training augmented) float32 once on the device.
 

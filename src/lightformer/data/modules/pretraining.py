@@ -50,7 +50,14 @@ from lightformer.data.objectives.masking import (
     span_corruption,
     span_corruption_lengths,
 )
-from lightformer.data.preparation.prepare import PrepareConfig, PreparedText, TokenizerConfig, prepare_text
+from lightformer.data.preparation.caching import SameDataOnResume
+from lightformer.data.preparation.prepare import (
+    PrepareConfig,
+    PreparedText,
+    TokenizerConfig,
+    check_test_split,
+    prepare_text,
+)
 from lightformer.data.preparation.tokenizers import (
     BOS_ID,
     EOS_ID,
@@ -61,6 +68,7 @@ from lightformer.data.preparation.tokenizers import (
     sentinel,
 )
 from lightformer.data.raw.sources import TextSource, stage_splits
+from lightformer.errors import DataError
 
 
 class _Segments(Dataset):
@@ -232,7 +240,7 @@ def collate_masked(items: list[dict[str, np.ndarray | int]]) -> dict[str, torch.
     return batch
 
 
-class _SegmentDataModule(L.LightningDataModule):
+class _SegmentDataModule(SameDataOnResume, L.LightningDataModule):
     """What both pretraining data modules share: the source prepared with <mask> and the sentinels, its segments,
     the loaders. Subclasses make the datasets (`_make_dataset`) and batches (`collate_fn`)."""
 
@@ -307,6 +315,7 @@ class _SegmentDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """Build the datasets that `stage` needs (all of them for None) over the prepared shards."""
+        check_test_split(stage, self.prepared)
         for split in stage_splits(stage):
             if split not in self.datasets and self.prepared.has(split):  # else built, or no such split
                 self.datasets[split] = self._make_dataset(self.prepared.split_dir(split), split)
@@ -314,7 +323,7 @@ class _SegmentDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         dataset = self._dataset("train")
         if len(dataset) < self.loader.batch_size:
-            raise ValueError(
+            raise DataError(
                 f"data: the train split has {len(dataset)} examples, fewer than data.loader.batch_size="
                 f"{self.loader.batch_size}: lower it or data.segment_tokens, or give more text"
             )
@@ -330,8 +339,6 @@ class _SegmentDataModule(L.LightningDataModule):
         return self._loader(dataset, evaluation_sampler(dataset), drop_last=False)
 
     def test_dataloader(self) -> DataLoader:
-        if not self.prepared.has("test"):
-            raise ValueError("data: there is no test split: set data.source.test_files, or test_fraction above 0")
         return self._loader(self._dataset("test"), evaluation_sampler(self._dataset("test")), drop_last=False)
 
     @property

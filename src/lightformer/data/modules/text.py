@@ -23,12 +23,20 @@ from lightformer.data.loading.streaming import (
     training_loader,
     validation_subset,
 )
-from lightformer.data.preparation.prepare import PrepareConfig, PreparedText, TokenizerConfig, prepare_text
+from lightformer.data.preparation.caching import SameDataOnResume
+from lightformer.data.preparation.prepare import (
+    PrepareConfig,
+    PreparedText,
+    TokenizerConfig,
+    check_test_split,
+    prepare_text,
+)
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw.sources import TextSource, stage_splits
+from lightformer.errors import DataError
 
 
-class TextDataModule(L.LightningDataModule):
+class TextDataModule(SameDataOnResume, L.LightningDataModule):
     """Character- or BPE-level next-token prediction: batches of (x, y), each (batch, block_size) int64.
 
     The source is prepared once (``data.prepare``: a tokenizer trained on a bounded sample, token shards written by
@@ -90,18 +98,37 @@ class TextDataModule(L.LightningDataModule):
         self.prepared  # noqa: B018 (prepares on first use)
 
     def setup(self, stage: str | None = None) -> None:
-        """Check that the splits ``stage`` needs hold a window each (all splits for None)."""
+        """Check that the splits ``stage`` needs hold a window each (all splits for None), and their shards are whole
+        (a missing or cut-short shard is named here, before training, not in a loader)."""
+        check_test_split(stage, self.prepared)
         for split in stage_splits(stage):
+            if self.prepared.has(split):
+                self.prepared.split_dir(split)
             tokens = self.prepared.num_tokens(split)
             if (split == "train" or self.prepared.has(split)) and tokens < self.block_size + 1:
-                raise ValueError(
+                raise DataError(
                     f"data: the {split} split has {tokens} tokens, fewer than block_size + 1 = {self.block_size + 1} "
                     f"for one window; lower data.block_size or give the {split} split more text"
                 )
 
     def train_dataloader(self):
+        self._check_one_batch()
         epoch = (lambda: self.trainer.fit_loop.epoch_progress.current.processed) if self.trainer else None
         return training_loader(self.prepared.split_dir("train"), self.block_size, self.loader, self.seed, epoch)
+
+    def _check_one_batch(self) -> None:
+        """Refuse a training split too short for one batch on every process, before the first step (Lightning would
+        end the fit at once, with a warning and success)."""
+        tokens, window = self.prepared.num_tokens("train"), self.block_size + 1
+        processes = self.trainer.world_size if self.trainer is not None else 1
+        per_process = tokens // window // processes
+        if per_process < self.loader.batch_size:
+            shared = f", {per_process} for each of {processes} processes" if processes > 1 else ""
+            raise DataError(
+                f"data: the train split has {tokens:,} tokens: {tokens // window} windows of block_size + 1 = {window} "
+                f"tokens{shared}, fewer than one batch of data.loader.batch_size={self.loader.batch_size}; lower the "
+                "batch size or data.block_size, or give more training text"
+            )
 
     def val_dataloader(self) -> DataLoader | list:
         if not self.prepared.has("val"):
@@ -113,8 +140,6 @@ class TextDataModule(L.LightningDataModule):
         return evaluation_loader(dataset, self.loader, evaluation_sampler(dataset))
 
     def test_dataloader(self) -> DataLoader:
-        if not self.prepared.has("test"):
-            raise ValueError("data: there is no test split: set data.source.test_files, or test_fraction above 0")
         dataset = self._evaluation("test")
         return evaluation_loader(dataset, self.loader, evaluation_sampler(dataset))
 

@@ -40,7 +40,7 @@ from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import ResumableDataLoader, TokenBudgetBatchSampler
 from lightformer.data.loading.sequences import collate_pairs
 from lightformer.data.loading.streaming import Records
-from lightformer.data.preparation.caching import file_stamp, preparing
+from lightformer.data.preparation.caching import SameDataOnResume, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
     MANIFEST,
     SAMPLE_BYTES,
@@ -70,6 +70,7 @@ from lightformer.data.raw.sources import (
     piece_lines,
     stage_splits,
 )
+from lightformer.errors import DataError
 from lightformer.files import as_list, atomic_open, expand_patterns, sha256_of
 
 # Bump when what a prepared folder holds changes meaning (extraction rules, split rule, record fields), so that
@@ -293,7 +294,7 @@ class PairBatches:
             raise ValueError(f"data.batches.num_workers={self.num_workers} must be at least 0")
 
 
-class TranslationDataModule(L.LightningDataModule):
+class TranslationDataModule(SameDataOnResume, L.LightningDataModule):
     """Sentence pairs for an encoder-decoder: batches {"src": (B, S), "tgt": (B, T), "src_text", "tgt_text"}.
 
     `src` is `encode(source) + [EOS]`; `tgt` is `[BOS] + encode(target) + [EOS]` (the task shifts it for teacher
@@ -398,7 +399,7 @@ class TranslationDataModule(L.LightningDataModule):
             self.setup({"train": "fit", "val": "validate", "test": "test"}[split])
         dataset = self.datasets[split]
         if len(dataset) == 0:
-            raise ValueError(f"the {split} split has no sentence pairs ({self._describe_source(split)})")
+            raise DataError(f"the {split} split has no sentence pairs ({self._describe_source(split)})")
         blocks = max(self.tokenizer_config.segmentations, 1) if split == "train" else 1
         loader = ResumableDataLoader if split == "train" else DataLoader  # a resumed run continues mid-epoch
         return loader(

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lightformer.errors import DataError
 from lightformer.files import atomic_write_bytes
 
 T = TypeVar("T")
@@ -66,3 +67,68 @@ def write_json(path: Path, value: object) -> None:
 def write_tokenizer(path: Path, tokenizer) -> None:
     """A tokenizer's JSON at ``path``, written atomically (a cache's ``save``)."""
     tokenizer.save(path)
+
+
+# --- the prepared data a checkpoint trained on ---------------------------------------------------------------------
+
+MANIFEST = "prepared.json"  # a prepared folder's fingerprint and what its preparation counted
+
+
+class SameDataOnResume:
+    """A data module (first base, before ``LightningDataModule``) whose ``prepared`` data (a folder, or an object
+    with its ``folder``) goes with every checkpoint: Lightning saves ``state_dict`` in it and hands it back to
+    ``load_state_dict`` when a run resumes, before the first step. Resuming against data prepared from other files or
+    settings is refused there, naming what changed: the run's position in the data (a shard, a sampler's place) means
+    nothing in other data. ``validate`` and ``test`` of a checkpoint on other data are not refused."""
+
+    def state_dict(self) -> dict:
+        identity = prepared_identity(self.prepared)
+        return {} if identity is None else {"prepared": identity}
+
+    def load_state_dict(self, state: dict) -> None:
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and trainer.state.fn == "fit" and "prepared" in state:
+            check_same_data(state["prepared"], prepared_identity(self.prepared))
+
+
+def prepared_identity(prepared: object) -> dict | None:
+    """What identifies a prepared folder: its name (its fingerprint's hash) and the fingerprint it was prepared from
+    (the source files with their sizes and times, or contents' hashes; the settings); None when nothing is prepared
+    (a built-in image dataset, held in memory)."""
+    folder = getattr(prepared, "folder", prepared)
+    if folder is None:
+        return None
+    manifest = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
+    return {"folder": Path(folder).name, "fingerprint": {k: v for k, v in manifest.items() if k != "created"}}
+
+
+def check_same_data(trained: dict, now: dict | None) -> None:
+    """Refuse to resume a run on data other than the one it trained on (``prepared_identity``), naming the source
+    files that changed, appeared or went, or else the settings, and the two ways forward."""
+    if now is None or trained.get("folder") == now["folder"]:
+        return
+    before, after = _file_stamps(trained.get("fingerprint")), _file_stamps(now["fingerprint"])
+    changes = [f"{path} changed (size or modification time)" for path in before.keys() & after.keys()
+               if before[path] != after[path]]  # fmt: skip
+    changes += [f"{path} is no longer among the sources" for path in sorted(before.keys() - after.keys())]
+    changes += [f"{path} is a new source" for path in sorted(after.keys() - before.keys())]
+    if not changes:
+        keys = sorted(key for key in {*trained.get("fingerprint", {}), *now["fingerprint"]}
+                      if trained.get("fingerprint", {}).get(key) != now["fingerprint"].get(key))  # fmt: skip
+        changes = [f"its {', '.join(keys) or 'preparation'} differ"]
+    raise DataError(
+        f"data: the data changed since the checkpoint was written ({'; '.join(changes[:5])}): it trained on the data "
+        f"prepared into {trained.get('folder')}, this config prepares {now['folder']}. Resume on the data it trained "
+        "on (restore those files and settings), or start a new run from its weights: give the checkpoint as "
+        "--model.init.checkpoint instead of --ckpt_path"
+    )
+
+
+def _file_stamps(fingerprint: object) -> dict[str, list]:
+    """The ``file_stamp``s found anywhere in a fingerprint, by path."""
+    if not isinstance(fingerprint, dict | list):
+        return {}
+    if isinstance(fingerprint, list) and len(fingerprint) == 3 and isinstance(fingerprint[0], str):
+        return {fingerprint[0]: fingerprint[1:]}
+    values = fingerprint.values() if isinstance(fingerprint, dict) else fingerprint
+    return {path: stamp for value in values for path, stamp in _file_stamps(value).items()}

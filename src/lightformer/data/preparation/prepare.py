@@ -32,7 +32,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import cached_property, lru_cache, partial
 from pathlib import Path
@@ -46,13 +46,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from litdata import TokensLoader, optimize
 from litdata.streaming.resolver import Dir
 
-from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
+from lightformer.data.preparation.caching import MANIFEST, content_hash, file_stamp, preparing
 from lightformer.data.preparation.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer, token_dtype
 from lightformer.data.raw.sources import SPLITS, Piece, TextSource, read_piece
+from lightformer.errors import DataError
 from lightformer.files import atomic_open, atomic_write_bytes, sha256_of
 
 FORMAT_VERSION = 1  # bump when what a prepared folder holds changes meaning
-MANIFEST = "prepared.json"
 TOKENIZER = "tokenizer.json"
 CHUNK_BYTES = "64MB"
 # A tokenizer trains on at most this many bytes of text by default, taken evenly from every piece of the corpus.
@@ -136,7 +136,7 @@ class PreparedText:
         try:
             self.manifest = json.loads(manifest.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise ValueError(f"{manifest} is corrupt ({error}): delete {self.folder} and prepare again") from None
+            raise DataError(f"{manifest} is corrupt ({error}): {_prepare_again(self.folder)}") from None
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
@@ -149,26 +149,14 @@ class PreparedText:
         return self.manifest["tokens"].get(split, 0)
 
     def split_dir(self, split: str) -> str | Dir:
-        """The split's LitData folder, its chunk files checked (a missing or cut-short shard is named here); for a
-        folder in an object store, the local mirror and the URL LitData downloads the shards from."""
-        location = split_location(self.folder, split, self.manifest)
-        if isinstance(location, Dir):
-            return location
-        folder = self.folder / split
-        try:
-            chunks = json.loads((folder / "index.json").read_text())["chunks"]
-        except (OSError, ValueError, KeyError) as error:
-            raise ValueError(f"{folder}/index.json is missing or corrupt ({error}): {self._again}") from None
-        for chunk in chunks:
-            path = folder / chunk["filename"]
-            if not path.is_file() or path.stat().st_size < chunk["chunk_bytes"]:
-                state = "missing" if not path.is_file() else f"cut short ({path.stat().st_size:,} bytes)"
-                raise ValueError(f"the shard {path} is {state}: {self._again}")
-        return str(folder)
+        """The split's LitData folder, its chunk files checked (``split_location``)."""
+        return split_location(self.folder, split, self.manifest)
 
-    @property
-    def _again(self) -> str:
-        return f"delete {self.folder} and prepare again (`lightformer prepare`, or any `fit`)"
+
+def check_test_split(stage: str | None, prepared: PreparedText) -> None:
+    """Refuse ``test`` of prepared text without a test split, at set-up: before a checkpoint is restored."""
+    if stage == "test" and not prepared.has("test"):
+        raise DataError("data: there is no test split: set data.source.test_files, or test_fraction above 0")
 
 
 def prepare_text(
@@ -215,16 +203,35 @@ def prepared_folder(prepare: PrepareConfig, stem: str, fingerprint: dict, build:
     """
     name = f"{stem}-{content_hash(fingerprint)}"
     if urlparse(prepare.dir).scheme in REMOTE_SCHEMES:
-        return _in_object_store(f"{prepare.dir.rstrip('/')}/{name}", Path(prepare.cache_dir) / name, fingerprint, build)
+        with _store_errors(prepare.dir):
+            url = f"{prepare.dir.rstrip('/')}/{name}"
+            return _in_object_store(url, Path(prepare.cache_dir) / name, fingerprint, build)
     return _local_folder(Path(prepare.dir) / name, fingerprint, build)
 
 
 def split_location(folder: Path, split: str, manifest: dict | None = None) -> str | Dir:
-    """Where LitData reads a prepared folder's split: the local folder, or, for a mirror of a folder in an object
-    store, the local folder (small files, downloaded shards) and the split's URL."""
+    """Where LitData reads a prepared folder's split: the local folder, its shards checked (a missing or cut-short
+    shard, a corrupt ``index.json``, is a DataError naming it: the data modules open their splits at set-up, so that
+    it is found before training, not in a loader worker); or, for a mirror of a folder in an object store, the local
+    folder (small files, downloaded shards) and the split's URL."""
     manifest = json.loads((folder / MANIFEST).read_text()) if manifest is None else manifest
-    local = str(folder / split)
-    return Dir(path=local, url=f"{manifest['url']}/{split}") if "url" in manifest else local
+    local = folder / split
+    if "url" in manifest:
+        return Dir(path=str(local), url=f"{manifest['url']}/{split}")
+    try:
+        chunks = json.loads((local / "index.json").read_text())["chunks"]
+    except (OSError, ValueError, KeyError) as error:
+        raise DataError(f"{local}/index.json is missing or corrupt ({error}): {_prepare_again(folder)}") from None
+    for chunk in chunks:
+        path = local / chunk["filename"]
+        if not path.is_file() or path.stat().st_size < chunk["chunk_bytes"]:
+            state = "missing" if not path.is_file() else f"cut short ({path.stat().st_size:,} bytes)"
+            raise DataError(f"the shard {path} is {state}: {_prepare_again(folder)}")
+    return str(local)
+
+
+def _prepare_again(folder: Path) -> str:
+    return f"delete {folder} and prepare again (`lightformer prepare`, or any `fit`)"
 
 
 def _local_folder(folder: Path, fingerprint: dict, build: Callable[[Path], dict]) -> Path:
@@ -233,10 +240,11 @@ def _local_folder(folder: Path, fingerprint: dict, build: Callable[[Path], dict]
     folder.parent.mkdir(parents=True, exist_ok=True)
     with _lock(folder), _random_state_kept():
         if not _prepared_here(folder):  # prepared by another process while this one waited?
-            shutil.rmtree(folder, ignore_errors=True)  # half-written, or a mirror of a store that lost the folder
-            folder.mkdir(parents=True)
-            manifest = {**fingerprint, **build(folder), "created": time.time()}
-            atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
+            with _removed_on_failure(folder):
+                shutil.rmtree(folder, ignore_errors=True)  # half-written, or a mirror of a store that lost the folder
+                folder.mkdir(parents=True)
+                manifest = {**fingerprint, **build(folder), "created": time.time()}
+                atomic_write_bytes(folder / MANIFEST, json.dumps(manifest, indent=1).encode())
     return folder
 
 
@@ -258,16 +266,50 @@ def _in_object_store(url: str, local: Path, fingerprint: dict, build: Callable[[
     local.parent.mkdir(parents=True, exist_ok=True)
     with _lock(local):
         if not _holds(local, url):
-            shutil.rmtree(local, ignore_errors=True)
-            local.mkdir(parents=True)
-            store.download_file(f"{url}/{MANIFEST}", str(local / f".{MANIFEST}"))
-            manifest = json.loads((local / f".{MANIFEST}").read_text())
-            for name in manifest["small_files"]:
-                (local / name).parent.mkdir(parents=True, exist_ok=True)
-                store.download_file(f"{url}/{name}", str(local / name))
-            atomic_write_bytes(local / MANIFEST, json.dumps({**manifest, "url": url}, indent=1).encode())
-            (local / f".{MANIFEST}").unlink()
+            with _removed_on_failure(local):
+                shutil.rmtree(local, ignore_errors=True)
+                local.mkdir(parents=True)
+                store.download_file(f"{url}/{MANIFEST}", str(local / f".{MANIFEST}"))
+                manifest = json.loads((local / f".{MANIFEST}").read_text())
+                for name in manifest["small_files"]:
+                    (local / name).parent.mkdir(parents=True, exist_ok=True)
+                    store.download_file(f"{url}/{name}", str(local / name))
+                atomic_write_bytes(local / MANIFEST, json.dumps({**manifest, "url": url}, indent=1).encode())
+                (local / f".{MANIFEST}").unlink()
     return local
+
+
+# Where a store's client finds credentials, by the store's scheme (r2: LitData's R2 client is an S3 client).
+_CREDENTIALS = {
+    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE and ~/.aws/credentials; AWS_ENDPOINT_URL for an "
+    "S3-compatible store",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS, or `gcloud auth application-default login`",
+}
+_CREDENTIALS["r2"] = _CREDENTIALS["s3"]
+
+
+@contextmanager
+def _store_errors(store_dir: str) -> Iterator[None]:
+    """What the store's client raises (no credentials, access denied, no such bucket, no connection) as a DataError
+    naming ``data.prepare.dir``, the bucket, and what to give: credentials, or a local folder."""
+    errors: list[type[BaseException]] = []
+    with suppress(ImportError):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        errors += [BotoCoreError, ClientError]
+    with suppress(ImportError):
+        from google.api_core.exceptions import GoogleAPIError
+        from google.auth.exceptions import GoogleAuthError
+
+        errors += [GoogleAPIError, GoogleAuthError]
+    try:
+        yield
+    except tuple(errors) as error:
+        where = urlparse(store_dir)
+        raise DataError(
+            f"data.prepare.dir={store_dir!r}: the bucket {where.netloc} cannot be used ({error}): give credentials "
+            f"that may read and write it ({_CREDENTIALS[where.scheme]}), or a local folder as data.prepare.dir"
+        ) from None
 
 
 def _upload(folder: Path, url: str, store) -> None:
@@ -421,7 +463,8 @@ def _prepare_text(
     if not pieces["train"]:
         names = ", ".join(str(p) for p in files["train"])
         raise ValueError(f"data.source: the training text is empty ({names}); give files that hold text")
-    tokenizer = _tokenizer(config, pieces, source.text_field, extra_special_tokens)
+    tokenizer = _tokenizer(config, pieces, source.text_field, extra_special_tokens)  # reading: UTF-8 errors first
+    source.check_held_out(files, pieces)
     tokenizer.save(folder / TOKENIZER)
     encode = partial(encode_piece, tokenizer_json=tokenizer.to_str(), text_field=source.text_field)
     tokens = {}
@@ -522,6 +565,19 @@ def _lock(folder: Path):
         yield
     finally:
         lock.release()
+
+
+@contextmanager
+def _removed_on_failure(folder: Path):
+    """Inside ``_lock(folder)``: when the block fails (bad data, a full disk, an interrupt), ``folder`` and its lock
+    file are removed, so that a refused preparation leaves nothing behind. The lock file goes while it is held: a
+    process waiting on it finds it unlinked and takes a new one (filelock checks for that)."""
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        Path(f"{folder}.lock").unlink(missing_ok=True)
+        raise
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 from torchvision.transforms import v2
 
+from lightformer.errors import DataError
 from lightformer.files import atomic_write_bytes
 
 
@@ -30,8 +31,8 @@ def load_image(path: str | Path | BinaryIO, in_channels: int = 3, image_size: in
     16-bit greyscale keeps its 8 most significant bits (PIL's own conversion would clip it at 255). 32-bit
     integer or float pixels (PIL modes "I", "F") have no standard range and are refused. With `image_size`,
     the image is resized to image_size × image_size (aspect ratio not kept), as `ImageDataModule` does.
-    Raises FileNotFoundError or ValueError naming the file when it is missing, not a readable image, or of
-    such a mode.
+    Raises FileNotFoundError, or DataError (a ValueError) naming the file when it is missing, not a readable image,
+    or of such a mode.
     """
     modes = {1: "L", 3: "RGB"}
     if in_channels not in modes:
@@ -43,7 +44,7 @@ def load_image(path: str | Path | BinaryIO, in_channels: int = 3, image_size: in
             if image.mode.startswith("I;16"):
                 image = Image.fromarray((np.asarray(image) >> 8).astype(np.uint8))
             elif image.mode in ("I", "F"):
-                raise ValueError(
+                raise DataError(
                     f"{path} has 32-bit {'integer' if image.mode == 'I' else 'float'} pixels (PIL mode "
                     f"{image.mode!r}), which have no standard 8-bit range; save it with 8-bit channels (greyscale "
                     f"or RGB, also with alpha) or as 16-bit greyscale"
@@ -52,7 +53,9 @@ def load_image(path: str | Path | BinaryIO, in_channels: int = 3, image_size: in
     except FileNotFoundError:
         raise FileNotFoundError(f"Image file not found: {path}") from None
     except (UnidentifiedImageError, OSError) as error:
-        raise ValueError(f"{path} is not a readable image file ({error})") from error
+        raise DataError(
+            f"{path} is not a readable image file ({error}): give PNG, JPEG or another image file that PIL reads"
+        ) from error
     if image_size is not None:
         image = v2.functional.resize(image, [image_size, image_size], antialias=True)
     return image
@@ -102,7 +105,7 @@ def read_image_folder_layout(image_folder: str | None) -> ImageFolderLayout:
     train_dir = folder / "train" if has_split_dirs else folder
     class_names = class_folder_names(train_dir)
     if not class_names:
-        raise ValueError(f"image_folder: {train_dir} has no class subfolders; expected {expected}")
+        raise DataError(f"data.source.image_folder: {train_dir} has no class subfolders; expected {expected}")
     split_dirs = {}
     for split in ("val", "test"):
         split_dir = folder / split
@@ -111,8 +114,8 @@ def read_image_folder_layout(image_folder: str | None) -> ImageFolderLayout:
             continue
         unknown = sorted(set(class_folder_names(split_dir)) - set(class_names))
         if unknown:
-            raise ValueError(
-                f"image_folder: {split_dir} has class folders {unknown} that {train_dir} lacks; "
+            raise DataError(
+                f"data.source.image_folder: {split_dir} has class folders {unknown} that {train_dir} lacks; "
                 f"the training classes are {class_names}"
             )
         split_dirs[split] = split_dir
@@ -126,11 +129,14 @@ def class_folder_files(directory: Path, class_names: list[str], require_every_cl
     samples = make_dataset(str(directory), class_to_index, extensions=IMG_EXTENSIONS, allow_empty=True)
     if not samples:
         extensions = ", ".join(IMG_EXTENSIONS)
-        raise ValueError(f"image_folder: no image files ({extensions}) found in {directory}")
+        raise DataError(
+            f"data.source.image_folder: no image files ({extensions}) in {directory}: put each class's images in a "
+            "subfolder named after the class"
+        )
     found = {label for _, label in samples}
     empty = [name for name in class_names if class_to_index[name] not in found]
     if require_every_class and empty:
-        raise ValueError(f"image_folder: class folders without image files in {directory}: {empty}")
+        raise DataError(f"data.source.image_folder: class folders without image files in {directory}: {empty}")
     return samples
 
 

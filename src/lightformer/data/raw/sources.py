@@ -28,7 +28,8 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Literal, get_args
 
-from lightformer.files import expand_patterns
+from lightformer.errors import DataError
+from lightformer.files import expand_patterns, not_utf8
 
 Format = Literal["text", "jsonl", "parquet"]
 Split = Literal["end", "each_file"]
@@ -107,7 +108,7 @@ def parquet_rows(path: Path) -> int:
     try:
         return pq.ParquetFile(path).metadata.num_rows
     except Exception as error:  # pyarrow raises ArrowInvalid and OSError for a file that is not Parquet
-        raise ValueError(f"{path} is not a readable Parquet file: {error}") from None
+        raise DataError(f"{path} is not a readable Parquet file: {error}") from None
 
 
 def align(span: FileSpan, position: int) -> int:
@@ -212,10 +213,7 @@ def _decode(data: bytes, path: str, offset: int) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise ValueError(
-            f"{path} is not UTF-8 text: byte 0x{data[error.start]:02x} at byte offset {offset + error.start} "
-            f"({error.reason}); convert it, e.g. `iconv -f latin1 -t utf-8`"
-        ) from None
+        raise not_utf8(path, data, error, offset) from None
 
 
 def _last_character_start(data: bytes) -> int:
@@ -239,7 +237,7 @@ def line_pieces(path: Path, piece_bytes: int | None = None) -> list[Piece]:
 def piece_lines(piece: Piece, what: str, limit: int | None = None) -> list[str]:
     """The lines of a piece of a UTF-8 file, split on "\\n" only, "\\r" dropped, a file's byte-order mark dropped.
     ``limit``: read about this many bytes at most, whole lines (a sample). A piece that is not UTF-8 raises
-    ValueError naming ``what`` (the option), the file, the byte, its offset and its line."""
+    DataError naming ``what`` (the option), the file, the byte, its offset and its line."""
     end = piece.end if limit is None else min(piece.end, piece.start + limit)
     with open(piece.path, "rb") as f:
         f.seek(piece.start)
@@ -250,10 +248,7 @@ def piece_lines(piece: Piece, what: str, limit: int | None = None) -> list[str]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = first_line(piece) + data.count(b"\n", 0, error.start)
-        raise ValueError(
-            f"{what}: {piece.path} is not UTF-8 text: byte 0x{data[error.start]:02x} at byte offset "
-            f"{piece.start + error.start} (line {line}: {error.reason}); convert it, e.g. `iconv -f latin1 -t utf-8`"
-        ) from None
+        raise not_utf8(piece.path, data, error, piece.start, line, what) from None
     lines = (text.removeprefix("\ufeff") if piece.start == 0 else text).split("\n")
     if lines[-1] == "":
         lines.pop()  # the final newline ends the last line; it does not start another
@@ -322,25 +317,42 @@ def _record_text(line: str, text_field: str, path: str, offset: int) -> str:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: the line at byte offset {offset} is not JSON: {error}") from None
-    value = record.get(text_field) if isinstance(record, dict) else None
-    if not isinstance(value, str):
+        raise DataError(f"{path}: the line at byte offset {offset} is not JSON: {error}") from None
+    if isinstance(record, dict) and text_field in record and not isinstance(record[text_field], str):
+        found = _JSON_KINDS.get(type(record[text_field]), type(record[text_field]).__name__)
+        raise DataError(
+            f"{path}: the record at byte offset {offset} has {found} in its text field {text_field!r}, not a string; "
+            f"set data.source.text_field to the field that holds the text (its fields: {sorted(record)})"
+        )
+    if not isinstance(record, dict) or text_field not in record:
         found = f"fields {sorted(record)}" if isinstance(record, dict) else f"a {type(record).__name__}"
-        raise ValueError(
+        raise DataError(
             f"{path}: the record at byte offset {offset} has no text field {text_field!r} (found {found}); set "
             "data.source.text_field to the field that holds the text"
         )
-    return value
+    return record[text_field]
+
+
+_JSON_KINDS = {int: "a number", float: "a number", bool: "true or false", list: "a list", dict: "an object",
+               type(None): "null"}  # fmt: skip
 
 
 def _parquet_texts(piece: Piece, text_field: str, limit: int | None) -> Iterator[str]:
     import pyarrow.parquet as pq
 
     parquet = pq.ParquetFile(piece.path)
-    if text_field not in parquet.schema_arrow.names:
-        raise ValueError(
-            f"{piece.path} has no column {text_field!r} (its columns: {parquet.schema_arrow.names}); set "
+    schema = parquet.schema_arrow
+    if text_field not in schema.names:
+        raise DataError(
+            f"{piece.path} has no column {text_field!r} (its columns: {schema.names}); set "
             "data.source.text_field to the column that holds the text"
+        )
+    kind = schema.field(text_field).type
+    if not _is_string(kind):
+        columns = ", ".join(f"{column.name}: {column.type}" for column in schema)
+        raise DataError(
+            f"{piece.path}: the column {text_field!r} holds {kind} values, but the text must be strings; set "
+            f"data.source.text_field to a column of strings (its columns: {columns})"
         )
     row, read = 0, 0
     for batch in parquet.iter_batches(batch_size=1024, columns=[text_field]):
@@ -359,6 +371,15 @@ def _parquet_texts(piece: Piece, text_field: str, limit: int | None) -> Iterator
                 return
         if row >= piece.end:
             return
+
+
+def _is_string(kind) -> bool:
+    """Whether a Parquet column of Arrow type ``kind`` holds strings (also dictionary-encoded ones)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
 
 
 @dataclass(frozen=True)
@@ -440,3 +461,16 @@ class TextSource:
         files = files or self.files()
         fractions = (self.val_fraction, self.test_fraction)
         return split_pieces(files["train"], files, *fractions, piece_bytes or PIECE_BYTES, self.split)
+
+    def check_held_out(self, files: dict[str, list[Path]], pieces: dict[str, list[Piece]]) -> None:
+        """Refuse a ``val_fraction`` or ``test_fraction`` that left its split empty (``pieces`` of ``files``): the
+        text is cut only between lines (or records), and a short text has too few."""
+        for split, fraction in (("val", self.val_fraction), ("test", self.test_fraction)):
+            if fraction > 0 and not files[split] and not pieces[split]:
+                unit = "line breaks" if all(format_of(path) == "text" for path in files["train"]) else "records"
+                raise DataError(
+                    f"data.source.{split}_fraction={fraction} gives an empty {split} split: the training text is cut "
+                    f"only between {unit}, and {', '.join(str(path) for path in files['train'])} has too few for "
+                    f"{fraction:.0%} of it; give more text, the split's own files (data.source.{split}_files), or "
+                    f"data.source.{split}_fraction=0 for no {split} split"
+                )
