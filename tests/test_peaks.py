@@ -144,3 +144,11 @@ def test_precision_auto_in_fit_is_said_stored_in_the_run_and_kept_on_resume(tmp_
         main(["fit", *args, "--trainer.max_steps=4", f"--ckpt_path={last}"])
     assert "precision: auto → 32-true (the precision the resumed run trained in)" in caplog.text
     assert torch.load(last, weights_only=True)["global_step"] == 4
+
+
+def test_measuring_a_peak_leaves_the_global_random_state_alone():
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    peaks.matmul_rate(64, torch.float32, torch.device("cpu"), seconds=0.01)
+    assert torch.equal(torch.rand(3), expected)  # a run's initialisation and dropout draw what they would have

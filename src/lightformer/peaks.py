@@ -97,7 +97,8 @@ def measured_flops(device: torch.device, dtype: torch.dtype, seconds: float = 0.
 
 def matmul_rate(n: int, dtype: torch.dtype, device: torch.device, seconds: float) -> float:
     """FLOP/s of ``n × n`` by ``n × n`` products at ``dtype`` on ``device``, repeated ``seconds`` after a warm-up."""
-    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    generator = torch.Generator(device).manual_seed(0)  # the run's own random numbers are left as they were
+    a, b = (torch.randn(n, n, device=device, generator=generator).to(dtype) for _ in range(2))
     for _ in range(2):
         a @ b
     _synchronize(device)
