@@ -126,7 +126,7 @@ class DenoisingTask(TranslationTask):
             src, tgt, self._sentinel_tensor(), self.tgt_tokenizer.eos_id
         )
         logits, encoder_logits = self(src, tgt[:, :-1], at_sentinels)
-        loss, _ = self._target_loss(logits, tgt)
+        loss = self._target_loss(logits, tgt)
         encoder_loss = F.cross_entropy(encoder_logits.float()[span_of], span_tokens)
         self.log_train({"train/loss": loss, "train/encoder_loss": encoder_loss})
         return loss + weight * encoder_loss

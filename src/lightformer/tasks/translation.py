@@ -133,18 +133,21 @@ class TranslationTask(Task):
     # --- training and evaluation ---------------------------------------------------------------------------
 
     def _loss(self, batch: Batch) -> tuple[Tensor, int]:
-        return self._target_loss(self(batch["src"], batch["tgt"][:, :-1]), batch["tgt"])
+        """The teacher-forced loss of ``batch`` (compiled with the model when ``compile``) and its target tokens."""
+        loss = self.compiled(self._teacher_forced_loss)(batch["src"], batch["tgt"])
+        return loss, int((batch["tgt"][:, 1:] != self.pad_id).sum())
 
-    def _target_loss(self, logits: Tensor, tgt: Tensor) -> tuple[Tensor, int]:
-        """Cross-entropy of the teacher-forced ``logits`` against ``tgt[:, 1:]``, and its number of target tokens."""
-        target = tgt[:, 1:]
-        loss = F.cross_entropy(
+    def _teacher_forced_loss(self, src: Tensor, tgt: Tensor) -> Tensor:
+        return self._target_loss(self.model(src, tgt[:, :-1]), tgt)
+
+    def _target_loss(self, logits: Tensor, tgt: Tensor) -> Tensor:
+        """Cross-entropy of the teacher-forced ``logits`` against ``tgt[:, 1:]``, label-smoothed, per target token."""
+        return F.cross_entropy(
             logits.flatten(0, 1).float(),
-            target.flatten(),
+            tgt[:, 1:].flatten(),
             ignore_index=self.pad_id,
             label_smoothing=self.hparams.label_smoothing,
         )
-        return loss, int((target != self.pad_id).sum())
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss, _ = self._loss(batch)
