@@ -26,6 +26,7 @@ from torch import Tensor
 from lightformer.commands import load_task
 from lightformer.data import TextClassificationDataModule
 from lightformer.models.bert import BertEncoder
+from lightformer.tasks import MaskedLanguageModelTask
 
 
 def layer_features(encoder: BertEncoder, loader) -> tuple[list[Tensor], Tensor]:
@@ -73,7 +74,7 @@ def measure(ckpt_path: str, data_args: dict, seed: int = 0) -> dict[str, list[fl
     """``{"pretrained": [...], "random": [...]}``: probe accuracy per layer of the checkpoint's encoder and of a
     freshly initialised one of the same shape. ``data_args`` are TextClassificationDataModule arguments (its groups as
     plain dicts, as a config's data section holds them)."""
-    task = load_task(ckpt_path, "MaskedLanguageModelTask", "bert_feature_probe")
+    task = load_task(ckpt_path, MaskedLanguageModelTask, "bert_feature_probe")
     with tempfile.TemporaryDirectory() as folder:
         tokenizer_file = str(Path(folder) / "tokenizer.json")
         task.tokenizer.save(tokenizer_file)

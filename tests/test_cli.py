@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lightformer.cli import CHECKPOINT_COMMANDS, TRAINER_COMMANDS, main
+from lightformer.cli import TRAINER_COMMANDS, checkpoint_commands, main
 from lightformer.progress import ProgressBar
 from tiny_runs import task_args
 
@@ -22,7 +22,7 @@ def test_help_lists_every_command_with_a_line_each(capsys):
     assert shown.startswith("usage: lightformer <command>")
     for command in NINE:
         assert f"\n  {command} " in shown, command
-    assert set(NINE) <= set(TRAINER_COMMANDS) | set(CHECKPOINT_COMMANDS)
+    assert set(NINE) <= set(TRAINER_COMMANDS) | set(checkpoint_commands())
     main([])  # no command: the same help
     assert capsys.readouterr().out == shown
 

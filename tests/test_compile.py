@@ -51,9 +51,12 @@ def classification(generator, b, s, t):
     return {"ids": tokens(generator, b, s), "labels": torch.randint(0, 3, (b,), generator=generator)}
 
 
+class SentinelDenoisingTask(DenoisingTask):
+    tgt_tokenizer = SentinelTokenizer()  # in place of the data's: the ids the batches use
+
+
 def t5_task():
-    task = DenoisingTask(net=SEQ2SEQ, compile=True, encoder_loss_weight=1.0)  # the encoder's loss: T5's config
-    task.tgt_tokenizer = SentinelTokenizer()
+    task = SentinelDenoisingTask(net=SEQ2SEQ, compile=True, encoder_loss_weight=1.0)  # the encoder's loss: T5's
     task._sentinel_tensor = lambda: torch.tensor(SENTINELS)
     return task
 

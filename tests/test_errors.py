@@ -1,8 +1,6 @@
 """Bad config and bad data fail early, with a message that names the offending field, file or value and says
 what would be valid. One test per kind of error (issue "Reliability"); each runs in a few seconds on tiny data."""
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
@@ -19,6 +17,7 @@ from lightformer.data.raw.sources import TextSource
 from lightformer.models import GPT, EncoderDecoderConfig, GPTConfig, VisionTransformer, ViTConfig
 from lightformer.nn import MultiHeadAttention
 from lightformer.tasks import LanguageModelTask, TranslationTask
+from tiny_runs import FactsOnly, with_data
 
 TINY_LM = dict(n_layers=1, n_heads=2, d_model=16)
 TINY_TRANSLATOR = dict(n_encoder_layers=1, n_decoder_layers=1, d_model=16, n_heads=2, d_ff=32)
@@ -31,12 +30,6 @@ def lm(**net) -> LanguageModelTask:
 
 def translator(**net) -> TranslationTask:
     return TranslationTask(net=EncoderDecoderConfig(**(TINY_TRANSLATOR | net)))
-
-
-def with_data(task, datamodule):
-    """Attach a data module the way `Trainer.fit(task, datamodule=...)` does, as far as `setup` can see."""
-    task._trainer = SimpleNamespace(datamodule=datamodule)
-    return task
 
 
 def write_pairs(path, n: int = 30, words: int = 3):
@@ -102,8 +95,8 @@ def test_3_sequences_longer_than_the_position_table(tmp_path):
     with pytest.raises(ValueError, match="sequence of 9 tokens is longer than block_size=8"):
         gpt(torch.zeros(1, 9, dtype=torch.long))
 
-    task = with_data(lm(vocab_size=10, block_size=8), SimpleNamespace(block_size=16))
-    with pytest.raises(ValueError, match=r"data\.block_size=16 is larger than model\.net\.block_size=8"):
+    task = with_data(lm(vocab_size=10, block_size=8), FactsOnly(max_length=16))
+    with pytest.raises(ValueError, match=r"the data gives block_size=16 but the model has model\.net\.block_size=8"):
         task.setup("fit")
 
     # Byte-level BPE without merges: "w0x0 w0x1 w0x2 w0x3" + EOS is 20 source tokens.
@@ -111,9 +104,10 @@ def test_3_sequences_longer_than_the_position_table(tmp_path):
         tmp_path, write_pairs(tmp_path / "long.tsv", words=4), PairBatches(max_sentence_tokens=32)
     )
     datamodule.setup("fit")
-    sizes = dict(src_vocab_size=datamodule.src_vocab_size, tgt_vocab_size=datamodule.tgt_vocab_size)
+    facts = datamodule.data_facts()
+    sizes = dict(src_vocab_size=facts.src_vocab_size, tgt_vocab_size=facts.tgt_vocab_size)
     task = with_data(translator(**sizes, max_len=8), datamodule)
-    with pytest.raises(ValueError, match=r"max_sentence_tokens=32\) but model\.net\.max_len=8") as error:
+    with pytest.raises(ValueError, match=r"max_sentence_tokens\) but model\.net\.max_len=8") as error:
         task.setup("fit")
     assert "set data.batches.max_sentence_tokens <= 8" in str(error.value)
     with_data(translator(**sizes, max_len=32), datamodule).setup("fit")  # fits: no error
@@ -130,13 +124,14 @@ def test_4_image_size_must_be_a_multiple_of_the_patch_size():
 
 def test_5_vocabulary_smaller_than_the_tokenizer():
     tokenizer = Tokenizer.train_char(["abcdefghijklmnop"])  # 4 special + 16 characters
-    task = with_data(lm(vocab_size=5, block_size=8), SimpleNamespace(tokenizer=tokenizer))
-    with pytest.raises(ValueError, match=r"the tokenizer has 20 tokens but model\.net\.vocab_size=5"):
+    task = with_data(lm(vocab_size=5, block_size=8), FactsOnly(tokenizer=tokenizer.to_str(), vocab_size=20))
+    with pytest.raises(ValueError, match=r"the data gives vocab_size=20 but the model has model\.net\.vocab_size=5"):
         task.setup("fit")
 
-    data = SimpleNamespace(src_tokenizer=tokenizer, tgt_tokenizer=tokenizer)
+    text = tokenizer.to_str()
+    data = FactsOnly(src_tokenizer=text, tgt_tokenizer=text, src_vocab_size=20, tgt_vocab_size=20)
     task = with_data(translator(src_vocab_size=10, tgt_vocab_size=10), data)
-    with pytest.raises(ValueError, match=r"src tokenizer has 20 tokens but model\.net\.src_vocab_size=10"):
+    with pytest.raises(ValueError, match=r"gives src_vocab_size=20 but the model has model\.net\.src_vocab_size=10"):
         task.setup("fit")
 
 
@@ -245,39 +240,39 @@ def re_tuple(shape: tuple[int, ...]) -> str:
 
 def test_11_tokenizer_that_does_not_match_the_checkpoint(tmp_path):
     trained_with, other = Tokenizer.train_char(["abcdef"]), Tokenizer.train_char(["abcxyz"])  # same size, ids differ
-    task = lm(vocab_size=12, block_size=8)
-    task.tokenizer = trained_with
+    facts = {"tokenizer": trained_with.to_str(), "vocab_size": 10}
+    task = LanguageModelTask(net=GPTConfig(block_size=8, **TINY_LM), data_facts=facts)
     checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams)}
-    task.on_save_checkpoint(checkpoint)
     path = tmp_path / "lm.ckpt"
     torch.save(checkpoint | {"pytorch-lightning_version": "2.6.6"}, path)
+    other_data = FactsOnly(tokenizer=other.to_str(), vocab_size=10, max_length=8)
 
     # A checkpoint loaded, then trained or evaluated on other data.
-    loaded = with_data(LanguageModelTask.load_from_checkpoint(path), SimpleNamespace(tokenizer=other))
-    with pytest.raises(ValueError, match="tokenizer differs from the one saved in the checkpoint") as error:
+    loaded = with_data(LanguageModelTask.load_from_checkpoint(path), other_data)
+    with pytest.raises(ValueError, match="the data differs from what the checkpoint's model was trained with") as error:
         loaded.setup("fit")
     assert "id 7 is 'd' in the first, 'x' in the second" in str(error.value)
     assert "tokenizer.file" in str(error.value)
-    # `fit --ckpt_path`: the data module's tokenizer comes first (setup), the checkpoint's after.
-    resumed = with_data(lm(vocab_size=12, block_size=8), SimpleNamespace(tokenizer=other))
+    # `Trainer.fit(task, ckpt_path=...)` of a task built without facts: the data's come first (setup), the
+    # checkpoint's after.
+    resumed = with_data(lm(vocab_size=12, block_size=8), other_data)
     resumed.setup("fit")
-    with pytest.raises(ValueError, match="tokenizer differs from the one saved in the checkpoint"):
+    with pytest.raises(ValueError, match="tokenizer: char tokenizer of 10 tokens vs char tokenizer of 10 tokens"):
         resumed.on_load_checkpoint(checkpoint)
     # The same tokenizer (rebuilt from the same text) is accepted.
-    same = SimpleNamespace(tokenizer=Tokenizer.train_char(["abcdef"]))
+    same = FactsOnly(tokenizer=Tokenizer.train_char(["abcdef"]).to_str(), vocab_size=10, max_length=8)
     with_data(LanguageModelTask.load_from_checkpoint(path), same).setup("fit")
 
+    text, other_text = trained_with.to_str(), other.to_str()
     trained = translator(src_vocab_size=12, tgt_vocab_size=12)
-    trained.src_tokenizer = trained.tgt_tokenizer = trained_with
-    checkpoint = {}
-    trained.on_save_checkpoint(checkpoint)
-    resumed = with_data(
-        translator(src_vocab_size=12, tgt_vocab_size=12),
-        SimpleNamespace(src_tokenizer=trained_with, tgt_tokenizer=other),
-    )
+    data = dict(src_vocab_size=10, tgt_vocab_size=10)
+    with_data(trained, FactsOnly(src_tokenizer=text, tgt_tokenizer=text, **data)).setup("fit")
+    checkpoint = {"hyper_parameters": dict(trained.hparams)}
+    resumed = with_data(translator(src_vocab_size=12, tgt_vocab_size=12),
+                        FactsOnly(src_tokenizer=text, tgt_tokenizer=other_text, **data))  # fmt: skip
     resumed.setup("fit")
-    with pytest.raises(ValueError, match="data module's tgt tokenizer differs from the one saved in the checkpoint"):
+    with pytest.raises(ValueError, match="tgt_tokenizer: char tokenizer of 10 tokens vs"):
         resumed.on_load_checkpoint(checkpoint)
-    trained._trainer = SimpleNamespace(datamodule=SimpleNamespace(src_tokenizer=other, tgt_tokenizer=other))
-    with pytest.raises(ValueError, match="data module's src tokenizer differs"):
+    with_data(trained, FactsOnly(src_tokenizer=other_text, tgt_tokenizer=other_text, **data))
+    with pytest.raises(ValueError, match=r"\(the checkpoint's model vs the data: src_tokenizer: .*; tgt_tokenizer: "):
         trained.setup("test")

@@ -4,7 +4,6 @@ a tiny digits run through the CLI (bits/dim, TensorBoard images), and the sample
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,28 +11,36 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torchvision.transforms.v2.functional import pil_to_tensor
 
+from lightformer.checkpoints import CheckpointError
 from lightformer.cli import cli_main
-from lightformer.commands import probe, sample_images
 from lightformer.data.modules import image_tokens
 from lightformer.data.modules.image_tokens import ImageTokenDataModule
 from lightformer.data.modules.images import CARVE, ImageLoaderConfig, ImageSource
 from lightformer.data.objectives.pixels import PaletteConfig, PixelTokenizer
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.raw.image_files import load_image
+from lightformer.facts import DataFacts
 from lightformer.models.gpt import GPTConfig
-from lightformer.tasks.image_gpt import ImageGPTTask, bits_per_dim, completion_rows
+from lightformer.tasks.image_gpt import ImageGPTTask, bits_per_dim, completion_rows, probe, sample_images
 from lightformer.tensorboard import image_grid
+from tiny_runs import FactsOnly, with_data
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "igpt" / "digits.yaml"
 
 
+def palette_facts(tokenizer: PixelTokenizer) -> dict:
+    """The facts an ``ImageTokenDataModule`` with this palette states."""
+    return dict(palette=tokenizer.to_dict(), vocab_size=tokenizer.vocab_size, max_length=tokenizer.sequence_length)
+
+
 def tiny_task(tokenizer: PixelTokenizer, **options) -> ImageGPTTask:
     torch.manual_seed(0)
-    net = GPTConfig(
-        vocab_size=tokenizer.vocab_size, block_size=tokenizer.sequence_length, n_layers=2, n_heads=2, d_model=32
+    net = GPTConfig(n_layers=2, n_heads=2, d_model=32)
+    task = ImageGPTTask(net=net, data_facts=DataFacts(**palette_facts(tokenizer)), **options)
+    assert (task.model.config.vocab_size, task.model.config.block_size) == (
+        tokenizer.vocab_size,
+        tokenizer.sequence_length,
     )
-    task = ImageGPTTask(net=net, **options)
-    task.pixel_tokenizer = tokenizer
     return task
 
 
@@ -53,7 +60,9 @@ def digits() -> ImageTokenDataModule:
 
 def test_batches_are_start_then_the_pixels_before_each_target(digits):
     tokenizer = digits.pixel_tokenizer
-    assert (digits.vocab_size, digits.block_size, tokenizer.start_id) == (7, 64, 6)
+    facts = digits.data_facts()
+    assert (facts.vocab_size, digits.block_size, tokenizer.start_id) == (7, 64, 6)
+    assert facts == DataFacts(**palette_facts(tokenizer)) and facts.max_length == 64
     x, y = next(iter(digits.val_dataloader()))  # evaluation: the split's order
     assert x.shape == y.shape == (16, 64) and x.dtype == y.dtype == torch.long
     assert (x[:, 0] == tokenizer.start_id).all()
@@ -71,7 +80,7 @@ def test_palette_is_fitted_on_training_pixels_and_downsampling_is_area_averaging
     data = ImageTokenDataModule(
         source=ImageSource(dataset="digits"), palette=PaletteConfig(kind="uniform", levels=4), image_size=4
     )
-    assert (data.block_size, data.vocab_size) == (16, 5)
+    assert (data.block_size, data.data_facts().vocab_size) == (16, 5)  # a uniform palette: known before setup
     data.setup()
     assert data.images("test").shape == (270, 1, 4, 4)
     assert set(data.images("test").unique().tolist()) <= {0, 85, 170, 255}
@@ -137,7 +146,8 @@ def test_palette_saved_in_a_checkpoint_reproduces_the_quantised_images(digits, t
     task.on_save_checkpoint(checkpoint)
     path = tmp_path / "model.ckpt"
     torch.save(checkpoint | {"pytorch-lightning_version": "2.6.6"}, path)
-    assert torch.load(path, weights_only=True)["pixel_tokenizer"]["palette"]  # plain lists: weights_only loads it
+    saved = torch.load(path, weights_only=True)["hyper_parameters"]["data_facts"]  # weights_only loads it
+    assert saved["palette"]["palette"] and saved["palette"] == digits.pixel_tokenizer.to_dict()  # plain lists
     loaded = ImageGPTTask.load_from_checkpoint(path, weights_only=True)
     assert loaded.pixel_tokenizer == digits.pixel_tokenizer
     quantised = digits.images("test")
@@ -150,9 +160,12 @@ def test_palette_saved_in_a_checkpoint_reproduces_the_quantised_images(digits, t
 
 def test_resuming_with_another_palette_is_refused():
     task = tiny_task(PixelTokenizer.uniform(8, image_size=8))
-    task._trainer = SimpleNamespace(datamodule=SimpleNamespace(pixel_tokenizer=PixelTokenizer.uniform(6, 8)))
-    with pytest.raises(ValueError, match="palette .* differs from the one saved in the checkpoint"):
+    with_data(task, FactsOnly(**palette_facts(PixelTokenizer.uniform(6, 8))))
+    with pytest.raises(CheckpointError, match="the data differs from what the checkpoint's model was trained with .*"
+                                              "palette: another palette of colours"):  # fmt: skip
         task.setup("fit")
+    with_data(task, FactsOnly(**palette_facts(PixelTokenizer.uniform(8, 8))))
+    task.setup("fit")  # the same palette: accepted
 
 
 def test_cached_and_uncached_greedy_generation_are_identical():

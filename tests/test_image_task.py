@@ -75,13 +75,14 @@ def test_model_learns_and_test_writes_into_the_tested_run(fitted, tmp_path):
 def test_checkpoint_is_self_contained(fitted):
     _, checkpoint = fitted
     raw = torch.load(checkpoint, weights_only=True)  # plain lists and strings only
-    stored = raw["image_classification"]
+    stored = raw["hyper_parameters"]["data_facts"]  # everything the data told the model
     assert stored["class_names"] == [str(digit) for digit in range(10)]
     assert stored["in_channels"] == 1 and stored["image_size"] == 8
     assert len(stored["normalize_mean"]) == len(stored["normalize_std"]) == 1
 
     task = ImageClassificationTask.load_from_checkpoint(checkpoint).eval()
     assert task.class_names == stored["class_names"]
+    assert (task.normalize_mean, task.normalize_std) == (stored["normalize_mean"], stored["normalize_std"])
     datamodule = ImageDataModule(source=ImageSource(dataset="digits"), loader=ImageLoaderConfig(batch_size=64))
     datamodule.setup()
     images, labels = datamodule.transform_batch(next(iter(datamodule.test_dataloader())), train=False)
@@ -157,7 +158,7 @@ def test_mismatched_data_is_refused():
     net = ViTConfig(num_classes=10, image_size=16, in_channels=1, patch_size=4, d_model=32, n_layers=1, n_heads=2)
     task = ImageClassificationTask(net=net)
     trainer = L.Trainer(fast_dev_run=1, logger=False, enable_progress_bar=False, enable_model_summary=False)
-    with pytest.raises(ValueError, match="image_size=8 but model.net.image_size=16"):
+    with pytest.raises(ValueError, match="the data gives image_size=8 but the model has model.net.image_size=16"):
         trainer.fit(task, datamodule=datamodule)
 
 

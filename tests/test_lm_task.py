@@ -10,8 +10,10 @@ from lightning.pytorch.callbacks import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightformer.cli import cli_main, main
+from lightformer.facts import DataFacts
 from lightformer.models import GPTConfig
 from lightformer.tasks import LanguageModelTask
+from tiny_runs import FactsOnly, with_data
 
 CORPUS = (
     "It is a truth universally acknowledged, that a single man in possession of a good fortune, "
@@ -119,8 +121,9 @@ def test_loaded_checkpoint_keeps_tokenizer_and_weights(tmp_path):
     torch.manual_seed(0)
     from lightformer.data.preparation.tokenizers import Tokenizer
 
-    task = LanguageModelTask(net=GPTConfig(vocab_size=20, block_size=16, n_layers=1, n_heads=2, d_model=16))
-    task.tokenizer = Tokenizer.train_char(["abcdef \n"])
+    tokenizer = Tokenizer.train_char(["abcdef \n"])
+    facts = DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size)
+    task = LanguageModelTask(net=GPTConfig(block_size=16, n_layers=1, n_heads=2, d_model=16), data_facts=facts)
     checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams)}
     task.on_save_checkpoint(checkpoint)
     path = tmp_path / "model.ckpt"
@@ -128,21 +131,25 @@ def test_loaded_checkpoint_keeps_tokenizer_and_weights(tmp_path):
     # a plain checkpoint holds only tensors, numbers and strings: loadable with weights_only=True
     torch.load(path, weights_only=True)
     loaded = LanguageModelTask.load_from_checkpoint(path)
-    assert loaded.tokenizer.to_str() == task.tokenizer.to_str()
+    assert loaded.tokenizer.to_str() == task.tokenizer.to_str() == tokenizer.to_str()
+    assert loaded.data_facts == facts and loaded.model.config == task.model.config
     ids = torch.tensor([[4, 5, 6]])
     torch.testing.assert_close(loaded(ids), task(ids))
     assert loaded.generate_text("abc", 5, temperature=0) == task.generate_text("abc", 5, temperature=0)
 
 
 def test_tokenizer_larger_than_model_vocabulary_is_refused(tmp_path):
-    from types import SimpleNamespace
-
     from lightformer.data.preparation.tokenizers import Tokenizer
+    from lightformer.errors import ConfigError
 
     task = LanguageModelTask(net=GPTConfig(vocab_size=5, block_size=8, n_layers=1, n_heads=1, d_model=8))
-    datamodule = SimpleNamespace(tokenizer=Tokenizer.train_char(["abcdef"]))
-    task._trainer = SimpleNamespace(datamodule=datamodule)
-    with pytest.raises(ValueError, match="the tokenizer has 10 tokens but model.net.vocab_size=5"):
+    tokenizer = Tokenizer.train_char(["abcdef"])
+    assert tokenizer.vocab_size == 10
+    with_data(task, FactsOnly(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size))
+    with pytest.raises(
+        ConfigError,
+        match="the data gives vocab_size=10 but the model has model.net.vocab_size=5, which must be at least",
+    ):
         task.setup("fit")
 
 

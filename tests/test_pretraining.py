@@ -15,7 +15,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightformer.cli import cli_main
-from lightformer.commands import fill_mask
 from lightformer.data.loading.sequences import collate_pairs
 from lightformer.data.modules.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
 from lightformer.data.objectives.masking import (
@@ -27,7 +26,7 @@ from lightformer.data.objectives.masking import (
 from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from lightformer.data.raw.sources import TextSource, read_piece
 from lightformer.tasks.denoising import sentinel_numbers, sentinel_spans
-from lightformer.tasks.masked_lm import MaskedLanguageModelTask
+from lightformer.tasks.masked_lm import MaskedLanguageModelTask, fill_mask
 from tiny_runs import Crash, CrashAt, RecordBatchDigests, build, events_of, last_checkpoint, quiet_run_args, task_args
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
@@ -231,13 +230,15 @@ def test_the_each_file_split_holds_out_the_end_of_every_file(tmp_path):
 
 def test_span_corruption_batches_reconstruct_the_segments(tmp_path):
     data = SpanCorruptionDataModule(**data_options(tmp_path, random_words(3000), segment_tokens=32))
-    assert data.src_tokenizer is data.tgt_tokenizer and data.src_vocab_size == data.tgt_vocab_size
-    assert data.pad_id == PAD_ID and not hasattr(data, "vocab_size")  # only the sizes the encoder-decoder has
+    facts = data.data_facts()  # one joint tokenizer for both sides
+    assert facts.src_tokenizer == facts.tgt_tokenizer == data.tokenizer.to_str()
+    assert facts.src_vocab_size == facts.tgt_vocab_size == data.tokenizer.vocab_size
+    assert facts.pad_id == PAD_ID and facts.vocab_size is None  # only the sizes the encoder-decoder has
     batch = epoch_batches(data.train_dataloader(), 0, 1)[0]
     assert set(batch) == {"src", "tgt", "src_text", "tgt_text"}
     assert batch["src"].dtype == batch["tgt"].dtype == torch.int64
     # 32 tokens, 5 dropped (round(4.8)) in 2 spans: 32 - 5 + 2 + [EOS] in, [BOS] + 5 + 2 + [EOS] out
-    assert batch["src"].shape == (16, 30) and batch["tgt"].shape == (16, 9) and data.max_length == 30
+    assert batch["src"].shape == (16, 30) and batch["tgt"].shape == (16, 9) and facts.max_length == 30
     dataset = data.datasets["train"]
     order = list(data.train_dataloader().sampler)[:16]  # the (index, epoch) pairs of that batch
     sentinels = data.sentinel_ids

@@ -6,6 +6,7 @@ refused)."""
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from lightformer.data.raw.corpora import (
     split_of,
 )
 from lightformer.data.raw.sources import TextSource, read_piece
+from lightformer.facts import DataFacts
 from lightformer.models.bert import BertConfig, BertForPreTraining
 from lightformer.tasks.text_classification import TextClassificationTask
 
@@ -201,8 +203,11 @@ def tsv_module(train: Path, prepared: Path, vocab_size: int = 8192) -> TextClass
 def test_tsv_labels_are_sorted_and_batches_framed_and_cut_as_read(tmp_path):
     files = write_toy(tmp_path / "toy")
     data = toy_module(files, tmp_path / "prepared", max_tokens=6, batch_size=8)
-    assert data.class_names == ["fruit", "metal"] and data.num_classes == 2 and data.pad_id == PAD_ID
-    assert data.vocab_size == MIN_VOCAB_SIZE + 20 and data.tokenizer.token_id(MASK) == 4
+    facts = data.data_facts()
+    assert data.class_names == ["fruit", "metal"] and data.num_classes == 2 and facts.pad_id == PAD_ID
+    assert facts.class_names == ("fruit", "metal") and facts.num_classes == 2 and facts.max_length == 6
+    assert facts.vocab_size == MIN_VOCAB_SIZE + 20 and data.tokenizer.token_id(MASK) == 4
+    assert facts.tokenizer == data.tokenizer.to_str()
     assert data.class_counts == {"train": {"fruit": 120, "metal": 120}, "val": {"fruit": 20, "metal": 20}} | {
         "test": {"fruit": 20, "metal": 20}
     }
@@ -413,13 +418,15 @@ def test_tiny_classifier_learns_and_logs(fitted):
 def test_checkpoint_carries_tokenizer_and_classes(fitted):
     fit, _, checkpoint = fitted
     raw = torch.load(checkpoint, weights_only=True)
-    assert raw["text_classification"] == {"class_names": ["fruit", "metal"], "max_tokens": 16}
-    assert Tokenizer.from_str(raw["tokenizer"]).difference(fit.datamodule.tokenizer) is None
+    facts = raw["hyper_parameters"]["data_facts"]  # everything the data told the model
+    assert (facts["class_names"], facts["max_length"]) == (["fruit", "metal"], 16)
+    assert Tokenizer.from_str(facts["tokenizer"]).difference(fit.datamodule.tokenizer) is None
     assert raw["hyper_parameters"]["net"]["num_classes"] == 2
     task = TextClassificationTask.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
     ranked = task.classify_texts(["plum cherry fig melon", "iron zinc copper tin lead"], top_k=5)
     assert [row[0][0] for row in ranked] == ["fruit", "metal"]
     assert len(ranked[0]) == 2 and abs(sum(p for _, p in ranked[0]) - 1) < 1e-5 and ranked[0][0][1] > 0.5
+    assert task.max_tokens == 16 and task.class_names == ["fruit", "metal"]
     assert task.classify_texts(["apple " * 100])[0][0][0] == "fruit"  # cut to max_tokens
     assert (Path(fit.trainer.logger.log_dir) / "tokenizer.json").is_file()
 
@@ -431,7 +438,11 @@ def test_checkpoint_refuses_data_of_other_classes(fitted, tmp_path):
         path.write_text(path.read_text(encoding="utf-8").replace("\tfruit", "\tberry"), encoding="utf-8")
     tokenizer_file = Path(fit.trainer.logger.log_dir) / "tokenizer.json"
     args = tiny_args(files, tmp_path, f"--data.tokenizer.file={tokenizer_file}", f"--ckpt_path={checkpoint}")
-    with pytest.raises(ValueError, match=r"the data's classes \['berry', 'metal'\] are not the checkpoint's"):
+    refused = (
+        r"the data differs from what the checkpoint's model was trained with \(the checkpoint's model vs the data: "
+        r"class_names: \['fruit', 'metal'\] vs \['berry', 'metal'\]\)"
+    )
+    with pytest.raises(ValueError, match=refused):
         cli_main(["test", *args])
 
 
@@ -448,7 +459,8 @@ class WeightsAtStart(Callback):
 
 def pretraining_checkpoint(run_dir: Path, tokenizer: Tokenizer) -> tuple[Path, dict[str, torch.Tensor]]:
     """A masked-LM run's files as the pretraining task writes them: ``checkpoints/last.ckpt`` (a
-    ``BertForPreTraining`` under ``model.``, its hyperparameters, the tokenizer JSON) and ``tokenizer.json``."""
+    ``BertForPreTraining`` under ``model.``, its hyperparameters, the tokenizer JSON among their data facts) and
+    ``tokenizer.json``."""
     torch.manual_seed(1)
     config = BertConfig(vocab_size=tokenizer.vocab_size, **TINY_NET)
     state = BertForPreTraining(config).state_dict()
@@ -457,8 +469,12 @@ def pretraining_checkpoint(run_dir: Path, tokenizer: Tokenizer) -> tuple[Path, d
     torch.save(
         {
             "state_dict": {f"model.{name}": value for name, value in state.items()},
-            "hyper_parameters": {"net": asdict(config)},
-            "tokenizer": tokenizer.to_str(),
+            "hyper_parameters": {
+                "net": asdict(config),
+                "data_facts": DataFacts(
+                    tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=PAD_ID
+                ).as_dict(),
+            },
             "global_step": 10,
         },
         path,
@@ -479,7 +495,8 @@ def test_fine_tuning_loads_the_encoder_and_refuses_another_tokenizer(tmp_path):
         cli_main(["fit", *tiny_args(files, tmp_path, *init)])
     message = str(refused.value)
     assert f"model.init.checkpoint {checkpoint} was trained with another tokenizer" in message
-    assert "the tokenizer the data module trained" in message
+    assert re.search(r"another tokenizer than the data's \(checkpoint vs data: bpe tokenizer of \d+ tokens vs bpe "
+                     r"tokenizer of \d+ tokens; id \d+ is .* in the first, .* in the second\)", message)  # fmt: skip
     assert f"data.init_args.tokenizer.file={tmp_path / 'mlm' / 'version_0' / 'tokenizer.json'}" in message
 
     # with the pretraining run's tokenizer: the encoder and pooler are loaded, the classifier is new
@@ -495,10 +512,9 @@ def test_fine_tuning_loads_the_encoder_and_refuses_another_tokenizer(tmp_path):
     new = set(probe.weights) - set(pretrained)
     assert new == {"classifier.weight", "classifier.bias"}
     assert cli.trainer.global_step == 2
+    saved = torch.load(cli.trainer.checkpoint_callback.last_model_path, weights_only=True)
     assert (
-        Tokenizer.from_str(
-            torch.load(cli.trainer.checkpoint_callback.last_model_path, weights_only=True)["tokenizer"]
-        ).difference(pretraining_tokenizer)
+        Tokenizer.from_str(saved["hyper_parameters"]["data_facts"]["tokenizer"]).difference(pretraining_tokenizer)
         is None
     )
 

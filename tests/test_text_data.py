@@ -84,9 +84,10 @@ def test_batches_have_shapes_and_shifted_targets(tmp_path, corpus):
 
 def test_vocab_size_is_known_right_after_construction(tmp_path, corpus):
     module = make_module(tmp_path, train_files=[str(corpus)])
-    assert module.vocab_size == 4 + len(set(corpus.read_text()))
-    assert module.tokenizer.kind == "char"
-    assert module.block_size == 8
+    facts = module.data_facts()
+    assert facts.vocab_size == 4 + len(set(corpus.read_text()))
+    assert facts.tokenizer == module.tokenizer.to_str() and module.tokenizer.kind == "char"
+    assert module.block_size == facts.max_length == 8
 
 
 def test_an_epoch_is_every_window_once_in_an_order_of_seed_and_epoch(tmp_path, corpus):
@@ -193,10 +194,10 @@ def test_a_split_cut_falls_between_records_and_rows(tmp_path):
 def test_bpe_module(tmp_path, corpus):
     module = make_module(tmp_path, train_files=[str(corpus)], tokenizer={"kind": "bpe", "vocab_size": 300})
     assert module.tokenizer.kind == "bpe"
-    assert module.vocab_size <= 300
+    assert module.data_facts().vocab_size <= 300
     module.setup("fit")
     x, y = next(iter(module.train_dataloader()))
-    assert x.shape == (4, 8) and int(x.max()) < module.vocab_size
+    assert x.shape == (4, 8) and int(x.max()) < module.data_facts().vocab_size
     text = corpus.read_text()
     assert module.decode(split_ids(module, "train") + split_ids(module, "val")) == text
 
@@ -230,7 +231,7 @@ def test_tokenizer_file_is_loaded_not_trained(tmp_path, corpus, monkeypatch):
     path = Tokenizer.train_char([corpus.read_text() + "XYZ"]).save(tmp_path / "tok.json")
     monkeypatch.setattr(Tokenizer, "train_char", None)  # any training attempt would fail
     module = make_module(tmp_path, train_files=[str(corpus)], tokenizer={"file": str(path)})
-    assert module.vocab_size == 4 + len(set(corpus.read_text() + "XYZ"))
+    assert module.data_facts().vocab_size == 4 + len(set(corpus.read_text() + "XYZ"))
     module.setup("fit")
 
 
@@ -247,14 +248,14 @@ def test_preparing_again_does_nothing_and_a_changed_source_prepares_anew(tmp_pat
 
     monkeypatch.setattr(prepare, "_prepare_text", no_work)
     second = make_module(tmp_path, train_files=[str(corpus)])
-    assert second.vocab_size == first.vocab_size
+    assert second.data_facts().vocab_size == first.data_facts().vocab_size
     second.setup("fit")
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "prepared").rglob("*") if p.is_file()} == files
 
     monkeypatch.undo()
     corpus.write_text(corpus.read_text() + "A new character: Q\n")
     third = make_module(tmp_path, train_files=[str(corpus)])
-    assert third.vocab_size > first.vocab_size  # a changed file is a new folder
+    assert third.data_facts().vocab_size > first.data_facts().vocab_size  # a changed file is a new folder
     assert third.prepared.folder != first.prepared.folder
 
 
@@ -286,28 +287,28 @@ def test_a_folder_that_was_not_prepared_is_named(tmp_path):
 
 def test_missing_file_is_named(tmp_path, corpus):
     with pytest.raises(FileNotFoundError, match=r"train_files: the file '.*missing\.txt' does not exist"):
-        _ = make_module(tmp_path, train_files=[str(tmp_path / "missing.txt")]).vocab_size
+        _ = make_module(tmp_path, train_files=[str(tmp_path / "missing.txt")]).data_facts()
     with pytest.raises(FileNotFoundError, match=r"val_files: the file '.*missing\.txt' does not exist"):
-        _ = make_module(tmp_path, train_files=[str(corpus)], val_files=[str(tmp_path / "missing.txt")]).vocab_size
+        _ = make_module(tmp_path, train_files=[str(corpus)], val_files=[str(tmp_path / "missing.txt")]).data_facts()
 
 
 def test_glob_matching_nothing_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"train_files: the pattern '.*\*\.nothing' matches no file"):
-        _ = make_module(tmp_path, train_files=[str(tmp_path / "*.nothing")]).vocab_size
+        _ = make_module(tmp_path, train_files=[str(tmp_path / "*.nothing")]).data_facts()
 
 
 def test_empty_corpus_is_an_error(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     with pytest.raises(ValueError, match=r"training text is empty \(.*empty\.txt\)"):
-        _ = make_module(tmp_path, train_files=[str(empty)]).vocab_size
+        _ = make_module(tmp_path, train_files=[str(empty)]).data_facts()
 
 
 def test_non_utf8_file_names_file_and_offset(tmp_path):
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes(b"caf" + "é au lait".encode("latin-1"))
     with pytest.raises(ValueError, match=r"latin1\.txt is not UTF-8 text: byte 0xe9 at byte offset 3"):
-        _ = make_module(tmp_path, train_files=[str(latin1)]).vocab_size
+        _ = make_module(tmp_path, train_files=[str(latin1)]).data_facts()
 
 
 def test_a_non_utf8_byte_only_a_preparation_worker_reads_names_file_and_offset(tmp_path, monkeypatch):
@@ -318,7 +319,7 @@ def test_a_non_utf8_byte_only_a_preparation_worker_reads_names_file_and_offset(t
     latin1.write_bytes(lines.encode() + "café\n".encode("latin-1"))
     module = make_module(tmp_path, train_files=[str(latin1)], val_fraction=0.0, tokenizer={"sample_bytes": 100})
     with pytest.raises(ValueError, match=rf"latin1\.txt is not UTF-8 text: byte 0xe9 at byte offset {len(lines) + 3} "):
-        _ = module.vocab_size
+        _ = module.data_facts()
 
 
 def test_a_record_without_its_text_field_is_named(tmp_path):
@@ -328,11 +329,11 @@ def test_a_record_without_its_text_field_is_named(tmp_path):
         ValueError,
         match=r"docs\.jsonl: the record at byte offset 17 has no text field 'text' \(found fields \['body'\]\)",
     ):
-        _ = make_module(tmp_path, train_files=[str(jsonl)], val_fraction=0.0).vocab_size
+        _ = make_module(tmp_path, train_files=[str(jsonl)], val_fraction=0.0).data_facts()
     parquet = tmp_path / "docs.parquet"
     pq.write_table(pa.table({"body": ["a", "b"]}), parquet)
     with pytest.raises(ValueError, match=r"docs\.parquet has no column 'text' \(its columns: \['body'\]\)"):
-        _ = make_module(tmp_path, train_files=[str(parquet)], val_fraction=0.0).vocab_size
+        _ = make_module(tmp_path, train_files=[str(parquet)], val_fraction=0.0).data_facts()
 
 
 def test_split_too_small_names_split_and_sizes(tmp_path):
@@ -407,7 +408,7 @@ def test_download_verifies_the_checksum(tmp_path):
             with pytest.raises(OSError, match="could not download .*/missing.txt"):
                 download(url.replace("corpus", "missing"), tmp_path / "out" / "missing.txt", sha256=None)
             module = make_module(tmp_path, url=url, sha256=expected)
-            assert module.vocab_size == 4 + len(set(payload.decode()))
+            assert module.data_facts().vocab_size == 4 + len(set(payload.decode()))
         finally:
             server.shutdown()
     # Present with the right hash: no request is made (the server is gone).

@@ -100,8 +100,8 @@ def pairs_of(module: TranslationDataModule) -> dict[str, list[tuple[str, str]]]:
 
 
 def read_sources(module: TranslationDataModule) -> int:
-    """Make the module read its sources (what LightningCLI does when it links the vocabulary sizes)."""
-    return module.src_vocab_size
+    """Make the module read its sources (what the command line does when it hands the data's facts to the task)."""
+    return module.data_facts().src_vocab_size
 
 
 # --- Ding: extraction rules on small inputs ---------------------------------------------------------------------
@@ -484,8 +484,10 @@ def test_long_train_pairs_are_dropped_and_long_eval_pairs_cut(tmp_path):
 def test_tokenizers_and_sizes_exist_right_after_construction(tmp_path, tsv):
     module = make_module(tmp_path, tsv_files=[str(tsv)])
     assert module.src_tokenizer is module.tgt_tokenizer
-    assert module.src_vocab_size == module.tgt_vocab_size == module.src_tokenizer.vocab_size <= 300
-    assert module.pad_id == PAD_ID == 0
+    facts = module.data_facts()
+    assert facts.src_tokenizer == facts.tgt_tokenizer == module.src_tokenizer.to_str()
+    assert facts.src_vocab_size == facts.tgt_vocab_size == module.src_tokenizer.vocab_size <= 300
+    assert facts.pad_id == PAD_ID == 0
     assert "tokenizer" in module.hparams and "vocab_size" not in module.hparams
 
 

@@ -18,6 +18,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import IterableDataset
 
 from lightformer.cli import cli_main
+from lightformer.data.modules.base import DataModule
+from lightformer.facts import DataFacts
 
 REPO = Path(__file__).resolve().parents[1]
 # Every task, by the name task_args knows it: the tests that run each task (resume, bf16) take them all.
@@ -382,3 +384,22 @@ class CrashAt(Callback):
 def recorded(out_dir: Path, stage: str, rank: int) -> list[dict]:
     path = out_dir / f"{stage}-rank{rank}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+class FactsOnly(DataModule):
+    """A data module that only states its facts: all that a task's ``setup`` reads of its data."""
+
+    def __init__(self, **facts) -> None:
+        super().__init__()
+        self.facts = DataFacts(**facts)
+
+    def data_facts(self) -> DataFacts:
+        return self.facts
+
+
+def with_data(task, datamodule, ckpt_path: str | None = None):
+    """Attach a data module the way ``Trainer.fit(task, datamodule=...)`` does, as far as ``setup`` can see."""
+    from types import SimpleNamespace
+
+    task._trainer = SimpleNamespace(datamodule=datamodule, ckpt_path=ckpt_path)
+    return task

@@ -21,7 +21,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from fsspec.utils import get_protocol
 from lightning.pytorch import callbacks
 from lightning.pytorch.callbacks import Callback, ThroughputMonitor
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -29,7 +29,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from timm.layers import DropPath
 from torch import nn
 
-from lightformer import peaks
+from lightformer import internals, peaks
 from lightformer.files import atomic_open, remove_orphaned_temporary_files
 from lightformer.nn import Dropout, MultiHeadAttention, TokenDropout
 
@@ -46,7 +46,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
-        if not _is_local_file_protocol(path):
+        if not is_local(path):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
         try:
@@ -88,7 +88,7 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
     """
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not (trainer.is_global_zero and self.dirpath and _is_local_file_protocol(self.dirpath)):
+        if not (trainer.is_global_zero and self.dirpath and is_local(self.dirpath)):
             return
         resumed = [Path(trainer.ckpt_path).parent] if trainer.ckpt_path and Path(trainer.ckpt_path).is_file() else []
         for folder in {Path(self.dirpath), *resumed}:  # a resumed run may write into another folder
@@ -98,17 +98,18 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0:
+        every = internals.every_n_train_steps(self)
+        if every >= 1 and trainer.global_step % every == 0:
             self._write_last(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
-        if self._should_save_on_train_epoch_end(trainer):
+        if internals.saves_on_train_epoch_end(self, trainer):
             self._write_last(trainer)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if not self._should_save_on_train_epoch_end(trainer):
+        if not internals.saves_on_train_epoch_end(self, trainer):
             self._write_last(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -116,12 +117,16 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
         self._write_last(trainer)
 
     def _write_last(self, trainer: L.Trainer) -> None:
-        """Write ``last.ckpt`` unless nothing is asked or this step was saved already (top-k saves write it too)."""
-        if not self.save_last or self._should_skip_saving_checkpoint(trainer):
+        """Write ``last.ckpt`` unless nothing is asked or this step was saved already (top-k saves write it too):
+        ``skips_saving`` is True then, as it is outside fit, in a sanity check and with ``fast_dev_run``."""
+        if not self.save_last or internals.skips_saving(self, trainer):
             return
-        if self._last_global_step_saved == trainer.global_step and self.last_model_path:
-            return
-        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        internals.save_last_checkpoint(self, trainer)
+
+
+def is_local(path: str | Path) -> bool:
+    """Whether ``path`` is on the local file system (no URL scheme, or ``file://``), as fsspec reads it."""
+    return get_protocol(str(path)) == "file"
 
 
 def check_checkpoint_folder(folder: Path, pl_module: L.LightningModule) -> None:
@@ -390,7 +395,8 @@ class Throughput(ThroughputMonitor):
     """
 
     def __init__(self, window_size: int = 20, peak_flops: float | None = None) -> None:
-        super().__init__(batch_size_fn=self._samples, length_fn=self._items, window_size=window_size)
+        # (not named ``_samples``: ThroughputMonitor's dict of counts by stage is, and would hide the method)
+        super().__init__(batch_size_fn=self._samples_in, length_fn=self._items_in, window_size=window_size)
         self.peak_flops = peak_flops
         self._task: L.LightningModule | None = None
 
@@ -403,11 +409,11 @@ class Throughput(ThroughputMonitor):
             self.peak_flops, source = peaks.peak_flops(trainer.strategy.root_device, trainer.precision)
             rank_zero_info(f"MFU is against {self.peak_flops / 1e12:,.2f} TFLOP/s per device: {source}")
         self.available_flops = self.peak_flops
-        for throughput in self._throughputs.values():
+        for throughput in internals.throughput_meters(self):
             throughput.available_flops = self.peak_flops
 
-    def _samples(self, batch: Any) -> int:
+    def _samples_in(self, batch: Any) -> int:
         return self._task.throughput_counts(batch)[0]
 
-    def _items(self, batch: Any) -> int:
+    def _items_in(self, batch: Any) -> int:
         return self._task.throughput_counts(batch)[1]

@@ -23,8 +23,6 @@ from lightformer.nn.checks import check_at_least
 if TYPE_CHECKING:
     from lightformer.data.preparation.tokenizers import Tokenizer
 
-# What a checkpoint carries besides weights and hyperparameters, stored in exports as metadata.
-CARRIED = ("tokenizer", "src_tokenizer", "tgt_tokenizer", "image_classification")
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks", "loops")
 
 

@@ -38,6 +38,7 @@ from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
+from lightformer import internals
 from lightformer.data.objectives.masking import IGNORE_INDEX
 
 if TYPE_CHECKING:
@@ -83,17 +84,17 @@ class TensorBoardLogger(loggers.TensorBoardLogger):
         process) starts a new events file in a later second than the previous one: TensorBoard reads a run's files in
         name order, and a name orders by its creation second, then by a counter compared as text ("10" < "9"), so a
         second file from the same second could be read first, and its steps would then purge the earlier ones."""
-        if self._experiment is None and self._file_second is not None:
+        if internals.opened_writer(self) is None and self._file_second is not None:
             time.sleep(max(0.0, self._file_second + 1 - time.time()))
-        opening = self._experiment is None
+        opening = internals.opened_writer(self) is None
         experiment = super().experiment
-        if opening and self._experiment is not None:
+        if opening and internals.opened_writer(self) is not None:
             self._file_second = int(time.time())
         return experiment
 
     def finalize(self, status: str) -> None:
         super().finalize(status)
-        self._experiment = None  # closed: the next log opens a new writer (through ``experiment``)
+        internals.forget_writer(self)  # closed: the next log opens a new writer (through ``experiment``)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         kept = {
@@ -103,6 +104,19 @@ class TensorBoardLogger(loggers.TensorBoardLogger):
         }
         if kept:
             super().log_metrics(kept, step)
+
+    def log_hyperparams(self, params: Any, metrics: Any = None) -> None:
+        """Lightning's (the run's ``hparams.yaml``), with the tokenizers of the task's ``data_facts`` named by their
+        size instead of written out (a BPE tokenizer's JSON is megabytes; it is in every checkpoint and beside the
+        run as ``tokenizer.json``)."""
+        params = dict(params) if isinstance(params, Mapping) else dict(vars(params))
+        if isinstance(params.get("data_facts"), Mapping):
+            params["data_facts"] = {
+                key: f"<{len(value):,} characters of JSON: in the checkpoints>" if key.endswith("tokenizer") and value
+                else value
+                for key, value in params["data_facts"].items()
+            }  # fmt: skip
+        super().log_hyperparams(params, metrics)
 
     def log_hparams_summary(self, params: Mapping[str, Any], metric_names: Sequence[str]) -> None:
         """Write the HParams tab's record of this run: ``params`` (nested dicts flattened to ``a/b``) and the names
@@ -114,7 +128,7 @@ class TensorBoardLogger(loggers.TensorBoardLogger):
         columns = {k: flat[k] for k in self.hparam_columns if k in flat} or dict(list(flat.items())[:1])
         experiment, _, _ = hparams_summary(columns, metrics)  # the table's columns (it needs one hyperparameter)
         _, session_start, session_end = hparams_summary(flat, metrics)  # every hyperparameter of the run
-        writer = self.experiment._get_file_writer()
+        writer = internals.event_file_writer(self.experiment)
         for summary in (experiment, session_start, session_end):
             writer.add_summary(summary)
 
@@ -141,7 +155,7 @@ def tensorboard_writer(module: L.LightningModule) -> SummaryWriter | None:
 def tensorboard_logger(module: L.LightningModule) -> loggers.TensorBoardLogger | None:
     """The run's TensorBoard logger on every rank (what decides whether to draw: a forward pass under FSDP2 needs
     every process), or None (none, or inside ``samples_already_drawn``: nothing to draw)."""
-    if module._trainer is None or getattr(module, "_samples_already_drawn", False):
+    if internals.attached_trainer(module) is None or getattr(module, "_samples_already_drawn", False):
         return None
     return next((lg for lg in module.trainer.loggers if isinstance(lg, loggers.TensorBoardLogger)), None)
 
@@ -161,12 +175,12 @@ def samples_already_drawn(module: L.LightningModule) -> Iterator[None]:
 def logging_step(trainer: L.Trainer) -> int:
     """The step Lightning logs scalars at now (its count of optimizer steps taken before the current batch), so that
     a validation's images and text stand at the step of its metrics."""
-    return trainer.fit_loop.epoch_loop._batches_that_stepped
+    return internals.logging_step(trainer)
 
 
 def set_logging_step(trainer: L.Trainer, step: int) -> None:
     """Make Lightning log at ``step`` (a test of a checkpoint, in a process that did not train it)."""
-    trainer.fit_loop.epoch_loop._batches_that_stepped = step
+    internals.set_logging_step(trainer, step)
 
 
 # --- figures (matplotlib's object API: no global state, no display) ------------------------------------------------

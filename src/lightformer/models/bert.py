@@ -40,7 +40,7 @@ class BertConfig:
     LayerNorm epsilon 1e-12, 512 learned positions, 2 segments.
 
     Args:
-        vocab_size: token ids 0..vocab_size-1 (the command line links it from the data's tokenizer).
+        vocab_size: token ids 0..vocab_size-1 (a task fills it from the data's tokenizer).
         max_len: the longest sequence, the size of the learned position table (HF's max_position_embeddings).
         type_vocab_size: segment ids 0..type_vocab_size-1 (0 = sentence A, 1 = sentence B; HF's type_vocab_size).
         n_layers: encoder layers.
@@ -58,9 +58,9 @@ class BertConfig:
             which a small model trained briefly learns much sooner than from a table).
         norm_eps: epsilon of every LayerNorm (HF's layer_norm_eps).
         pad_id: the padding id: masked out of attention as a key, and its embedding row starts at zero and gets no
-            gradient from the input side (as HF's padding_idx); linked from the data.
-        num_classes: outputs of ``BertForSequenceClassification``'s classifier (HF's num_labels); linked from the data
-            of a classification run, unused by pre-training.
+            gradient from the input side (as HF's padding_idx); filled from the data's facts.
+        num_classes: outputs of ``BertForSequenceClassification``'s classifier (HF's num_labels); filled from the
+            data's facts of a classification run, unused by pre-training.
         classifier_dropout: dropout on the pooled state before that classifier; None: ``dropout`` (as HF).
     """
 
@@ -125,7 +125,7 @@ class BertEncoder(nn.Module):
         c = config
         if c.vocab_size is None:
             raise ValueError(
-                "BertConfig.vocab_size is not set: give the vocabulary size (the CLI links it from the data)"
+                "BertConfig.vocab_size is not set: give the vocabulary size (a task fills it from the data's facts)"
             )
         self.config = config
         self.pad_id = c.pad_id

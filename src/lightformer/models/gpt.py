@@ -30,8 +30,8 @@ class GPTConfig:
     """The shape of a GPT: every hyperparameter and its default, declared once.
 
     Args:
-        vocab_size: token ids 0..vocab_size-1 (the command line links it from the data's tokenizer).
-        block_size: the longest sequence, the size of the position table (linked from the data's block_size).
+        vocab_size: token ids 0..vocab_size-1 (a task fills it from the data's tokenizer).
+        block_size: the longest sequence, the size of the position table (a task fills it from the data's block_size).
         n_layers: decoder layers.
         n_heads: attention heads; must divide d_model.
         d_model: width of the residual stream.
@@ -84,7 +84,7 @@ class GPT(nn.Module):
         super().__init__()
         if config.vocab_size is None:
             raise ValueError(
-                "GPTConfig.vocab_size is not set: give the vocabulary size (the CLI links it from the data)"
+                "GPTConfig.vocab_size is not set: give the vocabulary size (a task fills it from the data's facts)"
             )
         self.config = config
         c = config

@@ -36,9 +36,9 @@ class EncoderDecoderConfig:
     shared by the source, the target and the output layer.
 
     Args:
-        src_vocab_size: source token ids 0..src_vocab_size-1 (the command line links it from the data).
-        tgt_vocab_size: target token ids (linked from the data).
-        pad_id: the padding id, masked out of attention (linked from the data).
+        src_vocab_size: source token ids 0..src_vocab_size-1 (from the data's facts).
+        tgt_vocab_size: target token ids (from the data's facts).
+        pad_id: the padding id, masked out of attention (from the data's facts).
         max_len: the longest source or target sequence, the size of the position table.
         n_encoder_layers: encoder layers.
         n_decoder_layers: decoder layers.
@@ -123,7 +123,8 @@ class EncoderDecoder(nn.Module):
         c = config
         if c.src_vocab_size is None or c.tgt_vocab_size is None:
             raise ValueError(
-                "EncoderDecoderConfig.src_vocab_size and tgt_vocab_size must be set (the CLI links them from the data)"
+                "EncoderDecoderConfig.src_vocab_size and tgt_vocab_size must be set (a task fills them from the "
+                "data's facts)"
             )
         self.config = config
         self.pad_id = c.pad_id

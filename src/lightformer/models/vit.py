@@ -36,9 +36,9 @@ class ViTConfig:
     """The shape of a Vision Transformer: every hyperparameter and its default, declared once.
 
     Args:
-        image_size: side of the (square) input images; a multiple of patch_size (linked from the data).
-        in_channels: image channels, 1 grey or 3 RGB (linked from the data).
-        num_classes: classifier outputs (linked from the data); 0 gives no head (the model returns features).
+        image_size: side of the (square) input images; a multiple of patch_size (from the data's facts).
+        in_channels: image channels, 1 grey or 3 RGB (from the data's facts).
+        num_classes: classifier outputs (from the data's facts); 0 gives no head (the model returns features).
         patch_size: side of the square patches; the encoder sees (image_size / patch_size)² tokens.
         d_model: token width.
         n_layers: encoder layers.
@@ -110,7 +110,9 @@ class VisionTransformer(nn.Module):
         super().__init__()
         c = config
         if c.image_size is None or c.num_classes is None:
-            raise ValueError("ViTConfig.image_size and num_classes must be set (the CLI links them from the data)")
+            raise ValueError(
+                "ViTConfig.image_size and num_classes must be set (a task fills them from the data's facts)"
+            )
         self.config = config
         self.num_classes = c.num_classes
         self.pool = c.pool

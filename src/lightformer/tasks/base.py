@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -31,7 +32,6 @@ from torch.optim import Optimizer
 
 from lightformer.checkpoints import (
     InitConfig,
-    check_same_tokenizer,
     check_start,
     describe_loading,
     load_matching,
@@ -41,16 +41,21 @@ from lightformer.checkpoints import (
     under,
 )
 from lightformer.config_groups import as_config
+from lightformer.data.modules.base import DataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.distributed import set_gathered, shard_model
 from lightformer.errors import ConfigError
+from lightformer.facts import DataFacts, facts_of_checkpoint
 from lightformer.flops import FlopCounter
+from lightformer.internals import attached_trainer, hand_over_loader_states, should_update_logs, step_unscales_gradients
 from lightformer.nn import Decoder, Encoder
 from lightformer.progress import max_time_timer
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw, steps_within
 from lightformer.tensorboard import TensorBoardLogger, set_logging_step, tensorboard_logger
 
 FIT_TO_TIME_EVERY = 50  # optimizer steps between two plans of a schedule fitted to max_time
+# The fields of a model's config that may be larger than the data's (``Task.check_data``).
+CAPACITIES = frozenset({"vocab_size", "src_vocab_size", "tgt_vocab_size", "block_size"})
 
 
 # --- a config's values before anything is built (the command line's checks before any data is prepared) -------
@@ -88,26 +93,46 @@ def net_config_values(net: Mapping | None, config_class: type) -> dict[str, Any]
 
 
 class Task(L.LightningModule):
-    """A LightningModule around ``self.model`` (built by the subclass) with the shared optimizer and set-up.
+    """A LightningModule around ``self.model``, with the shared optimizer and set-up.
 
-    Args of every task:
+    A task says what is its own: the model it trains (``model_class``, built from its config ``net``), which fields
+    of that config the data fills (``net_from_data``), its extra arguments, its loss and metrics. Its ``__init__``
+    takes ``net`` and its own arguments, and hands the others (``**common``) to this one.
+
+    Args:
+        net: the model's shape (its config dataclass); the fields that come from the data (``net_from_data``) are
+            filled from ``data_facts``.
         optimizer: AdamW and its learning-rate schedule (``OptimizerConfig``).
         compile: run the training and evaluation forward pass through ``torch.compile``.
         activation_checkpointing: recompute each layer's activations in the backward pass instead of storing
             them: less memory for about a third more compute.
-        init: start the model from another run's weights, freeze some, slow the loaded ones (``InitConfig``).
+        init: start the model from another run's (or Hugging Face / timm) weights, freeze some, slow the loaded ones
+            (``InitConfig``).
+        data_facts: what the data tells the model (``DataFacts``): the command line gives the data module's, or a
+            checkpoint's; never set in a config.
     """
 
     model: nn.Module
+    model_class: type[nn.Module]  # built as ``model_class(config)``
+    net_from_data: Mapping[str, str] = {}  # field of the model's config → the ``DataFacts`` field that fills it
     # The metrics the HParams tab shows beside each run's hyperparameters (their latest values).
     hparam_metrics: tuple[str, ...] = ("val/loss", "test/loss")
     items_name = "items"  # what ``throughput_counts`` counts, in progress lines
     variable_shapes = False  # do the batches' sizes or lengths vary from batch to batch (``forward``)
 
     def __init__(
-        self, optimizer: OptimizerConfig | dict, compile: bool, activation_checkpointing: bool, init: InitConfig | dict
+        self,
+        net: Any,
+        optimizer: OptimizerConfig = OptimizerConfig(),
+        compile: bool = False,
+        activation_checkpointing: bool = False,
+        init: InitConfig = InitConfig(),
+        data_facts: DataFacts | None = None,
+        _class_path: str | None = None,  # the task a checkpoint's hyperparameters name (``save_hyperparameters``)
     ) -> None:
         super().__init__()
+        self.data_facts = DataFacts.of(data_facts)
+        self._parsed: dict[str, tuple[Any, Any]] = {}  # fact name → (its value, the tokenizer or palette read from it)
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
         self.init_config = as_config(InitConfig, init)
         self.pretrained: set[str] = set()  # names of the parameters loaded by init (their learning rate is scaled)
@@ -120,47 +145,74 @@ class Task(L.LightningModule):
         self.flops_per_batch: int | None = None  # of the current batch, read by lightformer.callbacks.Throughput
         self.tested_step = 0  # the step the weights under test were trained to (on_test_start)
         self._train_metrics: dict[str, Tensor] | None = None  # this training step's scalars (log_train)
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Task:
-        """Record the arguments the task is built with (its ``__init__``'s, defaults filled in), for
-        ``save_hyperparameters``."""
-        task = super().__new__(cls)
+        config = self.net_config(net)
+        common = dict(optimizer=optimizer, compile=compile, init=init, data_facts=self.data_facts)
+        self._init_arguments = self._arguments_given(common | {"activation_checkpointing": activation_checkpointing})
+        self._init_arguments["net"] = config  # stored as built: with the sizes the data gave
+        self.save_hyperparameters()
         try:
-            bound = inspect.signature(cls.__init__).bind(task, *args, **kwargs)
-        except TypeError:  # arguments __init__ does not take: it raises its own error
-            arguments = {}
-        else:
-            bound.apply_defaults()
-            parameters = inspect.signature(cls.__init__).parameters
-            arguments = {}
-            for name, value in list(bound.arguments.items())[1:]:
-                kind = parameters[name].kind
-                if kind is inspect.Parameter.VAR_KEYWORD:
-                    arguments.update(value)
-                elif kind is not inspect.Parameter.VAR_POSITIONAL:
-                    arguments[name] = value
-        object.__setattr__(task, "_init_arguments", arguments)
-        return task
+            self.model = self.model_class(config)
+        except ValueError as error:  # a shape the model's layers refuse
+            raise ConfigError(f"model.net: {error}") from None
 
-    def save_hyperparameters(self, *args: Any, **kwargs: Any) -> None:
-        """Lightning's, with every config stored as a plain dict: checkpoints then load with
-        ``torch.load(weights_only=True)`` and TensorBoard lists each field. A config is stored as the task was built
-        with it (the arguments ``__new__`` recorded): the command line hands Lightning its raw arguments, where a data
-        link can add a field that this task's config lacks (a data module's ``block_size`` beside a BERT config). The
-        task's class path is stored as the command line stores it, so a checkpoint written through the Python API
-        names its task.
+    def net_config(self, net: Any) -> Any:
+        """The model's config: ``net`` (a config dataclass or its dict), its fields in ``net_from_data`` filled from
+        ``data_facts``. Such a field set to another value than the data's (in a config, or by an old checkpoint) is
+        refused: the data decides it."""
+        config_class = typing.get_type_hints(type(self).__init__)["net"]
+        given = asdict(net) if is_dataclass(net) else dict(net or {})
+        defaults = {field.name: field.default for field in dataclasses.fields(config_class)}
+        for name, value in self.sizes_from_data(self.data_facts).items():
+            if given.get(name, defaults[name]) not in (defaults[name], value):
+                raise ConfigError(
+                    f"model.net.{name}={given[name]} is set, but it comes from the data, which gives {name}={value}: "
+                    f"remove model.net.{name} from the config files and the command line (for a checkpoint's model, "
+                    "use the data it was trained with)"
+                )
+            given[name] = value
+        try:
+            return config_class(**given)
+        except ValueError as error:
+            raise ConfigError(f"model.net: {error}") from None
 
-        Lightning's is called as ``L.LightningModule.save_hyperparameters``, not through ``super()``: outside the
-        command line, Lightning collects the arguments from the ``__init__`` that called this method, stepping over
-        this frame only if it holds no ``__class__`` (which ``super()`` would put there). ``tests/test_checkpoints.py``
-        pins it."""
-        L.LightningModule.save_hyperparameters(self, *args, **kwargs)
-        self.hparams.setdefault("_class_path", f"{type(self).__module__}.{type(self).__qualname__}")
-        built = getattr(self, "_init_arguments", {})
-        for key, value in self.hparams.items():
-            value = built.get(key, value)
-            if is_dataclass(value):
-                self.hparams[key] = asdict(value)
+    @classmethod
+    def sizes_from_data(cls, facts: DataFacts | None) -> dict[str, Any]:
+        """The fields of the model's config that ``facts`` fill (``net_from_data``), those the data has."""
+        if facts is None:
+            return {}
+        sizes = {name: getattr(facts, fact) for name, fact in cls.net_from_data.items()}
+        return {name: value for name, value in sizes.items() if value is not None}
+
+    def _arguments_given(self, common: dict[str, Any]) -> dict[str, Any]:
+        """The arguments this task was built with: those of its class's ``__init__`` (read from that call's frame,
+        the outermost ``__init__`` of this object on the stack) with the ones it hands to ``Task.__init__``
+        (``common``: given or default). A task's ``__init__`` must not reassign its arguments before calling
+        ``super().__init__``."""
+        frame, outermost = inspect.currentframe(), None
+        while frame is not None:
+            if frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is self:
+                outermost = frame
+            frame = frame.f_back
+        arguments = {}
+        if outermost is not None and type(self).__init__ is not Task.__init__:
+            for name, parameter in inspect.signature(type(self).__init__).parameters.items():
+                if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+                    arguments.update(outermost.f_locals.get(name, {}))
+                elif name != "self" and parameter.kind is not inspect.Parameter.VAR_POSITIONAL:
+                    arguments[name] = outermost.f_locals[name]
+        arguments.update(common)
+        arguments.pop("_class_path", None)
+        return arguments
+
+    def save_hyperparameters(self) -> None:
+        """Store the arguments the task was built with (``_arguments_given``), every config as a plain dict:
+        checkpoints then load with ``torch.load(weights_only=True)``, TensorBoard lists each field, and
+        ``load_from_checkpoint`` rebuilds the task with ``cls(**hyper_parameters)``. The task's class path is stored
+        too (as LightningCLI stores it), so that every checkpoint names its task; ``__init__`` takes it and ignores
+        it."""
+        arguments = {key: _plain(value) for key, value in self._init_arguments.items()}
+        arguments["_class_path"] = f"{type(self).__module__}.{type(self).__qualname__}"
+        L.LightningModule.save_hyperparameters(self, arguments)
 
     def forward(self, *inputs: Tensor) -> Tensor:
         """The model's forward pass, compiled on first use when ``compile`` (see the model for the shapes).
@@ -251,11 +303,19 @@ class Task(L.LightningModule):
         set_gathered(self.model, False)
 
     def setup(self, stage: str) -> None:
-        """Start from ``init.checkpoint``, all but the weights under ``init.skip`` (not when resuming: the run's own
-        checkpoint holds the weights), and freeze ``init.freeze``; before the optimizer is made, which gives the
-        loaded weights their learning rate. Whether ``init.strict`` allows the start is checked when the fit starts
-        (``on_fit_start``), after the task's own checks of the data in its ``setup``: a tokenizer or classes other
-        than the checkpoint's name the cause of a shape mismatch better."""
+        """Take the data module's facts (``take_data_facts``); then start from ``init.checkpoint``, all but the
+        weights under ``init.skip`` (not when resuming: the run's own checkpoint holds the weights), and freeze
+        ``init.freeze``; before the optimizer is made, which gives the loaded weights their learning rate. Whether
+        ``init.strict`` allows the start is checked when the fit starts (``on_fit_start``), after the checks of the
+        data: a tokenizer or classes other than the checkpoint's name the cause of a shape mismatch better."""
+        datamodule = self.trainer.datamodule
+        if datamodule is not None:
+            if not isinstance(datamodule, DataModule):
+                raise ConfigError(
+                    f"data: {type(datamodule).__name__} does not say what its data is to the model: a lightformer task "
+                    "takes a lightformer.data.DataModule, whose data_facts() returns the data's DataFacts"
+                )
+            self.take_data_facts(datamodule.data_facts(), stage)
         if stage == "fit" and self.init_config.checkpoint:
             weights = self.initial_weights(check=False)
             if self.trainer.ckpt_path is not None:
@@ -270,9 +330,59 @@ class Task(L.LightningModule):
         for parameter in self.frozen_parameters():
             parameter.requires_grad_(False)
 
+    def take_data_facts(self, facts: DataFacts, stage: str) -> None:
+        """The one check between the data and the model: ``facts`` (the data module's) must be the task's own, the
+        ones its model was built with (a checkpoint's, or given by the command line), each difference named; and the
+        model must hold what the data gives (``check_data``). A task built without facts takes these."""
+        if self.data_facts is not None:
+            self.data_facts.check_same(facts)
+        self.check_data(facts, stage)
+        if self.data_facts is None:
+            self.data_facts = facts
+            self.hparams["data_facts"] = facts.as_dict()
+
+    def check_data(self, facts: DataFacts, stage: str) -> None:
+        """Refuse data the model cannot hold: its sizes (``net_from_data``) must be the model's, except that the
+        model's vocabularies and context may be larger than the data's. A task adds its own checks (the data's
+        ``max_length`` against the model's position table, a token its loss needs)."""
+        config = self.model.config
+        for name, value in self.sizes_from_data(facts).items():
+            built = getattr(config, name)
+            if value != built and not (name in CAPACITIES and value < built):
+                need = "at least" if name in CAPACITIES else "equal to"
+                raise ConfigError(
+                    f"the data gives {name}={value} but the model has model.net.{name}={built}, which must be {need} "
+                    "it; use the data settings the model was built for"
+                )
+
+    def fact(self, name: str, read: Callable[[Any], Any]) -> Any:
+        """The fact ``name`` of ``data_facts`` read by ``read`` (a tokenizer from its JSON, a palette from its dict)
+        once per value; None where the task has no such fact (yet)."""
+        value = getattr(self.data_facts, name, None)
+        if value is None:
+            return None
+        cached = self._parsed.get(name)
+        if cached is None or cached[0] is not value:
+            cached = self._parsed[name] = (value, read(value))
+        return cached[1]
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """The checkpoint's facts (``facts_of_checkpoint``: also of one written before its hyperparameters held
+        them, up to commit 51eef69), checked against the task's when it has some already (``fit``/``validate``/
+        ``test --ckpt_path`` set the data's up first), else taken."""
+        saved = facts_of_checkpoint(checkpoint)
+        if saved is None:
+            return
+        if self.data_facts is not None:
+            saved.check_same(self.data_facts)
+        else:
+            self.data_facts = saved
+            self.hparams["data_facts"] = saved.as_dict()
+
     def check_init(self, starting: bool, unknown_shapes: frozenset[str] = frozenset()) -> None:
-        """Refuse a ``model.init`` that cannot do what it says, as soon as the model is built (the command line calls
-        this on a model built on the meta device, before any data is prepared: ``cli.check_init_before_data``).
+        """Refuse a ``model.init`` that cannot do what it says, as soon as the model is built (the command line
+        calls this on a model built on the meta device, before any data is prepared:
+        ``config_checks.check_init_before_data``).
         Every ``freeze`` pattern must name parameters of the model; when ``starting`` (a fit that does not resume),
         the checkpoint must exist, every ``skip`` pattern must name weights of it, and the start must be one
         ``init.strict`` allows. ``unknown_shapes``: tensors of the model whose shapes are not known yet (sized by the
@@ -343,7 +453,8 @@ class Task(L.LightningModule):
         if isinstance(logger, TensorBoardLogger) and self.trainer.is_global_zero:
             datamodule = self.trainer.datamodule
             data = dict(datamodule.hparams) if datamodule is not None else {}
-            logger.log_hparams_summary({"model": dict(self.hparams), "data": data}, self.hparam_metrics)
+            model = {key: value for key, value in self.hparams.items() if key != "data_facts"}  # the data's own: below
+            logger.log_hparams_summary({"model": model, "data": data}, self.hparam_metrics)
 
     def on_test_start(self) -> None:
         """Test metrics and figures go to the step the tested weights were trained to, beside the training curves
@@ -359,7 +470,7 @@ class Task(L.LightningModule):
         # restoring the checkpoint; asking for estimated_stepping_batches in configure_optimizers (a schedule fitted
         # to max_epochs) builds them before, and Lightning then keeps the position unused. Hand it over here, before
         # the first batch is drawn (a no-op when it was handed over, or when the run is not resumed).
-        self.trainer.fit_loop._load_combined_loader_states()
+        hand_over_loader_states(self.trainer)
         scheduler = self.lr_schedulers()
         planned = getattr(scheduler.lr_lambdas[0], "total_steps", None) if scheduler is not None else None
         total = self.trainer.estimated_stepping_batches
@@ -382,9 +493,9 @@ class Task(L.LightningModule):
             )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """The precision the run trains in: ``precision: auto`` resumes in it (``cli.resolve_auto_precision``)."""
-        if self._trainer is not None:  # (a checkpoint written outside a run has no precision)
-            checkpoint["precision"] = str(self._trainer.precision)
+        """The precision the run trains in: ``precision: auto`` resumes in it (``runs.resolve_auto_precision``)."""
+        if (trainer := attached_trainer(self)) is not None:  # (a checkpoint written outside a run has no precision)
+            checkpoint["precision"] = str(trainer.precision)
 
     def log_train(self, metrics: dict[str, Tensor]) -> None:
         """This training step's scalars for the logs, ``train/loss`` among them (the progress line and bar show it).
@@ -401,7 +512,7 @@ class Task(L.LightningModule):
         # After the callbacks' hooks (max_time's Timer may have just ended the run: then this step is logged) and
         # before Lightning writes the step's logs.
         metrics, self._train_metrics = self._train_metrics, None
-        if metrics is not None and (self.trainer._logger_connector.should_update_logs or self.trainer.fast_dev_run):
+        if metrics is not None and (should_update_logs(self.trainer) or self.trainer.fast_dev_run):
             for name, value in metrics.items():
                 self.log(name, value, prog_bar=name == "train/loss")
         if self.optimizer_config.fit_to_max_time:
@@ -421,22 +532,14 @@ class Task(L.LightningModule):
 
 
 class TextTask(Task):
-    """A task over one text tokenizer, which travels with its model: taken from the data module at setup (checked
-    against the model and against a checkpoint's), written to the run's folder as ``tokenizer.json`` and into
-    every checkpoint, so that a checkpoint alone encodes and decodes text."""
+    """A task over one text tokenizer (``data_facts.tokenizer``), which travels with its model: in its
+    hyperparameters, in every checkpoint and as the run folder's ``tokenizer.json``, so that a checkpoint alone
+    encodes and decodes text."""
 
-    tokenizer: Tokenizer | None = None  # the data module's, or the checkpoint's
-
-    def take_tokenizer(self, tokenizer: Tokenizer, vocab_size: int) -> None:
-        """Use the data module's ``tokenizer`` with a model of ``vocab_size`` ids."""
-        if tokenizer.vocab_size > vocab_size:
-            raise ConfigError(
-                f"the tokenizer has {tokenizer.vocab_size} tokens but model.net.vocab_size={vocab_size}; the model's "
-                "vocabulary must hold every token id"
-            )
-        if self.tokenizer is not None:  # loaded from a checkpoint, or set by an earlier run
-            check_same_tokenizer(saved=self.tokenizer, data=tokenizer)
-        self.tokenizer = tokenizer
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        """The data's tokenizer, or the checkpoint's; None before either is known."""
+        return self.fact("tokenizer", lambda text: Tokenizer.from_str(text, source="the model's tokenizer"))
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
@@ -444,17 +547,12 @@ class TextTask(Task):
         if self.tokenizer is not None and self.trainer.is_global_zero and log_dir:
             self.tokenizer.save(Path(log_dir) / "tokenizer.json")
 
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)
-        if self.tokenizer is not None:
-            checkpoint["tokenizer"] = self.tokenizer.to_str()
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "tokenizer" in checkpoint:
-            saved = Tokenizer.from_str(checkpoint["tokenizer"], source="the checkpoint's tokenizer")
-            if self.tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
-                check_same_tokenizer(saved=saved, data=self.tokenizer)
-            self.tokenizer = saved
+def _plain(value: Any) -> Any:
+    """A config as a plain dict (``DataFacts`` with lists, not tuples: they go to YAML too)."""
+    if isinstance(value, DataFacts):
+        return value.as_dict()
+    return asdict(value) if is_dataclass(value) else value
 
 
 def clip_gradients(trainer: L.Trainer, optimizer: Optimizer, value: float | None, algorithm: str | None) -> None:
@@ -472,7 +570,7 @@ def clip_gradients(trainer: L.Trainer, optimizer: Optimizer, value: float | None
             "configs/trainer/fsdp.yaml (FSDP2 through ModelParallelStrategy), where it works like everywhere else"
         )
     scaler = getattr(trainer.precision_plugin, "scaler", None)
-    if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+    if scaler is not None and step_unscales_gradients(optimizer):
         scaler.unscale_(optimizer)
     parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if algorithm == "value":

@@ -8,6 +8,7 @@ Only the evaluation differs: instead of BLEU, the share of dropped spans the mod
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -15,14 +16,15 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.checkpoints import InitConfig
+from lightformer.data.modules.pretraining import SpanCorruptionDataModule
 from lightformer.data.objectives.masking import span_corruption_lengths
 from lightformer.data.preparation.tokenizers import Tokenizer, sentinel
 from lightformer.errors import ConfigError
+from lightformer.facts import DataFacts
 from lightformer.models.seq2seq import EncoderDecoderConfig
 from lightformer.nn.checks import check_at_least
+from lightformer.registry import register
 from lightformer.tasks.base import data_config_values, net_config_values
-from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tasks.translation import Batch, TranslationTask
 from lightformer.tensorboard import logging_step, markdown_text, tensorboard_writer
 
@@ -38,10 +40,6 @@ class DenoisingTask(TranslationTask):
 
     Args:
         net: the encoder-decoder's shape (``EncoderDecoderConfig``).
-        optimizer: AdamW and its learning-rate schedule.
-        compile: run the training and evaluation forward pass through ``torch.compile``.
-        activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
-        init: start from another run's weights, freeze some, slow the loaded ones.
         label_smoothing: of the training targets (T5 uses none).
         encoder_loss_weight: weight of an auxiliary training loss that T5 does not have: the encoder's output at
             each sentinel predicts every token of that sentinel's span (a bag of words: the order is the decoder's
@@ -61,43 +59,34 @@ class DenoisingTask(TranslationTask):
     def __init__(
         self,
         net: EncoderDecoderConfig = EncoderDecoderConfig(),
-        optimizer: OptimizerConfig = OptimizerConfig(),
-        compile: bool = False,
-        activation_checkpointing: bool = False,
-        init: InitConfig = InitConfig(),
         label_smoothing: float = 0.0,
         encoder_loss_weight: float = 0.0,
         max_len_a: float = 0.5,
         max_len_b: int = 10,
         num_logged_samples: int = 4,
+        **common: Any,
     ) -> None:
         # Greedy decoding everywhere: the span accuracy is defined on greedy decodes.
         super().__init__(
             net,
-            optimizer,
-            compile,
-            activation_checkpointing,
-            init,
             label_smoothing=label_smoothing,
             beam_size=1,
             val_beam_size=1,
             max_len_a=max_len_a,
             max_len_b=max_len_b,
             num_logged_samples=num_logged_samples,
+            **common,
         )
         check_at_least("encoder_loss_weight", encoder_loss_weight, 0.0)
-        self.save_hyperparameters()
         del self.val_bleu, self.test_bleu  # translation's metric: no BLEU for denoising
         self.val_span_acc, self.test_span_acc = MeanMetric(), MeanMetric()
         self._sentinel_ids: dict[int, int] | None = None  # sentinel id → its number, from the tokenizer
         self._sentinel_id_tensor: Tensor | None = None  # their ids, on the model's device
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        datamodule = getattr(self.trainer, "datamodule", None)
-        max_length = getattr(datamodule, "max_length", None)  # the translation task's check knows its own data only
-        if max_length is not None and self.model.config.position != "none":
-            check_spans_fit(self.model.max_len, max_length, getattr(datamodule, "segment_tokens", None))
+    def check_data(self, facts: DataFacts, stage: str) -> None:
+        if facts.max_length is not None and self.model.config.position != "none":  # before the translator's check
+            check_spans_fit(self.model.max_len, facts.max_length, None)
+        super().check_data(facts, stage)
 
     @classmethod
     def check_lengths_before_data(cls, net: Mapping | None, data: Mapping | None) -> None:
@@ -253,3 +242,6 @@ def sentinel_numbers(tokenizer: Tokenizer) -> dict[int, int]:
     while (found := tokenizer.hf_tokenizer.token_to_id(sentinel(len(numbers)))) is not None:
         numbers[found] = len(numbers)
     return numbers
+
+
+register(DenoisingTask, data=SpanCorruptionDataModule)

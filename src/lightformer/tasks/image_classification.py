@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -18,13 +19,13 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.checkpoints import InitConfig
-from lightformer.config_groups import as_config
+from lightformer.commands import load_task, paths_of, require
+from lightformer.data.modules.images import ImageDataModule
 from lightformer.data.raw.image_files import read_images
-from lightformer.errors import ConfigError
+from lightformer.errors import ConfigError, DataError
 from lightformer.models.vit import VisionTransformer, ViTConfig, attention_rollout
+from lightformer.registry import register
 from lightformer.tasks.base import Task
-from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import (
     confusion_figure,
     logging_step,
@@ -33,21 +34,16 @@ from lightformer.tensorboard import (
     tensorboard_writer,
 )
 
-CHECKPOINT_KEY = "image_classification"  # preprocessing and class names, as plain lists (weights_only-safe)
-
 
 class ImageClassificationTask(Task):
     """Cross-entropy on a ViT; the data module's class names and normalisation travel inside the checkpoint.
 
-    The model's ``num_classes``, ``image_size`` and ``in_channels`` are linked from the data module by the CLI,
-    so a checkpoint alone is enough to classify image files (``classify_files``, ``lightformer classify``).
+    The model's ``num_classes``, ``image_size`` and ``in_channels`` come from the data's facts, which the
+    checkpoint keeps with the normalisation, so a checkpoint alone is enough to classify image files
+    (``classify_files``, ``lightformer classify``).
 
     Args:
         net: the ViT's shape (``ViTConfig``).
-        optimizer: AdamW and its learning-rate schedule.
-        compile: run the training and evaluation forward pass through ``torch.compile``.
-        activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
-        init: start from another run's (or Hugging Face / timm) weights, freeze some, slow the loaded ones.
         label_smoothing: of the training targets (also inside mixup/cutmix targets); validation and test
             losses are plain cross-entropy.
         mixup: alpha of timm's mixup; 0 disables it. With mixup or cutmix on, each batch is mixed with its
@@ -59,22 +55,20 @@ class ImageClassificationTask(Task):
         attention_images: how many fixed validation images get attention maps logged (0: none).
     """
 
+    model_class = VisionTransformer
+    net_from_data = {"num_classes": "num_classes", "image_size": "image_size", "in_channels": "in_channels"}
+
     def __init__(
         self,
         net: ViTConfig = ViTConfig(),
-        optimizer: OptimizerConfig = OptimizerConfig(),
-        compile: bool = False,
-        activation_checkpointing: bool = False,
-        init: InitConfig = InitConfig(),
         label_smoothing: float = 0.1,
         mixup: float = 0.0,
         cutmix: float = 0.0,
         test_time_flip: bool = False,
         attention_images: int = 4,
+        **common: Any,
     ) -> None:
-        super().__init__(optimizer, compile, activation_checkpointing, init)
-        self.save_hyperparameters()
-        self.model = VisionTransformer(as_config(ViTConfig, net))
+        super().__init__(net, **common)
         num_classes = self.model.num_classes
         self.mixup = None
         if mixup > 0 or cutmix > 0:
@@ -89,40 +83,24 @@ class ImageClassificationTask(Task):
         self.val_acc_top5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if num_classes >= 5 else None
         self.test_acc_top5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if num_classes >= 5 else None
         self.test_confusion = MulticlassConfusionMatrix(num_classes)
-
-        # Set from the data module in `setup`, or from a checkpoint: what predicting on image files needs.
-        self.class_names: list[str] | None = None
-        self.normalize_mean: list[float] | None = None
-        self.normalize_std: list[float] | None = None
         self._attention_batch: tuple[Tensor, Tensor] | None = None
 
-    # --- class names and preprocessing, carried from the data module into the checkpoint --------------------
+    # --- class names and preprocessing: the data's facts, kept in the checkpoint -------------------------------
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if datamodule is None:
-            return
-        for name in ("num_classes", "image_size", "in_channels"):
-            value, expected = getattr(datamodule, name, None), getattr(self.model.config, name)
-            if value is not None and value != expected:
-                raise ConfigError(f"the data has {name}={value} but model.net.{name}={expected}; they must be equal")
-        class_names = getattr(datamodule, "class_names", None)
-        if class_names:
-            self.class_names = [str(name) for name in class_names]
-        mean, std = getattr(datamodule, "normalize_mean", None), getattr(datamodule, "normalize_std", None)
-        if mean is not None and std is not None:
-            self.normalize_mean, self.normalize_std = [float(m) for m in mean], [float(s) for s in std]
+    @property
+    def class_names(self) -> list[str] | None:
+        names = getattr(self.data_facts, "class_names", None)
+        return list(names) if names is not None else None
 
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint[CHECKPOINT_KEY] = {
-            "class_names": self.class_names,
-            "normalize_mean": self.normalize_mean,
-            "normalize_std": self.normalize_std,
-            "in_channels": int(self.model.config.in_channels),
-            "image_size": int(self.model.config.image_size),
-        }
+    @property
+    def normalize_mean(self) -> list[float] | None:
+        mean = getattr(self.data_facts, "normalize_mean", None)
+        return list(mean) if mean is not None else None
+
+    @property
+    def normalize_std(self) -> list[float] | None:
+        std = getattr(self.data_facts, "normalize_std", None)
+        return list(std) if std is not None else None
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         resuming = "optimizer_states" in checkpoint
@@ -134,10 +112,7 @@ class ImageClassificationTask(Task):
                 "instead of --ckpt_path, with --model.net.bias=false to keep the model as it was); test and predict "
                 "read it as it is"
             )
-        stored = checkpoint.get(CHECKPOINT_KEY, {})
-        self.class_names = stored.get("class_names")
-        self.normalize_mean = stored.get("normalize_mean")
-        self.normalize_std = stored.get("normalize_std")
+        super().on_load_checkpoint(checkpoint)
 
     # --- training and evaluation --------------------------------------------------------------------------
 
@@ -264,3 +239,44 @@ class ImageClassificationTask(Task):
             [(names[i], p) for i, p in zip(row_indices.tolist(), row_values.tolist(), strict=True)]
             for row_values, row_indices in zip(values, indices, strict=True)
         ]
+
+
+# --- the commands that take this task's checkpoints alone ---------------------------------------------------
+
+
+def classify(
+    ckpt_path: str | None = None, images: list[str] | str | None = None, top_k: int = 3, device: str = "cpu"
+) -> None:
+    """The most likely classes of image files.
+
+    Print the most likely classes of image files, with an image-classification checkpoint alone.
+
+    Example: ``classify --ckpt_path best.ckpt --images "[a.png, b.png]" --top_k 3`` (also ``--images a.png``,
+    ``--images+ a.png --images+ b.png``, or a quoted pattern ``--images "photos/*.jpg"``).
+
+    Args:
+        ckpt_path: a checkpoint written by ``fit`` with the image-classification task (its class names and
+            preprocessing travel inside).
+        images: image files (PNG, JPEG, ...) or glob patterns; each image is resized and normalised as in
+            training.
+        top_k: how many classes to print per image, most likely first.
+        device: "cpu", "cuda", "cuda:1", ...
+    """
+    require(ckpt_path is not None and bool(images), "classify needs --ckpt_path CHECKPOINT and --images FILE ...")
+    require(top_k >= 1, f"--top_k={top_k} must be at least 1")
+    task = load_task(ckpt_path, ImageClassificationTask, "classify", device)
+    paths = paths_of(images, "--images", "image file", ".png")
+    try:
+        classified = task.classify_files(paths, top_k)
+    except DataError as error:  # a file that is not a readable image, named
+        raise DataError(f"--images: {error}") from None
+    for path, ranked in zip(paths, classified, strict=True):
+        print(f"{path}: " + ", ".join(f"{name} ({probability:.1%})" for name, probability in ranked))
+
+
+register(
+    ImageClassificationTask,
+    data=ImageDataModule,
+    commands={"classify": classify},
+    list_options={"classify": "--images"},
+)

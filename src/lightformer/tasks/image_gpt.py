@@ -13,24 +13,29 @@ are in the model's features, as Image GPT evaluates its representations.
 
 from __future__ import annotations
 
+import io
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import yaml
 from torch import Tensor
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.checkpoints import InitConfig
+from lightformer.checkpoints import read_checkpoint
+from lightformer.commands import check_sampling_options, load_task, paths_of
+from lightformer.data.modules.image_tokens import ImageTokenDataModule
 from lightformer.data.objectives.pixels import PixelTokenizer, downsample
-from lightformer.errors import ConfigError
+from lightformer.errors import ConfigError, DataError
+from lightformer.files import atomic_write_bytes
 from lightformer.generation import check_sampling, generate
 from lightformer.models.gpt import GPT, GPTConfig
+from lightformer.registry import register
 from lightformer.tasks.language_model import LanguageModelTask
-from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import image_grid, logging_step, tensorboard_logger, tensorboard_writer
 
-CHECKPOINT_KEY = "pixel_tokenizer"  # PixelTokenizer.to_dict(): plain lists and ints, weights_only-safe
 MASK_GREY = 128  # the value shown for the pixels a completion is not given
 
 
@@ -45,16 +50,12 @@ def bits_per_dim(loss: Tensor | float) -> Tensor | float:
 class ImageGPTTask(LanguageModelTask):
     """Next-pixel cross-entropy on a GPT over palette ids; logs loss and bits per dimension, samples and completions.
 
-    The model's ``vocab_size`` (palette colours + start token) and ``block_size`` (pixels per image) are linked
-    from ``ImageTokenDataModule`` by the CLI. The palette travels inside the checkpoint, so a checkpoint alone
-    samples images (``sample_images``), completes image files, and gives features (``features``).
+    The model's ``vocab_size`` (palette colours + start token) and ``block_size`` (pixels per image) come from
+    ``ImageTokenDataModule``'s facts. The palette travels inside the checkpoint, so a checkpoint alone samples
+    images (``sample_images``), completes image files, and gives features (``features``).
 
     Args:
         net: the GPT's shape (``GPTConfig``).
-        optimizer: AdamW and its learning-rate schedule.
-        compile: run the training and evaluation forward pass through ``torch.compile``.
-        activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
-        init: start from another run's weights, freeze some, slow the loaded ones.
         num_samples: images sampled from the start token alone and shown as a grid at each validation (0: none).
         completion_images: fixed validation images (the first of the first batch) whose bottom half is
             completed at each validation (0: none).
@@ -70,16 +71,13 @@ class ImageGPTTask(LanguageModelTask):
     def __init__(
         self,
         net: GPTConfig = GPTConfig(),
-        optimizer: OptimizerConfig = OptimizerConfig(),
-        compile: bool = False,
-        activation_checkpointing: bool = False,
-        init: InitConfig = InitConfig(),
         num_samples: int = 16,
         completion_images: int = 4,
         num_completions: int = 3,
         sample_temperature: float = 1.0,
         sample_top_k: int | None = None,
         sample_top_p: float | None = None,
+        **common: Any,
     ) -> None:
         for name, value, minimum in (
             ("num_samples", num_samples, 0),
@@ -92,39 +90,13 @@ class ImageGPTTask(LanguageModelTask):
             check_sampling(sample_temperature, sample_top_k, sample_top_p)
         except ValueError as error:
             raise ValueError(f"sample_{error}") from None
-        super().__init__(net, optimizer, compile, activation_checkpointing, init, sample_temperature=sample_temperature)
-        self.save_hyperparameters()  # this task's arguments, not the language model's (no text prompt)
-        self.pixel_tokenizer: PixelTokenizer | None = None
+        super().__init__(net, sample_temperature=sample_temperature, **common)
         self._completion_tokens: Tensor | None = None  # pixel ids (n, S*S) of the fixed validation images
 
-    # --- the palette, carried from the data module into the checkpoint ------------------------------------
-
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        tokenizer = getattr(getattr(self.trainer, "datamodule", None), "pixel_tokenizer", None)
-        if tokenizer is None:
-            return
-        if tokenizer.vocab_size > self.model.vocab_size:
-            raise ConfigError(
-                f"the palette has {tokenizer.num_colors} colours + a start token but model.net.vocab_size="
-                f"{self.model.vocab_size}; the model's vocabulary must hold every id"
-            )
-        if self.pixel_tokenizer is not None:  # loaded from a checkpoint, or set by an earlier run
-            check_same_palette(saved=self.pixel_tokenizer, data=tokenizer)
-        self.pixel_tokenizer = tokenizer
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)
-        if self.pixel_tokenizer is not None:
-            checkpoint[CHECKPOINT_KEY] = self.pixel_tokenizer.to_dict()
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        super().on_load_checkpoint(checkpoint)
-        if CHECKPOINT_KEY in checkpoint:
-            saved = PixelTokenizer.from_dict(checkpoint[CHECKPOINT_KEY])
-            if self.pixel_tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
-                check_same_palette(saved=saved, data=self.pixel_tokenizer)
-            self.pixel_tokenizer = saved
+    @property
+    def pixel_tokenizer(self) -> PixelTokenizer | None:
+        """The palette of the data (``data_facts.palette``), or of the checkpoint; None before either is known."""
+        return self.fact("palette", PixelTokenizer.from_dict)
 
     # --- training and evaluation: the language model's loss, reported in bits per dimension ----------------
 
@@ -381,3 +353,192 @@ def read_image_files(paths: list[str], tokenizer: PixelTokenizer) -> Tensor:
             image = image.reshape(size, size, channels).permute(2, 0, 1)
         images.append(image.contiguous())
     return torch.stack(images)
+
+
+# --- the commands that take this task's checkpoints alone ---------------------------------------------------
+
+
+def sample_images(
+    *,
+    ckpt_path: str,
+    output: str = "samples.png",
+    num_samples: int = 16,
+    complete_from: list[str] | str | None = None,
+    num_completions: int = 3,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+) -> list[str]:
+    """PNGs of images an Image GPT draws, or completes from image files.
+
+    Write PNG grids of images sampled by an Image GPT checkpoint alone (its palette travels inside it).
+
+    Example: ``sample-images --ckpt_path last.ckpt --num_samples 64 --complete_from "digits/*.png"`` writes
+    samples.png and samples_completions.png.
+
+    Args:
+        ckpt_path: a checkpoint written by ``fit`` with the Image GPT task.
+        output: the PNG of the unconditional samples (a square grid, upscaled so that small images are visible).
+        num_samples: how many images to sample from nothing (0: none, with ``complete_from``).
+        complete_from: image files or glob patterns (quote them) whose bottom half the model completes: each is
+            resized to the model's size (area-averaged when square and larger), quantised to its palette, and
+            shown in a row: the image, its top half with the bottom masked grey, ``num_completions`` completions.
+            The grid goes to OUTPUT's name with ``_completions`` added (samples_completions.png).
+        num_completions: completions sampled per image of ``complete_from``.
+        temperature: divides the logits; 0 is greedy (every sample alike).
+        top_k: sample among the k most likely colours only.
+        top_p: sample among the most likely colours whose probabilities add up to p (nucleus sampling).
+        seed: seed of the sampler: the same seed gives the same images.
+        device: "cpu", "cuda", "cuda:1", ...
+
+    Returns:
+        The paths written.
+    """
+    check_sampling_options(temperature, top_k, top_p)
+    if num_samples < 0:
+        raise ConfigError(f"--num_samples={num_samples} must be at least 0")
+    if num_completions < 1:
+        raise ConfigError(f"--num_completions={num_completions} must be at least 1")
+    paths = paths_of(complete_from, "--complete_from", "image file", ".png") if complete_from else []
+    if num_samples == 0 and not paths:
+        raise ConfigError("--num_samples=0 and no --complete_from: there is nothing to draw")
+    task = load_task(ckpt_path, ImageGPTTask, "sample-images", device)
+    tokenizer = task._require_palette()
+    size = tokenizer.image_size
+    try:  # before any sampling: a file that is not a readable image is named at once
+        given = read_image_files(paths, tokenizer) if paths else None
+    except DataError as error:
+        raise DataError(f"--complete_from: {error}") from None
+    written = []
+    if num_samples:
+        images = task.sample_images(num_samples, temperature, top_k, top_p, seed)
+        columns = math.ceil(math.sqrt(num_samples))
+        grid = image_grid(images, columns)
+        _write_png(grid, output)
+        rows = math.ceil(num_samples / columns)
+        print(
+            f"wrote {output}: {num_samples} samples of {size}×{size} pixels in a {rows}×{columns} grid "
+            f"({grid.shape[2]}×{grid.shape[1]} pixels)"
+        )
+        written.append(output)
+    if paths:
+        target = Path(output)
+        completions_path = str(target.with_name(f"{target.stem}_completions{target.suffix or '.png'}"))
+        grid, _ = completion_rows(task, given, num_completions, temperature, top_k, top_p, seed)
+        _write_png(grid, completions_path)
+        print(
+            f"wrote {completions_path}: one row per image of --complete_from ({len(paths)}): the image in the "
+            f"model's palette, its top {size // 2} rows given, {num_completions} completions "
+            f"({grid.shape[2]}×{grid.shape[1]} pixels)"
+        )
+        written.append(completions_path)
+    return written
+
+
+def _probe_data(checkpoint: dict, ckpt_path: str, config: str | None):
+    """The checkpoint run's data module, from ``config`` or from the data hyperparameters saved in the checkpoint."""
+    from lightformer.data.modules.image_tokens import ImageTokenDataModule
+
+    if config is not None:
+        if not Path(config).is_file():
+            raise ConfigError(f"--config: the file {config!r} does not exist")
+        section = (yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}).get("data")
+        if not isinstance(section, dict):
+            raise ConfigError(f"--config: {config} has no data section")
+        class_path, arguments = section.get("class_path", ""), dict(section.get("init_args") or {})
+        origin = f"--config {config}"
+    else:
+        saved = checkpoint.get("datamodule_hyper_parameters")
+        if not saved:
+            raise ConfigError(
+                f"--ckpt_path: {ckpt_path} holds no data settings (it was not written by `lightformer fit`); give "
+                "the run's config with --config (e.g. <run dir>/config.yaml)"
+            )
+        class_path, arguments = saved.get("_class_path", ""), dict(saved)
+        origin = f"the data settings saved in {ckpt_path}"
+    if class_path and class_path.rsplit(".", 1)[-1] != "ImageTokenDataModule":
+        raise ConfigError(f"{origin}: the data module is {class_path}, not ImageTokenDataModule")
+    return ImageTokenDataModule(**{k: v for k, v in arguments.items() if not k.startswith("_")})
+
+
+def probe(
+    *,
+    ckpt_path: str,
+    layer: int | None = None,
+    config: str | None = None,
+    max_train: int | None = None,
+    batch_size: int = 256,
+    device: str = "cpu",
+) -> dict[str, float]:
+    """A linear classifier on an Image GPT's features, against raw pixels.
+
+    Print the test accuracy of a linear classifier on an Image GPT's features, and on the pixels for comparison.
+
+    A linear probe is Image GPT's measure of what a model learnt without labels. The features of an image are the
+    mean over positions of the residual stream after decoder layer LAYER. The classifier is scikit-learn's
+    LogisticRegression on standardised inputs, fitted on the training split and scored on the test split of the
+    data the model was trained on (rebuilt from the checkpoint, or from --config).
+
+    Args:
+        ckpt_path: a checkpoint written by ``fit`` with the Image GPT task.
+        layer: the decoder layer whose output is probed (1-based; 0: the embeddings); default: the middle layer.
+        config: a config YAML (the run's ``config.yaml`` or the one it was trained with) whose data section
+            rebuilds the data; default: the data settings saved in the checkpoint.
+        max_train: fit the classifiers on the first MAX_TRAIN training images only (the split is in random
+            order), to probe a large dataset quickly; an image folder's others are not read. Default: all.
+        batch_size: images per forward pass when extracting features.
+        device: "cpu", "cuda", "cuda:1", ...
+
+    Returns:
+        ``{"layer": ..., "features": test accuracy of the probe, "pixels": test accuracy on raw pixels}``.
+    """
+    if max_train is not None and max_train < 1:
+        raise ConfigError(f"--max_train={max_train} must be at least 1 (or omitted: every training image)")
+    if batch_size < 1:
+        raise ConfigError(f"--batch_size={batch_size} must be at least 1")
+    checkpoint = read_checkpoint(ckpt_path)
+    task = load_task(ckpt_path, ImageGPTTask, "probe", device)
+    n_layers = len(task.model.decoder.layers)
+    layer = task.default_probe_layer() if layer is None else layer
+    if not 0 <= layer <= n_layers:
+        raise ConfigError(f"--layer={layer} must be from 0 (the embeddings) to {n_layers} (the model's last layer)")
+    data = _probe_data(checkpoint, ckpt_path, config)
+    check_same_palette(saved=task._require_palette(), data=data.pixel_tokenizer)
+    data.setup()
+    train_images, train_labels = data.labelled_images("train", max_train)
+    test_images, test_labels = data.labelled_images("test")
+
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    def accuracy(train_x: Tensor, test_x: Tensor) -> float:
+        classifier = make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000))
+        classifier.fit(train_x.numpy(), train_labels.numpy())
+        return float(classifier.score(test_x.numpy(), test_labels.numpy()))
+
+    features = accuracy(task.features(train_images, layer, batch_size), task.features(test_images, layer, batch_size))
+    pixels = accuracy(train_images.flatten(1).float() / 255, test_images.flatten(1).float() / 255)
+    counts = f"{len(train_images)} training, {len(test_images)} test images"
+    width = task.model.config.d_model
+    print(f"linear probe on layer {layer} of {n_layers} ({width} features): test accuracy {features:.2%} ({counts})")
+    print(f"the same classifier on the quantised pixels ({train_images[0].numel()} features): {pixels:.2%}")
+    return {"layer": layer, "features": features, "pixels": pixels}
+
+
+def _write_png(picture: Tensor, path: str) -> None:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(picture.permute(1, 2, 0).contiguous().numpy()).save(buffer, format="PNG")
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+register(
+    ImageGPTTask,
+    data=ImageTokenDataModule,
+    commands={"sample-images": sample_images, "probe": probe},
+    list_options={"sample-images": "--complete_from"},
+)

@@ -2,72 +2,53 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.checkpoints import InitConfig
-from lightformer.config_groups import as_config
-from lightformer.errors import ConfigError
-from lightformer.generation import generate
+from lightformer.commands import check_sampling_options, load_task, require
+from lightformer.data.modules.text import TextDataModule
+from lightformer.generation import generate as generate_tokens
 from lightformer.models.gpt import GPT, GPTConfig
+from lightformer.registry import register
 from lightformer.tasks.base import TextTask
-from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import logging_step, tensorboard_writer
 
 
 class LanguageModelTask(TextTask):
     """Next-token cross-entropy on a GPT; logs loss, perplexity and generated samples.
 
-    The model's ``vocab_size`` and ``block_size`` are linked from the data module by the CLI. The tokenizer
+    The model's ``vocab_size`` and ``block_size`` come from the data (its tokenizer and window). The tokenizer
     travels inside the checkpoint, so a checkpoint alone is enough to generate.
 
     Args:
         net: the GPT's shape (``GPTConfig``).
-        optimizer: AdamW and its learning-rate schedule.
-        compile: run the training and evaluation forward pass through ``torch.compile``.
-        activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
-        init: start from another run's (or Hugging Face / timm) weights, freeze some, slow the loaded ones.
         sample_prompt: the text the validation samples logged to TensorBoard continue.
         sample_tokens: length of each logged sample, in tokens.
         sample_temperature: sampling temperature of the logged samples.
         sample_top_k: sample among the k most likely tokens only (None: all).
     """
 
+    model_class = GPT
+    net_from_data = {"vocab_size": "vocab_size", "block_size": "max_length"}
+
     def __init__(
         self,
         net: GPTConfig = GPTConfig(),
-        optimizer: OptimizerConfig = OptimizerConfig(),
-        compile: bool = False,
-        activation_checkpointing: bool = False,
-        init: InitConfig = InitConfig(),
         sample_prompt: str = "\n",
         sample_tokens: int = 200,
         sample_temperature: float = 0.8,
         sample_top_k: int | None = None,
+        **common: Any,
     ) -> None:
-        super().__init__(optimizer, compile, activation_checkpointing, init)
-        self.save_hyperparameters()
-        self.model = GPT(as_config(GPTConfig, net))
+        super().__init__(net, **common)
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
-
-    # --- tokenizer, carried from the data module into the checkpoint -------------------------------------
-
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        datamodule = getattr(self.trainer, "datamodule", None)
-        block_size = getattr(datamodule, "block_size", None)
-        if block_size is not None and block_size > self.model.block_size:
-            raise ConfigError(
-                f"data.block_size={block_size} is larger than model.net.block_size={self.model.block_size}, the "
-                f"length of the model's position table; set the data's block_size to at most {self.model.block_size}"
-            )
-        tokenizer = getattr(datamodule, "tokenizer", None)
-        if tokenizer is not None:
-            self.take_tokenizer(tokenizer, self.model.vocab_size)
 
     items_name = "tokens"  # what throughput counts
     hparam_metrics = ("val/loss", "val/ppl", "test/loss", "test/ppl")
@@ -129,7 +110,7 @@ class LanguageModelTask(TextTask):
         generator = torch.Generator(self.device).manual_seed(seed) if seed is not None else None
         was_training = self.model.training
         self.model.eval()
-        out = generate(
+        out = generate_tokens(
             self.model,
             prompt_ids,
             max_new_tokens,
@@ -151,3 +132,54 @@ class LanguageModelTask(TextTask):
         # TensorBoard renders text as Markdown: keep line breaks by indenting as a code block.
         text = "    " + (hp.sample_prompt + sample[0]).replace("\n", "\n    ")
         writer.add_text("val/sample", text, logging_step(self.trainer))
+
+
+# --- the commands that take this task's checkpoints alone ---------------------------------------------------
+
+
+def generate(
+    *,
+    ckpt_path: str,
+    prompt: str = "\n",
+    max_new_tokens: int = 500,
+    temperature: float = 0.8,
+    top_k: int | None = 200,
+    top_p: float | None = None,
+    num_samples: int = 1,
+    seed: int | None = None,
+    device: str = "cpu",
+) -> None:
+    """Continue a prompt with a language model.
+
+    Print continuations of PROMPT from a language-model checkpoint (its tokenizer travels inside it).
+
+    Args:
+        ckpt_path: a checkpoint written by ``fit`` with the language-model task.
+        prompt: the text to continue.
+        max_new_tokens: how many tokens to generate at most (generation also stops at end-of-text).
+        temperature: divides the logits; 0 is greedy decoding.
+        top_k: sample among the k most likely tokens only.
+        top_p: sample among the most likely tokens whose probabilities add up to p (nucleus sampling).
+        num_samples: how many continuations to print.
+        seed: seed of the sampler, for reproducible samples.
+        device: "cpu", "cuda", "cuda:1", ...
+    """
+    check_sampling_options(temperature, top_k, top_p)
+    require(max_new_tokens >= 1, f"--max_new_tokens={max_new_tokens} must be at least 1")
+    require(num_samples >= 1, f"--num_samples={num_samples} must be at least 1")
+    task = load_task(ckpt_path, LanguageModelTask, "generate", device)
+    unknown = task.tokenizer.unknown_characters(prompt)
+    if unknown:
+        print(
+            f"warning: the prompt's characters {', '.join(map(repr, unknown))} are not in the model's vocabulary "
+            "(it never saw them in training): they become <unk>",
+            file=sys.stderr,
+        )
+    texts = task.generate_text(prompt, max_new_tokens, temperature, top_k, top_p, num_samples, seed)
+    for i, text in enumerate(texts):
+        if i:
+            print("\n" + "-" * 40)
+        print(prompt + text)
+
+
+register(LanguageModelTask, data=TextDataModule, commands={"generate": generate})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -15,14 +16,15 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.checkpoints import InitConfig
-from lightformer.config_groups import as_config
+from lightformer.commands import load_task
+from lightformer.data.modules.pretraining import MaskedLMDataModule
 from lightformer.data.objectives.masking import IGNORE_INDEX
-from lightformer.data.preparation.tokenizers import MASK
+from lightformer.data.preparation.tokenizers import MASK, Tokenizer
 from lightformer.errors import ConfigError
+from lightformer.facts import DataFacts
 from lightformer.models.bert import BertConfig, BertForPreTraining
+from lightformer.registry import register
 from lightformer.tasks.base import TextTask, data_config_values, net_config_values
-from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import logging_step, render_masked, tensorboard_writer
 
 Batch = dict[str, Tensor]
@@ -36,15 +38,11 @@ class MaskedLanguageModelTask(TextTask):
     Batches come from ``MaskedLMDataModule``: {"ids", "segment_ids", "labels" (IGNORE_INDEX where no loss),
     "nsp_labels" (1 = B follows A, 0 = B is random; absent without NSP)}. The model's NSP head keeps BERT's (and
     Hugging Face's) order, class 0 = "B follows A", so its weights mean the same as imported BERT weights; the task
-    maps the batch's labels onto it. The model's ``vocab_size`` and ``pad_id`` are linked from the data module by
-    the CLI; the tokenizer travels inside the checkpoint, so a checkpoint alone can ``fill_mask``.
+    maps the batch's labels onto it. The model's ``vocab_size`` and ``pad_id`` come from the data's facts; the
+    tokenizer travels inside the checkpoint, so a checkpoint alone can ``fill_mask``.
 
     Args:
         net: the BERT encoder's shape (``BertConfig``).
-        optimizer: AdamW and its learning-rate schedule.
-        compile: run the training and evaluation forward pass through ``torch.compile``.
-        activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
-        init: start from another run's (or Hugging Face BERT) weights, freeze some, slow the loaded ones.
         nsp_weight: weight of the next-sentence loss in the total loss (0 trains the masked LM alone).
         num_logged_samples: validation passages shown in TensorBoard with the model's fill-ins.
     """
@@ -53,40 +51,28 @@ class MaskedLanguageModelTask(TextTask):
     items_name = "tokens"  # what throughput counts
     variable_shapes = True  # batches padded to their longest sequence
 
+    model_class = BertForPreTraining
+    net_from_data = {"vocab_size": "vocab_size", "pad_id": "pad_id"}
+
     def __init__(
-        self,
-        net: BertConfig = BertConfig(),
-        optimizer: OptimizerConfig = OptimizerConfig(),
-        compile: bool = False,
-        activation_checkpointing: bool = False,
-        init: InitConfig = InitConfig(),
-        nsp_weight: float = 1.0,
-        num_logged_samples: int = 4,
+        self, net: BertConfig = BertConfig(), nsp_weight: float = 1.0, num_logged_samples: int = 4, **common: Any
     ) -> None:
         if nsp_weight < 0:
             raise ValueError(f"nsp_weight={nsp_weight} must be at least 0")
         if num_logged_samples < 0:
             raise ValueError(f"num_logged_samples={num_logged_samples} must be at least 0")
-        super().__init__(optimizer, compile, activation_checkpointing, init)
-        self.save_hyperparameters()
-        self.model = BertForPreTraining(as_config(BertConfig, net))
+        super().__init__(net, **common)
         # Per split: the masked-LM loss (weighted by masked tokens), its accuracy, the NSP loss and accuracy.
         self.val_metrics = _Metrics(nsp_weight)
         self.test_metrics = _Metrics(nsp_weight)
         self._samples: tuple[Tensor, Tensor, Tensor] | None = None  # (inputs, labels, predictions) of val batch 0
 
-    # --- tokenizer, carried from the data module into the checkpoint -------------------------------------
-
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        datamodule = getattr(self.trainer, "datamodule", None)
-        max_length = getattr(datamodule, "max_length", None)
-        if max_length is not None:
-            check_segments_fit(self.model.config.max_len, max_length, getattr(datamodule, "segment_tokens", None))
-        tokenizer = getattr(datamodule, "tokenizer", None)
-        if tokenizer is not None:
-            tokenizer.token_id(MASK)  # a ValueError naming it when the data's tokenizer has no mask token
-            self.take_tokenizer(tokenizer, self.model.config.vocab_size)
+    def check_data(self, facts: DataFacts, stage: str) -> None:
+        super().check_data(facts, stage)
+        if facts.max_length is not None:
+            check_segments_fit(self.model.config.max_len, facts.max_length, None)
+        if facts.tokenizer is not None:  # a ValueError naming it when the data's tokenizer has no mask token
+            Tokenizer.from_str(facts.tokenizer, source="the data's tokenizer").token_id(MASK)
 
     # --- training and evaluation --------------------------------------------------------------------------
 
@@ -250,3 +236,45 @@ class _Metrics(torch.nn.Module):
         for metric in (self.mlm_loss, self.mlm_acc, self.nsp_loss, self.nsp_acc):
             metric.reset()
         return {f"{split}/{name}": value for name, value in values.items()}
+
+
+# --- the commands that take this task's checkpoints alone ---------------------------------------------------
+
+
+def fill_mask(*, ckpt_path: str, text: str, top_k: int = 5, device: str = "cpu") -> None:
+    """The most likely words at each [MASK] of a sentence.
+
+    Print the most likely tokens at each mask of TEXT, with a masked-language-model checkpoint alone: first the
+    text with the most likely token in brackets at each mask, then per mask the ``top_k`` tokens and probabilities.
+
+    Example: ``fill-mask --ckpt_path last.ckpt --text "It is a truth universally [MASK]."``
+
+    Args:
+        ckpt_path: a checkpoint written by ``fit`` with the masked-language-model task (its tokenizer travels
+            inside).
+        text: the text, with one or more mask markers: "[MASK]" or "<mask>" (a marker takes the space before it).
+        top_k: how many tokens to print per mask, most likely first.
+        device: "cpu", "cuda", "cuda:1", ...
+    """
+    if top_k < 1:
+        raise ConfigError(f"--top_k={top_k} must be at least 1")
+    if not MASK_MARKERS.search(text):
+        raise ConfigError(f"--text={text!r} has no mask marker: put [MASK] (or {MASK}) where a token is to be filled")
+    task = load_task(ckpt_path, MaskedLanguageModelTask, "fill-mask", device)
+    try:
+        ranked = task.fill_mask(text, top_k)
+    except ValueError as error:  # a text longer than the model reads
+        raise ConfigError(f"--text: {error}") from None
+    best = iter([tokens[0][0] for tokens in ranked])
+
+    def bracketed(match: re.Match) -> str:  # the most likely token, in brackets after its leading space
+        token = next(best)
+        core = token.removeprefix(" ")
+        return f"{token[: len(token) - len(core)]}[{core}]"
+
+    print(re.sub(f" ?(?:{MASK_MARKERS.pattern})", bracketed, text))  # the marker's space is the token's own
+    for number, tokens in enumerate(ranked, 1):
+        print(f"mask {number}: " + ", ".join(f"{token!r} ({probability:.1%})" for token, probability in tokens))
+
+
+register(MaskedLanguageModelTask, data=MaskedLMDataModule, commands={"fill-mask": fill_mask})

@@ -8,8 +8,10 @@ matrix. The tokenizer and the class names travel inside the checkpoint, so a che
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -18,16 +20,16 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.checkpoints import CheckpointError, InitConfig, read_checkpoint
-from lightformer.config_groups import as_config
+from lightformer.checkpoints import CheckpointError, read_checkpoint
+from lightformer.data.modules.classification import TextClassificationDataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.errors import ConfigError
+from lightformer.facts import DataFacts, facts_of_checkpoint
 from lightformer.models.bert import BertConfig, BertForSequenceClassification
+from lightformer.registry import register
 from lightformer.tasks.base import TextTask, data_config_values, net_config_values
-from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import confusion_figure, tensorboard_writer
 
-CHECKPOINT_KEY = "text_classification"  # class names and the longest input, as plain values (weights_only-safe)
 Batch = dict[str, Tensor | list[str]]
 
 
@@ -35,18 +37,14 @@ class TextClassificationTask(TextTask):
     """Cross-entropy on ``BertForSequenceClassification``; the data's tokenizer and class names travel inside the
     checkpoint.
 
-    The model's ``vocab_size``, ``pad_id`` and ``num_classes`` (in ``net``) are linked from the data module by the
-    command line. To fine-tune, set ``init.checkpoint`` to a masked-LM pretraining run's checkpoint:
-    its encoder (``bert.*``) and pooler (``pooler.*``) are loaded by name, the classifier starts new. The data must
-    then be encoded with that run's tokenizer (``data.init_args.tokenizer.file``), which ``setup`` checks.
+    The model's ``vocab_size``, ``pad_id`` and ``num_classes`` (in ``net``) come from the data's facts. To
+    fine-tune, set ``init.checkpoint`` to a masked-LM pretraining run's checkpoint: its encoder (``bert.*``) and
+    pooler (``pooler.*``) are loaded by name, the classifier starts new. The data must then be encoded
+    with that run's tokenizer (``data.init_args.tokenizer.file``), which ``setup`` checks.
 
     Args:
         net: the BERT encoder's shape and its classifier's ``num_classes`` and ``classifier_dropout``
             (``BertConfig``); a pretraining checkpoint's encoder shape must be the same.
-        optimizer: AdamW and its learning-rate schedule.
-        compile: run the training and evaluation forward pass through ``torch.compile``.
-        activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
-        init: start from another run's (or Hugging Face BERT) weights, freeze some, slow the loaded ones.
         label_smoothing: of the training targets, in [0, 1); validation and test losses are plain cross-entropy.
     """
 
@@ -54,20 +52,13 @@ class TextClassificationTask(TextTask):
     variable_shapes = True  # batches padded to their longest sequence
     hparam_metrics = ("val/acc", "val/f1", "val/loss", "test/acc", "test/f1")
 
-    def __init__(
-        self,
-        net: BertConfig = BertConfig(),
-        optimizer: OptimizerConfig = OptimizerConfig(),
-        compile: bool = False,
-        activation_checkpointing: bool = False,
-        init: InitConfig = InitConfig(),
-        label_smoothing: float = 0.0,
-    ) -> None:
-        super().__init__(optimizer, compile, activation_checkpointing, init)
-        self.save_hyperparameters()
+    model_class = BertForSequenceClassification
+    net_from_data = {"vocab_size": "vocab_size", "pad_id": "pad_id", "num_classes": "num_classes"}
+
+    def __init__(self, net: BertConfig = BertConfig(), label_smoothing: float = 0.0, **common: Any) -> None:
         if not 0 <= label_smoothing < 1:
             raise ValueError(f"label_smoothing={label_smoothing} must be in [0, 1)")
-        self.model = BertForSequenceClassification(as_config(BertConfig, net))
+        super().__init__(net, **common)
         num_classes = self.num_classes
 
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
@@ -77,56 +68,28 @@ class TextClassificationTask(TextTask):
         self.test_f1 = MulticlassF1Score(num_classes, average="macro")
         self.test_confusion = MulticlassConfusionMatrix(num_classes)
 
-        # Set from the data module in `setup`, or from a checkpoint: what classifying texts needs.
-        self.class_names: list[str] | None = None
-        self.max_tokens: int | None = None
-
     @property
     def num_classes(self) -> int:
         return self.model.config.num_classes
 
-    # --- tokenizer and class names, carried from the data module into the checkpoint --------------------------
+    @property
+    def class_names(self) -> list[str] | None:
+        """The classes, in the order of the classifier's outputs (the data's facts, or the checkpoint's)."""
+        names = getattr(self.data_facts, "class_names", None)
+        return list(names) if names is not None else None
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if datamodule is None:
-            return
-        config = self.model.config
-        num_classes, max_tokens = getattr(datamodule, "num_classes", None), getattr(datamodule, "max_tokens", None)
-        if num_classes is not None and num_classes != self.num_classes:
-            raise ConfigError(
-                f"the data has num_classes={num_classes} but model.net.num_classes={self.num_classes}; they must be "
-                "equal"
-            )
-        if max_tokens is not None:
-            check_texts_fit(config.max_len, max_tokens)
-        tokenizer = getattr(datamodule, "tokenizer", None)
-        if tokenizer is not None:
-            if stage == "fit" and self.init_config.checkpoint and self.trainer.ckpt_path is None:
-                _check_init_tokenizer(self.init_config.checkpoint, tokenizer, _data_tokenizer_name(datamodule))
-            self.take_tokenizer(tokenizer, config.vocab_size)
-        class_names = getattr(datamodule, "class_names", None)
-        if class_names:
-            class_names = [str(name) for name in class_names]
-            if self.class_names is not None:  # loaded from a checkpoint
-                _check_same_classes(self.class_names, class_names)
-            self.class_names = class_names
-        if max_tokens is not None:
-            self.max_tokens = int(max_tokens)
+    @property
+    def max_tokens(self) -> int | None:
+        """The longest text of the data in tokens, [CLS] and [SEP] included (``data.max_tokens``)."""
+        return getattr(self.data_facts, "max_length", None)
 
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)
-        checkpoint[CHECKPOINT_KEY] = {"class_names": self.class_names, "max_tokens": self.max_tokens}
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        super().on_load_checkpoint(checkpoint)
-        stored = checkpoint.get(CHECKPOINT_KEY, {})
-        if stored.get("class_names"):
-            if self.class_names is not None:  # set from the data by `setup`, which ran first
-                _check_same_classes(stored["class_names"], self.class_names)
-            self.class_names = stored["class_names"]
-        self.max_tokens = stored.get("max_tokens") or self.max_tokens
+    def check_data(self, facts: DataFacts, stage: str) -> None:
+        super().check_data(facts, stage)
+        if facts.max_length is not None:
+            check_texts_fit(self.model.config.max_len, facts.max_length)
+        starting = stage == "fit" and self.init_config.checkpoint and self.trainer.ckpt_path is None
+        if starting and facts.tokenizer is not None:
+            _check_init_tokenizer(self.init_config.checkpoint, facts.tokenizer)
 
     # --- training and evaluation ------------------------------------------------------------------------------
 
@@ -243,40 +206,30 @@ def check_texts_fit(max_len: int, max_tokens: int) -> None:
         )
 
 
-def _data_tokenizer_name(datamodule) -> str:
-    """How an error message names the data's tokenizer: its file, or the one the data module trained."""
-    path = getattr(getattr(datamodule, "tokenizer_config", None), "file", None)
-    return f"the data's tokenizer.file {path}" if path else "the tokenizer the data module trained"
-
-
-def _check_same_classes(saved: list[str], data: list[str]) -> None:
-    """Refuse data whose classes are not the ones (in the order) the classifier was trained on (``CheckpointError``:
-    the command line shows its message as one line)."""
-    if list(saved) != list(data):
-        raise CheckpointError(
-            f"the data's classes {list(data)} are not the checkpoint's {list(saved)}: the classifier's outputs would "
-            "stand for other classes; use the data the model was trained with"
-        )
-
-
 def init_checkpoint_tokenizer(path: str) -> Tokenizer | None:
-    """The tokenizer a run's checkpoint (``.ckpt``: "tokenizer") or a lightformer export (``.safetensors``:
-    "lightformer.tokenizer" metadata) carries, or None (no tokenizer there: Hugging Face weights, an image model)."""
+    """The tokenizer a run's checkpoint (``.ckpt``: its ``data_facts``) or a lightformer export (``.safetensors``: the
+    hyperparameters in its metadata, or an older export's "lightformer.tokenizer") carries, or None (no tokenizer
+    there: Hugging Face weights, an image model)."""
     if path.endswith(".safetensors"):
         from safetensors import safe_open
 
         with safe_open(path, framework="pt") as weights:
-            stored = (weights.metadata() or {}).get("lightformer.tokenizer")
+            metadata = weights.metadata() or {}
+        hparams = json.loads(metadata.get("lightformer.hyper_parameters", "{}"))
+        stored = (hparams.get("data_facts") or {}).get("tokenizer") or metadata.get("lightformer.tokenizer")
     else:
-        stored = read_checkpoint(path, "model.init.checkpoint").get("tokenizer")
+        facts = facts_of_checkpoint(read_checkpoint(path, "model.init.checkpoint"))
+        stored = facts.tokenizer if facts is not None else None
     return Tokenizer.from_str(stored, source=f"the tokenizer of {path}") if isinstance(stored, str) else None
 
 
-def _check_init_tokenizer(path: str, data: Tokenizer, data_name: str) -> None:
-    """Refuse to fine-tune from ``path`` on data encoded with another tokenizer than the one it was trained with."""
+def _check_init_tokenizer(path: str, data_tokenizer: str) -> None:
+    """Refuse to fine-tune from ``path`` on data encoded with another tokenizer (JSON) than the one it was trained
+    with."""
     if "://" in path:  # a remote checkpoint: not read twice
         return
     saved = init_checkpoint_tokenizer(path)
+    data = Tokenizer.from_str(data_tokenizer, source="the data's tokenizer")
     difference = saved.difference(data) if saved is not None else None
     if difference is None:
         return
@@ -286,7 +239,10 @@ def _check_init_tokenizer(path: str, data: Tokenizer, data_name: str) -> None:
     else:
         suggested = "<that run's tokenizer.json>"
     raise CheckpointError(
-        f"model.init.checkpoint {path} was trained with another tokenizer than {data_name} (checkpoint vs data: "
+        f"model.init.checkpoint {path} was trained with another tokenizer than the data's (checkpoint vs data: "
         f"{difference}), so the ids of this data would stand for other tokens in the loaded weights; encode the "
         f"data with that run's tokenizer: data.init_args.tokenizer.file={suggested}"
     )
+
+
+register(TextClassificationTask, data=TextClassificationDataModule)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -11,16 +13,18 @@ from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.checkpoints import InitConfig, check_same_tokenizer
-from lightformer.config_groups import as_config
-from lightformer.data.modules.translation import PreparedPairs
+from lightformer.checkpoints import require_file
+from lightformer.commands import load_task, require
+from lightformer.data.modules.translation import TranslationDataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.errors import ConfigError
+from lightformer.facts import DataFacts
+from lightformer.files import read_lines
 from lightformer.generation import beam_search
 from lightformer.models.seq2seq import EncoderDecoder, EncoderDecoderConfig
 from lightformer.nn import record_attention
+from lightformer.registry import register
 from lightformer.tasks.base import Task
-from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tensorboard import attention_figure, logging_step, tensorboard_logger, tensorboard_writer
 
 Batch = dict[str, Tensor | list[str]]
@@ -29,16 +33,12 @@ Batch = dict[str, Tensor | list[str]]
 class TranslationTask(Task):
     """Label-smoothed cross-entropy on shifted targets; BLEU of greedy or beam-search translations.
 
-    The model's ``src_vocab_size``, ``tgt_vocab_size`` and ``pad_id`` are linked from the data module by the
-    CLI; its tokenizers travel inside the checkpoint, so a checkpoint alone can translate. Validation decodes
-    with ``val_beam_size`` (1 = greedy, cheap), test with ``beam_size``.
+    The model's ``src_vocab_size``, ``tgt_vocab_size`` and ``pad_id`` come from the data's facts; its tokenizers
+    travel inside the checkpoint, so a checkpoint alone can translate. Validation decodes with ``val_beam_size``
+    (1 = greedy, cheap), test with ``beam_size``.
 
     Args:
         net: the encoder-decoder's shape (``EncoderDecoderConfig``).
-        optimizer: AdamW and its learning-rate schedule.
-        compile: run the training and evaluation forward pass through ``torch.compile``.
-        activation_checkpointing: recompute activations in the backward pass (less memory, more compute).
-        init: start from another run's (or Hugging Face / timm) weights, freeze some, slow the loaded ones.
         label_smoothing: of the training targets.
         beam_size: beam width at test time and for ``translate`` (1 = greedy).
         val_beam_size: beam width of the validation BLEU.
@@ -48,13 +48,12 @@ class TranslationTask(Task):
         num_logged_samples: validation translations shown in TensorBoard.
     """
 
+    model_class = EncoderDecoder
+    net_from_data = {"src_vocab_size": "src_vocab_size", "tgt_vocab_size": "tgt_vocab_size", "pad_id": "pad_id"}
+
     def __init__(
         self,
         net: EncoderDecoderConfig = EncoderDecoderConfig(),
-        optimizer: OptimizerConfig = OptimizerConfig(),
-        compile: bool = False,
-        activation_checkpointing: bool = False,
-        init: InitConfig = InitConfig(),
         label_smoothing: float = 0.1,
         beam_size: int = 4,
         val_beam_size: int = 1,
@@ -62,45 +61,34 @@ class TranslationTask(Task):
         max_len_a: float = 1.5,
         max_len_b: int = 10,
         num_logged_samples: int = 4,
+        **common: Any,
     ) -> None:
-        super().__init__(optimizer, compile, activation_checkpointing, init)
-        self.save_hyperparameters()
-        self.model = EncoderDecoder(as_config(EncoderDecoderConfig, net))
+        super().__init__(net, **common)
         self.pad_id = self.model.pad_id
-        self.src_tokenizer: Tokenizer | None = None
-        self.tgt_tokenizer: Tokenizer | None = None
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_bleu, self.test_bleu = SacreBLEUScore(tokenize="13a"), SacreBLEUScore(tokenize="13a")
         self._samples: list[tuple[str, str, str]] = []
 
-    # --- tokenizers, carried from the data module into the checkpoint --------------------------------------
+    # --- tokenizers: the data's facts, kept in the checkpoint --------------------------------------------------
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        datamodule = getattr(self.trainer, "datamodule", None)
-        longest = _longest_sequence(datamodule)
-        max_len = self.model.max_len
-        if longest > max_len and self.model.config.position != "none":
-            limit = getattr(getattr(datamodule, "batches", None), "max_sentence_tokens", "?")
-            raise ConfigError(  # known only now: the longest sentence the data kept
-                f"the data's longest sentence has {longest} positions (data.batches.max_sentence_tokens={limit}) but "
-                f"model.net.max_len={max_len}, the length of the model's position table, which must hold it; set "
+    @property
+    def src_tokenizer(self) -> Tokenizer | None:
+        return self.fact("src_tokenizer", lambda text: Tokenizer.from_str(text, source="the model's src_tokenizer"))
+
+    @property
+    def tgt_tokenizer(self) -> Tokenizer | None:
+        return self.fact("tgt_tokenizer", lambda text: Tokenizer.from_str(text, source="the model's tgt_tokenizer"))
+
+    def check_data(self, facts: DataFacts, stage: str) -> None:
+        super().check_data(facts, stage)
+        longest, max_len = facts.max_length, self.model.max_len
+        if longest is not None and longest > max_len and self.model.config.position != "none":
+            raise ConfigError(
+                f"the data's longest sentence has {longest} positions (at most data.batches.max_sentence_tokens) but "
+                f"model.net.max_len={max_len}, the length of the model's position table, which must hold them; set "
                 f"data.batches.max_sentence_tokens <= {max_len} (longer train pairs are dropped, val/test ids cut) or "
                 f"model.net.max_len >= {longest}"
             )
-        if getattr(datamodule, "src_tokenizer", None) is not None:
-            tokenizers = {"src": datamodule.src_tokenizer, "tgt": datamodule.tgt_tokenizer}
-            for side, tokenizer in tokenizers.items():
-                size = getattr(self.model.config, f"{side}_vocab_size")
-                if tokenizer.vocab_size > size:
-                    raise ConfigError(
-                        f"the data's {side} tokenizer has {tokenizer.vocab_size} tokens but model.net."
-                        f"{side}_vocab_size={size}; the model's vocabulary must hold every token id"
-                    )
-            if self.src_tokenizer is not None:  # loaded from a checkpoint, or set by an earlier run
-                check_same_tokenizer(self.src_tokenizer, tokenizers["src"], "src ")
-                check_same_tokenizer(self.tgt_tokenizer, tokenizers["tgt"], "tgt ")
-            self.src_tokenizer, self.tgt_tokenizer = tokenizers["src"], tokenizers["tgt"]
 
     items_name = "target tokens"  # what throughput counts
     variable_shapes = True  # batches padded to their longest sequence
@@ -112,23 +100,6 @@ class TranslationTask(Task):
         if self.src_tokenizer is not None and self.trainer.is_global_zero and log_dir:
             self.src_tokenizer.save(Path(log_dir) / "src_tokenizer.json")
             self.tgt_tokenizer.save(Path(log_dir) / "tgt_tokenizer.json")
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        super().on_save_checkpoint(checkpoint)
-        if self.src_tokenizer is not None:
-            checkpoint["src_tokenizer"] = self.src_tokenizer.to_str()
-            checkpoint["tgt_tokenizer"] = self.tgt_tokenizer.to_str()
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "src_tokenizer" in checkpoint:
-            saved = {
-                side: Tokenizer.from_str(checkpoint[f"{side}_tokenizer"], source=f"the checkpoint's {side}_tokenizer")
-                for side in ("src", "tgt")
-            }
-            if self.src_tokenizer is not None:  # `fit/validate/test --ckpt_path` run `setup` (data) before this
-                check_same_tokenizer(saved["src"], self.src_tokenizer, "src ")
-                check_same_tokenizer(saved["tgt"], self.tgt_tokenizer, "tgt ")
-            self.src_tokenizer, self.tgt_tokenizer = saved["src"], saved["tgt"]
 
     # --- training and evaluation ---------------------------------------------------------------------------
 
@@ -264,11 +235,61 @@ class TranslationTask(Task):
         writer.add_figure("val/cross_attention", figure, logging_step(self.trainer))
 
 
-def _longest_sequence(datamodule: object) -> int:
-    """Positions the model needs for the data module's encoded splits: the longest source, and the longest
-    target less one (teacher forcing feeds ``tgt[:, :-1]``); 0 when it has none (yet)."""
-    longest = 0
-    for dataset in (getattr(datamodule, "datasets", None) or {}).values():
-        if isinstance(dataset, PreparedPairs) and len(dataset):
-            longest = max(longest, int(dataset.src_lengths.max()), int(dataset.tgt_lengths.max()) - 1)
-    return longest
+# --- the commands that take this task's checkpoints alone ---------------------------------------------------
+
+
+def translate(
+    *,
+    ckpt_path: str,
+    input: str = "-",
+    beam_size: int | None = None,
+    batch_size: int = 32,
+    device: str = "cpu",
+) -> None:
+    """Translate the lines of a file or of standard input.
+
+    Translate the lines of INPUT (a file, or - for standard input) with a translation checkpoint alone.
+
+    Args:
+        ckpt_path: a checkpoint written by ``fit`` with the translation task (its tokenizers travel inside).
+        input: a UTF-8 text file with one source sentence per line, or "-" for standard input.
+        beam_size: beam width (1 = greedy); default: the model's ``beam_size``.
+        batch_size: sentences translated together.
+        device: "cpu", "cuda", "cuda:1", ...
+    """
+    require(beam_size is None or beam_size >= 1, f"--beam_size={beam_size} must be at least 1 (1 is greedy)")
+    require(batch_size >= 1, f"--batch_size={batch_size} must be at least 1")
+    if input != "-":
+        require_file(input, "--input: the file")
+    task = load_task(ckpt_path, TranslationTask, "translate", device)
+    try:
+        lines = read_lines(input, "--input") if input != "-" else sys.stdin.read().splitlines()
+    except ValueError as error:  # not UTF-8: the message names the file, the byte and its line
+        raise ConfigError(str(error)) from None
+    for number, length in task.too_long(lines):
+        print(
+            f"warning: line {number + 1} of --input has {length} tokens; the model reads at most "
+            f"{task.model.max_len - 1}, so its end is cut",
+            file=sys.stderr,
+        )
+    blank = [number for number, line in enumerate(lines) if not line.strip()]
+    if blank:
+        shown = ", ".join(str(number + 1) for number in blank[:10]) + (
+            f", ... ({len(blank)} in all)" * (len(blank) > 10)
+        )
+        print(
+            f"note: line{'s' * (len(blank) > 1)} {shown} of --input {'are' if len(blank) > 1 else 'is'} blank: not "
+            "translated, printed as an empty line (the output stays aligned with the input line for line)",
+            file=sys.stderr,
+        )
+    text = [(number, line) for number, line in enumerate(lines) if line.strip()]  # a model given nothing repeats words
+    printed = 0  # input lines answered so far
+    for start in range(0, len(text), batch_size):
+        batch = text[start : start + batch_size]
+        for (number, _), translation in zip(batch, task.translate([line for _, line in batch], beam_size), strict=True):
+            print("\n" * (number - printed) + translation)  # the blank lines before this one, then its translation
+            printed = number + 1
+    print("\n" * (len(lines) - printed), end="")
+
+
+register(TranslationTask, data=TranslationDataModule, commands={"translate": translate})

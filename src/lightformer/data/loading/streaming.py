@@ -21,6 +21,7 @@ from litdata.streaming.resolver import Dir
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from lightformer.data.preparation.prepare import LENGTHS
+from lightformer.internals import samples_yielded
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
     def load_state_dict(self, obj: dict) -> None:
         super().load_state_dict(obj)
         self._counting = True
-        left = len(self.dataset) - self._num_samples_yielded_streaming
+        left = len(self.dataset) - samples_yielded(self)
         if self.restore and self.drop_last and left < self.batch_size:
             self.restore = False
 

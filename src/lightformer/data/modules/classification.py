@@ -60,7 +60,6 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -69,7 +68,8 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import EpochShuffleSampler, ResumableDataLoader, evaluation_sampler
 from lightformer.data.loading.streaming import LoaderConfig, Records
-from lightformer.data.preparation.caching import SameDataOnResume, content_hash, file_stamp, preparing
+from lightformer.data.modules.base import DataModule
+from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
     MANIFEST,
     SAMPLE_BYTES,
@@ -85,6 +85,7 @@ from lightformer.data.preparation.tokenizers import EOS_ID, MASK, MIN_BPE_VOCAB_
 from lightformer.data.raw.corpora import AUSTEN_NOVELS, austen_text, split_austen_text, split_of
 from lightformer.data.raw.sources import SPLITS, Piece, line_pieces, piece_lines, stage_splits
 from lightformer.errors import DataError
+from lightformer.facts import DataFacts
 from lightformer.files import as_list, expand_patterns, read_utf8, sha256_of
 
 _PREFIX = {"train": "", "val": "val_", "test": "test_"}  # of each split's option: tsv_files, val_tsv_files, ...
@@ -376,16 +377,16 @@ class PassageTokenizer:
             )
 
 
-class TextClassificationDataModule(SameDataOnResume, L.LightningDataModule):
+class TextClassificationDataModule(DataModule):
     """Labelled texts for a BERT classifier: batches {"ids": (B, T), "labels": (B,)}.
 
     Each text is encoded as [CLS] tokens [SEP] (the tokenizer's BOS and EOS), cut to `max_tokens` with [SEP] kept
     last, and padded with `pad_id` (to the batch's longest, rounded up to a multiple of 8). Give the texts as
     `source.corpus` (the default, Jane Austen's six novels: which novel does a passage come from) or as
     `source.tsv_files` with `source.corpus: null`; see the module docstring for how passages are made, the splits
-    drawn and the texts prepared. `num_classes`, `class_names`, `vocab_size` and `pad_id` are available right after
-    construction (the command line links them into the model; the first use prepares the data); `class_counts` and
-    `chance_accuracy` describe the splits, whose class counts `setup` logs.
+    drawn and the texts prepared. `data_facts()` tells the model the tokenizer, `class_names` and `max_tokens` (the
+    first use prepares the data); `class_counts` and `chance_accuracy` describe the splits, whose class counts `setup`
+    logs.
 
     Args:
         source: the labelled texts and their splits (``PassageSource``).
@@ -427,7 +428,7 @@ class TextClassificationDataModule(SameDataOnResume, L.LightningDataModule):
         self._class_counts: dict[str, dict[str, int]] | None = None
         self._logged_counts = False
 
-    # --- what the model needs: available right after construction (LightningCLI links them) ---
+    # --- the prepared data, and what the model needs to know of it ---
 
     @property
     def prepared(self) -> Path:
@@ -450,15 +451,10 @@ class TextClassificationDataModule(SameDataOnResume, L.LightningDataModule):
             self._tokenizer = Tokenizer.from_file(self.prepared / TOKENIZER)
         return self._tokenizer
 
-    @property
-    def vocab_size(self) -> int:
-        """Size of the tokenizer's vocabulary (the model's embedding size)."""
-        return self.tokenizer.vocab_size
-
-    @property
-    def pad_id(self) -> int:
-        """The padding id of the batches (the model's ``pad_id``, masked out of attention)."""
-        return PAD_ID
+    def data_facts(self) -> DataFacts:
+        tokenizer = self.tokenizer
+        return DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=PAD_ID,
+                         class_names=tuple(self.class_names), max_length=self.max_tokens)  # fmt: skip
 
     @property
     def class_names(self) -> list[str]:
@@ -540,7 +536,7 @@ class TextClassificationDataModule(SameDataOnResume, L.LightningDataModule):
             dataset,
             batch_size=self.loader.batch_size,
             sampler=sampler,
-            collate_fn=partial(collate_classification, max_tokens=self.max_tokens, pad_id=self.pad_id),
+            collate_fn=partial(collate_classification, max_tokens=self.max_tokens, pad_id=PAD_ID),
             num_workers=self.loader.num_workers,
             persistent_workers=self.loader.num_workers > 0,
             pin_memory=torch.cuda.is_available(),

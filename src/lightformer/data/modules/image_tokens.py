@@ -12,21 +12,21 @@ image folder, of any size, is streamed from its prepared records (``images.prepa
 encoded as it is read, so memory does not grow with the folder; its k-means palette is fitted on a bounded sample of
 training images (``PALETTE_SAMPLE_PIXELS``).
 
-``vocab_size`` (palette colours + the start token) and ``block_size`` (pixels per image) are known right after
-construction, so LightningCLI links them into the GPT (``model.net``). The palette is fitted on first use of either.
+``data_facts()`` tells the GPT the palette, its ``vocab_size`` (palette colours + the start token) and the
+``block_size`` (pixels per image) right after construction; the palette is fitted on first use.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightformer.config_groups import as_config
+from lightformer.data.modules.base import DataModule
 from lightformer.data.modules.images import (
     ImageDataModule,
     ImageDatasetInfo,
@@ -37,9 +37,9 @@ from lightformer.data.modules.images import (
 )
 from lightformer.data.objectives.augment import AugmentConfig
 from lightformer.data.objectives.pixels import PaletteConfig, PixelTokenizer, downsample
-from lightformer.data.preparation.caching import SameDataOnResume
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.errors import DataError
+from lightformer.facts import DataFacts
 
 SPLITS = ("train", "val", "test")
 
@@ -134,7 +134,7 @@ def check_palette(palette: PaletteConfig, info: ImageDatasetInfo) -> None:
         )
 
 
-class ImageTokenDataModule(SameDataOnResume, L.LightningDataModule):
+class ImageTokenDataModule(DataModule):
     """Images as sequences of palette ids for Image GPT: batches (x, y), each ``(batch, image_size²)`` int64.
 
     Args:
@@ -150,7 +150,7 @@ class ImageTokenDataModule(SameDataOnResume, L.LightningDataModule):
             dataset's size. Required for image folders (their files are resized to it when read).
         seed: seeds the validation carve, the k-means palette and the training-set shuffling.
 
-    After construction: ``vocab_size``, ``block_size``, ``pixel_tokenizer``, ``resolution`` (pixels per side),
+    After construction: ``data_facts()``, ``block_size``, ``pixel_tokenizer``, ``resolution`` (pixels per side),
     ``channels`` and ``class_names``; after ``setup``: ``tokens(split)``, ``images(split)`` and ``labels(split)``.
     """
 
@@ -178,7 +178,6 @@ class ImageTokenDataModule(SameDataOnResume, L.LightningDataModule):
             self.source, AugmentConfig(policy="none"), loader, as_config(PrepareConfig, prepare),
             image_size if is_folder else None, seed,
         )  # fmt: skip
-        # Not named image_size / in_channels: the CLI links data attributes of those names into model.net.
         self.resolution = self.source.info.image_size if image_size is None else image_size
         self.channels = self.source.info.in_channels
         self.class_names = self.images_data.class_names
@@ -188,17 +187,16 @@ class ImageTokenDataModule(SameDataOnResume, L.LightningDataModule):
         self._labels: dict[str, Tensor] = {}
         self._tokens: dict[str, Tensor] = {}  # int16 (N, S*S): palette ids (at most 4097 of them)
 
-    # --- sizes the CLI links into the GPT ---------------------------------------------------------------------
+    # --- what the GPT needs to know of the data ---------------------------------------------------------------
 
     @property
     def block_size(self) -> int:
         """Pixels per image, image_size²: the GPT reads [start] + all but the last pixel and predicts each pixel."""
         return self.resolution * self.resolution
 
-    @property
-    def vocab_size(self) -> int:
-        """Palette colours + 1 (the start token)."""
-        return self.pixel_tokenizer.vocab_size
+    def data_facts(self) -> DataFacts:
+        palette = self.pixel_tokenizer
+        return DataFacts(palette=palette.to_dict(), vocab_size=palette.vocab_size, max_length=self.block_size)
 
     @property
     def pixel_tokenizer(self) -> PixelTokenizer:

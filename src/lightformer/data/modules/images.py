@@ -1,8 +1,8 @@
 """Image classification data: Fashion-MNIST, MNIST, CIFAR-10, scikit-learn's digits, folders of image files.
 
 ``ImageDataModule`` turns any of these into batches of images ``(batch, channels, height, width)`` and integer
-labels ``(batch,)``. Its size attributes (``num_classes``, ``in_channels``, ``image_size``, ``class_names``) are
-known right after construction, so LightningCLI can link them to the model.
+labels ``(batch,)``. What the model needs to know of them (``data_facts()``: class names, image size, channels,
+normalisation) is known right after construction.
 
 Splits. Every dataset has a training pool, and a test set: the official test split where there is one
 (Fashion-MNIST, MNIST, CIFAR-10, an image folder's ``test/``), otherwise a fixed 15% carved from the pool with a
@@ -42,7 +42,6 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-import lightning as L
 import numpy as np
 import torch
 import torchvision
@@ -61,6 +60,7 @@ from lightformer.data.loading.sampling import (
     index_and_epoch,
 )
 from lightformer.data.loading.streaming import Records
+from lightformer.data.modules.base import DataModule
 from lightformer.data.objectives.augment import (
     AugmentConfig,
     normalize,
@@ -68,7 +68,7 @@ from lightformer.data.objectives.augment import (
     random_erasing,
     random_horizontal_flip,
 )
-from lightformer.data.preparation.caching import SameDataOnResume, content_hash, file_stamp
+from lightformer.data.preparation.caching import content_hash, file_stamp
 from lightformer.data.preparation.prepare import (
     MANIFEST,
     PrepareConfig,
@@ -87,6 +87,7 @@ from lightformer.data.raw.image_files import (
 )
 from lightformer.data.raw.sources import SPLITS
 from lightformer.errors import ConfigError, DataError
+from lightformer.facts import DataFacts
 
 DatasetName = Literal["fashion_mnist", "mnist", "cifar10", "digits", "image_folder"]
 
@@ -443,7 +444,7 @@ def image_loader(dataset: Dataset, loader: ImageLoaderConfig, seed: int, shuffle
     )
 
 
-class ImageDataModule(SameDataOnResume, L.LightningDataModule):
+class ImageDataModule(DataModule):
     """Batches of images (batch, channels, image_size, image_size) and labels (batch,): uint8 from the loaders,
     normalised (and for training augmented) float32 once on the device.
 
@@ -497,6 +498,11 @@ class ImageDataModule(SameDataOnResume, L.LightningDataModule):
             self.setup()
             pixels = self.train_dataset.source.tensors[0][self.train_dataset.indices].float() / 255
             self.normalize_mean, self.normalize_std = (pixels.mean().item(),), (pixels.std().item(),)
+
+    def data_facts(self) -> DataFacts:
+        return DataFacts(class_names=tuple(self.class_names), image_size=self.image_size,
+                         in_channels=self.in_channels, normalize_mean=tuple(self.normalize_mean),
+                         normalize_std=tuple(self.normalize_std))  # fmt: skip
 
     # --- reading the data --------------------------------------------------------------------------------------
 

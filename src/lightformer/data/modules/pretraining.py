@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
@@ -43,6 +42,7 @@ from lightformer.data.loading.sampling import (
 )
 from lightformer.data.loading.sequences import collate_pairs
 from lightformer.data.loading.streaming import LoaderConfig, Windows, validation_subset
+from lightformer.data.modules.base import DataModule
 from lightformer.data.objectives.masking import (
     IGNORE_INDEX,
     mask_tokens,
@@ -50,7 +50,6 @@ from lightformer.data.objectives.masking import (
     span_corruption,
     span_corruption_lengths,
 )
-from lightformer.data.preparation.caching import SameDataOnResume
 from lightformer.data.preparation.prepare import (
     PrepareConfig,
     PreparedText,
@@ -69,6 +68,7 @@ from lightformer.data.preparation.tokenizers import (
 )
 from lightformer.data.raw.sources import TextSource, stage_splits
 from lightformer.errors import DataError
+from lightformer.facts import DataFacts
 
 
 class _Segments(Dataset):
@@ -240,7 +240,7 @@ def collate_masked(items: list[dict[str, np.ndarray | int]]) -> dict[str, torch.
     return batch
 
 
-class _SegmentDataModule(SameDataOnResume, L.LightningDataModule):
+class _SegmentDataModule(DataModule):
     """What both pretraining data modules share: the source prepared with <mask> and the sentinels, its segments,
     the loaders. Subclasses make the datasets (`_make_dataset`) and batches (`collate_fn`)."""
 
@@ -285,18 +285,12 @@ class _SegmentDataModule(SameDataOnResume, L.LightningDataModule):
             )
         return self._prepared
 
-    # --- what the CLI links into the model (available right after construction). A subclass exposes only the sizes
-    # its model has (vocab_size, or src_/tgt_vocab_size): the CLI would put any other into the model's config. ---
+    # --- the tokenizer (available right after construction: the first use prepares the data) ---
 
     @property
     def tokenizer(self) -> Tokenizer:
         """The tokenizer, with <mask> and the sentinels (prepared on first use)."""
         return self.prepared.tokenizer
-
-    @property
-    def pad_id(self) -> int:
-        """The padding id (linked into the model, which masks it out of attention)."""
-        return PAD_ID
 
     @property
     def special_tokens(self) -> list[str]:
@@ -440,10 +434,10 @@ class MaskedLMDataModule(_SegmentDataModule):
         self.mlm_probability = mlm_probability
         self.whole_word_masking = whole_word_masking
 
-    @property
-    def vocab_size(self) -> int:
-        """Size of the tokenizer's vocabulary (the model's embedding and output size)."""
-        return self.tokenizer.vocab_size
+    def data_facts(self) -> DataFacts:
+        tokenizer = self.tokenizer
+        return DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=PAD_ID,
+                         max_length=self.max_length)  # fmt: skip
 
     @property
     def max_length(self) -> int:
@@ -465,7 +459,7 @@ class MaskedLMDataModule(_SegmentDataModule):
             nsp=self.nsp,
             max_length=self.max_length,
             mask_id=self.mask_id,
-            vocab_size=self.vocab_size,
+            vocab_size=self.tokenizer.vocab_size,
             random_low=self._random_low(),
             probability=self.mlm_probability,
             word_start_ids=word_start_ids,
@@ -488,7 +482,7 @@ class SpanCorruptionDataModule(_SegmentDataModule):
     in spans of mean length `mean_span_length`, are dropped; `src` is the segment with each span replaced by a
     sentinel (<extra_id_0>, <extra_id_1>, ... from the left) + [EOS], `tgt` is [BOS] + each sentinel followed by
     its span + [EOS]. The texts keep the sentinels. The source and target tokenizer are one joint tokenizer
-    (`src_tokenizer` is `tgt_tokenizer`), so the model can share its embeddings.
+    (its facts' `src_tokenizer` is its `tgt_tokenizer`), so the model can share its embeddings.
 
     Args:
         source: where the text comes from and how it splits (``TextSource``; ``split: each_file`` holds out the end
@@ -534,24 +528,13 @@ class SpanCorruptionDataModule(_SegmentDataModule):
         self.num_spans = num_spans
         self.source_length, self.target_length = source_length, target_length
 
-    # --- what the translation task and the CLI's links read ---
+    # --- what the translation task needs to know of the data ---
 
-    @property
-    def src_tokenizer(self) -> Tokenizer:
-        """The joint tokenizer (the same object as `tgt_tokenizer`)."""
-        return self.tokenizer
-
-    @property
-    def tgt_tokenizer(self) -> Tokenizer:
-        return self.tokenizer
-
-    @property
-    def src_vocab_size(self) -> int:
-        return self.tokenizer.vocab_size
-
-    @property
-    def tgt_vocab_size(self) -> int:
-        return self.tokenizer.vocab_size
+    def data_facts(self) -> DataFacts:
+        """One joint tokenizer for the corrupted input and the spans (the translation task's two sides)."""
+        text, size = self.tokenizer.to_str(), self.tokenizer.vocab_size
+        return DataFacts(src_tokenizer=text, tgt_tokenizer=text, src_vocab_size=size, tgt_vocab_size=size,
+                         pad_id=PAD_ID, max_length=self.max_length)  # fmt: skip
 
     @property
     def sentinel_ids(self) -> np.ndarray:

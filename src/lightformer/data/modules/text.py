@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
@@ -23,7 +22,7 @@ from lightformer.data.loading.streaming import (
     training_loader,
     validation_subset,
 )
-from lightformer.data.preparation.caching import SameDataOnResume
+from lightformer.data.modules.base import DataModule
 from lightformer.data.preparation.prepare import (
     PrepareConfig,
     PreparedText,
@@ -34,9 +33,10 @@ from lightformer.data.preparation.prepare import (
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw.sources import TextSource, stage_splits
 from lightformer.errors import DataError
+from lightformer.facts import DataFacts
 
 
-class TextDataModule(SameDataOnResume, L.LightningDataModule):
+class TextDataModule(DataModule):
     """Character- or BPE-level next-token prediction: batches of (x, y), each (batch, block_size) int64.
 
     The source is prepared once (``data.prepare``: a tokenizer trained on a bounded sample, token shards written by
@@ -85,10 +85,9 @@ class TextDataModule(SameDataOnResume, L.LightningDataModule):
     def tokenizer(self) -> Tokenizer:
         return self.prepared.tokenizer
 
-    @property
-    def vocab_size(self) -> int:
-        """Size of the tokenizer's vocabulary (the model's embedding and output size)."""
-        return self.tokenizer.vocab_size
+    def data_facts(self) -> DataFacts:
+        tokenizer = self.tokenizer
+        return DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, max_length=self.block_size)
 
     def decode(self, ids: Sequence[int] | np.ndarray | torch.Tensor) -> str:
         """Text of a sequence of ids (list, array or 1-D tensor), special tokens dropped."""

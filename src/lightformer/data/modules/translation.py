@@ -30,7 +30,6 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -40,7 +39,8 @@ from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import ResumableDataLoader, TokenBudgetBatchSampler
 from lightformer.data.loading.sequences import collate_pairs
 from lightformer.data.loading.streaming import Records
-from lightformer.data.preparation.caching import SameDataOnResume, file_stamp, preparing
+from lightformer.data.modules.base import DataModule
+from lightformer.data.preparation.caching import file_stamp, preparing
 from lightformer.data.preparation.prepare import (
     MANIFEST,
     SAMPLE_BYTES,
@@ -71,6 +71,7 @@ from lightformer.data.raw.sources import (
     stage_splits,
 )
 from lightformer.errors import DataError
+from lightformer.facts import DataFacts
 from lightformer.files import as_list, atomic_open, expand_patterns, sha256_of
 
 # Bump when what a prepared folder holds changes meaning (extraction rules, split rule, record fields), so that
@@ -219,8 +220,8 @@ class PairTokenizer:
         joint_vocab: one BPE trained on both sides of the train split (needed to share embeddings); False trains
             one BPE per side. The BPEs train on all the train pairs, or on a sample of about `SAMPLE_BYTES` (64 MB)
             taken evenly from the training files when these are larger.
-        vocab_size: size of each trained BPE vocabulary (the model's `src_vocab_size` / `tgt_vocab_size` are linked
-            from the tokenizers' actual sizes).
+        vocab_size: size of each trained BPE vocabulary (the model's `src_vocab_size` / `tgt_vocab_size` are the
+            tokenizers' actual sizes, from the data's facts).
         bpe_dropout: BPE-dropout (Provilkov et al. 2020; 0.1 in the paper) on the train split: each merge is skipped
             with this probability, so the model sees each train sentence split into subwords in several ways
             (`Tokenizer.encode_batch_with_dropout`). Validation and test keep the one segmentation of plain BPE.
@@ -294,7 +295,7 @@ class PairBatches:
             raise ValueError(f"data.batches.num_workers={self.num_workers} must be at least 0")
 
 
-class TranslationDataModule(SameDataOnResume, L.LightningDataModule):
+class TranslationDataModule(DataModule):
     """Sentence pairs for an encoder-decoder: batches {"src": (B, S), "tgt": (B, T), "src_text", "tgt_text"}.
 
     `src` is `encode(source) + [EOS]`; `tgt` is `[BOS] + encode(target) + [EOS]` (the task shifts it for teacher
@@ -334,7 +335,7 @@ class TranslationDataModule(SameDataOnResume, L.LightningDataModule):
         self._folder: Path | None = None
         self._tokenizers: dict[str, Tokenizer] = {}
 
-    # --- tokenizers: available right after construction (LightningCLI links the sizes into the model) ---
+    # --- tokenizers, and what the model needs to know of the data ---
 
     @property
     def src_tokenizer(self) -> Tokenizer:
@@ -346,17 +347,19 @@ class TranslationDataModule(SameDataOnResume, L.LightningDataModule):
         """Tokenizer of the target side."""
         return self._tokenizer(1 - self.source.source_side)
 
-    @property
-    def src_vocab_size(self) -> int:
-        return self.src_tokenizer.vocab_size
-
-    @property
-    def tgt_vocab_size(self) -> int:
-        return self.tgt_tokenizer.vocab_size
-
-    @property
-    def pad_id(self) -> int:
-        return PAD_ID
+    def data_facts(self) -> DataFacts:
+        """The two tokenizers, and the positions the model needs for the longest pair of any split: its source, and
+        its target less one (teacher forcing feeds ``tgt[:, :-1]``); train pairs over ``max_sentence_tokens`` are
+        dropped, val/test ids cut to it."""
+        self.prepared  # noqa: B018 (its manifest holds the statistics)
+        for split in SPLITS:
+            if split not in self.datasets and self.stats.get(f"{split}_pairs"):
+                self.datasets[split] = self._encode_split(split)
+        longest = max((max(int(pairs.src_lengths.max()), int(pairs.tgt_lengths.max()) - 1)
+                       for pairs in self.datasets.values() if len(pairs)), default=None)  # fmt: skip
+        src, tgt = self.src_tokenizer, self.tgt_tokenizer
+        return DataFacts(src_tokenizer=src.to_str(), tgt_tokenizer=tgt.to_str(), src_vocab_size=src.vocab_size,
+                         tgt_vocab_size=tgt.vocab_size, pad_id=PAD_ID, max_length=longest)  # fmt: skip
 
     # --- LightningDataModule hooks ---
 
@@ -407,7 +410,7 @@ class TranslationDataModule(SameDataOnResume, L.LightningDataModule):
             batch_sampler=TokenBudgetBatchSampler(
                 dataset.lengths, self.batches.max_tokens, shuffle=shuffle, seed=self.seed, blocks=blocks
             ),
-            collate_fn=partial(collate_pairs, pad_id=self.pad_id),
+            collate_fn=partial(collate_pairs, pad_id=PAD_ID),
             num_workers=self.batches.num_workers,
             persistent_workers=self.batches.num_workers > 0,
             pin_memory=torch.cuda.is_available(),

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import random
 import shutil
 import tempfile
 import time
@@ -40,8 +41,8 @@ from typing import Any, Literal
 from urllib.parse import urlparse
 
 import numpy as np
+import torch
 from filelock import FileLock
-from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 from lightning.pytorch.utilities import rank_zero_info
 from litdata import TokensLoader, optimize
 from litdata.streaming.resolver import Dir
@@ -251,9 +252,7 @@ def _local_folder(folder: Path, fingerprint: dict, build: Callable[[Path], dict]
 def _in_object_store(url: str, local: Path, fingerprint: dict, build: Callable[[Path], dict]) -> Path:
     """The job's rank 0 prepares ``local`` and uploads it to ``url``, ``prepared.json`` last; every other process
     waits for that file. A node that did not prepare mirrors the small files (``small_files`` of the manifest)."""
-    from litdata.streaming.fs_provider import _get_fs_provider  # LitData's one client for s3, gs and r2
-
-    store = _get_fs_provider(url)
+    store = object_store(url)
     if not store.exists(f"{url}/{MANIFEST}"):
         if _job_rank_zero():
             _upload(_local_folder(local, fingerprint, build), url, store)
@@ -277,6 +276,14 @@ def _in_object_store(url: str, local: Path, fingerprint: dict, build: Callable[[
                 atomic_write_bytes(local / MANIFEST, json.dumps({**manifest, "url": url}, indent=1).encode())
                 (local / f".{MANIFEST}").unlink()
     return local
+
+
+def object_store(url: str):
+    """LitData's client of the object store of ``url`` (``s3://``, ``gs://``, ``r2://``: ``REMOTE_SCHEMES``), the one
+    LitData itself reads and writes that store with: ``exists``, ``upload_file``, ``download_file``."""
+    from litdata.streaming.fs_provider import GCPFsProvider, R2FsProvider, S3FsProvider
+
+    return {"s3": S3FsProvider, "gs": GCPFsProvider, "r2": R2FsProvider}[urlparse(url).scheme]()
 
 
 # Where a store's client finds credentials, by the store's scheme (r2: LitData's R2 client is an S3 client).
@@ -584,12 +591,16 @@ def _removed_on_failure(folder: Path):
 def _random_state_kept():
     """Preparation runs in whichever process gets there first, before the model is built: it must not move the
     random generators, or that process would start from other weights than the others (and than a rerun that finds
-    the data prepared)."""
-    states = _collect_rng_states()
+    the data prepared): torch's, CUDA's (when CUDA is available), NumPy's and Python's."""
+    torch_state, python_state, numpy_state = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
     try:
         yield
     finally:
-        _set_rng_states(states)
+        torch.set_rng_state(torch_state)
+        torch.cuda.set_rng_state_all(cuda_states)
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
 
 
 @contextmanager

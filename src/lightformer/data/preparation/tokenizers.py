@@ -309,7 +309,8 @@ class Tokenizer:
         other_vocab = other._hf_tokenizer.get_vocab(with_added_tokens=True)
         if self.kind == other.kind and vocab == other_vocab:
             return None  # the same ids (the JSON differs in formatting or training metadata only)
-        described = f"{self.kind} tokenizer of {self.vocab_size} tokens vs {other.kind} tokenizer of {other.vocab_size}"
+        sizes = (f"{tokenizer.kind} tokenizer of {tokenizer.vocab_size} tokens" for tokenizer in (self, other))
+        described = " vs ".join(sizes)
         tokens = {i: token for token, i in vocab.items()}
         other_tokens = {i: token for token, i in other_vocab.items()}
         for i in sorted(tokens.keys() & other_tokens.keys()):

@@ -1,0 +1,247 @@
+"""The command line's checks of a config before anything is built or any data is prepared (which can take minutes):
+the model's config groups, the data module's family, the trainer's limits, the checkpoint files, the data's lengths
+against the model's positions, and ``model.init`` against the model; and the config files themselves (YAML errors
+named with their file, line and column)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import re
+import typing
+from pathlib import Path
+
+import torch
+import yaml
+from jsonargparse import Namespace
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightformer.checkpoints import CheckpointError, read_checkpoint, require_file
+from lightformer.errors import ConfigError
+from lightformer.registry import spec_of
+from lightformer.tasks.base import Task, class_of
+
+
+def check_model_config(config) -> None:
+    """Validate ``model.net``, ``model.optimizer`` and ``model.init`` before the data is prepared (which can take
+    minutes), and refuse the fields of ``model.net`` that come from the data (``Task.net_from_data``)."""
+    model = config.get("model")
+    init_args = model.get("init_args") if model is not None else None
+    if not init_args:
+        return
+    task_class = class_of(model["class_path"])
+    if task_class is None or not issubclass(task_class, Task):
+        return
+    hints = {**typing.get_type_hints(Task.__init__), **typing.get_type_hints(task_class.__init__)}
+    for group in ("net", "optimizer", "init"):
+        config_class, values = hints.get(group), init_args.get(group)
+        if values is None or not dataclasses.is_dataclass(config_class):
+            continue
+        values = dict(values)
+        defaults = {field.name: field.default for field in dataclasses.fields(config_class)}
+        for name in task_class.net_from_data if group == "net" else ():
+            if name in values and values.pop(name) != defaults.get(name):
+                raise ConfigError(
+                    f"model.net.{name}={init_args[group][name]} is set, but it comes from the data (the data module's "
+                    f"data_facts); remove model.net.{name} from the config files and the command line"
+                )
+        try:
+            config_class(**values)
+        except ValueError as error:
+            raise ConfigError(f"model.{group}: {error}") from None
+
+
+def check_data_family(config) -> None:
+    """Refuse, before anything is built, a data module that the task does not train on (its registration's
+    ``data``: ``lightformer.registry``)."""
+    model, data = config.get("model"), config.get("data")
+    if not model or not data or not model.get("class_path") or not data.get("class_path"):
+        return
+    spec, data_class = spec_of(model.class_path), class_of(data.class_path)
+    if spec is not None and data_class is not None and not issubclass(data_class, spec.data):
+        valid = " or ".join(f"{module.__module__}.{module.__name__}" for module in spec.data)
+        raise ConfigError(
+            f"data: {spec.task.__name__} trains on {valid} (or a subclass), not on {data_class.__name__}; give the "
+            "data module of its family"
+        )
+
+
+def check_trainer_limits(trainer: Namespace | None) -> None:
+    """Refuse, before anything is built, the trainer limits Lightning would refuse with a traceback (or, for a
+    ``max_time`` of zero, end the run at once): ``max_time`` as ``DD:HH:MM:SS`` (Lightning's ``Timer`` format) or a
+    dict of ``datetime.timedelta`` fields, ``max_steps`` and ``max_epochs`` at least 0, or -1 for no limit."""
+    if trainer is None:
+        return
+    for name in ("max_steps", "max_epochs"):
+        value = trainer.get(name)
+        if value is not None and value < -1:
+            raise ConfigError(f"trainer.{name}={value}: give a number of {name[4:]} (at least 0), or -1 for no limit")
+    max_time = trainer.get("max_time")
+    if max_time is None:
+        return
+    valid = (
+        'give "DD:HH:MM:SS" (e.g. "00:12:30:00": 12.5 hours) or a dict (e.g. {hours: 12, minutes: 30}), or null for '
+        "no time limit"
+    )
+    if isinstance(max_time, str):
+        found = re.fullmatch(r"(\d+):(\d\d):(\d\d):(\d\d)", max_time.strip())
+        if found is None:
+            raise ConfigError(f"trainer.max_time={max_time!r} is not a duration: {valid}")
+        days, hours, minutes, seconds = map(int, found.groups())
+        duration = datetime.timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    else:
+        fields = dict(max_time)
+        try:
+            duration = datetime.timedelta(**fields)
+        except TypeError:
+            raise ConfigError(
+                f"trainer.max_time={fields} is not a duration: its keys are fields of datetime.timedelta (days, hours, "
+                f"minutes, seconds, ...); {valid}"
+            ) from None
+    if duration <= datetime.timedelta(0):
+        raise ConfigError(f"trainer.max_time={max_time!r} is not a positive duration: {valid}")
+
+
+# The --ckpt_path values Lightning reads as words, not file names: the best or last checkpoint of the trainer's own
+# ModelCheckpoint, a SLURM requeue's, a model registry's ("registry" or "registry:<name>...").
+CKPT_PATH_WORDS = ("best", "last", "hpc", "registry")
+
+
+def check_checkpoint_files(subcommand: str, config) -> None:
+    """Refuse, before anything is built or any data is read, a checkpoint file that is missing or not a checkpoint:
+    ``--ckpt_path`` (which LightningCLI reads for its hyperparameters only if the file exists, and Lightning loads
+    after the data is prepared), and the ``model.init.checkpoint`` a new fit starts from (its weights are checked
+    against the model once it is built: ``Task.check_init``)."""
+    ckpt_path = config.get("ckpt_path")
+    word = str(ckpt_path).lower().partition(":")[0] if ckpt_path else None
+    if ckpt_path and word not in CKPT_PATH_WORDS and "://" not in str(ckpt_path):  # remote: Lightning's fsspec reads
+        checkpoint = read_checkpoint(str(ckpt_path))
+        if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+            raise CheckpointError(
+                f"--ckpt_path: {ckpt_path} holds no state_dict, so it is not a checkpoint of a run (to start from "
+                "weights alone, give them as --model.init.checkpoint)"
+            )
+    init_checkpoint = (config.get("model.init_args.init") or {}).get("checkpoint")
+    if subcommand == "fit" and not ckpt_path and init_checkpoint:
+        require_file(str(init_checkpoint), "model.init.checkpoint: the file")
+
+
+def check_lengths_before_data(config) -> None:
+    """The task's check of the data's sequence lengths against ``model.net.max_len`` from the config alone, before
+    the data is prepared: ``check_lengths_before_data`` of the task class, where it has one."""
+    model, data = config.get("model"), config.get("data")
+    if not model or not model.get("class_path") or not model.get("init_args"):
+        return
+    check = getattr(class_of(model.class_path), "check_lengths_before_data", None)
+    if check is not None:
+        check(model.init_args.get("net"), data)
+
+
+def check_init_before_data(model: Namespace) -> None:
+    """Check the ``model.init`` of a new fit (its checkpoint, and the parameters it freezes) against the model its
+    config builds, before the data module is built, which for most tasks prepares the data (the tokenizer that the
+    model's vocabulary size comes from). The task is built on the meta device (no memory, no compute) without the
+    data's facts: its tensors are compared with the checkpoint's by name only (``Task.check_init``), which the sizes
+    the data gives do not change. ``Task.setup`` checks again before loading, with every shape known, after the data's
+    facts are checked (a tokenizer or classes other than the checkpoint's name the cause of a mismatch better)."""
+    init = model.init_args.get("init") if model.get("init_args") else None
+    task_class = class_of(model.class_path)
+    if not init or not (init.get("checkpoint") or init.get("freeze")) or not issubclass(task_class or object, Task):
+        return
+    task = task_for_names(task_class, model.init_args.as_dict())
+    if task is not None:
+        task.check_init(starting=True, unknown_shapes=frozenset(task.model.state_dict()))
+
+
+def task_for_names(task_class: type[Task], arguments: dict) -> Task | None:
+    """``task_class`` built from ``arguments`` on the meta device, for the names of its tensors: the sizes its data
+    would give (``net_from_data``), unknown before the data is prepared, are the first power of two the model's config
+    accepts (parameter names do not depend on them). None: no build succeeds (instantiation says why)."""
+    net = dict(arguments.get("net") or {})
+    unset = [name for name in task_class.net_from_data if net.get(name) is None]
+    for size in (None, *(2**k for k in range(1, 12))):
+        filled = {**net, **{name: size for name in unset if size is not None}}
+        try:
+            with torch.device("meta"):
+                return task_class(**{**arguments, "net": filled})
+        except (ValueError, TypeError, KeyError):
+            continue
+    return None
+
+
+def config_files(args: list[str]) -> list[str]:
+    """The files that ``--config`` (``-c``) names on a command line, in order."""
+    files = []
+    for i, arg in enumerate(args):
+        if arg in ("--config", "-c") and i + 1 < len(args):
+            files.append(args[i + 1])
+        elif arg.startswith("--config="):
+            files.append(arg.partition("=")[2])
+    return files
+
+
+def read_config_file(path: str) -> dict:
+    """A config file's YAML, or a ``ConfigError`` naming the file (and the line and column of a syntax error)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise ConfigError(f"--config {path!r}: no such config file") from None
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError(f"--config {path}: not valid YAML{where}: {problem}") from None
+    if config is not None and not isinstance(config, dict):
+        raise ConfigError(f"--config {path}: a config is a mapping of sections (trainer, model, data), not a "
+                          f"{type(config).__name__}")  # fmt: skip
+    return config or {}
+
+
+def model_options_given(args: list[str]) -> list[str]:
+    """The config keys of the single model options on a command line: ``--model.beam_size=4`` and
+    ``--model.init_args.net.dropout 0.1`` → ``model.init_args.beam_size``, ``model.init_args.net.dropout``."""
+    keys = []
+    for arg in args:
+        name = arg.split("=", 1)[0]
+        if name.startswith("--model."):
+            path = name.removeprefix("--model.").removeprefix("init_args.")
+            if path not in ("class_path", "dict_kwargs"):
+                keys.append(f"model.init_args.{path}")
+    return keys
+
+
+def net_fields_given(args: list[str]) -> set[str]:
+    """The fields of ``model.net`` that a command line gives, in its ``--config`` files or as options."""
+    given = set()
+    for path in config_files(args):
+        model = read_config_file(path).get("model")
+        net = ((model.get("init_args") or {}).get("net") if isinstance(model, dict) else None) or {}
+        given |= set(net) if isinstance(net, dict) else set()
+    prefix = "model.init_args.net."
+    return given | {
+        key.removeprefix(prefix).split(".")[0] for key in model_options_given(args) if key.startswith(prefix)
+    }
+
+
+def take_shape_from_init_checkpoint(model: Namespace, given: set[str]) -> None:
+    """A new run that starts from a lightformer checkpoint (``model.init.checkpoint``) builds its model in that
+    checkpoint's shape: each field of ``model.net`` that the command line does not give (``given``), and that the
+    data does not fill, takes the checkpoint model's value, so that a fine-tuning config does not retype it."""
+    init = model.init_args.get("init") if model.get("init_args") else None
+    path = init.get("checkpoint") if init else None
+    task_class = class_of(model.class_path)
+    if not path or "://" in path or not path.endswith(".ckpt") or not issubclass(task_class or object, Task):
+        return
+    saved = read_checkpoint(path, "model.init.checkpoint").get("hyper_parameters", {}).get("net") or {}
+    net = model.init_args.get("net")
+    if net is None:
+        return
+    taken = []
+    for name, value in saved.items():
+        if name in net and name not in given and name not in task_class.net_from_data and net[name] != value:
+            net[name] = value
+            taken.append(f"{name}={value}")
+    if taken:
+        rank_zero_info(f"model.net from model.init.checkpoint {path}: {', '.join(taken)}")

@@ -1,0 +1,182 @@
+"""One place per task: a task registers itself once, beside its class (``lightformer.registry.register``), and the
+command line reads the registry. A task written outside lightformer (a module and a config in a folder of their own)
+trains, tests and runs its checkpoint command with no other file touched."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightformer.cli import checkpoint_commands, main
+from lightformer.registry import TASKS, built_in
+
+TOY_TASK = '''
+"""A bigram language model: the next character from the current one alone."""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightformer.commands import load_task, require
+from lightformer.data import TextDataModule
+from lightformer.registry import register
+from lightformer.tasks.base import TextTask
+
+
+@dataclass(frozen=True)
+class BigramConfig:
+    vocab_size: int | None = None
+    smoothing: float = 0.0
+
+
+class Bigram(nn.Module):
+    def __init__(self, config: BigramConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.logits = nn.Embedding(config.vocab_size, config.vocab_size)
+
+    def forward(self, ids):
+        return self.logits(ids)
+
+
+class BigramTask(TextTask):
+    """Next-character cross-entropy of a bigram table.
+
+    Args:
+        net: the table's shape.
+    """
+
+    model_class = Bigram
+    net_from_data = {"vocab_size": "vocab_size"}
+    items_name = "tokens"
+
+    def __init__(self, net: BigramConfig = BigramConfig(), **common: Any) -> None:
+        super().__init__(net, **common)
+
+    def _loss(self, batch):
+        x, y = batch
+        return F.cross_entropy(self(x).flatten(0, 1).float(), y.flatten())
+
+    def training_step(self, batch, batch_idx):
+        loss = self._loss(batch)
+        self.log_train({"train/loss": loss})
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", self._loss(batch))
+
+    def test_step(self, batch, batch_idx):
+        self.log("test/loss", self._loss(batch))
+
+    def model_inputs(self, batch):
+        return (batch[0],)
+
+    def throughput_counts(self, batch):
+        return len(batch[0]), batch[0].numel()
+
+
+def likeliest(*, ckpt_path: str, after: str = "e") -> None:
+    """The likeliest character after another, from a bigram checkpoint alone.
+
+    Args:
+        ckpt_path: a checkpoint written by ``fit`` with the bigram task.
+        after: the character.
+    """
+    require(len(after) == 1, f"--after={after!r} must be one character")
+    task = load_task(ckpt_path, BigramTask, "likeliest")
+    ids = task.tokenizer.encode(after)
+    best = int(task.model(torch.tensor(ids)).argmax(-1)[-1])
+    print(f"after {after!r}: {task.tokenizer.decode([best])!r}")
+
+
+register(BigramTask, data=TextDataModule, commands={"likeliest": likeliest})
+'''
+
+TOY_CONFIG = """
+trainer:
+  max_steps: 40
+  val_check_interval: 40
+  limit_val_batches: 2
+  limit_test_batches: 2
+  precision: 32-true
+  enable_progress_bar: false
+  enable_model_summary: false
+  logger:
+    class_path: lightformer.tensorboard.TensorBoardLogger
+    init_args: {save_dir: RUNS, name: bigram}
+model:
+  class_path: toy_bigram.BigramTask
+  init_args:
+    optimizer: {lr: 0.1, warmup_steps: 0, fit_to_max_time: false}
+data:
+  class_path: lightformer.data.TextDataModule
+  init_args:
+    source: {corpus: null, train_files: [CORPUS], val_fraction: 0.1, test_fraction: 0.1}
+    tokenizer: {kind: char}
+    loader: {batch_size: 8}
+    prepare: {dir: PREPARED}
+    block_size: 16
+"""
+
+
+@pytest.fixture
+def toy_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "toy"
+    folder.mkdir()
+    (folder / "toy_bigram.py").write_text(textwrap.dedent(TOY_TASK))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat. the hat was the cat's.\n" * 200)
+    config = TOY_CONFIG.replace("RUNS", str(tmp_path / "runs")).replace("CORPUS", str(corpus))
+    (folder / "bigram.yaml").write_text(config.replace("PREPARED", str(tmp_path / "prepared")))
+    monkeypatch.syspath_prepend(str(folder))
+    yield folder
+    TASKS.pop("BigramTask", None)
+    sys.modules.pop("toy_bigram", None)
+
+
+def test_a_task_of_ones_own_fits_tests_and_runs_its_checkpoint_command(toy_folder, tmp_path, capsys):
+    main(["fit", f"--config={toy_folder / 'bigram.yaml'}"])
+    checkpoint = tmp_path / "runs" / "bigram" / "version_0" / "checkpoints" / "last.ckpt"
+    saved = torch.load(checkpoint, weights_only=True)
+    assert saved["global_step"] == 40
+    assert saved["hyper_parameters"]["net"]["vocab_size"] == saved["hyper_parameters"]["data_facts"]["vocab_size"]
+
+    main(["test", f"--config={toy_folder / 'bigram.yaml'}", f"--ckpt_path={checkpoint}"])
+    assert "test/loss" in capsys.readouterr().out
+
+    main(["likeliest", f"--ckpt_path={checkpoint}", "--after=t"])
+    assert capsys.readouterr().out.strip() == "after 't': 'h'"  # "the", "that", "hat": a bigram learns "th"
+
+
+def test_the_command_line_lists_every_registered_command_and_refuses_the_wrong_data():
+    assert {"generate", "translate", "classify", "fill-mask", "sample-images", "probe"} <= set(checkpoint_commands())
+    assert {"export", "average"} <= set(checkpoint_commands())
+    specs = built_in()
+    assert {spec.task.__name__ for spec in specs.values()} >= {"LanguageModelTask", "DenoisingTask"}
+    with pytest.raises(SystemExit, match="data: MaskedLanguageModelTask trains on lightformer.data.modules.pretraining."
+                                         "MaskedLMDataModule .*, not on TextDataModule"):  # fmt: skip
+        main(["fit", "--config=configs/lm/austen_char.yaml", "--model=lightformer.tasks.MaskedLanguageModelTask",
+              "--model.net.d_model=32", "--trainer.logger=false"])  # fmt: skip
+
+
+def test_a_command_name_is_one_tasks():
+    from lightformer.registry import register
+
+    spec = built_in()["LanguageModelTask"]
+
+    class Other:
+        pass
+
+    with pytest.raises(ValueError, match="the command 'generate' of Other is LanguageModelTask's already"):
+        register(Other, data=spec.data, commands={"generate": spec.commands["generate"]})
+
+
+def test_repo_root_is_the_working_directory():
+    assert Path("configs/lm/austen_char.yaml").is_file()
