@@ -445,3 +445,24 @@ def test_a_model_starts_from_another_runs_weights_with_a_new_head_frozen_and_slo
         bad = ImageClassificationTask(net=ViTConfig(**shape, num_classes=3), init=InitConfig(freeze=("encder",)))
         bad._trainer = SimpleNamespace(ckpt_path=None, datamodule=None)
         bad.setup("fit")
+
+
+def test_a_run_resumes_exactly_after_its_prepared_data_moved(tmp_path):
+    """LitData's loader state holds the absolute folder of the shards it read: a run whose prepared data moved
+    (another checkout, machine or data.prepare.dir) was refused mid-epoch ("input_dir path state doesn't match"). It
+    resumes now, with the weights of an uninterrupted run; the data is the same one (its fingerprint is checked)."""
+    import shutil
+
+    args = [*task_args("lm", tmp_path), "--model.optimizer.schedule=constant", "--trainer.limit_val_batches=1"]
+    whole = build([*args, "--trainer.max_steps=6"])
+    whole.trainer.fit(whole.model, whole.datamodule)
+    shutil.rmtree(tmp_path / "runs")
+
+    cut = build([*args, "--trainer.max_steps=3"])  # mid-epoch: the loader's state holds its position
+    cut.trainer.fit(cut.model, cut.datamodule)
+    shutil.move(tmp_path / "prepared", tmp_path / "moved")
+    resumed = build([*args, "--trainer.max_steps=6", f"--data.prepare.dir={tmp_path / 'moved'}"])
+    resumed.trainer.fit(resumed.model, resumed.datamodule, ckpt_path=last_checkpoint(tmp_path))
+    assert resumed.trainer.global_step == 6
+    for name, expected in whole.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[name], expected, rtol=0, atol=0, msg=name)

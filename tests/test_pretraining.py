@@ -24,6 +24,7 @@ from lightformer.data.objectives.masking import (
     span_corruption,
 )
 from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from lightformer.data.raw.corpora import source_files
 from lightformer.data.raw.sources import TextSource, read_piece
 from lightformer.tasks.denoising import sentinel_numbers, sentinel_spans
 from lightformer.tasks.masked_lm import MaskedLanguageModelTask, fill_mask
@@ -204,7 +205,8 @@ def test_the_each_file_split_holds_out_the_end_of_every_file(tmp_path):
     source = {"train_files": [str(path) for path in files], "val_fraction": 0.1, "test_fraction": 0.1}
 
     def texts(split: str) -> dict[str, str]:
-        pieces = TextSource(**source, split=split).pieces()
+        text_source = TextSource(**source, split=split)
+        pieces = text_source.pieces(source_files(text_source))
         return {name: "".join(text for piece in pieces[name] for text in read_piece(piece)) for name in pieces}
 
     def at_line(text: str, cut: int) -> int:  # the first line start at or after ``cut``

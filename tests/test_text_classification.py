@@ -38,6 +38,7 @@ from lightformer.data.raw.corpora import (
     AUSTEN_NOVELS,
     CorpusUnavailableError,
     austen_text,
+    source_files,
     split_austen_text,
     split_of,
 )
@@ -529,7 +530,9 @@ def test_pretraining_split_by_novel_reads_no_passage_the_classifier_is_tested_on
         source = TextSource(
             corpus="austen", data_root=str(REPO / "data"), val_fraction=0.1, test_fraction=0.1, split=split
         )
-        text = " ".join("".join(t for piece in source.pieces()["train"] for t in read_piece(piece)).split())
+        text = " ".join(
+            "".join(t for piece in source.pieces(source_files(source))["train"] for t in read_piece(piece)).split()
+        )
         return tuple(np.mean([passage in text for passage, _, _ in examples[name]]) for name in ("train", "test"))
 
     train_read, test_read = read_by_pretraining("each_file")

@@ -24,7 +24,7 @@ from lightformer.data.preparation import prepare
 from lightformer.data.preparation.prepare import PrepareConfig, PreparedText, TokenizerConfig, prepare_text
 from lightformer.data.preparation.tokenizers import EOS_ID, Tokenizer
 from lightformer.data.raw import corpora, sources
-from lightformer.data.raw.corpora import CorpusUnavailableError, austen_text, download
+from lightformer.data.raw.corpora import CorpusUnavailableError, austen_text, download, source_files
 from lightformer.data.raw.sources import TextSource, format_of, read_piece, split_pieces
 
 WORDS = ["the", "of", "and", "to", "a", "in", "was", "her", "it", "that", "she", "be", "not", "had", "he"]
@@ -216,7 +216,7 @@ def test_the_tokenizer_trains_on_a_bounded_sample_of_every_piece(tmp_path, monke
 
     monkeypatch.setattr(Tokenizer, "train_char", spy)
     source = TextSource(train_files=[str(big)], val_fraction=0.0)
-    num_pieces = len(source.pieces()["train"])
+    num_pieces = len(source.pieces(source_files(source))["train"])
     prepared = prepare_text(
         source, TokenizerConfig(sample_bytes=20_000), PrepareConfig(str(tmp_path / "prepared"), num_workers=2)
     )

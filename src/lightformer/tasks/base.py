@@ -29,6 +29,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torch.optim import Optimizer
+from torchmetrics import Metric
 
 from lightformer.checkpoints import (
     InitConfig,
@@ -51,7 +52,13 @@ from lightformer.internals import attached_trainer, hand_over_loader_states, sho
 from lightformer.nn import Decoder, Encoder
 from lightformer.progress import max_time_timer
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw, steps_within
-from lightformer.tensorboard import TensorBoardLogger, set_logging_step, tensorboard_logger
+from lightformer.tensorboard import (
+    TensorBoardLogger,
+    confusion_figure,
+    set_logging_step,
+    tensorboard_logger,
+    tensorboard_writer,
+)
 
 FIT_TO_TIME_EVERY = 50  # optimizer steps between two plans of a schedule fitted to max_time
 # The fields of a model's config that may be larger than the data's (``Task.check_data``).
@@ -455,6 +462,15 @@ class Task(L.LightningModule):
             data = dict(datamodule.hparams) if datamodule is not None else {}
             model = {key: value for key, value in self.hparams.items() if key != "data_facts"}  # the data's own: below
             logger.log_hparams_summary({"model": model, "data": data}, self.hparam_metrics)
+
+    def log_confusion(self, confusion: Metric, names: list[str], noun: str) -> None:
+        """The test split's ``confusion`` matrix (a torchmetrics metric, then reset) as TensorBoard's
+        "test/confusion_matrix" figure, at the tested step; ``names``: the classes, ``noun``: what is counted."""
+        matrix = confusion.compute().cpu()
+        confusion.reset()
+        writer = tensorboard_writer(self)
+        if writer is not None:
+            writer.add_figure("test/confusion_matrix", confusion_figure(matrix, names, noun), self.tested_step)
 
     def on_test_start(self) -> None:
         """Test metrics and figures go to the step the tested weights were trained to, beside the training curves

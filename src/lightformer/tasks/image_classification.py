@@ -27,7 +27,6 @@ from lightformer.models.vit import VisionTransformer, ViTConfig, attention_rollo
 from lightformer.registry import register
 from lightformer.tasks.base import Task
 from lightformer.tensorboard import (
-    confusion_figure,
     logging_step,
     rollout_figure,
     tensorboard_logger,
@@ -185,12 +184,8 @@ class ImageClassificationTask(Task):
 
     def on_test_epoch_end(self) -> None:
         self._log_epoch_metrics("test", self.test_loss, self.test_acc, self.test_acc_top5)
-        confusion = self.test_confusion.compute().cpu()
-        self.test_confusion.reset()
-        writer = tensorboard_writer(self)
-        if writer is not None:
-            names = self.class_names or [str(i) for i in range(self.model.num_classes)]
-            writer.add_figure("test/confusion_matrix", confusion_figure(confusion, names, "images"), self.tested_step)
+        names = self.class_names or [str(i) for i in range(self.model.num_classes)]
+        self.log_confusion(self.test_confusion, names, "images")
 
     def predict_step(self, batch: Tensor | tuple[Tensor, ...], batch_idx: int = 0) -> dict[str, Tensor]:
         """Preprocessed images ``(batch, C, H, W)`` (or a batch whose first element they are) → class

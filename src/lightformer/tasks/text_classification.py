@@ -28,7 +28,6 @@ from lightformer.facts import DataFacts, facts_of_checkpoint
 from lightformer.models.bert import BertConfig, BertForSequenceClassification
 from lightformer.registry import register
 from lightformer.tasks.base import TextTask, data_config_values, net_config_values
-from lightformer.tensorboard import confusion_figure, tensorboard_writer
 
 Batch = dict[str, Tensor | list[str]]
 
@@ -134,13 +133,7 @@ class TextClassificationTask(TextTask):
 
     def on_test_epoch_end(self) -> None:
         self._log_epoch_metrics("test", self.test_loss, self.test_acc, self.test_f1)
-        confusion = self.test_confusion.compute().cpu()
-        self.test_confusion.reset()
-        writer = tensorboard_writer(self)
-        if writer is not None:
-            writer.add_figure(
-                "test/confusion_matrix", confusion_figure(confusion, self._names(), "examples"), self.tested_step
-            )
+        self.log_confusion(self.test_confusion, self._names(), "examples")
 
     def predict_step(self, batch: Batch | Tensor, batch_idx: int = 0) -> dict[str, Tensor]:
         """Token ids ``(batch, seq)`` (or a batch holding them as "ids") → class ``probabilities``

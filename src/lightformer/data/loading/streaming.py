@@ -114,6 +114,14 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         yield from batches
 
     def load_state_dict(self, obj: dict) -> None:
+        """LitData's, with the shards found where this run has them: LitData's state holds the absolute folder (or
+        cache folder) it read them from, and refuses another, so a run whose prepared data moved (another checkout,
+        machine or ``data.prepare.dir``) could not resume. The data is the same: a lightformer data module's
+        ``load_state_dict`` compared the prepared folder's fingerprint first (``SameDataOnResume``)."""
+        state = obj.get("dataset")
+        if isinstance(state, dict) and "input_dir_path" in state:
+            obj = {**obj, "dataset": {**state, "input_dir_path": self.dataset.input_dir.path,
+                                      "input_dir_url": self.dataset.input_dir.url}}  # fmt: skip
         super().load_state_dict(obj)
         self._counting = True
         left = len(self.dataset) - samples_yielded(self)

@@ -49,6 +49,7 @@ from litdata.streaming.resolver import Dir
 
 from lightformer.data.preparation.caching import MANIFEST, content_hash, file_stamp, preparing
 from lightformer.data.preparation.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer, token_dtype
+from lightformer.data.raw.corpora import source_files
 from lightformer.data.raw.sources import SPLITS, Piece, TextSource, read_piece
 from lightformer.errors import DataError
 from lightformer.files import atomic_open, atomic_write_bytes, sha256_of
@@ -170,7 +171,7 @@ def prepare_text(
 
     ``extra_special_tokens``: special tokens a trained tokenizer gets after PAD, BOS, EOS and UNK (``MASK``, ...).
     """
-    files = source.files()
+    files = source_files(source)
     fingerprint = {
         "format": FORMAT_VERSION,
         "sources": {split: [_identity(path, source) for path in paths] for split, paths in files.items()},

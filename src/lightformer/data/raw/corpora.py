@@ -48,6 +48,7 @@ import zlib
 from pathlib import Path
 
 from lightformer.data.preparation.caching import preparing
+from lightformer.data.raw.sources import TextSource, resolve_files
 from lightformer.files import atomic_open, atomic_write_bytes, read_utf8, sha256_of
 
 Pair = tuple[str, str]
@@ -362,3 +363,21 @@ def extract_ding_pairs(path: str | Path) -> tuple[list[Pair], list[Pair], dict[s
                 phrases[pair] = None
     phrase_list = [pair for pair in phrases if pair not in sentences]
     return list(sentences), phrase_list, counts
+
+
+def source_files(source: TextSource) -> dict[str, list[Path]]:
+    """Each split's files of a text ``source``: a built-in corpus fetched (Jane Austen's Debian package), or the one
+    at ``source.url`` downloaded and checked against its ``sha256``, else the files the config names (each refused,
+    naming its option, when missing); val and test are [] when cut from the train files."""
+    if source.corpus == "austen":
+        train = austen_novels(Path(source.data_root) / "austen")
+    elif source.url is not None:
+        name = Path(source.url.split("?")[0]).name or "corpus.txt"
+        train = [download(source.url, Path(source.data_root) / "downloads" / name, source.sha256)]
+    else:
+        train = resolve_files(list(source.train_files), "data.source.train_files")
+    return {
+        "train": train,
+        "val": resolve_files(list(source.val_files or []), "data.source.val_files"),
+        "test": resolve_files(list(source.test_files or []), "data.source.test_files"),
+    }

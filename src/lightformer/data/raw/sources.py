@@ -437,28 +437,8 @@ class TextSource:
                 "training text; their sum must be below 1"
             )
 
-    def files(self) -> dict[str, list[Path]]:
-        """Each split's files (fetching a built-in or downloaded corpus); val and test are [] when cut from train."""
-        from lightformer.data.raw.corpora import austen_novels, download
-
-        if self.corpus == "austen":
-            train = austen_novels(Path(self.data_root) / "austen")
-        elif self.url is not None:
-            name = Path(self.url.split("?")[0]).name or "corpus.txt"
-            train = [download(self.url, Path(self.data_root) / "downloads" / name, self.sha256)]
-        else:
-            train = resolve_files(list(self.train_files), "data.source.train_files")
-        return {
-            "train": train,
-            "val": resolve_files(list(self.val_files or []), "data.source.val_files"),
-            "test": resolve_files(list(self.test_files or []), "data.source.test_files"),
-        }
-
-    def pieces(
-        self, files: dict[str, list[Path]] | None = None, piece_bytes: int | None = None
-    ) -> dict[str, list[Piece]]:
-        """Each split's pieces, of ``files`` (what ``files()`` returned) or of the files resolved now."""
-        files = files or self.files()
+    def pieces(self, files: dict[str, list[Path]], piece_bytes: int | None = None) -> dict[str, list[Piece]]:
+        """Each split's pieces, of ``files`` (each split's files: ``corpora.source_files``)."""
         fractions = (self.val_fraction, self.test_fraction)
         return split_pieces(files["train"], files, *fractions, piece_bytes or PIECE_BYTES, self.split)
 
