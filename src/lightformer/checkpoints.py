@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -19,9 +18,6 @@ from torch import Tensor, nn
 from lightformer.errors import ConfigError
 from lightformer.files import atomic_open
 from lightformer.nn.checks import check_at_least
-
-if TYPE_CHECKING:
-    from lightformer.data.preparation.tokenizers import Tokenizer
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks", "loops")
 
@@ -36,19 +32,6 @@ def require_file(path: str, what: str) -> None:
         return
     if not Path(path).is_file():
         raise CheckpointError(f"{what} {path!r} {'is a folder' if Path(path).is_dir() else 'does not exist'}")
-
-
-def check_same_tokenizer(saved: Tokenizer, data: Tokenizer, side: str = "") -> None:
-    """Refuse data encoded with another tokenizer than the one a checkpoint's model was trained with (``side``:
-    "src " or "tgt " for a translator's two)."""
-    difference = saved.difference(data)
-    if difference is not None:
-        raise CheckpointError(
-            f"the data module's {side}tokenizer differs from the one saved in the checkpoint (checkpoint vs data: "
-            f"{difference}), so the model's ids would stand for other tokens; use the data and tokenizer the model "
-            "was trained with (the same files and vocabulary size, or data.init_args.tokenizer.file=<run dir>/"
-            "tokenizer.json)"
-        )
 
 
 def read_checkpoint(path: str, option: str = "--ckpt_path") -> dict:

@@ -175,8 +175,8 @@ def task_command(name: str, args: list[str]) -> tuple[Callable, str | None] | No
         ckpt_path = args[args.index("--ckpt_path") + 1]
     if ckpt_path is None or not Path(ckpt_path).is_file():
         return None
-    class_path = str(read_checkpoint(ckpt_path).get("hyper_parameters", {}).get("_class_path", ""))
-    spec = spec_of(class_path) if class_path else None
+    found = task_class_of(read_checkpoint(ckpt_path))
+    spec = built_in().get(found.__name__) if found is not None else None
     if spec is None or name not in spec.commands:
         return None
     return spec.commands[name], spec.list_options.get(name)

@@ -90,12 +90,13 @@ class DataFacts:
                 found.append(f"{item.name}: {_short(mine)} vs {_short(theirs)}")
         return found
 
-    def check_same(self, data: DataFacts, model: str = "the checkpoint's model") -> None:
-        """Refuse data whose facts differ from these, which ``model`` was built and trained with: naming each."""
+    def check_same(self, data: DataFacts) -> None:
+        """Refuse data whose facts differ from these, which a checkpoint's model was trained with: naming each."""
         found = self.differences(data)
         if found:
             raise CheckpointError(
-                f"the data differs from what {model} was trained with ({model} vs the data: " + "; ".join(found) + "), "
+                "the data differs from what the checkpoint's model was trained with (the checkpoint's model vs the "
+                "data: " + "; ".join(found) + "), "
                 "so its ids, classes or pixels would mean other things to the model; use the data settings and "
                 "tokenizer the model was trained with (data.tokenizer.file=<run dir>/tokenizer.json keeps a tokenizer)"
             )

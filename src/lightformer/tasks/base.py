@@ -345,8 +345,7 @@ class Task(L.LightningModule):
             self.data_facts.check_same(facts)
         self.check_data(facts, stage)
         if self.data_facts is None:
-            self.data_facts = facts
-            self.hparams["data_facts"] = facts.as_dict()
+            self.hold(facts)
 
     def check_data(self, facts: DataFacts, stage: str) -> None:
         """Refuse data the model cannot hold: its sizes (``net_from_data``) must be the model's, except that the
@@ -373,6 +372,20 @@ class Task(L.LightningModule):
             cached = self._parsed[name] = (value, read(value))
         return cached[1]
 
+    def fact_tokenizer(self, name: str) -> Tokenizer | None:
+        """The tokenizer of the fact ``name`` (``tokenizer``, ``src_tokenizer``, ``tgt_tokenizer``), read once."""
+        return self.fact(name, lambda text: Tokenizer.from_str(text, source=f"the model's {name}"))
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """The classes, in the order of a classifier's outputs (the data's facts, or the checkpoint's); None: none."""
+        return self.fact("class_names", list)
+
+    def hold(self, facts: DataFacts) -> None:
+        """Keep ``facts`` as the task's own, in its hyperparameters too (so in its checkpoints)."""
+        self.data_facts = facts
+        self.hparams["data_facts"] = facts.as_dict()
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """The checkpoint's facts (``facts_of_checkpoint``: also of one written before its hyperparameters held
         them, up to commit 51eef69), checked against the task's when it has some already (``fit``/``validate``/
@@ -383,8 +396,7 @@ class Task(L.LightningModule):
         if self.data_facts is not None:
             saved.check_same(self.data_facts)
         else:
-            self.data_facts = saved
-            self.hparams["data_facts"] = saved.as_dict()
+            self.hold(saved)
 
     def check_init(self, starting: bool, unknown_shapes: frozenset[str] = frozenset()) -> None:
         """Refuse a ``model.init`` that cannot do what it says, as soon as the model is built (the command line
@@ -555,7 +567,7 @@ class TextTask(Task):
     @property
     def tokenizer(self) -> Tokenizer | None:
         """The data's tokenizer, or the checkpoint's; None before either is known."""
-        return self.fact("tokenizer", lambda text: Tokenizer.from_str(text, source="the model's tokenizer"))
+        return self.fact_tokenizer("tokenizer")
 
     def on_fit_start(self) -> None:
         super().on_fit_start()

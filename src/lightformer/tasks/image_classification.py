@@ -84,22 +84,15 @@ class ImageClassificationTask(Task):
         self.test_confusion = MulticlassConfusionMatrix(num_classes)
         self._attention_batch: tuple[Tensor, Tensor] | None = None
 
-    # --- class names and preprocessing: the data's facts, kept in the checkpoint -------------------------------
-
-    @property
-    def class_names(self) -> list[str] | None:
-        names = getattr(self.data_facts, "class_names", None)
-        return list(names) if names is not None else None
+    # --- preprocessing: the data's facts, kept in the checkpoint (the class names: ``Task.class_names``) -------
 
     @property
     def normalize_mean(self) -> list[float] | None:
-        mean = getattr(self.data_facts, "normalize_mean", None)
-        return list(mean) if mean is not None else None
+        return self.fact("normalize_mean", list)
 
     @property
     def normalize_std(self) -> list[float] | None:
-        std = getattr(self.data_facts, "normalize_std", None)
-        return list(std) if std is not None else None
+        return self.fact("normalize_std", list)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         resuming = "optimizer_states" in checkpoint

@@ -72,12 +72,6 @@ class TextClassificationTask(TextTask):
         return self.model.config.num_classes
 
     @property
-    def class_names(self) -> list[str] | None:
-        """The classes, in the order of the classifier's outputs (the data's facts, or the checkpoint's)."""
-        names = getattr(self.data_facts, "class_names", None)
-        return list(names) if names is not None else None
-
-    @property
     def max_tokens(self) -> int | None:
         """The longest text of the data in tokens, [CLS] and [SEP] included (``data.max_tokens``)."""
         return getattr(self.data_facts, "max_length", None)

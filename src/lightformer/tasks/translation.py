@@ -73,11 +73,11 @@ class TranslationTask(Task):
 
     @property
     def src_tokenizer(self) -> Tokenizer | None:
-        return self.fact("src_tokenizer", lambda text: Tokenizer.from_str(text, source="the model's src_tokenizer"))
+        return self.fact_tokenizer("src_tokenizer")
 
     @property
     def tgt_tokenizer(self) -> Tokenizer | None:
-        return self.fact("tgt_tokenizer", lambda text: Tokenizer.from_str(text, source="the model's tgt_tokenizer"))
+        return self.fact_tokenizer("tgt_tokenizer")
 
     def check_data(self, facts: DataFacts, stage: str) -> None:
         super().check_data(facts, stage)
