@@ -37,12 +37,15 @@ repository's src/ (the package is not installed there).
 from __future__ import annotations
 
 import argparse
+import gzip
 import importlib.metadata
 import importlib.util
+import lzma
 import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -347,6 +350,23 @@ def python_path() -> list[str]:
     return paths
 
 
+def unpack_data() -> list[str]:
+    """The offline data that gpu_wheels.sh packed into .whl/data/, unpacked where the configs read it, unless it is
+    there already: Austen's novels, Ding's dictionary, Fashion-MNIST. Returns what it unpacked."""
+    packed = WHEELS / "data"
+    targets = {"austen.txt.gz": REPO / "data/austen/austen.txt", "de-en.xz": Path("/usr/share/trans/de-en")}
+    targets |= {path.name: REPO / "data/FashionMNIST/raw" / path.stem for path in packed.glob("*-ubyte.xz")}
+    unpacked = []
+    for name, target in targets.items():
+        if (packed / name).is_file() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            opener = gzip.open if name.endswith(".gz") else lzma.open
+            with opener(packed / name) as source, open(target, "wb") as destination:
+                shutil.copyfileobj(source, destination)
+            unpacked.append(str(target))
+    return unpacked
+
+
 def run_part(part: Part, env: dict[str, str], limit: float, log: Path) -> Outcome:
     """Runs the part's commands from the repository, their output into ``log``, for at most ``limit`` seconds."""
     start, status = time.perf_counter(), "ok"
@@ -457,6 +477,8 @@ def main() -> None:
     start = time.perf_counter()
 
     paths = python_path()
+    for target in unpack_data():
+        print(f"unpacked {target}", flush=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [*paths, os.environ.get("PYTHONPATH")])),
            "PYTHONUNBUFFERED": "1"}  # fmt: skip
     missing_wheels = any(importlib.util.find_spec(name) is None for name in ("jsonargparse", "litdata"))

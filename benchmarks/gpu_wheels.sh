@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# The wheels of what lightformer needs that the GPU machines' image lacks, downloaded into .whl/ for the GPU check.
+# What the GPU machines lack for the GPU check, into .whl/ (33 MB; the device tool carries at most 64 MiB): the wheels
+# of lightformer's dependencies that their image has not, and the offline data of the check's configs, compressed.
 #
 #   bash benchmarks/gpu_wheels.sh            # here, from the repository root, with access to a package index
-#   python3 benchmarks/gpu_check.py          # there: installs .whl/*.whl into /tmp/site if jsonargparse or litdata is missing
+#   python3 benchmarks/gpu_check.py          # there: installs .whl/*.whl into /tmp/site if jsonargparse or litdata is
+#                                            # missing, and unpacks .whl/data/ where the configs read their data
 #
 # The GPU image (Python 3.12, torch 2.11.0+cu130) has torch, lightning, timm, tokenizers, tensorboard, torchmetrics,
-# transformers, sacrebleu, pandas, scipy, pyarrow, pytest and their usual needs, and cannot reach a package index.
-# It lacks these dependencies of pyproject.toml, listed with what they need in turn:
+# transformers, sacrebleu, scikit-learn, xarray, tifffile, pandas, scipy, pyarrow, pytest and their usual needs
+# (/work/.library/device/KINDS.md lists them), and cannot reach a package index. It lacks these dependencies of
+# pyproject.toml, listed with what they need in turn:
 #   jsonargparse[signatures]: jsonargparse, docstring_parser, typeshed_client
-#   litdata: litdata, boto3 (botocore, jmespath, s3transfer), obstore, tifffile
-#   rdata (reads Austen's novels from Debian's package): rdata, xarray
-#   scikit-learn (the digits data set, the probes): scikit-learn, joblib, threadpoolctl, narwhals
+#   litdata: litdata, boto3 (botocore, jmespath, s3transfer), obstore
+#   rdata (reads Austen's novels from Debian's package): rdata
 # The versions are constraints.txt's (the tested stack); a pure-Python wheel (py3-none-any) matches any platform.
+# The data: Austen's novels (data/austen/austen.txt, which any Austen run here writes), Ding (Debian's trans-de-en)
+# and Fashion-MNIST (data/FashionMNIST/raw/, which any Fashion-MNIST run here writes).
 set -euo pipefail
 
 PACKAGES=(
     jsonargparse docstring_parser typeshed_client
-    litdata boto3 botocore jmespath s3transfer obstore tifffile
-    rdata xarray
-    scikit-learn joblib threadpoolctl narwhals
+    litdata boto3 botocore jmespath s3transfer obstore
+    rdata
 )
 
 pins=()
@@ -30,4 +33,9 @@ done
 python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${pins[@]}"
-echo "$(ls .whl/*.whl | wc -l) wheels in .whl/ ($(du -sh .whl | cut -f1))"
+
+mkdir -p .whl/data
+gzip -9 -c data/austen/austen.txt > .whl/data/austen.txt.gz
+xz -T0 -9 -c /usr/share/trans/de-en > .whl/data/de-en.xz
+for file in data/FashionMNIST/raw/*-ubyte; do xz -T0 -6 -c "${file}" > ".whl/data/$(basename "${file}").xz"; done
+echo "$(ls .whl/*.whl | wc -l) wheels and $(ls .whl/data | wc -l) data files in .whl/ ($(du -sh .whl | cut -f1))"

@@ -91,3 +91,22 @@ def test_a_compiled_task_compiles_a_bounded_number_of_times_over_30_batch_shapes
         assert torch.isfinite(loss)
     compiled = counters["stats"]["unique_graphs"]
     assert 1 <= compiled <= MAX_COMPILES, f"{name} compiled {compiled} graphs for 30 batch shapes"
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_a_task_of_varying_shapes_compiles_without_inductors_coalescing_analysis(name, monkeypatch):
+    """The analysis fails an assertion on CUDA on a dynamic graph's fused reduction (pytorch/pytorch#197077: the Ding
+    GPU config's first step, docs/scaling.md); the CPU's C++ code generation never runs it, so the option is checked
+    where it is passed. That torch accepts it is the test above: it compiles through the real backend."""
+    calls = []
+
+    def compile_(function, **options):
+        calls.append(options)
+        return function
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    make_task, make_batch = TASKS[name]
+    make_task().training_step(make_batch(torch.Generator().manual_seed(0), 2, 5, 4), 0)
+    assert calls and all(
+        call == {"dynamic": True, "options": {"triton.coalesce_tiling_analysis": False}} for call in calls
+    ), calls

@@ -61,6 +61,7 @@ from lightformer.tensorboard import (
 )
 
 FIT_TO_TIME_EVERY = 50  # optimizer steps between two plans of a schedule fitted to max_time
+DYNAMIC_COMPILE_OPTIONS = {"triton.coalesce_tiling_analysis": False}  # inductor options, dynamic graphs (_compile)
 # The fields of a model's config that may be larger than the data's (``Task.check_data``).
 CAPACITIES = frozenset({"vocab_size", "src_vocab_size", "tgt_vocab_size", "block_size"})
 
@@ -235,12 +236,19 @@ class Task(L.LightningModule):
         (growing lengths, a cache) call ``self.model`` eagerly.
         """
         if self._forward is None:
-            self._forward = (torch.compile(self.model, dynamic=self._dynamic) if self.compile else self.model).__call__
+            self._forward = (self._compile(self.model) if self.compile else self.model).__call__
         return self._forward(*inputs)
 
-    @property
-    def _dynamic(self) -> bool | None:
-        return True if self.variable_shapes else None  # None: static, then dynamic if a second shape comes
+    def _compile(self, function: Callable) -> Callable:
+        """``torch.compile(function)``: dynamic from the start for a task of ``variable_shapes``, else static (then
+        dynamic if a second shape comes). A dynamic graph compiles without inductor's memory-coalescing tiling
+        analysis, which inductor does not apply to dynamic shapes by design but reaches anyway through a fused
+        reduction on CUDA, and there fails an assertion (``get_pw_red_splits``, pytorch/pytorch#197077): the
+        label-smoothed loss of ``configs/translation/ding_de_en_gpu.yaml`` stopped its first step on an H100 with
+        torch 2.11 (docs/scaling.md, the GPU check)."""
+        if self.variable_shapes:
+            return torch.compile(function, dynamic=True, options=DYNAMIC_COMPILE_OPTIONS)
+        return torch.compile(function)
 
     def compiled(self, method: Callable) -> Callable:
         """``method`` (of this task: the model's forward pass and the loss after it) compiled when ``compile``, as
@@ -251,7 +259,7 @@ class Task(L.LightningModule):
         if not self.compile:
             return method
         if method.__name__ not in self._compiled:
-            self._compiled[method.__name__] = torch.compile(method, dynamic=self._dynamic)
+            self._compiled[method.__name__] = self._compile(method)
         return self._compiled[method.__name__]
 
     # --- throughput: what a batch holds and costs ----------------------------------------------------------
