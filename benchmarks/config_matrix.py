@@ -44,6 +44,13 @@ QUICK_DATA = {
     "lightformer.data.MaskedLMDataModule": ["--data.loader.batch_size=2", "--data.loader.num_workers=0"],
     "lightformer.data.SpanCorruptionDataModule": ["--data.loader.batch_size=2", "--data.loader.num_workers=0"],
     "lightformer.data.ImageTokenDataModule": ["--data.loader.batch_size=4", "--data.loader.num_workers=0"],
+    "lightformer.data.ImageTextDataModule": [
+        "--data.source.train_lines=64",
+        "--data.source.val_lines=8",
+        "--data.source.test_lines=8",
+        "--data.loader.batch_size=4",
+        "--data.loader.num_workers=0",
+    ],
 }
 
 

@@ -23,7 +23,10 @@ from lightformer.facts import DataFacts
 
 REPO = Path(__file__).resolve().parents[1]
 # Every task, by the name task_args knows it: the tests that run each task (resume, bf16) take them all.
-ALL_TASKS = ("vision", "lm", "translation", "mlm", "t5", "classify", "igpt")
+ALL_TASKS = ("vision", "lm", "translation", "mlm", "t5", "classify", "igpt", "image_text")
+# The image-to-text data of the tiny runs: a few dozen lines of a word, rendered in seconds.
+IMAGE_TEXT_DATA = ["--data.source.train_lines=48", "--data.source.val_lines=8", "--data.source.test_lines=8",
+                   "--data.source.max_words=1", "--data.render.height=16", "--data.render.width=96"]  # fmt: skip
 CORPUS = "It is a truth universally acknowledged, that a single man in possession of a good fortune.\n" * 30
 
 
@@ -170,6 +173,28 @@ def task_args(task: str, tmp_path: Path) -> list[str]:
             "--model.num_completions=1",
             "--trainer.max_steps=-1",
             "--trainer.val_check_interval=null",
+            "--trainer.limit_val_batches=1",
+            *common,
+        ]
+    if task == "image_text":  # printed lines of a word, 16 pixels high
+        return [
+            "--config=configs/image_text/printed_lines.yaml",
+            *IMAGE_TEXT_DATA,
+            f"--data.prepare.dir={tmp_path / 'prepared'}",
+            "--data.loader.batch_size=8",
+            "--model.net.patch_size=[16, 8]",
+            "--model.net.encoder_layers=1",
+            "--model.net.decoder_layers=1",
+            "--model.net.d_model=32",
+            "--model.net.n_heads=2",
+            "--model.net.d_ff=64",
+            "--model.net.max_len=24",  # a reading of an untrained model is as long as this: keep it short
+            "--model.net.dropout=0.1",
+            "--model.optimizer.warmup_steps=2",
+            "--model.num_logged_samples=1",
+            "--trainer.max_steps=-1",
+            "--trainer.val_check_interval=null",
+            "--trainer.check_val_every_n_epoch=1",
             "--trainer.limit_val_batches=1",
             *common,
         ]

@@ -36,7 +36,7 @@ class DataFacts:
         tgt_vocab_size: ids of the target tokenizer.
         pad_id: the id that pads a batch (masked out of attention).
         class_names: the classes, in the order of the classifier's outputs.
-        image_size: side length of the (square) images.
+        image_size: side length of square images, or (height, width) of rectangular ones (a text line's).
         in_channels: channels of the images (1 grey, 3 colour).
         normalize_mean: per-channel mean the images are normalised with.
         normalize_std: per-channel standard deviation the images are normalised with.
@@ -53,16 +53,16 @@ class DataFacts:
     tgt_vocab_size: int | None = None
     pad_id: int | None = None
     class_names: tuple[str, ...] | None = None
-    image_size: int | None = None
+    image_size: int | tuple[int, int] | None = None
     in_channels: int | None = None
     normalize_mean: tuple[float, ...] | None = None
     normalize_std: tuple[float, ...] | None = None
     max_length: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:  # lists (YAML, a checkpoint's hyperparameters) become tuples
-        for name in ("class_names", "normalize_mean", "normalize_std"):
+        for name in ("class_names", "normalize_mean", "normalize_std", "image_size"):
             value = getattr(self, name)
-            if value is not None and not isinstance(value, tuple):
+            if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
 
     @property

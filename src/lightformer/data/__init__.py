@@ -1,6 +1,7 @@
 """Data modules and tokenizers: files → tokens or pixels → batches. Never imports a model."""
 
 from lightformer.data.modules.classification import TextClassificationDataModule
+from lightformer.data.modules.image_text import ImageTextDataModule
 from lightformer.data.modules.image_tokens import ImageTokenDataModule
 from lightformer.data.modules.images import ImageDataModule
 from lightformer.data.modules.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
@@ -10,6 +11,7 @@ from lightformer.data.preparation.tokenizers import Tokenizer
 
 __all__ = [
     "ImageDataModule",
+    "ImageTextDataModule",
     "ImageTokenDataModule",
     "MaskedLMDataModule",
     "SpanCorruptionDataModule",

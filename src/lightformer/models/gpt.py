@@ -44,6 +44,9 @@ class GPTConfig:
         norm_eps: epsilon of every norm.
         bias: biases in the linear layers and norms (GPT-2: yes; LLaMA-style: no).
         tie_weights: the output layer shares the token embedding's weight.
+        cross_attention: every block also attends to an encoder's output (``memory``) after its self-attention:
+            the text decoder of an image-to-text model (TrOCR, ``models.vision_text``). A GPT checkpoint's weights
+            load into such a decoder by their names; the cross-attention starts fresh.
     """
 
     vocab_size: int | None = None
@@ -59,6 +62,7 @@ class GPTConfig:
     norm_eps: float = 1e-5
     bias: bool = True
     tie_weights: bool = True
+    cross_attention: bool = False
 
     def __post_init__(self) -> None:
         check_at_least("vocab_size", self.vocab_size, 1)
@@ -73,7 +77,8 @@ class GPTConfig:
 
 
 class GPT(nn.Module):
-    """Token embedding + positions → pre-norm causal decoder stack (no cross-attention) → final norm → LM head.
+    """Token embedding + positions → pre-norm causal decoder stack → final norm → LM head; with
+    ``cross_attention``, each block attends to an encoder's output too.
 
     The LM head shares its weight with the token embedding when ``tie_weights``. Initialisation follows
     GPT-2: N(0, 0.02) everywhere, and N(0, 0.02/√(2·n_layers)) for the projections that write into the
@@ -107,7 +112,7 @@ class GPT(nn.Module):
                 norm_eps=c.norm_eps,
                 bias=c.bias,
                 rotary=rotary,
-                cross_attention=False,
+                cross_attention=c.cross_attention,
             )
             for _ in range(c.n_layers)
         ]
@@ -117,7 +122,7 @@ class GPT(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
-            if name.endswith(("self_attn.proj.weight", "ffn.fc2.weight")):
+            if name.endswith(("attn.proj.weight", "ffn.fc2.weight")):  # self_attn, cross_attn
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * c.n_layers))
 
     @staticmethod
@@ -131,10 +136,18 @@ class GPT(nn.Module):
         """An empty KV cache for incremental decoding of up to ``max_length`` (default block_size) positions."""
         return self.decoder.new_cache(max_length or self.block_size)
 
-    def forward(self, ids: Tensor, cache: DecoderCache | None = None) -> Tensor:
+    def forward(
+        self,
+        ids: Tensor,
+        cache: DecoderCache | None = None,
+        memory: Tensor | None = None,
+        memory_key_mask: Tensor | None = None,
+    ) -> Tensor:
         """Token ids ``(batch, seq)`` → next-token logits ``(batch, seq, vocab_size)``.
 
-        With ``cache``, ``ids`` continue the sequence already in the cache.
+        With ``cache``, ``ids`` continue the sequence already in the cache. With ``cross_attention``, ``memory``
+        ``(batch, memory_len, d_model)`` is the encoder's output, ``memory_key_mask`` ``(batch, memory_len)`` True at
+        its real positions (None: all).
         """
         offset = cache.length if cache is not None else 0
         if offset + ids.shape[1] > self.block_size:
@@ -145,7 +158,7 @@ class GPT(nn.Module):
         x = self.embed(ids)
         if self.position is not None:
             x = self.position(x, offset)
-        x = self.decoder(self.dropout(x), cache=cache)
+        x = self.decoder(self.dropout(x), memory, memory_key_mask=memory_key_mask, cache=cache)
         return self.lm_head(x)
 
 

@@ -25,7 +25,14 @@ from lightformer.nn import (
     make_norm,
     record_attention,
 )
-from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_heads, check_patch_size
+from lightformer.nn.checks import (
+    as_pair,
+    check_at_least,
+    check_choice,
+    check_fraction,
+    check_heads,
+    check_patch_size,
+)
 
 Pool = Literal["cls", "mean"]
 ViTPosition = Literal["learned", "sincos"]
@@ -36,10 +43,12 @@ class ViTConfig:
     """The shape of a Vision Transformer: every hyperparameter and its default, declared once.
 
     Args:
-        image_size: side of the (square) input images; a multiple of patch_size (from the data's facts).
+        image_size: side of square input images, or (height, width); a multiple of patch_size (from the data's
+            facts).
         in_channels: image channels, 1 grey or 3 RGB (from the data's facts).
         num_classes: classifier outputs (from the data's facts); 0 gives no head (the model returns features).
-        patch_size: side of the square patches; the encoder sees (image_size / patch_size)² tokens.
+        patch_size: side of square patches, or (height, width): the encoder sees (height / patch height) ·
+            (width / patch width) tokens.
         d_model: token width.
         n_layers: encoder layers.
         n_heads: attention heads; must divide d_model.
@@ -61,10 +70,10 @@ class ViTConfig:
             counterpart with bias=true). The final norm and the head always have biases.
     """
 
-    image_size: int | None = None
+    image_size: int | tuple[int, int] | None = None
     in_channels: int = 3
     num_classes: int | None = None
-    patch_size: int = 4
+    patch_size: int | tuple[int, int] = 4
     d_model: int = 192
     n_layers: int = 6
     n_heads: int = 3
@@ -81,9 +90,13 @@ class ViTConfig:
     bias: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("image_size", "patch_size"):  # a pair as a tuple (YAML and checkpoints give lists)
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, as_pair(getattr(self, name)))
         check_choice("in_channels", self.in_channels, (1, 3))
         check_at_least("num_classes", self.num_classes, 0)
-        check_at_least("patch_size", self.patch_size, 1)
+        for side in as_pair(self.patch_size):
+            check_at_least("patch_size", side, 1)
         if self.image_size is not None:
             check_patch_size(self.image_size, self.patch_size)
         check_at_least("n_layers", self.n_layers, 1)
@@ -125,7 +138,7 @@ class VisionTransformer(nn.Module):
         if c.position == "sincos":  # fixed: a frozen table, so it still travels in the state dict (as in MAE)
             with torch.no_grad():
                 self.pos_embed.weight.zero_()
-                grid = [self.patch_embed.grid_size] * 2
+                grid = self.patch_embed.grid
                 self.pos_embed.weight[self.num_prefix_tokens :] = build_sincos2d_pos_embed(grid, c.d_model)
             self.pos_embed.weight.requires_grad_(False)
         self.pos_drop = Dropout(c.dropout)
@@ -194,9 +207,9 @@ class VisionTransformer(nn.Module):
         return {"pos_embed.weight", "cls_token"}
 
     @property
-    def grid_size(self) -> int:
-        """Patches per image side."""
-        return self.patch_embed.grid_size
+    def grid(self) -> tuple[int, int]:
+        """Patches per column and per row of an image."""
+        return self.patch_embed.grid
 
     def forward_features(self, images: Tensor) -> Tensor:
         """Images ``(batch, C, H, W)`` → encoded tokens ``(batch, num_prefix_tokens + H/p·W/p, d_model)``."""
@@ -226,8 +239,8 @@ def attention_rollout(model: VisionTransformer, images: Tensor) -> Tensor:
     """Attention rollout (Abnar & Zuidema 2020): how much each patch feeds the pooled representation.
 
     Per layer the head-averaged attention plus the identity (the residual path) is renormalised, and the layers
-    are multiplied. The row of the class token (or the mean over patch rows for mean pooling) gives
-    ``(batch, grid, grid)`` weights for images ``(batch, C, H, W)``, each map summing to 1 over the patches.
+    are multiplied. The row of the class token (or the mean over patch rows for mean pooling) gives weights
+    ``(batch, grid height, grid width)`` for images ``(batch, C, H, W)``, each map summing to 1 over the patches.
     """
     was_training = model.training
     model.eval()
@@ -243,7 +256,7 @@ def attention_rollout(model: VisionTransformer, images: Tensor) -> Tensor:
     prefix = model.num_prefix_tokens
     relevance = rollout[:, 0, prefix:] if model.pool == "cls" else rollout[:, prefix:, prefix:].mean(dim=1)
     relevance = relevance / relevance.sum(dim=-1, keepdim=True)
-    return relevance.reshape(-1, model.grid_size, model.grid_size)
+    return relevance.reshape(-1, *model.grid)
 
 
 # --- timm interoperability --------------------------------------------------------------------------------

@@ -58,8 +58,25 @@ def check_heads(d_model: int, n_heads: int) -> None:
         )
 
 
-def check_patch_size(image_size: int, patch_size: int) -> None:
-    """Raise ValueError unless ``patch_size`` divides ``image_size`` (the patches must tile the image)."""
+def as_pair(size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    """An image or patch size as (height, width): a square's side twice, a (height, width) pair as it is."""
+    if isinstance(size, int):
+        return size, size
+    if len(size) != 2:
+        raise ValueError(f"a size is one integer (a square's side) or two (height, width); got {list(size)}")
+    return int(size[0]), int(size[1])
+
+
+def check_patch_size(image_size: int | tuple[int, int], patch_size: int | tuple[int, int]) -> None:
+    """Raise ValueError unless ``patch_size`` divides ``image_size`` (the patches must tile the image), either a
+    square's side or (height, width) each."""
+    if not (isinstance(image_size, int) and isinstance(patch_size, int)):
+        for axis, image, patch in zip(("height", "width"), as_pair(image_size), as_pair(patch_size), strict=True):
+            try:
+                check_patch_size(image, patch)
+            except ValueError as error:
+                raise ValueError(f"the {axis}s: {error}") from None
+        return
     check_at_least("image_size", image_size, 1)
     check_at_least("patch_size", patch_size, 1)
     if image_size % patch_size:

@@ -6,7 +6,7 @@ import math
 
 from torch import Tensor, nn
 
-from lightformer.nn.checks import check_patch_size
+from lightformer.nn.checks import as_pair, check_patch_size
 
 
 class TokenEmbedding(nn.Embedding):
@@ -30,23 +30,26 @@ class TokenEmbedding(nn.Embedding):
 
 
 class PatchEmbedding(nn.Module):
-    """Images ``(batch, C, H, W)`` → patch tokens ``(batch, H/p·W/p, d_model)``, by a convolution with stride p.
+    """Images ``(batch, C, H, W)`` → patch tokens ``(batch, H/ph·W/pw, d_model)``, by a convolution with stride
+    (ph, pw), in row-major order. Image and patch sizes are a square's side or (height, width): a text line is 32
+    pixels high and hundreds wide, and reads best in tall, narrow patches.
 
     Same parameter layout as timm's ``PatchEmbed`` (``proj`` is the convolution).
     """
 
-    def __init__(self, image_size: int, patch_size: int, in_channels: int, d_model: int) -> None:
+    def __init__(
+        self, image_size: int | tuple[int, int], patch_size: int | tuple[int, int], in_channels: int, d_model: int
+    ) -> None:
         super().__init__()
         check_patch_size(image_size, patch_size)
-        self.image_size = image_size
-        self.patch_size = patch_size
+        self.image_size, self.patch_size = as_pair(image_size), as_pair(patch_size)
         self.in_channels = in_channels
-        self.grid_size = image_size // patch_size
-        self.num_patches = self.grid_size**2
-        self.proj = nn.Conv2d(in_channels, d_model, kernel_size=patch_size, stride=patch_size)
+        self.grid = (self.image_size[0] // self.patch_size[0], self.image_size[1] // self.patch_size[1])
+        self.num_patches = self.grid[0] * self.grid[1]
+        self.proj = nn.Conv2d(in_channels, d_model, kernel_size=self.patch_size, stride=self.patch_size)
 
     def forward(self, images: Tensor) -> Tensor:
-        expected = (self.in_channels, self.image_size, self.image_size)
+        expected = (self.in_channels, *self.image_size)
         if images.ndim != 4 or tuple(images.shape[1:]) != expected:
             hint = "add a batch dimension: images[None]" if images.ndim == 3 else "convert or resize the images"
             raise ValueError(

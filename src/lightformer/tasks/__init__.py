@@ -4,6 +4,7 @@ from lightformer.tasks.base import Task
 from lightformer.tasks.denoising import DenoisingTask
 from lightformer.tasks.image_classification import ImageClassificationTask
 from lightformer.tasks.image_gpt import ImageGPTTask
+from lightformer.tasks.image_text import ImageToTextTask
 from lightformer.tasks.language_model import LanguageModelTask
 from lightformer.tasks.masked_lm import MaskedLanguageModelTask
 from lightformer.tasks.optim import OptimizerConfig
@@ -14,6 +15,7 @@ __all__ = [
     "DenoisingTask",
     "ImageClassificationTask",
     "ImageGPTTask",
+    "ImageToTextTask",
     "LanguageModelTask",
     "MaskedLanguageModelTask",
     "OptimizerConfig",

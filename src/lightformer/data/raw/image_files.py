@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -68,6 +69,32 @@ def read_images(
     does for evaluation."""
     transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
     return torch.stack([transform(load_image(path, in_channels, image_size)) for path in paths])
+
+
+def fit_line(image: Image.Image, height: int, width: int) -> Image.Image:
+    """A line image of any size on a ``height`` × ``width`` canvas, as text lines are rendered for training: scaled
+    (aspect kept) to the canvas's height, or less where it would be wider than the canvas, at the left and centred
+    vertically, on the image's own background (the median of its border)."""
+    pixels = np.asarray(image)
+    border = np.concatenate([pixels[0], pixels[-1], pixels[:, 0], pixels[:, -1]])
+    background = tuple(int(v) for v in np.median(border.reshape(len(border), -1), axis=0))
+    scale = min(height / image.height, width / image.width)
+    size = (max(1, min(width, round(image.width * scale))), max(1, min(height, round(image.height * scale))))
+    canvas = Image.new(image.mode, (width, height), background if len(background) > 1 else background[0])
+    canvas.paste(image.resize(size, Image.Resampling.LANCZOS), (0, (height - size[1]) // 2))
+    return canvas
+
+
+def read_line_image(
+    path: str | Path, in_channels: int, image_size: tuple[int, int], mean: Sequence[float], std: Sequence[float]
+) -> torch.Tensor:
+    """A line image file as a model's input ``(C, H, W)``: loaded, fitted to the canvas (``fit_line``) and
+    normalised. A blank image (one value everywhere) is a DataError naming the file: it holds no text."""
+    image = load_image(path, in_channels)
+    if image.getextrema() in ((0, 0), (255, 255)) or len(set(np.asarray(image).flat)) == 1:
+        raise DataError(f"{path} is blank (every pixel has one value): it holds no text to read")
+    transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))])
+    return transform(fit_line(image, *image_size))
 
 
 @dataclass(frozen=True)

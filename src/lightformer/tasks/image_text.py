@@ -1,0 +1,300 @@
+"""Image to text (TrOCR, captioning): a ViT encoder and a GPT decoder with cross-attention, trained with teacher
+forcing; evaluated by the character and word error rates and the exact lines of greedy or beam-search readings."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics import MeanMetric
+from torchmetrics.text import CharErrorRate, SacreBLEUScore, WordErrorRate
+
+from lightformer.callbacks import raise_if_non_finite
+from lightformer.commands import load_task, paths_of, require
+from lightformer.data.modules.image_text import ImageTextDataModule
+from lightformer.data.preparation.tokenizers import Tokenizer
+from lightformer.data.raw.image_files import read_line_image
+from lightformer.errors import ConfigError
+from lightformer.facts import DataFacts
+from lightformer.generation import beam_search
+from lightformer.models.vision_text import VisionEncoderDecoder, VisionEncoderDecoderConfig
+from lightformer.nn import record_attention
+from lightformer.registry import register
+from lightformer.tasks.base import Task
+from lightformer.tensorboard import attention_figure, logging_step, tensorboard_logger, tensorboard_writer
+
+Batch = dict[str, Tensor | list[str]]
+
+
+class ImageToTextTask(Task):
+    """Label-smoothed cross-entropy of the text given the image; the character error rate (CER), word error rate
+    (WER), exact lines and BLEU of the model's readings (greedy in validation, ``beam_size`` in test).
+
+    The model's image size, channels and vocabulary come from the data's facts; the tokenizer and the images'
+    normalisation travel inside the checkpoint, so a checkpoint alone reads images (``lightformer read``).
+
+    Args:
+        net: the model's shape (``VisionEncoderDecoderConfig``).
+        label_smoothing: of the training targets.
+        ctc_weight: the weight of a CTC loss on the encoder's patches (the model's ``ctc_head``), added to the
+            decoder's cross-entropy in training; 0: none. The readings are the decoder's all the same.
+        beam_size: beam width at test time and for ``read`` (1 = greedy).
+        val_beam_size: beam width of validation's readings.
+        num_logged_samples: validation images shown in TensorBoard with their reading and reference.
+    """
+
+    model_class = VisionEncoderDecoder
+    net_from_data = {"vocab_size": "vocab_size", "image_size": "image_size", "in_channels": "in_channels"}
+    items_name = "images"
+    variable_shapes = True  # texts padded to the batch's longest
+    hparam_metrics = ("val/cer", "val/loss", "test/cer", "test/wer", "test/exact")
+
+    def __init__(
+        self,
+        net: VisionEncoderDecoderConfig = VisionEncoderDecoderConfig(),
+        label_smoothing: float = 0.1,
+        ctc_weight: float = 0.0,
+        beam_size: int = 1,
+        val_beam_size: int = 1,
+        num_logged_samples: int = 4,
+        **common: Any,
+    ) -> None:
+        super().__init__(net, **common)
+        if ctc_weight < 0 or (ctc_weight > 0 and self.model.ctc_head is None):
+            raise ConfigError(
+                f"model.ctc_weight={ctc_weight} must be at least 0, and above 0 only with model.net.ctc_head=true"
+            )
+        self.metrics = torch.nn.ModuleDict(
+            {
+                f"{split}_{name}": metric()
+                for split in ("val", "test")
+                for name, metric in (
+                    ("loss", MeanMetric),
+                    ("cer", CharErrorRate),
+                    ("wer", WordErrorRate),
+                    ("exact", MeanMetric),
+                    ("bleu", lambda: SacreBLEUScore(tokenize="13a")),
+                )
+            }
+        )
+        self._samples: list[tuple[Tensor, str, str]] = []
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self.fact_tokenizer("tokenizer")
+
+    @property
+    def pad_id(self) -> int:
+        return self.data_facts.pad_id
+
+    def check_data(self, facts: DataFacts, stage: str) -> None:
+        super().check_data(facts, stage)
+        longest, max_len = facts.max_length, self.model.block_size
+        if longest is not None and longest > max_len:
+            raise ConfigError(
+                f"the data's longest text has {longest} tokens (BOS and EOS included) but model.net.max_len={max_len}, "
+                f"the length of the decoder's position table, which must hold them; set model.net.max_len >= "
+                f"{longest} or give the data shorter lines"
+            )
+
+    # --- training and evaluation ---------------------------------------------------------------------------
+
+    def _loss(self, batch: Batch) -> tuple[Tensor, int]:
+        """The teacher-forced loss of ``batch`` (compiled with the model when ``compile``) and its target tokens."""
+        loss = self.compiled(self._teacher_forced_loss)(batch["images"], batch["tgt"])
+        return loss, int((batch["tgt"][:, 1:] != self.pad_id).sum())
+
+    def _teacher_forced_loss(self, images: Tensor, tgt: Tensor) -> Tensor:
+        """The decoder's label-smoothed cross-entropy per target token; in training with ``ctc_weight``, plus that
+        weight times the CTC loss of the encoder's patches against the text (PAD as CTC's blank; a line with more
+        characters and repeats than patches counts zero)."""
+        ctc = self.training and self.hparams.ctc_weight > 0
+        logits = self.model(images, tgt[:, :-1], ctc=ctc)
+        if ctc:
+            logits, patch_logits = logits
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(),
+            tgt[:, 1:].flatten(),
+            ignore_index=self.pad_id,
+            label_smoothing=self.hparams.label_smoothing,
+        )
+        if not ctc:
+            return loss
+        log_probs = patch_logits.float().log_softmax(-1).transpose(0, 1)  # (patches, batch, vocab)
+        lengths = (tgt != self.pad_id).sum(1) - 2  # the text's tokens, BOS and EOS left out
+        patches = torch.full_like(lengths, log_probs.shape[0])
+        ctc_loss = F.ctc_loss(log_probs, tgt[:, 1:-1], patches, lengths, blank=self.pad_id, zero_infinity=True)
+        return loss + self.hparams.ctc_weight * ctc_loss
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        loss, _ = self._loss(batch)
+        self.log_train({"train/loss": loss})
+        return loss
+
+    def model_inputs(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        return batch["images"], batch["tgt"][:, :-1]
+
+    def throughput_counts(self, batch: Batch) -> tuple[int, int]:
+        return len(batch["images"]), len(batch["images"])
+
+    def _evaluate(self, batch: Batch, split: str, beam_size: int) -> list[str]:
+        loss, n_tokens = self._loss(batch)
+        readings, references = self.read_images(batch["images"], beam_size), batch["text"]
+        m = self.metrics
+        m[f"{split}_loss"].update(loss, weight=n_tokens)
+        m[f"{split}_cer"].update(readings, references)
+        m[f"{split}_wer"].update(readings, references)
+        m[f"{split}_exact"].update(torch.tensor([r == t for r, t in zip(readings, references, strict=True)]).float())
+        m[f"{split}_bleu"].update(readings, [[reference] for reference in references])
+        return readings
+
+    def _log_metrics(self, split: str) -> dict[str, Tensor]:
+        values = {f"{split}/{name}": self.metrics[f"{split}_{name}"].compute() for name in ("loss", "cer", "wer")}
+        values[f"{split}/exact"] = self.metrics[f"{split}_exact"].compute()
+        values[f"{split}/bleu"] = self.metrics[f"{split}_bleu"].compute() * 100
+        for name, metric in self.metrics.items():
+            if name.startswith(split):
+                metric.reset()
+        self.log_dict(values, prog_bar=split == "val")
+        return values
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        readings = self._evaluate(batch, "val", self.hparams.val_beam_size)
+        if batch_idx == 0:
+            n = self.hparams.num_logged_samples
+            self._samples = list(zip(batch["images"][:n].cpu(), batch["text"][:n], readings[:n], strict=True))
+            self._log_cross_attention(batch, readings[0])
+
+    def on_validation_epoch_end(self) -> None:
+        values = self._log_metrics("val")
+        raise_if_non_finite(self.trainer, "val/loss", values["val/loss"])
+        writer = tensorboard_writer(self)
+        if writer is not None and self._samples and not self.trainer.sanity_checking:
+            step = logging_step(self.trainer)
+            for i, (image, _, _) in enumerate(self._samples):
+                writer.add_image(f"val/sample_{i}", self._pixels(image), step)
+            rows = ["| reference | reading |", "|---|---|"] + [f"| {t} | {r} |" for _, t, r in self._samples]
+            writer.add_text("val/readings", "\n".join(rows), step)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, "test", self.hparams.beam_size)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_metrics("test")
+
+    def _pixels(self, image: Tensor) -> Tensor:
+        """A normalised image ``(C, H, W)`` back in [0, 1], for TensorBoard."""
+        mean = torch.tensor(self.data_facts.normalize_mean).view(-1, 1, 1)
+        std = torch.tensor(self.data_facts.normalize_std).view(-1, 1, 1)
+        return (image.float() * std + mean).clamp(0, 1)
+
+    # --- reading -------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def read_images(self, images: Tensor, beam_size: int | None = None) -> list[str]:
+        """The text of each image of a normalised batch ``(batch, C, H, W)``, by beam search (1: greedy)."""
+        if self.tokenizer is None:
+            raise RuntimeError(
+                "this model has no tokenizer: train it with an image-text data module or load a checkpoint"
+            )
+        beam_size = self.hparams.beam_size if beam_size is None else beam_size
+        if beam_size < 1:
+            raise ValueError(f"beam_size={beam_size} must be at least 1 (1 is greedy decoding)")
+        was_training = self.model.training
+        self.model.eval()
+        decoder = self.model.incremental_decoder(images, beam_size)
+        hypotheses, _ = beam_search(
+            decoder,
+            images.shape[0],
+            beam_size,
+            self.tokenizer.bos_id,
+            self.tokenizer.eos_id,
+            self.model.block_size - 1,
+            1.0,
+            device=images.device,
+        )
+        self.model.train(was_training)
+        return self.tokenizer.decode_batch(hypotheses)
+
+    def read_files(self, paths: list[str], beam_size: int | None = None) -> list[str | Exception]:
+        """The text of each image file, in order; an image that cannot be read is its error instead, and the others
+        are read all the same."""
+        c, facts = self.model.config, self.data_facts
+        loaded = []
+        for path in paths:
+            try:
+                loaded.append(
+                    read_line_image(path, c.in_channels, c.image_size, facts.normalize_mean, facts.normalize_std)
+                )
+            except (OSError, ValueError) as error:  # missing, not an image, blank: named, the batch goes on
+                loaded.append(error)
+        images = [image for image in loaded if isinstance(image, Tensor)]
+        readings = iter(self.read_images(torch.stack(images).to(self.device), beam_size) if images else [])
+        return [next(readings) if isinstance(image, Tensor) else image for image in loaded]
+
+    def _log_cross_attention(self, batch: Batch, reading: str) -> None:
+        """The last decoder block's cross-attention (mean over heads) of the first validation image: which patches
+        each character of the reference reads, the patches in reading order along the image's width."""
+        if tensorboard_logger(self) is None or self.trainer.sanity_checking:
+            return
+        images, tgt = batch["images"][:1], batch["tgt"][:1]
+        tgt = tgt[:, : int((tgt != self.pad_id).sum())]
+        with record_attention(self.model) as weights:  # every process: under FSDP2 a forward pass needs them all
+            self.model(images, tgt[:, :-1])
+        writer = tensorboard_writer(self)
+        if writer is None:
+            return
+        last = f"decoder.decoder.layers.{len(self.model.decoder.decoder.layers) - 1}.cross_attn"
+        grid = self.model.encoder.grid
+        patches = [f"{row},{col}" if grid[0] > 1 else str(col) for row in range(grid[0]) for col in range(grid[1])]
+        target = [self.tokenizer.decode([i], skip_special=False) for i in tgt[0, :-1].tolist()]
+        title = f"reference: {batch['text'][0]}  |  reading: {reading}"
+        figure = attention_figure(weights[last][0].mean(0), patches, target, title)
+        writer.add_figure("val/cross_attention", figure, logging_step(self.trainer))
+
+
+# --- the commands that take this task's checkpoints alone ---------------------------------------------------
+
+
+def read(
+    ckpt_path: str | None = None,
+    images: list[str] | str | None = None,
+    beam_size: int | None = None,
+    batch_size: int = 32,
+    device: str = "cpu",
+) -> None:
+    """The text of line images.
+
+    Print the text of each image, one line per image in the order given, with an image-to-text checkpoint alone.
+    An image of any size and aspect is scaled to the model's canvas as in training (its height, then at most its
+    width). A file that is not a readable image, or a blank image, prints an empty line (and its reason on standard
+    error), and the other images are read all the same.
+
+    Example: ``read --ckpt_path best.ckpt --images "scans/*.png" --beam_size 4``.
+
+    Args:
+        ckpt_path: a checkpoint written by ``fit`` with the image-to-text task (its tokenizer and preprocessing
+            travel inside).
+        images: image files (PNG, JPEG, ...) or glob patterns, read in the order given (a pattern's matches sorted).
+        beam_size: beam width (1 = greedy); default: the model's ``beam_size``.
+        batch_size: images read together.
+        device: "cpu", "cuda", "cuda:1", ...
+    """
+    require(ckpt_path is not None and bool(images), "read needs --ckpt_path CHECKPOINT and --images FILE ...")
+    require(beam_size is None or beam_size >= 1, f"--beam_size={beam_size} must be at least 1 (1 is greedy)")
+    require(batch_size >= 1, f"--batch_size={batch_size} must be at least 1")
+    task = load_task(ckpt_path, ImageToTextTask, "read", device)
+    paths = paths_of(images, "--images", "image file", ".png")
+    for start in range(0, len(paths), batch_size):
+        batch = paths[start : start + batch_size]
+        for path, reading in zip(batch, task.read_files(batch, beam_size), strict=True):
+            if isinstance(reading, Exception):
+                print(f"read: {path}: {reading}", file=sys.stderr)
+                reading = ""
+            print(reading, flush=True)
+
+
+register(ImageToTextTask, data=ImageTextDataModule, commands={"read": read}, list_options={"read": "--images"})

@@ -1,0 +1,133 @@
+"""The image-to-text model: a ViT's patches feeding a GPT decoder's cross-attention (models.vision_text)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchmetrics.functional.text import char_error_rate
+
+from lightformer.generation import beam_search
+from lightformer.models.gpt import GPT, GPTConfig
+from lightformer.models.vision_text import VisionEncoderDecoder, VisionEncoderDecoderConfig
+
+VOCAB = 20
+SHAPE = dict(image_size=(16, 48), in_channels=1, patch_size=(16, 4), vocab_size=VOCAB, max_len=12, d_model=32,
+             n_heads=2, encoder_layers=2, decoder_layers=2)  # fmt: skip
+
+
+def model(**changes) -> VisionEncoderDecoder:
+    torch.manual_seed(0)
+    return VisionEncoderDecoder(VisionEncoderDecoderConfig(**{**SHAPE, **changes})).eval()
+
+
+def test_the_decoder_reads_every_patch_of_a_rectangular_image_in_tall_narrow_patches():
+    m = model()
+    images, tgt = torch.randn(3, 1, 16, 48), torch.randint(0, VOCAB, (3, 7))
+    assert m.encode(images).shape == (3, 12, 32)  # 48 / 4 patches of the full height
+    assert m(images, tgt).shape == (3, 7, VOCAB)
+    changed = images.clone()
+    changed[1, :, :, -4:] += 1.0  # the last patch of the second image only
+    difference = (m(changed, tgt) - m(images, tgt)).abs().amax(dim=(1, 2))
+    assert difference[1] > 1e-4 and difference[0] == 0 and difference[2] == 0
+
+
+@pytest.mark.parametrize("encoder_d_model", [None, 48])
+def test_incremental_decoding_with_the_kv_cache_gives_the_full_forward_passs_logits(encoder_d_model):
+    m = model(encoder_d_model=encoder_d_model, encoder_heads=3 if encoder_d_model else None)
+    images, ids = torch.randn(2, 1, 16, 48), torch.randint(0, VOCAB, (2, 6))
+    full = m(images, ids)
+    decoder, cache = m.incremental_decoder(images), None
+    cache = decoder.new_cache()
+    steps = [decoder(ids[:, i : i + 1], cache) for i in range(ids.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_beam_search_of_one_beam_is_greedy_decoding_of_the_full_forward_pass():
+    m = model()
+    images = torch.randn(2, 1, 16, 48)
+    hypotheses, _ = beam_search(m.incremental_decoder(images), 2, 1, 1, 2, 8, 1.0, device=images.device)
+    for row, hypothesis in enumerate(hypotheses):
+        ids = torch.tensor([[1]])
+        for _ in range(8):
+            next_id = int(m(images[row : row + 1], ids)[0, -1].argmax())
+            if next_id == 2:
+                break
+            ids = torch.cat([ids, torch.tensor([[next_id]])], dim=1)
+        assert hypothesis == ids[0, 1:].tolist()
+
+
+def test_a_gpts_weights_load_into_the_decoder_by_name_leaving_only_the_cross_attention_fresh():
+    gpt = GPT(GPTConfig(vocab_size=VOCAB, block_size=12, n_layers=2, n_heads=2, d_model=32))
+    m = model()
+    missing, unexpected = m.decoder.load_state_dict(gpt.state_dict(), strict=False)
+    assert not unexpected
+    assert missing and all(".cross_attn." in name or ".norm_cross." in name for name in missing)
+    torch.testing.assert_close(m.decoder.embed.weight, gpt.embed.weight)
+
+
+def test_a_shape_that_does_not_tile_or_divide_is_refused_naming_the_stack_and_the_field():
+    with pytest.raises(ValueError, match="the encoder: the widths: image_size=50 is not a multiple of patch_size=4"):
+        VisionEncoderDecoderConfig(**{**SHAPE, "image_size": (16, 50)})
+    with pytest.raises(ValueError, match="the decoder: d_model=32 is not divisible by n_heads=3"):
+        VisionEncoderDecoderConfig(**{**SHAPE, "n_heads": 3, "encoder_heads": 2})
+
+
+# --- the task: it learns to read --------------------------------------------------------------------------------
+
+DIGITS = {  # 5 × 3 bitmaps, a glyph per digit: the smallest "typeface" a model can learn to read in seconds
+    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
+    "4": "101101111001001", "5": "111100111001111", "6": "111100111101111", "7": "111001010010010",
+    "8": "111101111101111", "9": "111101111001111",
+}  # fmt: skip
+
+
+def digit_line(text: str, width: int = 32) -> torch.Tensor:
+    """A text of digits drawn at 4 pixels a glyph, on a 8 × ``width`` canvas, dark ink on white: ``(1, 8, width)``."""
+    image = torch.ones(1, 8, width)
+    for i, digit in enumerate(text):
+        glyph = torch.tensor([float(bit) for bit in DIGITS[digit]]).view(5, 3)
+        image[0, 1:6, 1 + 4 * i : 4 + 4 * i] = 1 - glyph
+    return image
+
+
+def digit_task():
+    from lightformer.data.preparation.tokenizers import Tokenizer
+    from lightformer.facts import DataFacts
+    from lightformer.tasks.image_text import ImageToTextTask
+
+    tokenizer = Tokenizer.train_char(["0123456789"])
+    facts = DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+                      image_size=(8, 32), in_channels=1, normalize_mean=(0.5,), normalize_std=(0.5,), max_length=10)  # fmt: skip
+    net = dict(patch_size=(8, 4), d_model=48, n_heads=2, encoder_layers=2, decoder_layers=2, max_len=10)
+    return ImageToTextTask(net=net, data_facts=facts, label_smoothing=0.0), tokenizer
+
+
+def digit_batch(texts: list[str], tokenizer) -> dict:
+    ids = [tokenizer.encode(text, add_bos=True, add_eos=True) for text in texts]
+    tgt = torch.full((len(ids), max(map(len, ids))), tokenizer.pad_id)
+    for row, line in enumerate(ids):
+        tgt[row, : len(line)] = torch.tensor(line)
+    return {"images": (torch.stack([digit_line(t) for t in texts]) - 0.5) / 0.5, "tgt": tgt, "text": texts}
+
+
+def test_the_task_learns_to_read_lines_of_digits_it_has_not_seen():
+    torch.manual_seed(0)
+    task, tokenizer = digit_task()
+    generator = torch.Generator().manual_seed(0)
+
+    def texts(n: int) -> list[str]:
+        lengths = torch.randint(1, 8, (n,), generator=generator)
+        return ["".join(str(int(d)) for d in torch.randint(0, 10, (int(k),), generator=generator)) for k in lengths]
+
+    held_out = texts(64)
+    optimizer = torch.optim.AdamW(task.parameters(), lr=1e-3)
+    for _ in range(400):
+        batch = digit_batch([t for t in texts(32) if t not in held_out] or ["0"], tokenizer)
+        loss, _ = task._loss(batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    readings = task.read_images(digit_batch(held_out, tokenizer)["images"], beam_size=1)
+    assert float(char_error_rate(readings, held_out)) < 0.05, list(zip(readings, held_out))[:8]
+    beamed = task.read_images(digit_batch(held_out, tokenizer)["images"], beam_size=3)
+    assert float(char_error_rate(beamed, held_out)) < 0.05, list(zip(beamed, held_out))[:8]
