@@ -90,16 +90,18 @@ def digit_line(text: str, width: int = 32) -> torch.Tensor:
     return image
 
 
-def digit_task():
+def digit_task(**options):
     from lightformer.data.preparation.tokenizers import Tokenizer
     from lightformer.facts import DataFacts
     from lightformer.tasks.image_text import ImageToTextTask
 
     tokenizer = Tokenizer.train_char(["0123456789"])
     facts = DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
-                      image_size=(8, 32), in_channels=1, normalize_mean=(0.5,), normalize_std=(0.5,), max_length=10)  # fmt: skip
+                      image_size=(8, 32), in_channels=1, normalize_mean=(0.5,), normalize_std=(0.5,),
+                      max_length=10)  # fmt: skip
     net = dict(patch_size=(8, 4), d_model=48, n_heads=2, encoder_layers=2, decoder_layers=2, max_len=10)
-    return ImageToTextTask(net=net, data_facts=facts, label_smoothing=0.0), tokenizer
+    net |= options.pop("net", {})
+    return ImageToTextTask(net=net, data_facts=facts, label_smoothing=0.0, **options), tokenizer
 
 
 def digit_batch(texts: list[str], tokenizer) -> dict:
@@ -128,6 +130,24 @@ def test_the_task_learns_to_read_lines_of_digits_it_has_not_seen():
         loss.backward()
         optimizer.step()
     readings = task.read_images(digit_batch(held_out, tokenizer)["images"], beam_size=1)
-    assert float(char_error_rate(readings, held_out)) < 0.05, list(zip(readings, held_out))[:8]
+    assert float(char_error_rate(readings, held_out)) < 0.05, list(zip(readings, held_out, strict=True))[:8]
     beamed = task.read_images(digit_batch(held_out, tokenizer)["images"], beam_size=3)
-    assert float(char_error_rate(beamed, held_out)) < 0.05, list(zip(beamed, held_out))[:8]
+    assert float(char_error_rate(beamed, held_out)) < 0.05, list(zip(beamed, held_out, strict=True))[:8]
+
+
+def test_the_ctc_loss_on_the_encoders_patches_is_added_in_training_only_and_needs_the_head():
+    from lightformer.errors import ConfigError
+
+    torch.manual_seed(0)
+    task, tokenizer = digit_task(net={"ctc_head": True}, ctc_weight=0.5)
+    batch = digit_batch(["123", "4", "5678901"], tokenizer)
+    with_ctc, _ = task._loss(batch)
+    task.eval()
+    without, _ = task._loss(batch)
+    logits, patch_logits = task.model(batch["images"], batch["tgt"][:, :-1], ctc=True)
+    log_probs = patch_logits.log_softmax(-1).transpose(0, 1)
+    lengths = torch.tensor([3, 1, 7])
+    ctc = torch.nn.functional.ctc_loss(log_probs, batch["tgt"][:, 1:-1], torch.full((3,), 8), lengths, blank=0)
+    torch.testing.assert_close(with_ctc, without + 0.5 * ctc)
+    with pytest.raises(ConfigError, match="model.ctc_weight=0.5 must be at least 0, and above 0 only with"):
+        digit_task(ctc_weight=0.5)
