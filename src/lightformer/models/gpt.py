@@ -44,9 +44,6 @@ class GPTConfig:
         norm_eps: epsilon of every norm.
         bias: biases in the linear layers and norms (GPT-2: yes; LLaMA-style: no).
         tie_weights: the output layer shares the token embedding's weight.
-        cross_attention: every block also attends to an encoder's output (``memory``) after its self-attention:
-            the text decoder of an image-to-text model (TrOCR, ``models.vision_text``). A GPT checkpoint's weights
-            load into such a decoder by their names; the cross-attention starts fresh.
     """
 
     vocab_size: int | None = None
@@ -62,7 +59,6 @@ class GPTConfig:
     norm_eps: float = 1e-5
     bias: bool = True
     tie_weights: bool = True
-    cross_attention: bool = False
 
     def __post_init__(self) -> None:
         check_at_least("vocab_size", self.vocab_size, 1)
@@ -77,15 +73,18 @@ class GPTConfig:
 
 
 class GPT(nn.Module):
-    """Token embedding + positions → pre-norm causal decoder stack → final norm → LM head; with
-    ``cross_attention``, each block attends to an encoder's output too.
+    """Token embedding + positions → pre-norm causal decoder stack → final norm → LM head.
+
+    With ``cross_attention``, every block also attends to an encoder's output (``memory``) after its self-attention:
+    the text decoder of an image-to-text model (TrOCR, ``models.vision_text``). A GPT checkpoint's weights load into
+    such a decoder by their names; the cross-attention starts fresh.
 
     The LM head shares its weight with the token embedding when ``tie_weights``. Initialisation follows
     GPT-2: N(0, 0.02) everywhere, and N(0, 0.02/√(2·n_layers)) for the projections that write into the
     residual stream.
     """
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, cross_attention: bool = False) -> None:
         super().__init__()
         if config.vocab_size is None:
             raise ValueError(
@@ -112,7 +111,7 @@ class GPT(nn.Module):
                 norm_eps=c.norm_eps,
                 bias=c.bias,
                 rotary=rotary,
-                cross_attention=c.cross_attention,
+                cross_attention=cross_attention,
             )
             for _ in range(c.n_layers)
         ]

@@ -104,7 +104,7 @@ class VisionEncoderDecoderConfig:
         )
 
     def decoder_config(self) -> GPTConfig:
-        """The GPT's shape, with cross-attention to the patches."""
+        """The GPT's shape (built with cross-attention to the patches)."""
         return GPTConfig(
             vocab_size=self.vocab_size,
             block_size=self.max_len,
@@ -117,7 +117,6 @@ class VisionEncoderDecoderConfig:
             activation=self.activation,
             norm=self.norm,
             tie_weights=self.tie_weights,
-            cross_attention=True,
         )
 
 
@@ -135,7 +134,7 @@ class VisionEncoderDecoder(nn.Module):
         self.encoder = VisionTransformer(config.encoder_config())
         width = self.encoder.d_model
         self.encoder_to_decoder = nn.Linear(width, config.d_model) if width != config.d_model else nn.Identity()
-        self.decoder = GPT(config.decoder_config())
+        self.decoder = GPT(config.decoder_config(), cross_attention=True)
         self.ctc_head = nn.Linear(config.d_model, config.vocab_size) if config.ctc_head else None
         self.block_size = config.max_len
 
