@@ -67,8 +67,13 @@ def read_images(
 ) -> torch.Tensor:
     """Image files as a model's input ``(len(paths), C, S, S)``: loaded, resized and normalised as the data module
     does for evaluation."""
-    transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+    transform = _to_normalised_tensor(mean, std)
     return torch.stack([transform(load_image(path, in_channels, image_size)) for path in paths])
+
+
+def _to_normalised_tensor(mean: Sequence[float], std: Sequence[float]) -> v2.Compose:
+    """A PIL image → float32 ``(C, H, W)`` on [0, 1], normalised by the data's ``mean`` and ``std``."""
+    return v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))])
 
 
 def fit_line(image: Image.Image, height: int, width: int) -> Image.Image:
@@ -91,10 +96,10 @@ def read_line_image(
     """A line image file as a model's input ``(C, H, W)``: loaded, fitted to the canvas (``fit_line``) and
     normalised. A blank image (one value everywhere) is a DataError naming the file: it holds no text."""
     image = load_image(path, in_channels)
-    if image.getextrema() in ((0, 0), (255, 255)) or len(set(np.asarray(image).flat)) == 1:
+    pixels = np.asarray(image)
+    if pixels.min() == pixels.max():
         raise DataError(f"{path} is blank (every pixel has one value): it holds no text to read")
-    transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))])
-    return transform(fit_line(image, *image_size))
+    return _to_normalised_tensor(mean, std)(fit_line(image, *image_size))
 
 
 @dataclass(frozen=True)
