@@ -2,6 +2,7 @@
 
 from lightformer.data.modules.classification import TextClassificationDataModule
 from lightformer.data.modules.image_text import ImageTextDataModule
+from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
 from lightformer.data.modules.image_tokens import ImageTokenDataModule
 from lightformer.data.modules.images import ImageDataModule
 from lightformer.data.modules.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
@@ -12,6 +13,7 @@ from lightformer.data.preparation.tokenizers import Tokenizer
 __all__ = [
     "ImageDataModule",
     "ImageTextDataModule",
+    "ImageTextFilesDataModule",
     "ImageTokenDataModule",
     "MaskedLMDataModule",
     "SpanCorruptionDataModule",

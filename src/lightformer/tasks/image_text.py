@@ -15,6 +15,7 @@ from torchmetrics.text import CharErrorRate, SacreBLEUScore, WordErrorRate
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.commands import load_task, paths_of, require
 from lightformer.data.modules.image_text import ImageTextDataModule
+from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw.image_files import read_line_image
 from lightformer.errors import ConfigError
@@ -141,14 +142,19 @@ class ImageToTextTask(Task):
         return len(batch["images"]), len(batch["images"])
 
     def _evaluate(self, batch: Batch, split: str, beam_size: int) -> list[str]:
+        """Update ``split``'s metrics with ``batch``'s: CER and WER against each image's ``text``; BLEU and exact
+        readings against all its ``references`` (an image's captions: a reading equal to any of them is exact)."""
         loss, n_tokens = self._loss(batch)
-        readings, references = self.read_images(batch["images"], beam_size), batch["text"]
+        readings, texts = self.read_images(batch["images"], beam_size), batch["text"]
+        references = batch.get("references") or [[text] for text in texts]
         m = self.metrics
         m[f"{split}_loss"].update(loss, weight=n_tokens)
-        m[f"{split}_cer"].update(readings, references)
-        m[f"{split}_wer"].update(readings, references)
-        m[f"{split}_exact"].update(torch.tensor([r == t for r, t in zip(readings, references, strict=True)]).float())
-        m[f"{split}_bleu"].update(readings, [[reference] for reference in references])
+        m[f"{split}_cer"].update(readings, texts)
+        m[f"{split}_wer"].update(readings, texts)
+        m[f"{split}_exact"].update(
+            torch.tensor([r in refs for r, refs in zip(readings, references, strict=True)]).float()
+        )
+        m[f"{split}_bleu"].update(readings, references)
         return readings
 
     def _log_metrics(self, split: str) -> dict[str, Tensor]:
@@ -297,4 +303,9 @@ def read(
             print(reading, flush=True)
 
 
-register(ImageToTextTask, data=ImageTextDataModule, commands={"read": read}, list_options={"read": "--images"})
+register(
+    ImageToTextTask,
+    data=(ImageTextDataModule, ImageTextFilesDataModule),
+    commands={"read": read},
+    list_options={"read": "--images"},
+)

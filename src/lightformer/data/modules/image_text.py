@@ -47,7 +47,7 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache, partial
 from pathlib import Path
@@ -379,22 +379,25 @@ def line_records(piece: tuple[int, int], drawer: LineDrawer, split: str, side: s
 
 
 def jitter(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """A training line ``(H, W)`` uint8, lightly changed: contrast ×[0.8, 1.2] about its mean, brightness ±20 grey
-    levels, a shift of up to 2 pixels across and 1 down or up (the edges repeated)."""
+    """A training image ``(H, W)`` or ``(H, W, 3)`` uint8, lightly changed: contrast ×[0.8, 1.2] about its mean,
+    brightness ±20 levels, a shift of up to 2 pixels across and 1 down or up (the edges repeated)."""
     pixels = image.astype(np.float32)
     mean = pixels.mean()
     pixels = (pixels - mean) * rng.uniform(0.8, 1.2) + mean + rng.uniform(-20, 20)
     dx, dy = int(rng.integers(-2, 3)), int(rng.integers(-1, 2))
-    padded = np.pad(pixels, ((1, 1), (2, 2)), mode="edge")
-    h, w = image.shape
+    padded = np.pad(pixels, ((1, 1), (2, 2)) + ((0, 0),) * (image.ndim - 2), mode="edge")
+    h, w = image.shape[:2]
     pixels = padded[1 - dy : 1 - dy + h, 2 - dx : 2 - dx + w]
     return np.clip(np.rint(pixels), 0, 255).astype(np.uint8)
 
 
 class LineImages(Dataset):
-    """A prepared split by index: item i is {"image": uint8 (1, H, W), "ids": [BOS] + ids + [EOS] (int64), "text"};
+    """A prepared split by index: item i is {"image": uint8 (C, H, W), "ids": [BOS] + ids + [EOS] (int64), "text"};
     with ``augment``, the image jittered by draws from (seed, epoch, i) (``EpochShuffleSampler(with_epoch=True)``
-    hands the epoch with the index), the same whatever the number of loader workers."""
+    hands the epoch with the index), the same whatever the number of loader workers. ``mode``: the PIL mode the
+    images are read in ("L": one channel; "RGB": three)."""
+
+    mode = "L"
 
     def __init__(self, split_dir, tokenizer_json: str, augment: bool = False, seed: int = 0) -> None:
         self.records = Records(split_dir)
@@ -405,12 +408,16 @@ class LineImages(Dataset):
         return len(self.records)
 
     def _item(self, record: dict, index: int, epoch: int) -> dict:
-        image = np.asarray(Image.open(io.BytesIO(record["image"])).convert("L"))
+        return self._encoded(record["image"], record["text"], index, epoch)
+
+    def _encoded(self, png: bytes, text: str, index: int, epoch: int) -> dict:
+        """An item of the image ``png`` (jittered by draws from (seed, epoch, index) when ``augment``) and ``text``."""
+        image = np.asarray(Image.open(io.BytesIO(png)).convert(self.mode))
         if self.augment:
             image = jitter(image, np.random.default_rng(np.random.SeedSequence((self.seed, epoch, index))))
-        ids = worker_tokenizer(self.tokenizer_json).encode(record["text"], add_bos=True, add_eos=True)
-        return {"image": torch.from_numpy(np.array(image))[None], "ids": torch.tensor(ids, dtype=torch.int64),
-                "text": record["text"]}  # fmt: skip
+        ids = worker_tokenizer(self.tokenizer_json).encode(text, add_bos=True, add_eos=True)
+        pixels = np.atleast_3d(image).transpose(2, 0, 1).copy()  # (H, W[, C]) -> (C, H, W), writable
+        return {"image": torch.from_numpy(pixels), "ids": torch.tensor(ids, dtype=torch.int64), "text": text}
 
     def __getitem__(self, key: Key) -> dict:
         index, epoch = index_and_epoch(key)
@@ -422,21 +429,106 @@ class LineImages(Dataset):
         return [self._item(record, *pair) for record, pair in zip(records, pairs, strict=True)]
 
 
-def collate_lines(items: list[dict], mean: float, std: float, pad_id: int) -> dict:
-    """Items → {"images": (B, 1, H, W) float32, (pixels / 255 - mean) / std; "tgt": (B, T) int64 padded with
-    ``pad_id`` to the longest; "text": the B texts}."""
+def collate_lines(items: list[dict], mean: float | Sequence[float], std: float | Sequence[float], pad_id: int) -> dict:
+    """Items → {"images": (B, C, H, W) float32, (pixels / 255 - mean) / std (one value, or one per channel); "tgt":
+    (B, T) int64 padded with ``pad_id`` to the longest; "text": the B texts; "references": each item's texts that a
+    reading is scored against (its "references", or its text alone)}."""
+    if not isinstance(mean, float | int):
+        mean, std = (torch.tensor(v, dtype=torch.float32).view(-1, 1, 1) for v in (mean, std))
     images = torch.stack([item["image"] for item in items]).float().div_(255).sub_(mean).div_(std)
     longest = max(len(item["ids"]) for item in items)
     tgt = torch.full((len(items), longest), pad_id, dtype=torch.int64)
     for row, item in enumerate(items):
         tgt[row, : len(item["ids"])] = item["ids"]
-    return {"images": images, "tgt": tgt, "text": [item["text"] for item in items]}
+    texts = [item["text"] for item in items]
+    references = [item.get("references", [text]) for item, text in zip(items, texts, strict=True)]
+    return {"images": images, "tgt": tgt, "text": texts, "references": references}
 
 
-# --- the data module -------------------------------------------------------------------------------------------
+def pixel_statistics(train: Path, count: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Each channel's mean and standard deviation of the pixels (on [0, 1]) of ``STATS_LINES`` images spread evenly
+    over the ``count`` records of a prepared ``train`` split (records {"image": PNG bytes, ...})."""
+    records = Records(str(train))
+    indices = np.unique(np.linspace(0, count - 1, min(count, STATS_LINES)).round().astype(int))
+    pixels = np.stack([np.asarray(Image.open(io.BytesIO(records[int(i)]["image"]))) for i in indices])
+    pixels = pixels.astype(np.float64) / 255
+    if pixels.ndim == 3:  # one channel
+        return (round(float(pixels.mean()), 6),), (round(float(pixels.std()), 6),)
+    flat = pixels.reshape(-1, pixels.shape[-1])
+    return tuple(round(float(v), 6) for v in flat.mean(0)), tuple(round(float(v), 6) for v in flat.std(0))
 
 
-class ImageTextDataModule(DataModule):
+# --- the data modules ------------------------------------------------------------------------------------------
+
+
+class ImageTextRecords(DataModule):
+    """What the image-text data modules share once their records are prepared (``prepared``, ``dataset(split)`` and
+    ``tokenizer`` are each one's own): the manifest, set-up, and the loaders of ``collate_lines``'s batches: training
+    in an order drawn from (seed, epoch), resumable mid-epoch; val and test in order.
+
+    Args:
+        loader: images per batch, loader workers, pinned memory (``ImageLoaderConfig``).
+        prepare: where and with how many processes the records are prepared (``PrepareConfig``).
+        augment: jitter training images; never val or test.
+        seed: seeds the training order and jitter.
+    """
+
+    counted = "lines"  # the manifest's records of each split, by split
+
+    def __init__(self, loader: ImageLoaderConfig, prepare: PrepareConfig, augment: bool, seed: int) -> None:
+        super().__init__()
+        self.loader, self.prepare_config = as_config(ImageLoaderConfig, loader), as_config(PrepareConfig, prepare)
+        self.augment, self.seed = augment, seed
+        self.datasets: dict[str, LineImages] = {}
+        self._folder: Path | None = None
+        self._manifest: dict | None = None
+        self._tokenizer: Tokenizer | None = None
+
+    @property
+    def manifest(self) -> dict:
+        """``prepared.json``: the fingerprint and what preparation counted (see each module)."""
+        if self._manifest is None:
+            self._manifest = json.loads((self.prepared / MANIFEST).read_text(encoding="utf-8"))
+        return self._manifest
+
+    def prepare_data(self) -> None:
+        self.prepared  # noqa: B018 (prepares on first use)
+
+    def setup(self, stage: str | None = None) -> None:
+        for split in stage_splits(stage):
+            if self.manifest[self.counted][split]:
+                self.dataset(split)
+
+    def _dataloader(self, dataset: LineImages, shuffle: bool) -> DataLoader:
+        sampler = EpochShuffleSampler(len(dataset), self.seed, with_epoch=True) if shuffle else None
+        return (ResumableDataLoader if shuffle else DataLoader)(
+            dataset,
+            batch_size=self.loader.batch_size,
+            sampler=sampler or evaluation_sampler(dataset),
+            collate_fn=partial(
+                collate_lines, mean=self.manifest["mean"], std=self.manifest["std"], pad_id=self.tokenizer.pad_id
+            ),  # fmt: skip
+            num_workers=self.loader.num_workers,
+            pin_memory=self.loader.pin_memory,
+            persistent_workers=self.loader.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._dataloader(self.dataset("train"), shuffle=True)
+
+    def val_dataloader(self) -> DataLoader | list:
+        if not self.manifest[self.counted]["val"]:
+            return []  # no validation data: Lightning skips validation
+        return self._dataloader(self.dataset("val"), shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._dataloader(self.dataset("test"), shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.test_dataloader()
+
+
+class ImageTextDataModule(ImageTextRecords):
     """Printed lines of Austen's novels and their text, for an image-to-text model: batches {"images": (B, 1, H, W)
     float32 normalised, "tgt": (B, T) int64 [BOS] ids [EOS] padded with PAD, "text": list of B strings}. See the
     module docstring for how lines are drawn, split, prepared and loaded; ``data_facts()`` (after preparation) tells
@@ -462,17 +554,11 @@ class ImageTextDataModule(DataModule):
         augment: bool = True,
         seed: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(loader, prepare, augment, seed)
         self.save_hyperparameters()
         self.source, self.render = as_config(ImageTextSource, source), as_config(RenderConfig, render)
         self.tokenizer_config = as_config(ImageTextTokenizer, tokenizer)
-        self.loader, self.prepare_config = as_config(ImageLoaderConfig, loader), as_config(PrepareConfig, prepare)
-        self.augment, self.seed = augment, seed
         self.families = split_families(self.source)  # refuses families that are not installed, before any work
-        self.datasets: dict[str, LineImages] = {}
-        self._folder: Path | None = None
-        self._manifest: dict | None = None
-        self._tokenizer: Tokenizer | None = None
 
     # --- what the model needs to know ---
 
@@ -503,13 +589,8 @@ class ImageTextDataModule(DataModule):
             self._folder = prepared_folder(self.prepare_config, "image-text-austen", self._fingerprint(), self._build)
         return self._folder
 
-    @property
-    def manifest(self) -> dict:
-        """``prepared.json``: the fingerprint, each split's "lines", "families", "redraws", the "longest" text
-        (chars, bytes), the train pixels' "mean" and "std"."""
-        if self._manifest is None:
-            self._manifest = json.loads((self.prepared / MANIFEST).read_text(encoding="utf-8"))
-        return self._manifest
+    # ``manifest``: the fingerprint, each split's "lines", "families", "redraws", the "longest" text (chars, bytes),
+    # the train pixels' "mean" and "std"
 
     def _austen_path(self) -> str:
         return str(austen_text(Path(self.source.data_root) / "austen"))
@@ -561,24 +642,12 @@ class ImageTextDataModule(DataModule):
                 path.unlink()
             side.rmdir()
             redraws[split], families[split] = dict(counts), dict(sorted(used.items()))
-        mean, std = self._pixel_statistics(folder / "train", lines["train"])
+        (mean,), (std,) = pixel_statistics(folder / "train", lines["train"])
         rank_zero_info(f"prepared image-text lines: {folder} ({', '.join(f'{s} {n:,}' for s, n in lines.items())})")
         return {"lines": lines, "families": families, "redraws": redraws, "longest": longest, "mean": mean,
                 "std": std}  # fmt: skip
 
-    @staticmethod
-    def _pixel_statistics(train: Path, count: int) -> tuple[float, float]:
-        """Mean and standard deviation of the pixels (on [0, 1]) of ``STATS_LINES`` train lines spread evenly."""
-        records = Records(str(train))
-        indices = np.unique(np.linspace(0, count - 1, min(count, STATS_LINES)).round().astype(int))
-        pixels = np.stack([np.asarray(Image.open(io.BytesIO(records[int(i)]["image"]))) for i in indices])
-        pixels = pixels.astype(np.float64) / 255
-        return round(float(pixels.mean()), 6), round(float(pixels.std()), 6)
-
     # --- LightningDataModule hooks ---
-
-    def prepare_data(self) -> None:
-        self.prepared  # noqa: B018 (prepares on first use)
 
     def dataset(self, split: str) -> LineImages:
         """A prepared split's lines ("test": the one ``source.test_fonts`` picks), its shards checked."""
@@ -589,36 +658,3 @@ class ImageTextDataModule(DataModule):
             self.datasets[name] = LineImages(split_location(self.prepared, name), self.tokenizer.to_str(),
                                              augment=self.augment and name == "train", seed=self.seed)  # fmt: skip
         return self.datasets[name]
-
-    def setup(self, stage: str | None = None) -> None:
-        for split in stage_splits(stage):
-            if self.manifest["lines"][split]:
-                self.dataset(split)
-
-    def _dataloader(self, dataset: LineImages, shuffle: bool) -> DataLoader:
-        sampler = EpochShuffleSampler(len(dataset), self.seed, with_epoch=True) if shuffle else None
-        return (ResumableDataLoader if shuffle else DataLoader)(
-            dataset,
-            batch_size=self.loader.batch_size,
-            sampler=sampler or evaluation_sampler(dataset),
-            collate_fn=partial(
-                collate_lines, mean=self.manifest["mean"], std=self.manifest["std"], pad_id=self.tokenizer.pad_id
-            ),  # fmt: skip
-            num_workers=self.loader.num_workers,
-            pin_memory=self.loader.pin_memory,
-            persistent_workers=self.loader.num_workers > 0,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._dataloader(self.dataset("train"), shuffle=True)
-
-    def val_dataloader(self) -> DataLoader | list:
-        if not self.manifest["lines"]["val"]:
-            return []  # no validation lines: Lightning skips validation
-        return self._dataloader(self.dataset("val"), shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._dataloader(self.dataset("test"), shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self.test_dataloader()

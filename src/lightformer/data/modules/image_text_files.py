@@ -1,0 +1,380 @@
+"""Image-to-text data of a user's own: images (text lines, photos) and their texts (transcriptions, captions) named in
+annotation files, prepared once into records as the rendered lines are (``image_text``), for ``ImageToTextTask``.
+
+    annotation files + image folder ──read, grouped by image, each image found──> each split's images and texts
+      ──decode in full, fit to the canvas, every core, in pieces──> <prepare.dir>/image-text-<stem>-<hash>/
+        train | val | test records {"image": PNG bytes, "file", "texts": JSON list}, tokenizer.json, prepared.json
+      records ──decode, jitter (train), encode──> {"images": (B, C, H, W), "tgt", "text", "references"}
+
+**Layouts** (found from the file): JSONL (``{"file": "a/b.png", "text": "..."}`` a line), CSV or TSV (a header row
+naming the columns ``file`` and ``text``; quoted as the csv module quotes), or COCO captions (a ``.json`` with
+``"images"`` ``[{"id", "file_name"}]`` and ``"annotations"`` ``[{"image_id", "caption"}]``). The rows of one image
+make one example with several texts. Files resolve against ``images`` (default: the annotation file's folder); for
+``captions_<X>.json`` also against ``<images>/<X>/`` (and, with no ``images``, ``<its folder>/../<X>/``: COCO's
+``annotations/`` beside ``train2017/``).
+
+**Splits.** ``train`` is required; without ``val``, the images whose file name hashes below ``val_fraction`` are
+carved from train (the same images whatever their order or number); ``test`` is optional.
+
+**Preparation** (``prepared_folder``, once per job, named by a hash of the annotation files' contents, each image's
+path, size and modification time, and the options): a missing image, a row without file or text, a COCO caption of
+no image, is a DataError naming the annotation file, the row and the file, before anything is written; each image is
+decoded in full and fitted to the canvas (``fit``: "line", as a text line, ``image_files.fit_line``; "resize", a
+photo) in the preparing processes, where an unreadable one is a DataError naming the same. The tokenizer is a file,
+or trained on the texts (``TokenizerConfig``: "char" on every split's, "bpe" on train's). Only the annotations'
+text is held in memory, never the images.
+
+**Loading.** Training items draw their text from the image's texts by (seed, epoch, index): the next one each epoch,
+so every caption is trained on; jittered and resumable as the rendered lines. Val and test come in order, ``text``
+their first text and ``references`` all of them (what BLEU and exact readings are scored against).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+from lightning.pytorch.utilities import rank_zero_info
+from PIL import Image
+
+from lightformer.config_groups import as_config
+from lightformer.data.modules.image_text import MIN_HEIGHT, ImageTextRecords, LineImages, pixel_statistics
+from lightformer.data.modules.images import ImageLoaderConfig
+from lightformer.data.preparation.caching import file_stamp
+from lightformer.data.preparation.prepare import (
+    TOKENIZER,
+    PrepareConfig,
+    TokenizerConfig,
+    _tokenizer,
+    _tokenizer_key,
+    prepared_folder,
+    split_location,
+    stem_of,
+    write_records,
+)
+from lightformer.data.preparation.tokenizers import Tokenizer
+from lightformer.data.raw.image_files import fit_line, load_image
+from lightformer.data.raw.rendering import png_bytes
+from lightformer.data.raw.sources import SPLITS, line_pieces
+from lightformer.errors import DataError
+from lightformer.facts import DataFacts
+from lightformer.files import sha256_of
+
+FORMAT_VERSION = 1  # bump when what a prepared folder holds changes meaning
+PIECE_IMAGES = 500  # images per piece a preparing process fits and writes before taking the next
+LAYOUTS = {".jsonl": "JSONL", ".csv": "CSV", ".tsv": "TSV", ".json": "COCO captions"}
+
+
+@dataclass(frozen=True)
+class ImageTextFiles:
+    """A user's annotation files and images, and the canvas the images are fitted to (``data.source``).
+
+    Args:
+        train: the training annotations: ``.jsonl``, ``.csv``, ``.tsv`` (rows with ``file`` and ``text``) or a COCO
+            captions ``.json``.
+        val: the validation annotations; default: ``val_fraction`` of the training images.
+        test: the test annotations; default: no test split.
+        images: the folder the annotations' file names resolve against; default: the annotation file's own.
+        val_fraction: share of the training images carved out for validation (by a hash of the file name) when
+            there is no ``val``; 0: no validation.
+        height: the canvas's height in pixels.
+        width: the canvas's width in pixels.
+        channels: 1 (grey) or 3 (RGB).
+        fit: "line": a text line of any size, scaled to the height (at most the width), at the left on its own
+            background; "resize": a photo, resized to height × width.
+    """
+
+    train: str
+    val: str | None = None
+    test: str | None = None
+    images: str | None = None
+    val_fraction: float = 0.05
+    height: int = 32
+    width: int = 384
+    channels: int = 1
+    fit: Literal["line", "resize"] = "line"
+
+    def __post_init__(self) -> None:
+        for split in SPLITS:
+            path = getattr(self, split)
+            if (path is not None or split == "train") and Path(path or "").suffix.lower() not in LAYOUTS:
+                raise ValueError(
+                    f"data.source.{split}={path!r} is not an annotation file; valid: a .jsonl, .csv or .tsv file of "
+                    "rows with 'file' and 'text', or a COCO captions .json"
+                )
+        if not 0 <= self.val_fraction < 1:
+            raise ValueError(f"data.source.val_fraction={self.val_fraction} must be in [0, 1)")
+        for name in ("height", "width"):
+            if getattr(self, name) < MIN_HEIGHT:
+                raise ValueError(f"data.source.{name}={getattr(self, name)} must be at least {MIN_HEIGHT} pixels")
+        if self.channels not in (1, 3):
+            raise ValueError(f"data.source.channels={self.channels} is not supported; valid: 1 (grey), 3 (RGB)")
+        if self.fit not in ("line", "resize"):
+            raise ValueError(f"data.source.fit={self.fit!r} is not a way to fit an image; valid: 'line', 'resize'")
+
+
+class Entry(NamedTuple):
+    """An image of an annotation file: where it is, its name there, its texts, and the row that first names it."""
+
+    path: str
+    name: str
+    texts: list[str]
+    row: str
+
+
+# --- reading the annotations -----------------------------------------------------------------------------------
+
+
+def _row(record: object, where: str, number: int) -> tuple[str, str, str]:
+    """(file, text, "line N") of a JSONL, CSV or TSV row, or a DataError naming what it lacks."""
+    record = record if isinstance(record, dict) else {}
+    missing = [key for key in ("file", "text") if not str(record.get(key) or "").strip()]
+    if missing:
+        raise DataError(f"{where}, line {number}: the row has no {' or '.join(missing)}; each row names an image "
+                        "'file' and its 'text'")  # fmt: skip
+    return str(record["file"]).strip(), str(record["text"]).strip(), f"line {number}"
+
+
+def _table_rows(path: Path, where: str):
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        if path.suffix.lower() == ".jsonl":
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        yield _row(json.loads(line), where, number)
+                    except json.JSONDecodeError as error:
+                        raise DataError(f"{where}, line {number}: not a JSON object ({error})") from None
+            return
+        reader = csv.DictReader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+        if not {"file", "text"} <= set(reader.fieldnames or ()):
+            raise DataError(f"{where}: the header row {reader.fieldnames} lacks the column 'file' or 'text'; the "
+                            "first row names the columns, among them file and text")  # fmt: skip
+        for record in reader:
+            yield _row(record, where, reader.line_num)
+
+
+def _coco_rows(data: dict, where: str):
+    try:
+        names = {image["id"]: image["file_name"] for image in data["images"]}
+    except (KeyError, TypeError) as error:
+        raise DataError(f'{where}: an entry of "images" lacks {error} (COCO: {{"id", "file_name"}})') from None
+    for i, annotation in enumerate(data["annotations"]):
+        image_id, caption = annotation.get("image_id"), annotation.get("caption")
+        if image_id not in names:
+            raise DataError(f'{where}, annotations[{i}]: its image_id {image_id!r} is the id of no entry of "images"')
+        if not isinstance(caption, str) or not caption.strip():
+            raise DataError(f"{where}, annotations[{i}] (image {names[image_id]}): it has no caption")
+        yield names[image_id], caption.strip(), f"annotations[{i}]"
+
+
+def image_folders(annotation: Path, images: str | None) -> list[Path]:
+    """The folders an annotation file's image names resolve against, in order (see the module docstring)."""
+    base = Path(images) if images else annotation.parent
+    if not annotation.stem.startswith("captions_"):
+        return [base]
+    name = annotation.stem.removeprefix("captions_")
+    return [base, base / name] + ([] if images else [annotation.parent.parent / name])
+
+
+def read_annotations(path: Path, images: str | None, field: str) -> list[Entry]:
+    """The images of an annotation file, in the order first named, each with its texts; a file that is not there,
+    not of a layout, a row without file or text, a COCO caption of no image, or an image not found: a DataError
+    naming ``field``, the file, the row and the image."""
+    where = f"data.source.{field}: {path}"
+    if not path.is_file():
+        raise DataError(f"{where} does not exist; give an annotation file ({', '.join(LAYOUTS)})")
+    grouped: dict[str, tuple[str, list[str]]] = {}
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(path.read_text(encoding="utf-8-sig"))
+            if not (isinstance(data, dict) and {"images", "annotations"} <= data.keys()):
+                raise DataError(f'{where} is not COCO captions: a JSON object with "images" and "annotations"')
+            rows = _coco_rows(data, where)
+        else:
+            rows = _table_rows(path, where)
+        for name, text, row in rows:
+            grouped.setdefault(name, (row, []))[1].append(text)
+    except (UnicodeDecodeError, json.JSONDecodeError, csv.Error) as error:
+        raise DataError(f"{where} is not a readable {LAYOUTS[path.suffix.lower()]} file ({error})") from None
+    folders, entries = image_folders(path, images), []
+    for name, (row, texts) in grouped.items():
+        found = next((folder / name for folder in folders if (folder / name).is_file()), None)
+        if found is None:
+            tried = ", ".join(str(folder / name) for folder in folders)
+            raise DataError(f"{where}, {row}: the image {name!r} is not found ({tried}); set data.source.images to "
+                            "the folder the file names resolve against")  # fmt: skip
+        entries.append(Entry(str(found), name, texts, row))
+    if not entries:
+        raise DataError(f"{where} names no image")
+    return entries
+
+
+def carved(name: str, fraction: float) -> bool:
+    """Whether the image of file name ``name`` goes to validation: a stable hash of the name below ``fraction``."""
+    return int(hashlib.sha256(name.encode("utf-8")).hexdigest()[:12], 16) < fraction * 16**12
+
+
+# --- preparation and loading -----------------------------------------------------------------------------------
+
+
+def image_records(piece: list[Entry], source: ImageTextFiles, annotation: str):
+    """The records {"image": PNG bytes of the fitted image, "file", "texts": JSON list} of a piece of images, one at
+    a time; an image that does not decode in full is a DataError naming the annotation file, the row and the file."""
+    for entry in piece:
+        try:
+            image = load_image(entry.path, source.channels)
+        except (OSError, ValueError) as error:
+            raise DataError(f"{annotation}, {entry.row}: {error}") from None
+        if source.fit == "line":
+            image = fit_line(image, source.height, source.width)
+        else:
+            image = image.resize((source.width, source.height), Image.Resampling.LANCZOS)
+        yield {"image": png_bytes(image), "file": entry.name, "texts": json.dumps(entry.texts, ensure_ascii=False)}
+
+
+class CaptionedImages(LineImages):
+    """A prepared split of a user's images: items as ``LineImages``'s, grey or RGB, with "references" (all the
+    image's texts); "text" is, in training (``cycle``), the image's next text each epoch (from (seed, epoch, index)),
+    else its first."""
+
+    def __init__(self, split_dir, tokenizer_json: str, augment: bool, seed: int, channels: int, cycle: bool) -> None:
+        super().__init__(split_dir, tokenizer_json, augment, seed)
+        self.mode, self.cycle = ("L" if channels == 1 else "RGB"), cycle
+
+    def _item(self, record: dict, index: int, epoch: int) -> dict:
+        texts = json.loads(record["texts"])
+        text = texts[(self.seed + epoch + index) % len(texts)] if self.cycle else texts[0]
+        return {**self._encoded(record["image"], text, index, epoch), "references": texts}
+
+
+class ImageTextFilesDataModule(ImageTextRecords):
+    """A user's own images and texts for an image-to-text model: batches {"images": (B, C, H, W) float32
+    normalised, "tgt": (B, T) int64 [BOS] ids [EOS] padded with PAD, "text": B strings, "references": each image's
+    texts}. See the module docstring for the layouts, splits, preparation and loading; ``data_facts()`` (after
+    preparation) tells the model the tokenizer, the canvas (H, W), the channels, each channel's mean and std, and the
+    longest ``tgt``.
+
+    Args:
+        source: the annotation files, the image folder and the canvas (``ImageTextFiles``).
+        tokenizer: a tokenizer file, or the kind trained on the texts (``TokenizerConfig``; default: characters).
+        loader: images per batch, loader workers, pinned memory (``ImageLoaderConfig``).
+        prepare: where and with how many processes the images are prepared (``PrepareConfig``).
+        augment: jitter training images (brightness, contrast, a shift of a pixel or two); never val or test.
+        seed: seeds the training order, jitter and which text of an image each epoch trains on.
+    """
+
+    counted = "images"
+
+    def __init__(
+        self,
+        source: ImageTextFiles,
+        tokenizer: TokenizerConfig = TokenizerConfig(),
+        loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=64),
+        prepare: PrepareConfig = PrepareConfig(),
+        augment: bool = True,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(loader, prepare, augment, seed)
+        self.save_hyperparameters()
+        self.source, self.tokenizer_config = as_config(ImageTextFiles, source), as_config(TokenizerConfig, tokenizer)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer.from_file(self.prepared / TOKENIZER)
+        return self._tokenizer
+
+    def data_facts(self) -> DataFacts:
+        tokenizer, manifest = self.tokenizer, self.manifest
+        return DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+                         image_size=(self.source.height, self.source.width), in_channels=self.source.channels,
+                         normalize_mean=tuple(manifest["mean"]), normalize_std=tuple(manifest["std"]),
+                         max_length=manifest["longest"] + 2)  # fmt: skip
+
+    @property
+    def prepared(self) -> Path:
+        """The prepared folder (see the module docstring), prepared on first use (once per job)."""
+        if self._folder is None:
+            splits = self.splits()
+            stem = f"image-text-{stem_of([Path(self.source.train)])}"
+            self._folder = prepared_folder(self.prepare_config, stem, self._fingerprint(splits),
+                                           partial(self._build, splits=splits))  # fmt: skip
+        return self._folder
+
+    def splits(self) -> dict[str, list[Entry]]:
+        """Each split's images and texts, read from the annotation files (val carved from train when not given)."""
+        s = self.source
+        splits = {split: read_annotations(Path(getattr(s, split)), s.images, split) if getattr(s, split) else []
+                  for split in SPLITS}  # fmt: skip
+        if not s.val and s.val_fraction:
+            train = splits["train"]
+            splits["val"] = [entry for entry in train if carved(entry.name, s.val_fraction)]
+            splits["train"] = [entry for entry in train if not carved(entry.name, s.val_fraction)]
+            if not splits["val"] or not splits["train"]:
+                raise DataError(
+                    f"data.source.val_fraction={s.val_fraction} carves {len(splits['val'])} of the {len(train)} "
+                    "training images for validation: give more images, a data.source.val file, or another fraction "
+                    "(0: no validation)"
+                )
+        return splits
+
+    def _fingerprint(self, splits: dict[str, list[Entry]]) -> dict:
+        """What the records depend on: the annotation files' contents, each image's path, size and modification
+        time (hashed as they are read: not held), the options, the tokenizer's."""
+        annotations = {split: sha256_of(getattr(self.source, split)) for split in SPLITS if getattr(self.source, split)}
+        images = hashlib.sha256()
+        for split in SPLITS:
+            for entry in splits[split]:
+                images.update(json.dumps([split, *file_stamp(Path(entry.path))]).encode())
+        return {"format": FORMAT_VERSION, "annotations": annotations, "images": images.hexdigest(),
+                "source": asdict(self.source), "tokenizer": _tokenizer_key(self.tokenizer_config, ())}  # fmt: skip
+
+    def _build(self, folder: Path, splits: dict[str, list[Entry]]) -> dict:
+        """``prepared_folder``'s build: the tokenizer, each split's records in pieces on every core, the train
+        pixels' statistics, the longest text; what it returns goes into the manifest."""
+        texts = {split: folder / f".texts-{split}.jsonl" for split in SPLITS}
+        for split, path in texts.items():
+            path.write_text("".join(json.dumps({"text": t}) + "\n" for entry in splits[split] for t in entry.texts))
+        pieces = {split: line_pieces(path) if splits[split] else [] for split, path in texts.items()}
+        tokenizer = _tokenizer(self.tokenizer_config, pieces, "text", ())
+        tokenizer.save(folder / TOKENIZER)
+        for path in texts.values():
+            path.unlink()
+        workers = self.prepare_config.num_workers or len(os.sched_getaffinity(0))
+        longest = 0
+        for split, entries in splits.items():
+            if not entries:
+                continue
+            size = max(1, min(PIECE_IMAGES, math.ceil(len(entries) / workers)))
+            chunks = [entries[start : start + size] for start in range(0, len(entries), size)]
+            annotation = f"data.source.{split}: {getattr(self.source, split) or self.source.train}"  # val: carved?
+            records_of = partial(image_records, source=self.source, annotation=annotation)
+            written = write_records(folder / split, records_of, chunks, self.prepare_config.num_workers, ("texts",))
+            if written != len(entries):
+                raise RuntimeError(f"{folder / split}: {written:,} records written for {len(entries):,} images")
+            for start in range(0, len(entries), 1024):
+                batch = [text for entry in entries[start : start + 1024] for text in entry.texts]
+                longest = max(longest, *map(len, tokenizer.encode_batch(batch)))
+        counts = {split: len(entries) for split, entries in splits.items()}
+        mean, std = pixel_statistics(folder / "train", counts["train"])
+        rank_zero_info(f"prepared image-text files: {folder} ({', '.join(f'{s} {n:,}' for s, n in counts.items())})")
+        return {"images": counts, "texts": {split: sum(len(e.texts) for e in entries) for split, entries in
+                splits.items()}, "mean": mean, "std": std, "longest": longest}  # fmt: skip
+
+    def dataset(self, split: str) -> CaptionedImages:
+        """A prepared split's images, its shards checked."""
+        if split not in self.datasets:
+            if not self.manifest["images"][split]:
+                raise DataError(f"data.source: there is no {split} split; give data.source.{split}")
+            self.datasets[split] = CaptionedImages(
+                split_location(self.prepared, split), self.tokenizer.to_str(), self.augment and split == "train",
+                self.seed, self.source.channels, cycle=split == "train",
+            )  # fmt: skip
+        return self.datasets[split]
