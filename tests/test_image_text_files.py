@@ -264,8 +264,9 @@ def test_fit_and_test_on_a_folder_of_ones_own_log_bleu(tmp_path, capsys):
         "--model.beam_size=1",
         "--model.num_logged_samples=1",
         "--model.optimizer.warmup_steps=2",
-        "--trainer.max_steps=4",
+        "--trainer.max_steps=2",
         "--trainer.val_check_interval=2",
+        "--trainer.num_sanity_val_steps=0",
         "--trainer.limit_val_batches=1",
         "--trainer.limit_test_batches=1",
     ]

@@ -341,7 +341,8 @@ class ImageTextFilesDataModule(ImageTextRecords):
         pixels' statistics, the longest text; what it returns goes into the manifest."""
         texts = {split: folder / f".texts-{split}.jsonl" for split in SPLITS}
         for split, path in texts.items():
-            path.write_text("".join(json.dumps({"text": t}) + "\n" for entry in splits[split] for t in entry.texts))
+            with open(path, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps({"text": t}) + "\n" for entry in splits[split] for t in entry.texts)
         pieces = {split: line_pieces(path) if splits[split] else [] for split, path in texts.items()}
         tokenizer = _tokenizer(self.tokenizer_config, pieces, "text", ())
         tokenizer.save(folder / TOKENIZER)
