@@ -386,7 +386,7 @@ def test_a_model_starts_from_another_runs_weights_with_a_new_head_frozen_and_slo
     task._trainer = SimpleNamespace(ckpt_path=None, datamodule=None)
     caplog.set_level("INFO")
     task.setup("fit")
-    assert f"initialised from {init.checkpoint}: loaded " in caplog.text
+    assert f"initialised from model.init.checkpoint {init.checkpoint}: loaded " in caplog.text
     assert "; new 2 (head.bias, head.weight); dropped 2 (head.bias, head.weight)" in caplog.text
     caplog.clear()
     trained = cli.model.model.state_dict()

@@ -9,7 +9,7 @@ with its shape), and what its data module taught it (tokenizers, class names, im
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -63,6 +63,11 @@ class InitConfig:
             pretrained encoder moves ten times more slowly than the new head).
         strict: refuse a start that loads no tensor, or that leaves a parameter fresh because the checkpoint's
             tensor of that name has another shape (name such modules in ``skip``, or set false to load what fits).
+        modules: a module of this model (its path, as for ``freeze``) → a checkpoint (as ``checkpoint`` takes)
+            whose model starts that module, its names under the path: an image-to-text model's decoder from a
+            language model's run ({"decoder": "runs/austen_char/.../best.ckpt"}) and its encoder from an image
+            classifier's or timm's ViT ({"encoder": "vit.safetensors"}), as TrOCR starts from BEiT and RoBERTa.
+            With ``checkpoint`` too, a module's weights take the place of the checkpoint's under its path.
     """
 
     checkpoint: str | None = None
@@ -70,21 +75,38 @@ class InitConfig:
     skip: tuple[str, ...] = ()
     pretrained_lr_scale: float = 1.0
     strict: bool = True
+    modules: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_at_least("pretrained_lr_scale", self.pretrained_lr_scale, 0.0)
+        for path, file in self.modules.items():
+            if not path or path.startswith(".") or path.endswith(".") or not file:
+                raise ConfigError(
+                    f"model.init.modules: {{{path!r}: {file!r}}} must map a module's path (e.g. 'decoder', "
+                    "'encoder.layers.0') to a checkpoint file"
+                )
+
+    def sources(self) -> list[tuple[str, str, str]]:
+        """Each start: (the module its weights go under, "" for the whole model; the checkpoint; its option)."""
+        whole = [("", self.checkpoint, "model.init.checkpoint")] if self.checkpoint else []
+        return whole + [(path, file, f"model.init.modules.{path}") for path, file in self.modules.items()]
+
+    def describe(self) -> str:
+        """The start in the words of a config: "model.init.checkpoint X, model.init.modules.decoder Y"."""
+        return ", ".join(f"{option} {file}" for _, file, option in self.sources())
 
 
-def pretrained_weights(path: str) -> dict[str, Tensor]:
-    """The model weights in ``path``, under lightformer's names: the model of a run's checkpoint (without the
-    task's ``model.`` prefix), a lightformer export, or Hugging Face BERT / GPT-2 or timm ViT weights."""
-    require_file(path, "model.init.checkpoint: the file")
+def pretrained_weights(path: str, option: str = "model.init.checkpoint") -> dict[str, Tensor]:
+    """The model weights in ``path`` (the file ``option`` names), under lightformer's names: the model of a run's
+    checkpoint (without the task's ``model.`` prefix), a lightformer export, or Hugging Face BERT / GPT-2 or timm
+    ViT weights."""
+    require_file(path, f"{option}: the file")
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
 
         weights = load_file(path)
     else:
-        checkpoint = read_checkpoint(path, "model.init.checkpoint")
+        checkpoint = read_checkpoint(path, option)
         weights = checkpoint.get("state_dict", checkpoint)
         weights = {k.removeprefix("model."): v for k, v in weights.items() if isinstance(v, Tensor)}
     if any(k.startswith(("bert.embeddings.", "embeddings.word_embeddings")) for k in weights):
@@ -158,10 +180,11 @@ def check_start(
     why). The message says what matched and what did not, and what to change."""
     if not init.strict or (report["loaded"] and not report["reshaped"]):
         return
-    summary = describe_loading(report, init.checkpoint).removeprefix(f"initialised from {init.checkpoint}: ")
+    start = init.describe()
+    summary = describe_loading(report, start).removeprefix(f"initialised from {start}: ")
     if not report["loaded"]:
         raise ConfigError(
-            f"model.init.checkpoint {init.checkpoint}: no tensor of it fits this model, so the run would start from "
+            f"{start}: no tensor of it fits this model, so the run would start from "
             f"scratch ({summary}). Start from a checkpoint of this kind of model (a model of the same names "
             "and sizes), or set model.init.strict=false to train anyway"
         )
@@ -169,7 +192,7 @@ def check_start(
     modules = sorted({name.rsplit(".", 1)[0] for name in report["reshaped"]})
     skip = f"model.init.skip=[{', '.join(modules)}]" if len(modules) <= 4 else "model.init.skip"
     raise ConfigError(
-        f"model.init.checkpoint {init.checkpoint}: {len(report['reshaped'])} of its tensors have another shape than "
+        f"{start}: {len(report['reshaped'])} of its tensors have another shape than "
         f"this model's, so those parameters would stay fresh (e.g. {name}: {list(weights[name])} in the "
         f"checkpoint, {list(model[name])} in the model; {summary}). Build the model with the checkpoint's sizes "
         f"(model.net), or keep those modules fresh on purpose with {skip}, or set model.init.strict=false to load "

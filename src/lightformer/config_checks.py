@@ -110,7 +110,7 @@ CKPT_PATH_WORDS = ("best", "last", "hpc", "registry")
 def check_checkpoint_files(subcommand: str, config) -> None:
     """Refuse, before anything is built or any data is read, a checkpoint file that is missing or not a checkpoint:
     ``--ckpt_path`` (which LightningCLI reads for its hyperparameters only if the file exists, and Lightning loads
-    after the data is prepared), and the ``model.init.checkpoint`` a new fit starts from (its weights are checked
+    after the data is prepared), and the ``model.init`` checkpoints a new fit starts from (their weights are checked
     against the model once it is built: ``Task.check_init``)."""
     ckpt_path = config.get("ckpt_path")
     word = str(ckpt_path).lower().partition(":")[0] if ckpt_path else None
@@ -121,9 +121,12 @@ def check_checkpoint_files(subcommand: str, config) -> None:
                 f"--ckpt_path: {ckpt_path} holds no state_dict, so it is not a checkpoint of a run (to start from "
                 "weights alone, give them as --model.init.checkpoint)"
             )
-    init_checkpoint = (config.get("model.init_args.init") or {}).get("checkpoint")
-    if subcommand == "fit" and not ckpt_path and init_checkpoint:
-        require_file(str(init_checkpoint), "model.init.checkpoint: the file")
+    init = config.get("model.init_args.init") or {}
+    if subcommand == "fit" and not ckpt_path:
+        if init.get("checkpoint"):
+            require_file(str(init["checkpoint"]), "model.init.checkpoint: the file")
+        for path, file in (init.get("modules") or {}).items():
+            require_file(str(file), f"model.init.modules.{path}: the file")
 
 
 def check_lengths_before_data(config) -> None:
@@ -146,7 +149,8 @@ def check_init_before_data(model: Namespace) -> None:
     facts are checked (a tokenizer or classes other than the checkpoint's name the cause of a mismatch better)."""
     init = model.init_args.get("init") if model.get("init_args") else None
     task_class = class_of(model.class_path)
-    if not init or not (init.get("checkpoint") or init.get("freeze")) or not issubclass(task_class or object, Task):
+    starts = init and (init.get("checkpoint") or init.get("modules") or init.get("freeze"))
+    if not starts or not issubclass(task_class or object, Task):
         return
     task = task_for_names(task_class, model.init_args.as_dict())
     if task is not None:

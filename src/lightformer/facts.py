@@ -13,8 +13,10 @@ The facts are plain values (strings, numbers, tuples, a dict of lists): checkpoi
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from lightformer.checkpoints import CheckpointError
@@ -171,3 +173,44 @@ def _vocab_size(tokenizer_json: str) -> int:
     from lightformer.data.preparation.tokenizers import Tokenizer
 
     return Tokenizer.from_str(tokenizer_json, source="the checkpoint's tokenizer").vocab_size
+
+
+def checkpoint_tokenizer(path: str, option: str = "model.init.checkpoint"):
+    """The tokenizer (a ``Tokenizer``) a run's checkpoint (``.ckpt``: its facts) or a lightformer export
+    (``.safetensors``: the hyperparameters in its metadata, or an older export's "lightformer.tokenizer") carries, or
+    None (no tokenizer there: Hugging Face weights, an image model)."""
+    from lightformer.checkpoints import read_checkpoint
+    from lightformer.data.preparation.tokenizers import Tokenizer
+
+    if path.endswith(".safetensors"):
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as weights:
+            metadata = weights.metadata() or {}
+        hparams = json.loads(metadata.get("lightformer.hyper_parameters", "{}"))
+        stored = (hparams.get("data_facts") or {}).get("tokenizer") or metadata.get("lightformer.tokenizer")
+    else:
+        facts = facts_of_checkpoint(read_checkpoint(path, option))
+        stored = facts.tokenizer if facts is not None else None
+    return Tokenizer.from_str(stored, source=f"the tokenizer of {path}") if isinstance(stored, str) else None
+
+
+def check_start_tokenizer(path: str, option: str, data_tokenizer: str) -> None:
+    """Refuse to start from the checkpoint ``path`` (the one ``option`` names) on data encoded with another tokenizer
+    (JSON) than the one it was trained with: the data's ids would stand for other tokens in its weights."""
+    if "://" in path:  # a remote checkpoint: not read twice
+        return
+    from lightformer.data.preparation.tokenizers import Tokenizer
+
+    saved = checkpoint_tokenizer(path, option)
+    difference = saved.difference(Tokenizer.from_str(data_tokenizer, source="the data's tokenizer")) if saved else None
+    if difference is None:
+        return
+    run_file = Path(path).parent.parent / "tokenizer.json"  # beside a run's checkpoints/ folder
+    in_a_run = Path(path).parent.name == "checkpoints" and run_file.is_file()
+    suggested = run_file if in_a_run else "<that run's tokenizer.json>"
+    raise CheckpointError(
+        f"{option} {path} was trained with another tokenizer than the data's (checkpoint vs data: {difference}), so "
+        f"the ids of this data would stand for other tokens in the loaded weights; encode the data with that run's "
+        f"tokenizer: data.init_args.tokenizer.file={suggested}"
+    )

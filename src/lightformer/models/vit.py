@@ -7,11 +7,12 @@ Parameter layout and initialisation follow timm's ``VisionTransformer``, so weig
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
-from timm.layers import build_sincos2d_pos_embed, trunc_normal_
+from timm.layers import build_sincos2d_pos_embed, resample_abs_pos_embed, trunc_normal_
 from torch import Tensor, nn
 
 from lightformer.nn import (
@@ -228,6 +229,31 @@ class VisionTransformer(nn.Module):
     def forward(self, images: Tensor) -> Tensor:
         """Images ``(batch, in_channels, image_size, image_size)`` → logits ``(batch, num_classes)``."""
         return self.forward_head(self.forward_features(images))
+
+
+@torch.no_grad()
+def resample_positions(model: nn.Module, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``weights`` (to be loaded into ``model``) with the position table of each ViT of ``model`` whose grid is
+    another resampled to the ViT's, bicubic, as timm loads weights at another image size
+    (``resample_abs_pos_embed``): a classifier's square grid (every timm and lightformer classifier's) to a text
+    line's 1 × 96 patches, say. The table's own grid is taken to be square, after a class token's position, which is
+    kept where the ViT has a class token and dropped where it has none. A table that is not of a square grid is left
+    as it is (``init.strict`` refuses its shape)."""
+    weights = dict(weights)
+    for path, module in model.named_modules():
+        name = f"{path}.pos_embed.weight" if path else "pos_embed.weight"
+        if not isinstance(module, VisionTransformer) or name not in weights:
+            continue
+        table, own = weights[name], module.pos_embed.weight
+        if table.shape == own.shape or table.ndim != 2 or table.shape[1] != own.shape[1]:
+            continue
+        prefix = next((n for n in (0, 1) if math.isqrt(len(table) - n) ** 2 == len(table) - n), None)
+        if prefix is None or prefix < module.num_prefix_tokens:
+            continue
+        side = math.isqrt(len(table) - prefix)
+        grid = resample_abs_pos_embed(table[None, prefix:].float(), list(module.grid), [side, side], 0)[0]
+        weights[name] = torch.cat([table[: module.num_prefix_tokens], grid.to(table.dtype)])
+    return weights
 
 
 # The biases of an encoder layer that ``qkv_bias=False`` also switched off before ``bias`` existed.

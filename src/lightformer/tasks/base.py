@@ -46,9 +46,10 @@ from lightformer.data.modules.base import DataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.distributed import set_gathered, shard_model
 from lightformer.errors import ConfigError
-from lightformer.facts import DataFacts, facts_of_checkpoint
+from lightformer.facts import DataFacts, check_start_tokenizer, facts_of_checkpoint
 from lightformer.flops import FlopCounter
 from lightformer.internals import attached_trainer, hand_over_loader_states, should_update_logs, step_unscales_gradients
+from lightformer.models.vit import resample_positions
 from lightformer.nn import Decoder, Encoder
 from lightformer.progress import max_time_timer
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw, steps_within
@@ -331,7 +332,7 @@ class Task(L.LightningModule):
                     "takes a lightformer.data.DataModule, whose data_facts() returns the data's DataFacts"
                 )
             self.take_data_facts(datamodule.data_facts(), stage)
-        if stage == "fit" and self.init_config.checkpoint:
+        if stage == "fit" and self.init_config.sources():
             weights = self.initial_weights(check=False)
             if self.trainer.ckpt_path is not None:
                 self.pretrained = set(match_weights(self.model.state_dict(), weights)["loaded"])
@@ -339,7 +340,7 @@ class Task(L.LightningModule):
                 shapes = {name: value.shape for name, value in self.model.state_dict().items()}
                 report = load_matching(self.model, weights)
                 self.pretrained = set(report["loaded"])
-                rank_zero_info(describe_loading(report, self.init_config.checkpoint))
+                rank_zero_info(describe_loading(report, self.init_config.describe()))
                 reshaped = {name: weights[name].shape for name in report["reshaped"]}
                 self.unchecked_start = (report, shapes, reshaped)
         for parameter in self.frozen_parameters():
@@ -357,8 +358,12 @@ class Task(L.LightningModule):
 
     def check_data(self, facts: DataFacts, stage: str) -> None:
         """Refuse data the model cannot hold: its sizes (``net_from_data``) must be the model's, except that the
-        model's vocabularies and context may be larger than the data's. A task adds its own checks (the data's
+        model's vocabularies and context may be larger than the data's; and a new fit's ``model.init`` checkpoints
+        must have been trained with the data's tokenizer, where they carry one. A task adds its own checks (the data's
         ``max_length`` against the model's position table, a token its loss needs)."""
+        if stage == "fit" and self.trainer.ckpt_path is None and facts.tokenizer is not None:
+            for _, file, option in self.init_config.sources():
+                check_start_tokenizer(file, option, facts.tokenizer)
         config = self.model.config
         for name, value in self.sizes_from_data(facts).items():
             built = getattr(config, name)
@@ -415,7 +420,7 @@ class Task(L.LightningModule):
         ``init.strict`` allows. ``unknown_shapes``: tensors of the model whose shapes are not known yet (sized by the
         data), compared by name only."""
         self.frozen_parameters()
-        if starting and self.init_config.checkpoint:
+        if starting and self.init_config.sources():
             self.initial_weights(check=True, unknown_shapes=unknown_shapes)
 
     def frozen_parameters(self) -> list[nn.Parameter]:
@@ -432,16 +437,28 @@ class Task(L.LightningModule):
         return frozen
 
     def initial_weights(self, check: bool, unknown_shapes: frozenset[str] = frozenset()) -> dict[str, Tensor]:
-        """The weights of ``init.checkpoint`` this model starts from: all but those under ``init.skip``, a pattern
-        that names none refused. With ``check``, a start that ``init.strict`` refuses raises too (the tensors named
-        in ``unknown_shapes`` are taken to have the checkpoint's shapes)."""
-        init = self.init_config
-        weights = pretrained_weights(init.checkpoint)
+        """The weights this model starts from: ``init.checkpoint``'s, and each of ``init.modules``' under its
+        module's path (in the place of the checkpoint's there); a ViT's position table of another grid resampled to
+        the model's (``resample_positions``); all but those under ``init.skip``, a pattern that names none refused.
+        With ``check``, a start that ``init.strict`` refuses raises too (the tensors named in ``unknown_shapes`` are
+        taken to have the checkpoint's shapes)."""
+        init, names = self.init_config, list(self.model.state_dict())
+        weights: dict[str, Tensor] = {}
+        for path, file, option in init.sources():
+            loaded = pretrained_weights(file, option)
+            if path:
+                if not any(under(name, path) for name in names):
+                    modules = module_names(names, most=12)
+                    raise ConfigError(f"{option}: the model has no module {path!r} (its modules: {modules})")
+                weights = {name: value for name, value in weights.items() if not under(name, path)}
+                loaded = {f"{path}.{name}": value for name, value in loaded.items()}
+            weights.update(loaded)
+        weights = resample_positions(self.model, weights)
         for prefix in init.skip:
             if not any(under(name, prefix) for name in weights):
                 modules = module_names(list(weights), most=12)
                 raise ConfigError(
-                    f"model.init.skip: no weight of {init.checkpoint} is under {prefix!r} (its modules: {modules})"
+                    f"model.init.skip: no weight of {init.describe()} is under {prefix!r} (its modules: {modules})"
                 )
         weights = {name: value for name, value in weights.items() if not any(under(name, p) for p in init.skip)}
         if check:

@@ -8,9 +8,7 @@ matrix. The tokenizer and the class names travel inside the checkpoint, so a che
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,11 +18,9 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.checkpoints import CheckpointError, read_checkpoint
 from lightformer.data.modules.classification import TextClassificationDataModule
-from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.errors import ConfigError
-from lightformer.facts import DataFacts, facts_of_checkpoint
+from lightformer.facts import DataFacts
 from lightformer.models.bert import BertConfig, BertForSequenceClassification
 from lightformer.registry import register
 from lightformer.tasks.base import TextTask, data_config_values, net_config_values
@@ -80,9 +76,6 @@ class TextClassificationTask(TextTask):
         super().check_data(facts, stage)
         if facts.max_length is not None:
             check_texts_fit(self.model.config.max_len, facts.max_length)
-        starting = stage == "fit" and self.init_config.checkpoint and self.trainer.ckpt_path is None
-        if starting and facts.tokenizer is not None:
-            _check_init_tokenizer(self.init_config.checkpoint, facts.tokenizer)
 
     # --- training and evaluation ------------------------------------------------------------------------------
 
@@ -191,45 +184,6 @@ def check_texts_fit(max_len: int, max_tokens: int) -> None:
             f"position table, which must hold every text; set data.max_tokens <= {max_len} or model.net.max_len >= "
             f"{max_tokens}"
         )
-
-
-def init_checkpoint_tokenizer(path: str) -> Tokenizer | None:
-    """The tokenizer a run's checkpoint (``.ckpt``: its ``data_facts``) or a lightformer export (``.safetensors``: the
-    hyperparameters in its metadata, or an older export's "lightformer.tokenizer") carries, or None (no tokenizer
-    there: Hugging Face weights, an image model)."""
-    if path.endswith(".safetensors"):
-        from safetensors import safe_open
-
-        with safe_open(path, framework="pt") as weights:
-            metadata = weights.metadata() or {}
-        hparams = json.loads(metadata.get("lightformer.hyper_parameters", "{}"))
-        stored = (hparams.get("data_facts") or {}).get("tokenizer") or metadata.get("lightformer.tokenizer")
-    else:
-        facts = facts_of_checkpoint(read_checkpoint(path, "model.init.checkpoint"))
-        stored = facts.tokenizer if facts is not None else None
-    return Tokenizer.from_str(stored, source=f"the tokenizer of {path}") if isinstance(stored, str) else None
-
-
-def _check_init_tokenizer(path: str, data_tokenizer: str) -> None:
-    """Refuse to fine-tune from ``path`` on data encoded with another tokenizer (JSON) than the one it was trained
-    with."""
-    if "://" in path:  # a remote checkpoint: not read twice
-        return
-    saved = init_checkpoint_tokenizer(path)
-    data = Tokenizer.from_str(data_tokenizer, source="the data's tokenizer")
-    difference = saved.difference(data) if saved is not None else None
-    if difference is None:
-        return
-    run_file = Path(path).parent.parent / "tokenizer.json"  # beside a run's checkpoints/ folder
-    if Path(path).parent.name == "checkpoints" and run_file.is_file():
-        suggested = str(run_file)
-    else:
-        suggested = "<that run's tokenizer.json>"
-    raise CheckpointError(
-        f"model.init.checkpoint {path} was trained with another tokenizer than the data's (checkpoint vs data: "
-        f"{difference}), so the ids of this data would stand for other tokens in the loaded weights; encode the "
-        f"data with that run's tokenizer: data.init_args.tokenizer.file={suggested}"
-    )
 
 
 register(TextClassificationTask, data=TextClassificationDataModule)

@@ -1,0 +1,118 @@
+"""Starting parts of a model from other runs' weights (``model.init.modules``): an image-to-text model's decoder from
+a language model's checkpoint and its encoder from a ViT classifier's or timm's weights, at another image size."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+from timm.layers import resample_abs_pos_embed
+
+from lightformer.checkpoints import CheckpointError, InitConfig
+from lightformer.config_checks import check_checkpoint_files
+from lightformer.data.preparation.tokenizers import Tokenizer
+from lightformer.errors import ConfigError
+from lightformer.models.gpt import GPTConfig
+from lightformer.models.vision_text import VisionEncoderDecoderConfig
+from lightformer.models.vit import VisionTransformer, ViTConfig, resample_positions
+from lightformer.tasks import ImageToTextTask, LanguageModelTask
+from tiny_runs import FactsOnly, with_data
+
+TEXT = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
+TOKENIZER = Tokenizer.train_char([TEXT])
+DECODER = dict(d_model=32, n_heads=2, decoder_layers=2, max_len=16)
+LINES = dict(image_size=(16, 64), patch_size=(16, 4), encoder_layers=2)
+
+
+def lm_checkpoint(tmp_path, tokenizer: Tokenizer = TOKENIZER) -> tuple[str, LanguageModelTask]:
+    """A language model's run checkpoint (its facts and weights) of the decoder's shape."""
+    torch.manual_seed(1)
+    net = GPTConfig(block_size=16, n_layers=2, n_heads=2, d_model=32)
+    facts = {"tokenizer": tokenizer.to_str(), "vocab_size": tokenizer.vocab_size, "pad_id": tokenizer.pad_id}
+    lm = LanguageModelTask(net=net, data_facts=facts)
+    path = tmp_path / "lm.ckpt"
+    torch.save({"state_dict": lm.state_dict(), "hyper_parameters": dict(lm.hparams)}, path)
+    return str(path), lm
+
+
+def reader(init: dict, image_size=LINES["image_size"], in_channels: int = 1, **net) -> ImageToTextTask:
+    """An image-to-text task starting as ``init`` says, on data of that image size and channels."""
+    torch.manual_seed(0)
+    facts = dict(tokenizer=TOKENIZER.to_str(), vocab_size=TOKENIZER.vocab_size, pad_id=TOKENIZER.pad_id,
+                 image_size=image_size, in_channels=in_channels, normalize_mean=(0.5,) * in_channels,
+                 normalize_std=(0.25,) * in_channels, max_length=12)  # fmt: skip
+    net = {**DECODER, "patch_size": LINES["patch_size"], "encoder_layers": 2, **net}
+    task = ImageToTextTask(net=VisionEncoderDecoderConfig(**net), init=InitConfig(**init), data_facts=facts)
+    return with_data(task, FactsOnly(**facts))
+
+
+def test_the_decoder_starts_from_a_language_models_run_and_only_cross_attention_is_new(tmp_path):
+    path, lm = lm_checkpoint(tmp_path)
+    task = reader({"modules": {"decoder": path}})
+    fresh = {name: value.clone() for name, value in task.model.state_dict().items()}
+    task.setup("fit")
+    state = task.model.state_dict()
+    for name, value in lm.model.state_dict().items():
+        assert torch.equal(state[f"decoder.{name}"], value), name
+    new = {name for name in state if name not in task.pretrained}
+    assert set(task.pretrained) == {f"decoder.{name}" for name in lm.model.state_dict()}
+    assert {name.split(".")[0] for name in new} == {"encoder", "encoder_to_decoder", "decoder"} - {"encoder_to_decoder"}
+    new_in_decoder = {name for name in new if name.startswith("decoder.")}
+    assert new_in_decoder and all(".cross_attn." in name or "norm_cross" in name for name in new_in_decoder), (
+        new_in_decoder
+    )
+    assert all(torch.equal(state[name], fresh[name]) for name in new)  # left as initialised
+
+
+def test_a_decoder_start_trained_with_another_tokenizer_is_refused_by_name(tmp_path):
+    other = Tokenizer.train_char([TEXT.upper()])
+    path, _ = lm_checkpoint(tmp_path, other)
+    with pytest.raises(
+        CheckpointError, match=r"model.init.modules.decoder .*lm.ckpt was trained with another tokenizer"
+    ):
+        reader({"modules": {"decoder": path}}).setup("fit")
+
+
+def test_a_module_start_names_a_module_the_model_has_and_a_file_that_exists(tmp_path):
+    path, _ = lm_checkpoint(tmp_path)
+    with pytest.raises(ConfigError, match=r"model.init.modules.decoder_stack: the model has no module 'decoder_stack'"):
+        reader({"modules": {"decoder_stack": path}}).setup("fit")
+    with pytest.raises(ConfigError, match="must map a module's path"):
+        InitConfig(modules={"decoder.": path})
+    config = {"model.init_args.init": {"modules": {"decoder": str(tmp_path / "missing.ckpt")}}}
+    with pytest.raises(CheckpointError, match="model.init.modules.decoder: the file .*missing.ckpt' does not exist"):
+        check_checkpoint_files("fit", config)
+    # A decoder of another shape than the language model's: refused (init.strict), naming a tensor and both sizes.
+    with pytest.raises(ConfigError, match=r"model.init.modules.decoder .*have another shape.*\[64, 32\]"):
+        reader({"modules": {"decoder": path}}, d_ff=64).check_init(starting=True)
+
+
+def test_the_encoder_starts_from_timm_vit_weights_of_another_image_size_its_positions_resampled(tmp_path):
+    """timm's square 32 x 32 ViT (patch 16 x 16 over 3 channels: a 2 x 2 grid and a class token) starting the encoder
+    of 32 x 96 colour images: a 2 x 6 grid without a class token, the positions resampled as timm resamples them."""
+    vit = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=32, embed_dim=32, depth=2, num_heads=2, num_classes=5
+    )
+    save_file({name: value.contiguous() for name, value in vit.state_dict().items()}, tmp_path / "vit.safetensors")
+    net = dict(image_size=(32, 96), patch_size=16, in_channels=3, encoder_layers=2)
+    task = reader({"modules": {"encoder": str(tmp_path / "vit.safetensors")}}, **net)
+    task.setup("fit")
+    state, timm_state = task.model.state_dict(), vit.state_dict()
+    assert torch.equal(state["encoder.patch_embed.proj.weight"], timm_state["patch_embed.proj.weight"])
+    assert torch.equal(state["encoder.encoder.layers.1.ffn.fc2.weight"], timm_state["blocks.1.mlp.fc2.weight"])
+    expected = resample_abs_pos_embed(timm_state["pos_embed"][:, 1:], [2, 6], [2, 2], num_prefix_tokens=0)[0]
+    torch.testing.assert_close(state["encoder.pos_embed.weight"], expected)
+    assert not any(name.startswith("decoder.") for name in task.pretrained)
+
+
+def test_a_position_table_of_the_same_grid_or_of_no_square_grid_is_left_as_it_is():
+    config = ViTConfig(image_size=(16, 48), patch_size=(16, 4), in_channels=1, num_classes=0, d_model=16,
+                       n_layers=1, n_heads=2, pool="mean")  # fmt: skip
+    model = VisionTransformer(config)
+    same = {"pos_embed.weight": torch.randn(12, 16)}
+    assert resample_positions(model, same)["pos_embed.weight"] is same["pos_embed.weight"]
+    odd = {"pos_embed.weight": torch.randn(7, 16)}  # 7 and 6 are not squares
+    assert resample_positions(model, odd)["pos_embed.weight"] is odd["pos_embed.weight"]
+    square = resample_positions(model, {"pos_embed.weight": torch.randn(1 + 9, 16)})  # a class token and 3 x 3
+    assert square["pos_embed.weight"].shape == (12, 16)
