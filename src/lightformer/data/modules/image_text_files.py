@@ -9,9 +9,9 @@ annotation files, prepared once into records as the rendered lines are (``image_
 **Layouts** (found from the file): JSONL (``{"file": "a/b.png", "text": "..."}`` a line), CSV or TSV (a header row
 naming the columns ``file`` and ``text``; quoted as the csv module quotes), or COCO captions (a ``.json`` with
 ``"images"`` ``[{"id", "file_name"}]`` and ``"annotations"`` ``[{"image_id", "caption"}]``). The rows of one image
-make one example with several texts. Files resolve against ``images`` (default: the annotation file's folder); for
-``captions_<X>.json`` also against ``<images>/<X>/`` (and, with no ``images``, ``<its folder>/../<X>/``: COCO's
-``annotations/`` beside ``train2017/``).
+make one example with several texts (a COCO image of no caption is left out). Files resolve against ``images``
+(default: the annotation file's folder); for ``captions_<X>.json`` also against ``<images>/<X>/`` (and, with no
+``images``, ``<its folder>/../<X>/``: COCO's ``annotations/`` beside ``train2017/``).
 
 **Splits.** ``train`` is required; without ``val``, the images whose file name hashes below ``val_fraction`` are
 carved from train (the same images whatever their order or number); ``test`` is optional.
