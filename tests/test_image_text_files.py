@@ -184,6 +184,20 @@ def test_the_training_loader_resumes_mid_epoch_exactly_and_rgb_is_jittered(coco)
     assert moved.shape == image.shape and moved.dtype == np.uint8 and not np.array_equal(moved, image)
 
 
+def test_images_are_fitted_and_written_one_at_a_time(tmp_path, monkeypatch):
+    """Records leave the generator as each image is fitted: a piece's images are never held together."""
+    import lightformer.data.modules.image_text_files as image_text_files
+
+    data = module(write_folder(tmp_path, "csv"), tmp_path, val_fraction=0)
+    loaded = []
+    real = image_text_files.load_image
+    monkeypatch.setattr(image_text_files, "load_image", lambda *a: loaded.append(a) or real(*a))
+    records = image_text_files.image_records(data.splits()["train"], data.source, "train.csv")
+    for count in range(1, 4):
+        assert isinstance(next(records)["image"], bytes) and len(loaded) == count
+    assert len(list(records)) == IMAGES - 3
+
+
 # --- bad inputs and options ------------------------------------------------------------------------------------
 
 
