@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import csv
+
 import numpy as np
 import pytest
 from PIL import Image
 
-from lightformer.cli import main
+from lightformer.cli import cli_main, main
 from lightformer.data.raw.image_files import fit_line
 from lightformer.data.raw.rendering import discover_fonts
 from lightformer.tasks.image_text import ImageToTextTask
@@ -74,3 +76,20 @@ def test_read_prints_one_line_per_image_in_order_and_an_empty_line_for_a_blank_o
             assert lines == [reading if isinstance(reading, str) else "" for reading in expected]
         for i, reason in ((17, "is blank"), (42, "not a readable image"), (199, "not a readable image")):
             assert f"read: {paths[i]}: " in captured.err and reason in captured.err
+
+
+def test_predict_writes_a_tsv_of_every_test_lines_reading_and_reference_in_order(fitted, caplog):
+    tmp_path, checkpoint = fitted
+    args = task_args("image_text", tmp_path / "predict")
+    main(["predict", *args, f"--ckpt_path={checkpoint}"])
+    (path,) = (tmp_path / "predict").glob("**/predictions.tsv")
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f, dialect="excel-tab"))
+    assert rows[0] == ["index", "reading", "reference"]
+    task = ImageToTextTask.load_from_checkpoint(checkpoint, map_location="cpu")
+    data = cli_main(args, run=False, data_only=True).datamodule
+    data.prepare_data()
+    (batch,) = data.test_dataloader()  # the 8 test lines
+    assert rows[1:] == [[str(i), reading, text] for i, (reading, text) in
+                        enumerate(zip(task.read_images(batch["images"]), batch["text"], strict=True))]  # fmt: skip
+    assert f"wrote {path}: 8 readings" in caplog.text

@@ -3,11 +3,15 @@ forcing; evaluated by the character and word error rates and the exact lines of 
 
 from __future__ import annotations
 
+import csv
+import io
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import CharErrorRate, SacreBLEUScore, WordErrorRate
@@ -20,6 +24,7 @@ from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw.image_files import read_line_image
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
+from lightformer.files import atomic_open
 from lightformer.generation import beam_search
 from lightformer.models.vision_text import VisionEncoderDecoder, VisionEncoderDecoderConfig
 from lightformer.nn import record_attention
@@ -82,6 +87,7 @@ class ImageToTextTask(Task):
             }
         )
         self._samples: list[tuple[Tensor, str, str]] = []
+        self._predictions: list[tuple[str, str]] = []  # (reading, reference) of each predicted image
 
     @property
     def tokenizer(self) -> Tokenizer | None:
@@ -190,6 +196,35 @@ class ImageToTextTask(Task):
 
     def on_test_epoch_end(self) -> None:
         self._log_metrics("test")
+
+    def on_predict_epoch_start(self) -> None:
+        self._predictions = []
+
+    def predict_step(self, batch: Batch, batch_idx: int) -> list[str]:
+        """The readings of ``batch`` (``beam_size``), kept with their references for ``predictions.tsv``."""
+        readings = self.read_images(batch["images"])
+        self._predictions += zip(readings, batch["text"], strict=True)
+        return readings
+
+    def on_predict_epoch_end(self) -> None:
+        """Write ``predictions.tsv`` in the run's folder: a header, then one row per image of the data's predict
+        split, in its order (from every process): its index, the reading, the reference (tab-separated, quoted
+        where a text holds a tab, a quote or a line break)."""
+        world = self.trainer.world_size  # process r read images r, r + world, ... (evaluation_sampler)
+        rows = [(self.global_rank + i * world, *row) for i, row in enumerate(self._predictions)]
+        if world > 1:
+            gathered: list[list] = [[] for _ in range(world)]
+            torch.distributed.all_gather_object(gathered, rows)
+            rows = sorted(row for part in gathered for row in part)
+        if self.trainer.is_global_zero:
+            path = Path(self.trainer.log_dir or ".") / "predictions.tsv"
+            text = io.StringIO()
+            csv.writer(text, dialect="excel-tab", lineterminator="\n").writerows(
+                [("index", "reading", "reference")] + rows
+            )
+            with atomic_open(path) as f:
+                f.write(text.getvalue().encode())
+            rank_zero_info(f"wrote {path}: {len(rows)} readings")
 
     def _pixels(self, image: Tensor) -> Tensor:
         """A normalised image ``(C, H, W)`` back in [0, 1], for TensorBoard."""
