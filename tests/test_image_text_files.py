@@ -21,6 +21,7 @@ from lightformer.data.modules.image_text import jitter
 from lightformer.data.modules.image_text_files import ImageTextFiles, ImageTextFilesDataModule, carved
 from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.preparation.prepare import PrepareConfig
+from lightformer.data.raw.image_files import read_line_image
 from lightformer.errors import DataError
 from tiny_runs import events_of, quiet_run_args
 
@@ -120,6 +121,25 @@ def test_each_layout_is_prepared_into_records_of_each_image_with_all_its_texts(l
     assert facts.vocab_size == data.tokenizer.vocab_size
     longest = max(len(text) for i in range(IMAGES) for text in captions(i))
     assert facts.max_length == longest + 2  # characters, BOS and EOS
+
+
+def test_photos_are_resized_stored_as_jpeg_and_read_by_a_model_the_same_way(tmp_path):
+    data = module(write_folder(tmp_path, "coco", count=8), tmp_path, val_fraction=0, fit="resize")
+    data.prepare_data()
+    records = Records(str(data.prepared / "train"))
+    assert all(records[i]["image"][:2] == b"\xff\xd8" for i in range(len(records)))  # JPEG
+    facts = data.data_facts()
+    assert facts.image_fit == "resize" and module(write_folder(tmp_path / "l", "jsonl"), tmp_path).source.fit == "line"
+    original = tmp_path / "train2017" / f"{3:012d}.jpg"
+    read = read_line_image(original, 3, (16, 48), facts.normalize_mean, facts.normalize_std, facts.image_fit)
+    stretched = Image.open(original).convert("RGB").resize((48, 16), Image.Resampling.LANCZOS)
+    expected = (torch.from_numpy(np.array(stretched)).permute(2, 0, 1) / 255 - torch.tensor(facts.normalize_mean)
+                [:, None, None]) / torch.tensor(facts.normalize_std)[:, None, None]  # fmt: skip
+    torch.testing.assert_close(read, expected)
+    stored = np.asarray(Image.open(io.BytesIO(records[0]["image"])))
+    assert stored.shape == (16, 48, 3)
+    as_line = read_line_image(original, 3, (16, 48), facts.normalize_mean, facts.normalize_std, "line")
+    assert not torch.allclose(as_line, read)  # a 81 x 20 image: a line keeps its aspect, a photo is stretched
 
 
 def test_a_batch_has_the_contract_and_val_references_carry_every_caption(coco):

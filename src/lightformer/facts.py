@@ -42,6 +42,9 @@ class DataFacts:
         in_channels: channels of the images (1 grey, 3 colour).
         normalize_mean: per-channel mean the images are normalised with.
         normalize_std: per-channel standard deviation the images are normalised with.
+        image_fit: how an image of another size is brought to ``image_size`` when a model reads it: "line" (a text
+            line: scaled to the height, at most the width, at the left on its own background) or "resize" (stretched
+            to the size, as a photo); None: the task's way (an image classifier resizes, image to text fits a line).
         max_length: the longest sequence of an example (tokens or pixels): the model's positions must hold it.
             Not compared between data and checkpoint: a model evaluates shorter examples than it was trained on.
     """
@@ -59,6 +62,7 @@ class DataFacts:
     in_channels: int | None = None
     normalize_mean: tuple[float, ...] | None = None
     normalize_std: tuple[float, ...] | None = None
+    image_fit: str | None = None
     max_length: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:  # lists (YAML, a checkpoint's hyperparameters) become tuples

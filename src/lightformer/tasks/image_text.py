@@ -267,9 +267,8 @@ class ImageToTextTask(Task):
         loaded = []
         for path in paths:
             try:
-                loaded.append(
-                    read_line_image(path, c.in_channels, c.image_size, facts.normalize_mean, facts.normalize_std)
-                )
+                loaded.append(read_line_image(path, c.in_channels, c.image_size, facts.normalize_mean,
+                                              facts.normalize_std, facts.image_fit or "line"))  # fmt: skip
             except (OSError, ValueError) as error:  # missing, not an image, blank: named, the batch goes on
                 loaded.append(error)
         images = [image for image in loaded if isinstance(image, Tensor)]

@@ -576,7 +576,7 @@ class ImageTextDataModule(ImageTextRecords):
         tokenizer, manifest = self.tokenizer, self.manifest
         longest = manifest["longest"]["chars" if tokenizer.kind == "char" else "bytes"]  # bytes: BPE's bound
         return DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
-                         image_size=(self.render.height, self.render.width), in_channels=1,
+                         image_size=(self.render.height, self.render.width), in_channels=1, image_fit="line",
                          normalize_mean=(manifest["mean"],), normalize_std=(manifest["std"],),
                          max_length=longest + 2)  # fmt: skip
 

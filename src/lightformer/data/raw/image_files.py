@@ -90,16 +90,30 @@ def fit_line(image: Image.Image, height: int, width: int) -> Image.Image:
     return canvas
 
 
+def fit_image(image: Image.Image, height: int, width: int, fit: str | None) -> Image.Image:
+    """``image`` on a ``height`` × ``width`` canvas: as a text line (``fit`` "line": ``fit_line``), else stretched to
+    it (a photo)."""
+    if fit == "line":
+        return fit_line(image, height, width)
+    return image.resize((width, height), Image.Resampling.LANCZOS)
+
+
 def read_line_image(
-    path: str | Path, in_channels: int, image_size: tuple[int, int], mean: Sequence[float], std: Sequence[float]
+    path: str | Path,
+    in_channels: int,
+    image_size: tuple[int, int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    fit: str | None = "line",
 ) -> torch.Tensor:
-    """A line image file as a model's input ``(C, H, W)``: loaded, fitted to the canvas (``fit_line``) and
-    normalised. A blank image (one value everywhere) is a DataError naming the file: it holds no text."""
+    """An image file as an image-to-text model's input ``(C, H, W)``: loaded, brought to the canvas (``fit``: "line",
+    a text line, ``fit_line``; "resize" or None, stretched to it) and normalised. A blank image (one value
+    everywhere) is a DataError naming the file: it holds no text."""
     image = load_image(path, in_channels)
     pixels = np.asarray(image)
     if pixels.min() == pixels.max():
-        raise DataError(f"{path} is blank (every pixel has one value): it holds no text to read")
-    return _to_normalised_tensor(mean, std)(fit_line(image, *image_size))
+        raise DataError(f"{path} is blank (every pixel has one value): it holds nothing to read")
+    return _to_normalised_tensor(mean, std)(fit_image(image, *image_size, fit))
 
 
 @dataclass(frozen=True)

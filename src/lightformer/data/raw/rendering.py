@@ -197,3 +197,10 @@ def png_bytes(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG", compress_level=6)
     return buffer.getvalue()
+
+
+def jpeg_bytes(image: Image.Image, quality: int = 95) -> bytes:
+    """The image as JPEG of ``quality`` (a photo: about a tenth of its PNG, no difference a model sees)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
