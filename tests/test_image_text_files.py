@@ -307,6 +307,7 @@ def test_fit_and_test_on_a_folder_of_ones_own_log_bleu(tmp_path, capsys):
     main(["fit", *args])
     _, events = events_of(tmp_path, "captions")
     assert "val/bleu" in events.Tags()["scalars"] and "val/exact" in events.Tags()["scalars"]
+    assert {"val/sample_0", "val/reading_attention", "val/cross_attention"} <= set(events.Tags()["images"])
     capsys.readouterr()
     checkpoint = next((tmp_path / "runs").rglob("last.ckpt"))
     main(["test", *args, f"--ckpt_path={checkpoint}"])

@@ -6,9 +6,12 @@ import pytest
 import torch
 from torchmetrics.functional.text import char_error_rate
 
+from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.generation import beam_search
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.models.vision_text import VisionEncoderDecoder, VisionEncoderDecoderConfig
+from lightformer.nn import record_attention
+from lightformer.tasks import ImageToTextTask
 
 VOCAB = 20
 SHAPE = dict(image_size=(16, 48), in_channels=1, patch_size=(16, 4), vocab_size=VOCAB, max_len=12, d_model=32,
@@ -151,3 +154,28 @@ def test_the_ctc_loss_on_the_encoders_patches_is_added_in_training_only_and_need
     torch.testing.assert_close(with_ctc, without + 0.5 * ctc)
     with pytest.raises(ConfigError, match="model.ctc_weight=0.5 must be at least 0, and above 0 only with"):
         digit_task(ctc_weight=0.5)
+
+
+def test_the_attention_shown_for_each_written_token_is_the_one_it_was_generated_with():
+    """The reading's attention maps (teacher-forced on the reading) are the cross-attention of each step of
+    incremental decoding with the KV cache, token by token, EOS included."""
+    tokenizer = Tokenizer.train_char(["a truth universally acknowledged"])
+    facts = dict(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+                 image_size=(16, 48), in_channels=1, normalize_mean=(0.5,), normalize_std=(0.25,))  # fmt: skip
+    torch.manual_seed(0)
+    net = VisionEncoderDecoderConfig(patch_size=(16, 4), max_len=12, d_model=32, n_heads=2, encoder_layers=1,
+                                     decoder_layers=2)  # fmt: skip
+    task = ImageToTextTask(net=net, data_facts=facts).eval()
+    image = torch.randn(1, 16, 48)
+    reading = "a truth"  # any text: the maps are of the model writing it
+    tokens, maps = task.reading_attention(image, reading)
+    assert tokens == [*reading, "<eos>"] and maps.shape == (len(tokens), 1, 12)
+    torch.testing.assert_close(maps.sum(dim=(1, 2)), torch.ones(len(tokens)))
+    ids = tokenizer.encode(reading, add_bos=True)
+    decoder, cache = task.model.incremental_decoder(image[None]), None
+    cache = decoder.new_cache()
+    last = "decoder.decoder.layers.1.cross_attn"
+    for step, token_id in enumerate(ids):
+        with record_attention(task.model) as weights:
+            decoder(torch.tensor([[token_id]]), cache)
+        torch.testing.assert_close(weights[last][0, :, -1].mean(0), maps[step].flatten(), atol=1e-5, rtol=1e-5)

@@ -208,6 +208,32 @@ def attention_figure(weights: Tensor, source_tokens: Sequence[str], target_token
     return figure
 
 
+def reading_figure(image: Tensor, maps: Tensor, tokens: Sequence[str], title: str):
+    """Where a model looked as it wrote each token: one panel per token of ``tokens``, the image ``(C, H, W)``
+    (normalised; shown min-max scaled) under that token's attention ``maps[i]`` ``(grid h, grid w)`` stretched to the
+    image, the token beside it; a wide image (a text line) one panel a row, else six a row."""
+    image, maps = image.detach().float().cpu(), maps.detach().float().cpu()
+    shown = (image - image.min()) / (image.max() - image.min()).clamp_min(1e-8)
+    shown = shown[0].numpy() if shown.shape[0] == 1 else shown.permute(1, 2, 0).numpy()
+    height, width = image.shape[-2:]
+    columns = 1 if width >= 4 * height else min(6, len(tokens))
+    rows = -(-len(tokens) // columns)
+    panel = (6.0, 6.0 * height / width) if columns == 1 else (1.6, 1.6 * height / width)
+    figure = _figure(panel[0] * columns + 0.6, (panel[1] + 0.12) * rows + 0.5)
+    grid = figure.subplots(rows, columns, squeeze=False)
+    for axes, heat, token in zip(grid.flat, maps, tokens, strict=False):
+        heat_up = torch.nn.functional.interpolate(heat[None, None], size=(height, width), mode="nearest")[0, 0]
+        axes.imshow(shown, cmap="gray" if image.shape[0] == 1 else None)
+        axes.imshow(heat_up.numpy(), cmap="inferno", alpha=0.6, vmin=0.0, vmax=max(float(heat.max()), 1e-6))
+        axes.set_ylabel(repr(token), rotation=0, ha="right", va="center", fontsize=8)
+        axes.set_xticks([])
+        axes.set_yticks([])
+    for axes in list(grid.flat)[len(tokens) :]:
+        axes.set_axis_off()
+    figure.suptitle(title, fontsize=9)
+    return figure
+
+
 def rollout_figure(images: Tensor, maps: Tensor, titles: Sequence[str]):
     """One row per image: the image, its attention rollout and the rollout over the image, titled ``titles[i]``
     (e.g. true and predicted class). images ``(n, C, H, W)`` normalised (shown min-max scaled), maps ``(n, g, g)``."""

@@ -30,7 +30,13 @@ from lightformer.models.vision_text import VisionEncoderDecoder, VisionEncoderDe
 from lightformer.nn import record_attention
 from lightformer.registry import register
 from lightformer.tasks.base import Task
-from lightformer.tensorboard import attention_figure, logging_step, tensorboard_logger, tensorboard_writer
+from lightformer.tensorboard import (
+    attention_figure,
+    logging_step,
+    reading_figure,
+    tensorboard_logger,
+    tensorboard_writer,
+)
 
 Batch = dict[str, Tensor | list[str]]
 
@@ -275,25 +281,36 @@ class ImageToTextTask(Task):
         readings = iter(self.read_images(torch.stack(images).to(self.device), beam_size) if images else [])
         return [next(readings) if isinstance(image, Tensor) else image for image in loaded]
 
+    @torch.no_grad()
+    def reading_attention(self, image: Tensor, reading: str) -> tuple[list[str], Tensor]:
+        """The tokens of ``reading`` (the model's reading of one normalised image ``(C, H, W)``, then EOS) and where
+        the model looked as it wrote each: the last decoder block's cross-attention over the patches, mean over
+        heads, ``(tokens, grid height, grid width)``. Teacher-forcing the model on its own reading gives the weights
+        it had when it generated it (each position attends to the ones before it alone). Every process of a sharded
+        model calls it (a forward pass)."""
+        ids = self.tokenizer.encode(reading, add_bos=True, add_eos=True)[: self.model.block_size + 1]
+        tgt = torch.tensor([ids], device=image.device)
+        with record_attention(self.model) as weights:
+            self.model(image[None], tgt[:, :-1])
+        last = f"decoder.decoder.layers.{len(self.model.decoder.decoder.layers) - 1}.cross_attn"
+        tokens = [self.tokenizer.decode([i], skip_special=False) for i in ids[1:]]
+        return tokens, weights[last][0].float().mean(0).reshape(len(tokens), *self.model.encoder.grid)
+
     def _log_cross_attention(self, batch: Batch, reading: str) -> None:
-        """The last decoder block's cross-attention (mean over heads) of the first validation image: which patches
-        each character of the reference reads, the patches in reading order along the image's width."""
+        """Where the model looked as it wrote its reading of the first validation image (``reading_attention``): a
+        panel per token, the attention over the image (``val/reading_attention``), and the tokens × patches matrix
+        (``val/cross_attention``)."""
         if tensorboard_logger(self) is None or self.trainer.sanity_checking:
             return
-        images, tgt = batch["images"][:1], batch["tgt"][:1]
-        tgt = tgt[:, : int((tgt != self.pad_id).sum())]
-        with record_attention(self.model) as weights:  # every process: under FSDP2 a forward pass needs them all
-            self.model(images, tgt[:, :-1])
+        tokens, maps = self.reading_attention(batch["images"][0], reading)  # every process (FSDP2)
         writer = tensorboard_writer(self)
         if writer is None:
             return
-        last = f"decoder.decoder.layers.{len(self.model.decoder.decoder.layers) - 1}.cross_attn"
+        title, step = f"reference: {batch['text'][0]}  |  reading: {reading}", logging_step(self.trainer)
+        writer.add_figure("val/reading_attention", reading_figure(batch["images"][0], maps, tokens, title), step)
         grid = self.model.encoder.grid
         patches = [f"{row},{col}" if grid[0] > 1 else str(col) for row in range(grid[0]) for col in range(grid[1])]
-        target = [self.tokenizer.decode([i], skip_special=False) for i in tgt[0, :-1].tolist()]
-        title = f"reference: {batch['text'][0]}  |  reading: {reading}"
-        figure = attention_figure(weights[last][0].mean(0), patches, target, title)
-        writer.add_figure("val/cross_attention", figure, logging_step(self.trainer))
+        writer.add_figure("val/cross_attention", attention_figure(maps.flatten(1), patches, tokens, title), step)
 
 
 # --- the commands that take this task's checkpoints alone ---------------------------------------------------
