@@ -3,6 +3,7 @@
 built by repeating Jane Austen's novels.
 
     python benchmarks/data_scale.py --sizes-mb 40 400 4000 --tokenizer char
+    python benchmarks/data_scale.py --rendered-lines 4000 50000 200000   # image to text: rendering lines
 
 Each measurement runs in a fresh process (`lightformer prepare` / `fit`); peak RSS is the largest of the process and
 its preparation workers (``getrusage(RUSAGE_CHILDREN)``). The corpora go under ``--work`` and are kept for the next run
@@ -83,14 +84,35 @@ print(tokens / (time.perf_counter() - start))
 """
 
 
+def rendered_lines(counts: list[int], work: Path, workers: int) -> None:
+    """How rendering text lines into records (``ImageTextDataModule``, configs/image_text/printed_lines.yaml) grows
+    with the lines: wall time, peak RSS of the largest process, and the records' size on disk, per count."""
+    for count in counts:
+        prepared = work / f"prepared-lines-{count}"
+        shutil.rmtree(prepared, ignore_errors=True)
+        wall, rss, _ = run(["-m", "lightformer", "prepare", "--config=configs/image_text/printed_lines.yaml",
+                            f"--data.source.train_lines={count}", "--data.source.val_lines=0",
+                            "--data.source.test_lines=0", f"--data.prepare.dir={prepared}",
+                            f"--data.prepare.num_workers={workers}"])  # fmt: skip
+        size = sum(f.stat().st_size for f in prepared.rglob("*") if f.is_file())
+        print(json.dumps({"lines": count, "workers": workers, "prepare_s": round(wall, 1),
+                          "lines_per_s": round(count / wall), "prepare_rss_gb": round(rss, 2),
+                          "disk_mb": round(size / 1e6, 1)}), flush=True)  # fmt: skip
+        shutil.rmtree(prepared)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[40, 400])
     parser.add_argument("--tokenizer", choices=["char", "bpe"], default="char")
     parser.add_argument("--work", type=Path, default=Path("/tmp/lightformer-data-scale"))
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--rendered-lines", type=int, nargs="+", help="measure rendering this many text lines instead")
     options = parser.parse_args()
     options.work.mkdir(parents=True, exist_ok=True)
+    if options.rendered_lines:
+        rendered_lines(options.rendered_lines, options.work, options.workers[-1])
+        return
     rows = []
     for size in options.sizes_mb:
         corpus = build_corpus(options.work / f"corpus-{size}mb.txt", size)
