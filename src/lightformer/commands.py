@@ -89,8 +89,8 @@ def output_file(path: str, example: str) -> Path:
     return output
 
 
-def export(*, ckpt_path: str, output: str, layout: Literal["lightformer", "timm"] = "lightformer") -> None:
-    """A model's weights to safetensors (also in timm's layout).
+def export(*, ckpt_path: str, output: str, layout: Literal["lightformer", "timm", "hf"] = "lightformer") -> None:
+    """A model's weights to safetensors (also in timm's layout), or a Hugging Face model folder.
 
     Write a checkpoint's model weights to a safetensors file (no pickle: safe to share and to load).
 
@@ -98,24 +98,33 @@ def export(*, ckpt_path: str, output: str, layout: Literal["lightformer", "timm"
     JSON, image preprocessing), so the model can be rebuilt; ``safetensors.torch.load_model(task.model, path)``
     loads the weights back (tied weights are stored once). ``layout="timm"`` writes a vision model under timm's
     ``VisionTransformer`` names instead, for ``timm.create_model(...).load_state_dict(load_file(path))``.
+    ``layout="hf"`` writes a folder that ``transformers``' ``from_pretrained`` loads (``lightformer.hf_layouts``:
+    GPT-2 or Llama for a language model, BERT, ViT), with the tokenizer and a model card.
 
     Args:
         ckpt_path: a checkpoint written by ``fit`` with any lightformer task.
-        output: the ``.safetensors`` file to write (atomically).
-        layout: "lightformer" (our parameter names) or "timm" (image classification only).
+        output: the ``.safetensors`` file to write (atomically); for ``hf``, a new or empty folder.
+        layout: "lightformer" (our parameter names), "timm" (image classification only) or "hf" (Hugging Face).
     """
     from safetensors.torch import save, save_model
 
     from lightformer.models.vit import lightformer_to_timm
 
-    output_file(output, "model.safetensors")
-    task_class = task_class_of(read_checkpoint(ckpt_path))
+    if layout != "hf":
+        output_file(output, "model.safetensors")
+    checkpoint = read_checkpoint(ckpt_path)
+    task_class = task_class_of(checkpoint)
     if task_class is None:
         raise CheckpointError(f"{ckpt_path} was not written by a lightformer task (tasks: {', '.join(built_in())})")
     name = task_class.__name__
     if layout == "timm" and name != "ImageClassificationTask":
         raise CheckpointError(f"--layout timm applies to image classification, not to a {name} checkpoint")
     task = load_task(ckpt_path, task_class, "export")
+    if layout == "hf":
+        from lightformer.hf_layouts import export_hf
+
+        print(export_hf(task, ckpt_path, checkpoint, output))
+        return
     hparams = {k: v for k, v in task.hparams.items() if not k.startswith("_")}  # data_facts: an old one's too
     metadata = {"format": "pt", "lightformer.task": name, "lightformer.hyper_parameters": json.dumps(hparams)}
     if layout == "timm":

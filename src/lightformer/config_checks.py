@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightformer.checkpoints import CheckpointError, read_checkpoint, require_file
 from lightformer.errors import ConfigError
+from lightformer.hf_layouts import is_hf_folder, net_from_hf_folder
 from lightformer.registry import spec_of
 from lightformer.tasks.base import Task, class_of
 
@@ -123,7 +124,7 @@ def check_checkpoint_files(subcommand: str, config) -> None:
             )
     init = config.get("model.init_args.init") or {}
     if subcommand == "fit" and not ckpt_path:
-        if init.get("checkpoint"):
+        if init.get("checkpoint") and not is_hf_folder(str(init["checkpoint"])):
             require_file(str(init["checkpoint"]), "model.init.checkpoint: the file")
         for path, file in (init.get("modules") or {}).items():
             require_file(str(file), f"model.init.modules.{path}: the file")
@@ -236,9 +237,14 @@ def take_shape_from_init_checkpoint(model: Namespace, given: set[str]) -> None:
     init = model.init_args.get("init") if model.get("init_args") else None
     path = init.get("checkpoint") if init else None
     task_class = class_of(model.class_path)
-    if not path or "://" in path or not path.endswith(".ckpt") or not issubclass(task_class or object, Task):
+    if not path or "://" in path or not issubclass(task_class or object, Task):
         return
-    saved = read_checkpoint(path, "model.init.checkpoint").get("hyper_parameters", {}).get("net") or {}
+    if is_hf_folder(path):  # a Hugging Face model folder: the shape its config.json gives
+        saved = net_from_hf_folder(path, typing.get_type_hints(task_class.__init__)["net"])
+    elif path.endswith(".ckpt"):
+        saved = read_checkpoint(path, "model.init.checkpoint").get("hyper_parameters", {}).get("net") or {}
+    else:
+        return
     net = model.init_args.get("net")
     if net is None:
         return
