@@ -1,5 +1,5 @@
-"""benchmarks/peers.py and benchmarks/dropout.py end to end on a tiny budget: the real code path, no timing
-assertions."""
+"""benchmarks/peers.py, benchmarks/dropout.py and benchmarks/image_text_vs_hf.py end to end on a tiny budget: the
+real code path, no timing assertions."""
 
 import importlib
 import json
@@ -57,3 +57,21 @@ def test_dropout_benchmark_prints_a_ratio_for_each_shape_and_dtype():
     rows = [line for line in out.splitlines() if line.startswith("| ") and "µs" not in line]
     assert len(rows) == 4
     assert all(float(row.strip("| ").split("|")[-1]) > 0 for row in rows)
+
+
+def test_image_text_benchmark_prints_both_models_speed_and_cer(tmp_path):
+    """benchmarks/image_text_vs_hf.py --quick: a few lines rendered, tiny shapes, both models trained and read."""
+    script = PEERS.parent / "image_text_vs_hf.py"
+    command = [sys.executable, str(script), "--quick", "--threads", "1", "--prepare-dir", str(tmp_path)]
+    out = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True).stdout
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| model |"))
+    columns = [c.strip() for c in lines[header].strip("|").split("|")]
+    rows = {row[0]: row for row in ([c.strip() for c in line.strip("|").split("|")] for line in lines[header + 2 :])}
+    assert set(rows) >= {"lightformer", "HF VisionEncoderDecoderModel", "ours/HF"}
+    for precision in ("fp32", "bf16"):
+        ratio = float(rows["ours/HF"][columns.index(f"{precision} steps/s")].rstrip("×"))
+        assert math.isfinite(ratio) and ratio > 0
+    cer = next(i for i, name in enumerate(columns) if name.startswith("val CER"))
+    for name in ("lightformer", "HF VisionEncoderDecoderModel"):
+        assert float(rows[name][cer].rstrip("%")) >= 0
