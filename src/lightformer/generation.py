@@ -183,9 +183,11 @@ def beam_search(
                 next_log_probs[b] = float("-inf")
         if all(done):
             break
-        rows = (torch.arange(batch_size, device=device)[:, None] * k + next_beams).view(-1)
-        tokens = torch.cat([tokens[rows], next_tokens.view(-1, 1)], dim=1)
-        cache.reorder(rows)
+        if k > 1:  # the live beams' rows; with one beam each row stays its source's (greedy: nothing to move)
+            rows = (torch.arange(batch_size, device=device)[:, None] * k + next_beams).view(-1)
+            tokens = tokens[rows]
+            cache.reorder(rows)
+        tokens = torch.cat([tokens, next_tokens.view(-1, 1)], dim=1)
         beam_log_probs = next_log_probs
         step_input = next_tokens.view(-1, 1)
     else:  # out of steps: the live beams end here, without end of sentence
