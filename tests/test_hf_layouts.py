@@ -6,20 +6,28 @@ refused by the field to change. Tiny models built from configs, no download."""
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 import pytest
 import torch
 import transformers
 from jsonargparse import Namespace
 
-from lightformer.checkpoints import pretrained_weights
+from lightformer.checkpoints import InitConfig, pretrained_weights
 from lightformer.commands import export
 from lightformer.config_checks import take_shape_from_init_checkpoint
-from lightformer.data.preparation.tokenizers import Tokenizer
+from lightformer.data.preparation.tokenizers import MASK, Tokenizer
 from lightformer.errors import ConfigError
 from lightformer.generation import generate
+from lightformer.models.bert import BertConfig
 from lightformer.models.gpt import GPT, GPTConfig
-from lightformer.tasks import LanguageModelTask
+from lightformer.models.vit import ViTConfig
+from lightformer.tasks import (
+    ImageClassificationTask,
+    LanguageModelTask,
+    MaskedLanguageModelTask,
+    TextClassificationTask,
+)
 
 transformers.utils.logging.disable_progress_bar()
 TEXT = "It is a truth universally acknowledged, that a single man in possession of a good fortune\n"
@@ -145,3 +153,128 @@ def test_a_llama_folder_of_another_shape_is_refused_by_name(tmp_path):
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "hf")
     with pytest.raises(ConfigError, match="num_key_value_heads=2"):
         pretrained_weights(str(tmp_path / "hf"))
+
+
+MLM_CHARS = Tokenizer.train_char([TEXT], extra_special_tokens=[MASK])
+BERT = dict(max_len=24, n_layers=2, n_heads=2, d_model=32, d_ff=48, dropout=0.0, attn_dropout=0.0)
+TEXT_FACTS = {"tokenizer": MLM_CHARS.to_str(), "vocab_size": MLM_CHARS.vocab_size, "pad_id": MLM_CHARS.pad_id}
+
+
+def bert_ids() -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of two framed texts (the second padded) and their segment ids (a pair in the first)."""
+    first = MLM_CHARS.encode("It is a", add_bos=True, add_eos=True) + MLM_CHARS.encode("truth", add_eos=True)
+    second = MLM_CHARS.encode("a single man", add_bos=True, add_eos=True)
+    ids = torch.full((2, len(first)), MLM_CHARS.pad_id)
+    ids[0], ids[1, : len(second)] = torch.tensor(first), torch.tensor(second)
+    segments = torch.zeros_like(ids)
+    segments[0, 9:] = 1
+    return ids, segments
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+def test_a_bert_pretraining_run_exported_to_hf_gives_the_same_logits(tmp_path, activation):
+    net = BertConfig(**BERT, activation=activation)
+    path, task = task_checkpoint(tmp_path, MaskedLanguageModelTask, net, TEXT_FACTS)
+    export(ckpt_path=path, output=str(tmp_path / "hf"), layout="hf")
+    model = load_quietly(transformers.AutoModelForPreTraining, tmp_path / "hf")
+    assert type(model).__name__ == "BertForPreTraining"
+    ids, segments = bert_ids()
+    with torch.no_grad():
+        mlm, nsp = task.model(ids, segments)
+        theirs = model(ids, token_type_ids=segments, attention_mask=ids != MLM_CHARS.pad_id)
+    torch.testing.assert_close(theirs.prediction_logits, mlm, atol=1e-5, rtol=0)
+    torch.testing.assert_close(theirs.seq_relationship_logits, nsp, atol=1e-5, rtol=0)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert tokenizer("It is a", "truth")["input_ids"] == ids[0].tolist()
+    assert tokenizer("It is a", "truth")["token_type_ids"] == segments[0].tolist()
+    assert tokenizer.mask_token == MASK
+
+
+def test_a_text_classifier_exported_to_hf_keeps_its_labels_and_logits(tmp_path):
+    facts = TEXT_FACTS | {"class_names": ["negative", "neutral", "positive"]}
+    path, task = task_checkpoint(tmp_path, TextClassificationTask, BertConfig(**BERT), facts)
+    export(ckpt_path=path, output=str(tmp_path / "hf"), layout="hf")
+    model = load_quietly(transformers.AutoModelForSequenceClassification, tmp_path / "hf")
+    assert model.config.id2label == {0: "negative", 1: "neutral", 2: "positive"}
+    ids, segments = bert_ids()
+    with torch.no_grad():
+        theirs = model(ids, token_type_ids=segments, attention_mask=ids != MLM_CHARS.pad_id).logits
+        torch.testing.assert_close(theirs, task.model(ids, segments), atol=1e-5, rtol=0)
+    label = transformers.pipeline("text-classification", model=str(tmp_path / "hf"))("It is a truth")[0]["label"]
+    assert label in ("negative", "neutral", "positive")
+
+
+def test_a_bert_shape_hf_lacks_is_refused_by_name(tmp_path):
+    path, _ = task_checkpoint(tmp_path, MaskedLanguageModelTask, BertConfig(**BERT, norm_first=True), TEXT_FACTS)
+    with pytest.raises(ConfigError, match=r"model\.net\.norm_first.*BertForPreTraining"):
+        export(ckpt_path=path, output=str(tmp_path / "hf"), layout="hf")
+
+
+IMAGE_FACTS = {"class_names": ["shirt", "shoe", "bag"], "image_size": 16, "in_channels": 3,
+               "normalize_mean": [0.5, 0.4, 0.3], "normalize_std": [0.2, 0.25, 0.3]}  # fmt: skip
+VIT = dict(patch_size=4, d_model=32, n_layers=2, n_heads=2, d_ff=48)
+
+
+@pytest.mark.parametrize("shape", [{}, dict(position="sincos", activation="gelu_tanh", qkv_bias=False)])
+def test_a_vit_exported_to_hf_gives_the_same_logits_and_labels(tmp_path, shape):
+    path, task = task_checkpoint(tmp_path, ImageClassificationTask, ViTConfig(**VIT, **shape), IMAGE_FACTS)
+    export(ckpt_path=path, output=str(tmp_path / "hf"), layout="hf")
+    model = load_quietly(transformers.AutoModelForImageClassification, tmp_path / "hf")
+    assert model.config.id2label == {0: "shirt", 1: "shoe", 2: "bag"}
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(model(images).logits, task.model(images), atol=1e-5, rtol=0)
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
+    assert list(processor.image_mean) == IMAGE_FACTS["normalize_mean"]
+
+
+def test_a_vit_shape_hf_lacks_is_refused_by_name(tmp_path):
+    path, _ = task_checkpoint(tmp_path, ImageClassificationTask, ViTConfig(**VIT, pool="mean"), IMAGE_FACTS)
+    with pytest.raises(ConfigError, match=r"model\.net\.pool.*ViTForImageClassification"):
+        export(ckpt_path=path, output=str(tmp_path / "hf"), layout="hf")
+
+
+def hf_encoder(kind: str) -> transformers.PreTrainedModel:
+    torch.manual_seed(0)
+    if kind == "vit":
+        config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                        intermediate_size=48, image_size=16, patch_size=4, num_labels=3)  # fmt: skip
+        return transformers.ViTForImageClassification(config).eval()
+    config = transformers.BertConfig(vocab_size=MLM_CHARS.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=48, max_position_embeddings=24,
+                                     num_labels=3)  # fmt: skip
+    return (transformers.BertForPreTraining if kind == "bert" else transformers.BertForSequenceClassification)(
+        config
+    ).eval()
+
+
+@pytest.mark.parametrize("kind", ["bert", "bert-classifier", "vit"])
+def test_a_hf_encoder_folder_starts_a_lightformer_model_with_the_same_logits(tmp_path, kind):
+    hf = hf_encoder(kind)
+    hf.save_pretrained(tmp_path / "hf")
+    task_class = {"bert": MaskedLanguageModelTask, "bert-classifier": TextClassificationTask,
+                  "vit": ImageClassificationTask}[kind]  # fmt: skip
+    net_class = ViTConfig if kind == "vit" else BertConfig
+    net = Namespace({f.name: f.default for f in fields(net_class)})
+    model = Namespace(class_path=f"{task_class.__module__}.{task_class.__name__}",
+                      init_args=Namespace(net=net, init=Namespace(checkpoint=str(tmp_path / "hf"))))  # fmt: skip
+    take_shape_from_init_checkpoint(model, given=set())
+    facts = IMAGE_FACTS if kind == "vit" else TEXT_FACTS | {"class_names": ["a", "b", "c"]}
+    torch.manual_seed(3)
+    task = task_class(net=net.as_dict(), init=InitConfig(checkpoint=str(tmp_path / "hf")), data_facts=facts)
+    weights = task.initial_weights(check=True)
+    task.model.load_state_dict(weights, strict=True)
+    task.eval()
+    with torch.no_grad():
+        if kind == "vit":
+            images = torch.randn(2, 3, 16, 16)
+            torch.testing.assert_close(task.model(images), hf(images).logits, atol=1e-5, rtol=0)
+            return
+        ids, segments = bert_ids()
+        theirs = hf(ids, token_type_ids=segments, attention_mask=ids != MLM_CHARS.pad_id)
+        if kind == "bert":
+            mlm, nsp = task.model(ids, segments)
+            torch.testing.assert_close(mlm, theirs.prediction_logits, atol=1e-5, rtol=0)
+            torch.testing.assert_close(nsp, theirs.seq_relationship_logits, atol=1e-5, rtol=0)
+        else:
+            torch.testing.assert_close(task.model(ids, segments), theirs.logits, atol=1e-5, rtol=0)

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from lightformer.errors import ConfigError
+from lightformer.nn.checks import as_pair
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -46,7 +47,8 @@ GPT_LAYOUTS: dict[str, dict[str, tuple]] = {
     "gpt2": {"position": ("learned",), "norm": ("layernorm",), "activation": tuple(HF_ACTIVATIONS), "bias": (True,)},
     "llama": {"position": ("rope",), "norm": ("rmsnorm",), "activation": ("swiglu",)},
 }
-HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "vit": "ViTForImageClassification",
+              "bert": "BertForPreTraining / BertForSequenceClassification"}  # fmt: skip
 
 
 def _fits(config: Any, needs: dict[str, tuple]) -> list[str]:
@@ -213,6 +215,199 @@ def gpt_net_from_hf(config: dict) -> dict[str, Any]:
                 tie_weights=tie)  # fmt: skip
 
 
+# --- BERT --------------------------------------------------------------------------------------------------
+
+BERT_LAYOUTS = {"bert": {"position": ("learned",), "norm_first": (False,), "activation": tuple(HF_ACTIVATIONS)}}
+_BERT_TOP = {"bert.embed": "bert.embeddings.word_embeddings", "bert.position": "bert.embeddings.position_embeddings",
+             "bert.segment": "bert.embeddings.token_type_embeddings", "bert.embed_norm": "bert.embeddings.LayerNorm",
+             "pooler.dense": "bert.pooler.dense", "mlm_head.dense": "cls.predictions.transform.dense",
+             "mlm_head.norm": "cls.predictions.transform.LayerNorm", "mlm_head.decoder": "cls.predictions.decoder",
+             "nsp_head": "cls.seq_relationship", "classifier": "classifier"}  # fmt: skip
+_BERT_LAYER = {"self_attn.proj": "attention.output.dense", "norm1": "attention.output.LayerNorm",
+               "ffn.fc1": "intermediate.dense", "ffn.fc2": "output.dense", "norm2": "output.LayerNorm"}  # fmt: skip
+
+
+def bert_hf_config(config: Any, num_labels: int | None = None, class_names: list[str] | None = None) -> Any:
+    """The ``transformers.BertConfig`` of our ``BertConfig`` (post-norm, learned positions only)."""
+    from transformers import BertConfig
+
+    c = config
+    for name, needs in BERT_LAYOUTS.items():
+        if _fits(c, needs):
+            refuse_shape("BERT", c, {name: needs})
+    names = list(class_names or [])
+    labels = {"id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)}}
+    return BertConfig(
+        vocab_size=c.vocab_size, hidden_size=c.d_model, num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+        intermediate_size=c.d_ff or 4 * c.d_model, hidden_act=HF_ACTIVATIONS[c.activation],
+        hidden_dropout_prob=c.dropout, attention_probs_dropout_prob=c.attn_dropout, max_position_embeddings=c.max_len,
+        type_vocab_size=c.type_vocab_size, layer_norm_eps=c.norm_eps, pad_token_id=c.pad_id,
+        classifier_dropout=c.classifier_dropout, tie_word_embeddings=True,
+        **(labels if class_names else {"num_labels": num_labels or 2}),
+    )  # fmt: skip
+
+
+def bert_to_hf(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Our ``BertForPreTraining`` / ``BertForSequenceClassification`` state dict → HF's names (q, k, v apart)."""
+    out = {}
+    for name, value in state.items():
+        module, _, leaf = name.rpartition(".")
+        if module.startswith("bert.encoder.layers."):
+            index, _, rest = module.removeprefix("bert.encoder.layers.").partition(".")
+            prefix = f"bert.encoder.layer.{index}"
+            if rest == "self_attn.qkv":
+                for part, tensor in zip(("query", "key", "value"), value.chunk(3), strict=True):
+                    out[f"{prefix}.attention.self.{part}.{leaf}"] = tensor.contiguous()
+            else:
+                out[f"{prefix}.{_BERT_LAYER[rest]}.{leaf}"] = value
+        elif name == "mlm_head.bias":  # HF keeps the decoder's bias twice: the head's and the decoder's
+            out["cls.predictions.bias"] = out["cls.predictions.decoder.bias"] = value
+        else:
+            out[f"{_BERT_TOP[module]}.{leaf}"] = value
+    return out
+
+
+def bert_net_from_hf(config: dict) -> dict[str, Any]:
+    """Our ``BertConfig`` fields of a BERT ``config.json``."""
+    activation = config.get("hidden_act", "gelu")
+    if activation not in FROM_HF_ACTIVATIONS:
+        raise ConfigError(f"BERT hidden_act={activation!r} has no lightformer counterpart "
+                          f"(lightformer has {', '.join(FROM_HF_ACTIVATIONS)})")  # fmt: skip
+    if config.get("position_embedding_type", "absolute") != "absolute":
+        raise ConfigError(f"BERT position_embedding_type={config['position_embedding_type']!r} has no lightformer "
+                          "counterpart (lightformer's BERT has absolute learned positions or rope)")  # fmt: skip
+    return dict(vocab_size=config["vocab_size"], max_len=config.get("max_position_embeddings", 512),
+                type_vocab_size=config.get("type_vocab_size", 2), n_layers=config["num_hidden_layers"],
+                n_heads=config["num_attention_heads"], d_model=config["hidden_size"],
+                d_ff=config.get("intermediate_size"), dropout=config.get("hidden_dropout_prob", 0.1),
+                attn_dropout=config.get("attention_probs_dropout_prob", 0.1),
+                activation=FROM_HF_ACTIVATIONS[activation], norm_first=False, position="learned",
+                norm_eps=config.get("layer_norm_eps", 1e-12), pad_id=config.get("pad_token_id") or 0,
+                num_classes=len(config.get("id2label") or {0: 0, 1: 1}),
+                classifier_dropout=config.get("classifier_dropout"))  # fmt: skip
+
+
+def _import_bert(weights: dict[str, Tensor], config: dict) -> dict[str, Tensor]:
+    from lightformer.models.bert import bert_state_dict_to_lightformer
+
+    head = {name: weights.pop(name) for name in list(weights) if name.startswith("classifier.")}
+    return bert_state_dict_to_lightformer(weights) | head
+
+
+# --- ViT ---------------------------------------------------------------------------------------------------
+
+VIT_LAYOUTS = {"vit": {"pool": ("cls",), "norm": ("layernorm",), "activation": tuple(HF_ACTIVATIONS), "bias": (True,)}}
+_VIT_LAYER = {"norm1": "layernorm_before", "self_attn.proj": "attention.o_proj", "norm2": "layernorm_after",
+              "ffn.fc1": "mlp.fc1", "ffn.fc2": "mlp.fc2"}  # fmt: skip
+_VIT_TOP = {"patch_embed.proj": "vit.embeddings.patch_embeddings.projection", "encoder.norm": "vit.layernorm",
+            "head": "classifier"}  # fmt: skip
+# transformers < 5 named a layer's modules differently; their weights read back too.
+_VIT_OLD_LAYER = {"attention.output.dense": "attention.o_proj", "intermediate.dense": "mlp.fc1",
+                  "output.dense": "mlp.fc2", "attention.attention.query": "attention.q_proj",
+                  "attention.attention.key": "attention.k_proj",
+                  "attention.attention.value": "attention.v_proj"}  # fmt: skip
+
+
+def vit_hf_config(config: Any, class_names: list[str] | None) -> Any:
+    """The ``transformers.ViTConfig`` of our ``ViTConfig`` (class token, LayerNorm, biases; learned or sin-cos
+    positions, the table copied)."""
+    from transformers import ViTConfig
+
+    c = config
+    if not c.num_classes:
+        raise ConfigError("--layout hf: a ViT without a head (model.net.num_classes=0) has no "
+                          "ViTForImageClassification layout")  # fmt: skip
+    if _fits(c, VIT_LAYOUTS["vit"]):
+        refuse_shape("ViT", c, VIT_LAYOUTS)
+    names = class_names or [f"LABEL_{i}" for i in range(c.num_classes)]
+    image, patch = as_pair(c.image_size), as_pair(c.patch_size)
+    if image[0] != image[1] or patch[0] != patch[1]:
+        raise ConfigError(f"--layout hf: ViTForImageClassification takes square images and patches, not "
+                          f"model.net.image_size={c.image_size}, patch_size={c.patch_size}")  # fmt: skip
+    return ViTConfig(
+        hidden_size=c.d_model, num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+        intermediate_size=c.d_ff or 4 * c.d_model, hidden_act=HF_ACTIVATIONS[c.activation],
+        hidden_dropout_prob=c.dropout, attention_probs_dropout_prob=c.attn_dropout, layer_norm_eps=c.norm_eps,
+        image_size=image[0], patch_size=patch[0], num_channels=c.in_channels, qkv_bias=c.qkv_bias,
+        id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
+    )  # fmt: skip
+
+
+def vit_to_hf(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Our ``VisionTransformer`` state dict (class-token pooling) → ``ViTForImageClassification``'s names."""
+    out = {}
+    for name, value in state.items():
+        module, _, leaf = name.rpartition(".")
+        if name == "cls_token":
+            out["vit.embeddings.cls_token"] = value
+        elif name == "pos_embed.weight":
+            out["vit.embeddings.position_embeddings"] = value[None]
+        elif module.startswith("encoder.layers."):
+            _, _, index, rest = module.split(".", 3)
+            prefix = f"vit.layers.{index}"
+            if rest == "self_attn.qkv":
+                for part, tensor in zip("qkv", value.chunk(3), strict=True):
+                    out[f"{prefix}.attention.{part}_proj.{leaf}"] = tensor.contiguous()
+            else:
+                out[f"{prefix}.{_VIT_LAYER[rest]}.{leaf}"] = value
+        else:
+            out[f"{_VIT_TOP[module]}.{leaf}"] = value
+    return out
+
+
+def vit_state_dict_to_lightformer(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A Hugging Face ``ViTForImageClassification`` / ``ViTModel`` state dict → our ``VisionTransformer``'s names."""
+    out: dict[str, Tensor] = {}
+    qkv: dict[tuple[str, str], dict[str, Tensor]] = {}
+    layer_names = {theirs: ours for ours, theirs in _VIT_LAYER.items()}
+    top_names = {theirs: ours for ours, theirs in _VIT_TOP.items()}
+    for key, value in state_dict.items():
+        key = key if key.startswith(("vit.", "classifier.")) else f"vit.{key}"
+        key = key.replace("vit.encoder.layer.", "vit.layers.")
+        module, _, leaf = key.rpartition(".")
+        if key == "vit.embeddings.cls_token":
+            out["cls_token"] = value
+        elif key == "vit.embeddings.position_embeddings":
+            out["pos_embed.weight"] = value[0]
+        elif module.startswith("vit.layers."):
+            _, _, index, rest = module.split(".", 3)
+            rest = _VIT_OLD_LAYER.get(rest, rest)
+            if rest in ("attention.q_proj", "attention.k_proj", "attention.v_proj"):
+                qkv.setdefault((index, leaf), {})[rest[10]] = value
+            elif rest in layer_names:
+                out[f"encoder.layers.{index}.{layer_names[rest]}.{leaf}"] = value
+            else:
+                raise ConfigError(f"Hugging Face ViT parameter {key!r} has no lightformer counterpart")
+        elif module in top_names:
+            out[f"{top_names[module]}.{leaf}"] = value
+        elif not key.startswith("vit.pooler."):  # ViTModel's pooler: no counterpart, not needed by a classifier
+            raise ConfigError(f"Hugging Face ViT parameter {key!r} has no lightformer counterpart")
+    for (index, leaf), parts in qkv.items():
+        out[f"encoder.layers.{index}.self_attn.qkv.{leaf}"] = torch.cat([parts[p] for p in "qkv"])
+    return out
+
+
+def vit_net_from_hf(config: dict) -> dict[str, Any]:
+    """Our ``ViTConfig`` fields of a ViT ``config.json``."""
+    activation = config.get("hidden_act", "gelu")
+    if activation not in FROM_HF_ACTIVATIONS:
+        raise ConfigError(f"ViT hidden_act={activation!r} has no lightformer counterpart "
+                          f"(lightformer has {', '.join(FROM_HF_ACTIVATIONS)})")  # fmt: skip
+    return dict(image_size=config.get("image_size", 224), in_channels=config.get("num_channels", 3),
+                num_classes=len(config.get("id2label") or {0: 0, 1: 1}), patch_size=config.get("patch_size", 16),
+                d_model=config["hidden_size"], n_layers=config["num_hidden_layers"],
+                n_heads=config["num_attention_heads"], d_ff=config.get("intermediate_size"),
+                dropout=config.get("hidden_dropout_prob", 0.0),
+                attn_dropout=config.get("attention_probs_dropout_prob", 0.0), pool="cls", position="learned",
+                norm="layernorm", norm_eps=config.get("layer_norm_eps", 1e-12),
+                activation=FROM_HF_ACTIVATIONS[activation],
+                qkv_bias=config.get("qkv_bias", True), bias=True)  # fmt: skip
+
+
+def _import_vit(weights: dict[str, Tensor], config: dict) -> dict[str, Tensor]:
+    return vit_state_dict_to_lightformer(weights)
+
+
 # --- export ------------------------------------------------------------------------------------------------
 
 
@@ -241,13 +436,60 @@ def config_ids(config: PretrainedConfig) -> dict[str, int]:
     return {k: getattr(config, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
 
+def _bert_pretraining(task: Task) -> tuple[PreTrainedModel, dict[str, Any]]:
+    from transformers import BertForPreTraining
+
+    model = BertForPreTraining(bert_hf_config(task.model.config))
+    usage = (
+        "from transformers import AutoModelForPreTraining, pipeline\n\n"
+        'model = AutoModelForPreTraining.from_pretrained("DIR")  # masked LM + next sentence\n'
+        'fill = pipeline("fill-mask", model="DIR")\n'
+        'print(fill(f"Her {fill.tokenizer.mask_token} was very kind."))'
+    )
+    return model, {"weights": bert_to_hf(task.model.state_dict()), "usage": usage}
+
+
+def _bert_classifier(task: Task) -> tuple[PreTrainedModel, dict[str, Any]]:
+    from transformers import BertForSequenceClassification
+
+    c = task.model.config
+    model = BertForSequenceClassification(bert_hf_config(c, c.num_classes, task.class_names))
+    usage = (
+        "from transformers import AutoModelForSequenceClassification, pipeline\n\n"
+        'model = AutoModelForSequenceClassification.from_pretrained("DIR")\n'
+        'print(pipeline("text-classification", model="DIR")("A truth universally acknowledged."))'
+    )
+    return model, {"weights": bert_to_hf(task.model.state_dict()), "usage": usage}
+
+
+def _vit_classifier(task: Task) -> tuple[PreTrainedModel, dict[str, Any]]:
+    from transformers import ViTForImageClassification, ViTImageProcessor
+
+    config = vit_hf_config(task.model.config, task.class_names)
+    model = ViTForImageClassification(config)
+    facts = task.data_facts
+    processor = None
+    if facts is not None and facts.normalize_mean is not None:
+        side = {"height": config.image_size, "width": config.image_size}
+        processor = ViTImageProcessor(size=side, image_mean=list(facts.normalize_mean),
+                                      image_std=list(facts.normalize_std))  # fmt: skip
+    usage = (
+        "from transformers import AutoModelForImageClassification, pipeline\n\n"
+        'model = AutoModelForImageClassification.from_pretrained("DIR")\n'
+        'print(pipeline("image-classification", model="DIR")("shoe.png"))'
+    )
+    return model, {"weights": vit_to_hf(task.model.state_dict()), "usage": usage, "processor": processor}
+
+
 # The tasks that have a Hugging Face layout, by class name → the function that builds the HF model and its weights.
-EXPORTERS = {"LanguageModelTask": _language_model}
+EXPORTERS = {"LanguageModelTask": _language_model, "MaskedLanguageModelTask": _bert_pretraining,
+             "TextClassificationTask": _bert_classifier, "ImageClassificationTask": _vit_classifier}  # fmt: skip
 
 
 def hf_tokenizer(task: Task) -> Any:
     """The task's tokenizer as a ``PreTrainedTokenizerFast`` with its special tokens named; None without one."""
     from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
     from lightformer.data.preparation.tokenizers import BOS, EOS, MASK, PAD, UNK
@@ -258,9 +500,14 @@ def hf_tokenizer(task: Task) -> Any:
     raw = RawTokenizer.from_str(tokenizer.to_str())
     roles = dict(bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK)
     if type(task).__name__ != "LanguageModelTask":  # BERT's [CLS] and [SEP] are BOS and EOS
-        roles |= dict(cls_token=BOS, sep_token=EOS)
+        roles |= dict(cls_token=BOS, sep_token=EOS, model_input_names=["input_ids", "token_type_ids", "attention_mask"])
         if raw.token_to_id(MASK) is not None:
             roles["mask_token"] = MASK
+        # As the data frames a text (or a pair): [BOS] A [EOS] (B [EOS]), B in segment 1.
+        special = [(BOS, tokenizer.bos_id), (EOS, tokenizer.eos_id)]
+        raw.post_processor = processors.TemplateProcessing(
+            single=f"{BOS} $A {EOS}", pair=f"{BOS} $A {EOS} $B:1 {EOS}:1", special_tokens=special
+        )
     return PreTrainedTokenizerFast(tokenizer_object=raw, **roles)
 
 
@@ -292,6 +539,8 @@ def export_hf(task: Task, ckpt_path: str, checkpoint: dict, output: str) -> str:
         tokenizer = hf_tokenizer(task)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
+        if extra.get("processor") is not None:
+            extra["processor"].save_pretrained(staging)
         (staging / "README.md").write_text(model_card(task, ckpt_path, checkpoint, model, extra["usage"], folder))
         if folder.is_dir():
             folder.rmdir()  # empty: checked above
@@ -388,13 +637,13 @@ def hf_folder_to_lightformer(path: str, option: str = "model.init.checkpoint") -
     """The weights of a Hugging Face model folder (GPT-2, Llama, BERT, ViT) under lightformer's names."""
     config = read_hf_config(path)
     kind = config.get("model_type")
-    importers = {"gpt2": _import_gpt2, "llama": _import_llama}
+    importers = {"gpt2": _import_gpt2, "llama": _import_llama, "bert": _import_bert, "vit": _import_vit}
+    shapes = {"gpt2": gpt_net_from_hf, "llama": gpt_net_from_hf, "bert": bert_net_from_hf, "vit": vit_net_from_hf}
     if kind not in importers:
         raise ConfigError(f"{option}: {path} holds a Hugging Face {kind!r} model; lightformer reads "
                               f"{', '.join(importers)} folders")  # fmt: skip
     try:
-        if kind in ("gpt2", "llama"):
-            gpt_net_from_hf(config)  # refuse a shape lightformer cannot build, by name
+        shapes[kind](config)  # refuse a shape lightformer cannot build, by name
         return importers[kind](read_hf_state_dict(path), config)
     except ConfigError as error:
         raise ConfigError(f"{option}: {path}: {error}") from None
@@ -416,7 +665,8 @@ def net_from_hf_folder(path: str, net_class: type) -> dict[str, Any]:
     """The ``model.net`` fields (of ``net_class``) that a Hugging Face folder's config.json gives; {} for a model
     of another kind than ``net_class``'s."""
     config = read_hf_config(path)
-    readers = {("gpt2", "GPTConfig"): gpt_net_from_hf, ("llama", "GPTConfig"): gpt_net_from_hf}
+    readers = {("gpt2", "GPTConfig"): gpt_net_from_hf, ("llama", "GPTConfig"): gpt_net_from_hf,
+               ("bert", "BertConfig"): bert_net_from_hf, ("vit", "ViTConfig"): vit_net_from_hf}  # fmt: skip
     reader = readers.get((config.get("model_type"), net_class.__name__))
     if reader is None:
         return {}
