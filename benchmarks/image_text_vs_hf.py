@@ -68,13 +68,17 @@ def read_config(path: Path) -> tuple[dict, dict, dict]:
     return config["model"]["init_args"], config["data"]["init_args"], config.get("trainer", {})
 
 
-def build_models(net: VisionEncoderDecoderConfig, bos_id: int, eos_id: int, pad_id: int) -> dict[str, nn.Module]:
-    """Ours (without its CTC head) and HF's VisionEncoderDecoderModel (ViT + GPT-2 with cross-attention) at ``net``'s
-    shape, without dropout, each seeded with ``SEED`` and initialised its own way."""
+def build_models(
+    net: VisionEncoderDecoderConfig, bos_id: int, eos_id: int, pad_id: int, ctc: bool = False
+) -> dict[str, nn.Module]:
+    """Ours and HF's VisionEncoderDecoderModel (ViT + GPT-2 with cross-attention) at ``net``'s shape, without
+    dropout, each seeded with ``SEED`` and initialised its own way; with ``ctc``, each with a CTC head on its
+    encoder's patches (ours: ``ctc_head``; HF: the same linear layer on its ViT's patch tokens, class token left
+    out), else neither."""
     from transformers import GPT2Config, VisionEncoderDecoderModel, ViTConfig
     from transformers import VisionEncoderDecoderConfig as HFConfig
 
-    net = replace(net, ctc_head=False, dropout=0.0)
+    net = replace(net, ctc_head=ctc, dropout=0.0)
     if net.norm != "layernorm" or net.position != "learned" or net.encoder_position != "learned":
         raise ValueError("HF's ViT and GPT-2 have LayerNorm and learned positions only")
     if not net.tie_weights:
@@ -116,6 +120,8 @@ def build_models(net: VisionEncoderDecoderConfig, bos_id: int, eos_id: int, pad_
     ours = VisionEncoderDecoder(net)
     torch.manual_seed(SEED)
     hf = VisionEncoderDecoderModel(config=config)
+    if ctc:
+        hf.ctc_head = nn.Linear(encoder.hidden_size, net.vocab_size)
     # What ours and timm never decay (configure_adamw reads it): position tables and the class token.
     hf.no_weight_decay = lambda: {
         "encoder.embeddings.position_embeddings",
@@ -125,10 +131,12 @@ def build_models(net: VisionEncoderDecoderConfig, bos_id: int, eos_id: int, pad_
     return {"lightformer": ours, "huggingface": hf}
 
 
-def logits_of(name: str, model: nn.Module, images: Tensor, tgt_in: Tensor) -> Tensor:
+def logits_of(name: str, model: nn.Module, images: Tensor, tgt_in: Tensor, ctc: bool = False):
+    """The decoder's logits; with ``ctc``, also each patch's CTC logits ``(batch, patches, vocab)``."""
     if name == "lightformer":
-        return model(images, tgt_in)
-    return model(pixel_values=images, decoder_input_ids=tgt_in, use_cache=False).logits  # no cache in training
+        return model(images, tgt_in, ctc=ctc)
+    out = model(pixel_values=images, decoder_input_ids=tgt_in, use_cache=False)  # no cache in training
+    return (out.logits, model.ctc_head(out.encoder_last_hidden_state[:, 1:])) if ctc else out.logits
 
 
 class Trainee:
@@ -139,18 +147,30 @@ class Trainee:
         optim = configure_adamw(model, optimizer, max(1, total_steps))
         self.optimizer, self.scheduler = optim["optimizer"], optim["lr_scheduler"]["scheduler"]
         self.label_smoothing, self.pad_id, self.clip = hp["label_smoothing"], hp["pad_id"], hp["clip"]
+        self.ctc_weight = hp["ctc_weight"]
         self.seconds, self.steps, self.last_loss = 0.0, 0, float("nan")
 
     def loss(self, batch: Batch, bf16: bool) -> Tensor:
-        tgt = batch["tgt"]
+        """The decoder's label-smoothed cross-entropy, plus ``ctc_weight`` × the CTC loss of the encoder's patches
+        (as ``ImageToTextTask`` computes both)."""
+        tgt, ctc = batch["tgt"], self.ctc_weight > 0
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = logits_of(self.name, self.model, batch["images"], tgt[:, :-1])
-        return F.cross_entropy(
+            logits = logits_of(self.name, self.model, batch["images"], tgt[:, :-1], ctc)
+        if ctc:
+            logits, patch_logits = logits
+        loss = F.cross_entropy(
             logits.flatten(0, 1).float(),
             tgt[:, 1:].flatten(),
             ignore_index=self.pad_id,
             label_smoothing=self.label_smoothing,
         )
+        if not ctc:
+            return loss
+        log_probs = patch_logits.float().log_softmax(-1).transpose(0, 1)
+        lengths = (tgt != self.pad_id).sum(1) - 2
+        patches = torch.full_like(lengths, log_probs.shape[0])
+        ctc_loss = F.ctc_loss(log_probs, tgt[:, 1:-1], patches, lengths, blank=self.pad_id, zero_infinity=True)
+        return loss + self.ctc_weight * ctc_loss
 
     def step(self, batch: Batch, bf16: bool, clip: bool = False) -> None:
         start = time.perf_counter()
@@ -309,6 +329,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="precision of that training and reading; auto: the config's (precision: auto)",
     )
+    parser.add_argument(
+        "--ctc-weight", type=float, default=0.0, help="train both with a CTC loss on the encoder (the config: 0.5)"
+    )
     parser.add_argument("--batch-size", type=int, default=None, help="default: the config's")
     parser.add_argument("--train-lines", type=int, default=None, help="default: the config's data")
     parser.add_argument("--val-lines", type=int, default=None, help="lines read for the CER; default: the config's")
@@ -351,10 +374,11 @@ def main(argv: list[str] | None = None) -> None:
         "label_smoothing": hp.get("label_smoothing", 0.1),
         "pad_id": tokenizer.pad_id,
         "clip": trainer.get("gradient_clip_val"),
+        "ctc_weight": args.ctc_weight,
     }
 
     def trainees(steps: int) -> dict[str, Trainee]:
-        models = build_models(net, tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id)
+        models = build_models(net, tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id, ctc=args.ctc_weight > 0)
         return {name: Trainee(name, model, optimizer, steps, train_hp) for name, model in models.items()}
 
     batch_size = data.loader.batch_size

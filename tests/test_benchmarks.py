@@ -60,9 +60,20 @@ def test_dropout_benchmark_prints_a_ratio_for_each_shape_and_dtype():
 
 
 def test_image_text_benchmark_prints_both_models_speed_and_cer(tmp_path):
-    """benchmarks/image_text_vs_hf.py --quick: a few lines rendered, tiny shapes, both models trained and read."""
+    """benchmarks/image_text_vs_hf.py --quick: a few lines rendered, tiny shapes, both models trained (with the CTC
+    loss on their encoders) and read."""
     script = PEERS.parent / "image_text_vs_hf.py"
-    command = [sys.executable, str(script), "--quick", "--threads", "1", "--prepare-dir", str(tmp_path)]
+    command = [
+        sys.executable,
+        str(script),
+        "--quick",
+        "--threads",
+        "1",
+        "--prepare-dir",
+        str(tmp_path),
+        "--ctc-weight",
+        "0.5",
+    ]
     out = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True).stdout
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| model |"))
