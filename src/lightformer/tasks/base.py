@@ -361,7 +361,8 @@ class Task(L.LightningModule):
         model's vocabularies and context may be larger than the data's; and a new fit's ``model.init`` checkpoints
         must have been trained with the data's tokenizer, where they carry one. A task adds its own checks (the data's
         ``max_length`` against the model's position table, a token its loss needs)."""
-        if stage == "fit" and self.trainer.ckpt_path is None and facts.tokenizer is not None:
+        starting = stage == "fit" and self.init_config.sources() and self.trainer.ckpt_path is None
+        if starting and facts.tokenizer is not None:
             for _, file, option in self.init_config.sources():
                 check_start_tokenizer(file, option, facts.tokenizer)
         config = self.model.config
