@@ -21,12 +21,14 @@ from lightformer.errors import ConfigError
 from lightformer.generation import generate
 from lightformer.models.bert import BertConfig
 from lightformer.models.gpt import GPT, GPTConfig
+from lightformer.models.seq2seq import EncoderDecoderConfig
 from lightformer.models.vit import ViTConfig
 from lightformer.tasks import (
     ImageClassificationTask,
     LanguageModelTask,
     MaskedLanguageModelTask,
     TextClassificationTask,
+    TranslationTask,
 )
 
 transformers.utils.logging.disable_progress_bar()
@@ -36,10 +38,16 @@ GPT2 = dict(position="learned", norm="layernorm", bias=True)
 LLAMA = dict(position="rope", norm="rmsnorm", activation="swiglu", bias=False)
 
 
-def task_checkpoint(tmp_path, task_class, net, facts: dict, callbacks: dict | None = None) -> tuple[str, object]:
-    """A run's checkpoint of ``task_class`` (facts, weights, a ModelCheckpoint's state), as ``fit`` writes one."""
+def task_checkpoint(
+    tmp_path, task_class, net, facts: dict, callbacks: dict | None = None, spread: float = 0.0
+) -> tuple[str, object]:
+    """A run's checkpoint of ``task_class`` (facts, weights, a ModelCheckpoint's state), as ``fit`` writes one;
+    ``spread``: noise of that scale added to every weight but the embeddings'."""
     torch.manual_seed(1)
     task = task_class(net=net, data_facts=facts).eval()
+    with torch.no_grad():
+        for name, parameter in task.model.named_parameters():
+            parameter.add_(torch.randn_like(parameter) * (0.0 if "embed" in name else spread))
     path = tmp_path / "run.ckpt"
     checkpoint = {"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams), "global_step": 120,
                   "epoch": 3, "pytorch-lightning_version": "2.6.6", "callbacks": callbacks or {}}  # fmt: skip
@@ -278,3 +286,34 @@ def test_a_hf_encoder_folder_starts_a_lightformer_model_with_the_same_logits(tmp
             torch.testing.assert_close(nsp, theirs.seq_relationship_logits, atol=1e-5, rtol=0)
         else:
             torch.testing.assert_close(task.model(ids, segments), theirs.logits, atol=1e-5, rtol=0)
+
+
+TRANSLATOR = dict(max_len=24, n_encoder_layers=2, n_decoder_layers=2, d_model=32, n_heads=2, d_ff=48, dropout=0.0)
+JOINT_FACTS = {"src_tokenizer": CHARS.to_str(), "tgt_tokenizer": CHARS.to_str(), "src_vocab_size": CHARS.vocab_size,
+               "tgt_vocab_size": CHARS.vocab_size, "pad_id": CHARS.pad_id}  # fmt: skip
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_a_translator_exported_to_marian_gives_the_same_logits_and_greedy_translations(tmp_path, activation):
+    net = EncoderDecoderConfig(**TRANSLATOR, activation=activation)
+    path, task = task_checkpoint(tmp_path, TranslationTask, net, JOINT_FACTS, spread=0.1)
+    export(ckpt_path=path, output=str(tmp_path / "hf"), layout="hf")
+    model = load_quietly(transformers.AutoModelForSeq2SeqLM, tmp_path / "hf")
+    assert type(model).__name__ == "MarianMTModel"
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    batch = tokenizer(["It is a truth", "a man"], return_tensors="pt", padding=True)
+    assert batch["input_ids"][1].tolist() == CHARS.encode("a man") + [CHARS.eos_id] + [CHARS.pad_id] * 8
+    target = torch.tensor([[CHARS.bos_id, *CHARS.encode("a single")]] * 2)
+    with torch.no_grad():
+        theirs = model(**batch, decoder_input_ids=target).logits
+        torch.testing.assert_close(theirs, task.model(batch["input_ids"], target), atol=1e-5, rtol=0)
+        ours = task.decode_ids(batch["input_ids"], beam_size=1)  # up to max_len - 1 new tokens, without EOS
+        generated = model.generate(**batch, num_beams=1, do_sample=False, max_length=TRANSLATOR["max_len"])
+    assert tokenizer.batch_decode(generated, skip_special_tokens=True) == CHARS.decode_batch(ours)
+
+
+def test_a_translator_shape_marian_lacks_is_refused_by_name(tmp_path):
+    net = EncoderDecoderConfig(**TRANSLATOR, position="rope")
+    path, _ = task_checkpoint(tmp_path, TranslationTask, net, JOINT_FACTS)
+    with pytest.raises(ConfigError, match=r"model\.net\.position.*MarianMTModel"):
+        export(ckpt_path=path, output=str(tmp_path / "hf"), layout="hf")

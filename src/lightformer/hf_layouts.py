@@ -48,7 +48,7 @@ GPT_LAYOUTS: dict[str, dict[str, tuple]] = {
     "llama": {"position": ("rope",), "norm": ("rmsnorm",), "activation": ("swiglu",)},
 }
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "vit": "ViTForImageClassification",
-              "bert": "BertForPreTraining / BertForSequenceClassification"}  # fmt: skip
+              "bert": "BertForPreTraining / BertForSequenceClassification", "marian": "MarianMTModel"}  # fmt: skip
 
 
 def _fits(config: Any, needs: dict[str, tuple]) -> list[str]:
@@ -57,7 +57,7 @@ def _fits(config: Any, needs: dict[str, tuple]) -> list[str]:
 
 
 def _describe(needs: dict[str, tuple]) -> str:
-    return ", ".join(f"{name}={'|'.join(str(v).lower() if isinstance(v, bool) else v for v in ok)}"
+    return ", ".join(f"{name}={'|'.join(str(v).lower() if isinstance(v, bool) else str(v) for v in ok)}"
                      for name, ok in needs.items())  # fmt: skip
 
 
@@ -408,6 +408,75 @@ def _import_vit(weights: dict[str, Tensor], config: dict) -> dict[str, Tensor]:
     return vit_state_dict_to_lightformer(weights)
 
 
+# --- Marian ------------------------------------------------------------------------------------------------
+
+MARIAN_LAYOUTS = {"marian": {"position": ("sinusoidal",), "norm": ("layernorm",), "norm_first": (False,),
+                             "activation": tuple(HF_ACTIVATIONS), "share_embeddings": (True,), "tie_weights": (True,),
+                             "norm_eps": (1e-5,)}}  # fmt: skip
+_MARIAN_LAYER = {"self_attn.proj": "self_attn.out_proj", "norm1": "self_attn_layer_norm",
+                 "cross_attn.proj": "encoder_attn.out_proj", "norm_cross": "encoder_attn_layer_norm",
+                 "ffn.fc1": "fc1", "ffn.fc2": "fc2", "norm2": "final_layer_norm"}  # fmt: skip
+
+
+def marian_hf_config(config: Any, special_ids: dict[str, int]) -> Any:
+    """The ``transformers.MarianConfig`` of our ``EncoderDecoderConfig``: post-norm, sinusoidal positions, one
+    embedding shared by the source, the target and the output layer (Marian's LayerNorm epsilon is fixed, 1e-5)."""
+    from transformers import MarianConfig
+
+    c = config
+    if _fits(c, MARIAN_LAYOUTS["marian"]):
+        refuse_shape("translator", c, MARIAN_LAYOUTS)
+    return MarianConfig(
+        vocab_size=c.src_vocab_size, decoder_vocab_size=c.tgt_vocab_size, d_model=c.d_model,
+        encoder_layers=c.n_encoder_layers, decoder_layers=c.n_decoder_layers, encoder_attention_heads=c.n_heads,
+        decoder_attention_heads=c.n_heads, encoder_ffn_dim=c.d_ff or 4 * c.d_model,
+        decoder_ffn_dim=c.d_ff or 4 * c.d_model, activation_function=HF_ACTIVATIONS[c.activation],
+        dropout=c.dropout, attention_dropout=c.attn_dropout, activation_dropout=0.0, max_position_embeddings=c.max_len,
+        scale_embedding=True, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+        pad_token_id=c.pad_id, bos_token_id=special_ids["bos"], eos_token_id=special_ids["eos"],
+        decoder_start_token_id=special_ids["bos"], forced_eos_token_id=None,
+        architectures=["MarianMTModel"],
+    )  # fmt: skip
+
+
+def sinusoidal_order(d_model: int) -> Tensor:
+    """Marian's channel h ↔ ours: its sinusoidal table puts the sines in the first half and the cosines in the
+    second, ours interleaves them (sin, cos, sin, cos...); Marian's channel h is our channel ``order[h]``."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def marian_to_hf(state: dict[str, Tensor], hf_state: dict[str, Tensor], d_model: int) -> dict[str, Tensor]:
+    """Our ``EncoderDecoder`` state dict → ``MarianMTModel``'s names, in Marian's order of the residual channels.
+
+    Positions are added to the residual stream, so the two orders of the sinusoidal table are two bases of it: every
+    weight that reads the stream has its input columns permuted, every weight that writes it (and every LayerNorm,
+    which is indifferent to the channels' order) its output rows, so the model computes the same function.
+    ``hf_state``: the Marian model's own, for its fixed position tables and zero ``final_logits_bias``.
+    """
+    order = sinusoidal_order(d_model)
+    out = {k: v for k, v in hf_state.items() if "embed_positions" in k or k == "final_logits_bias"}
+    for name, value in state.items():
+        module, _, leaf = name.rpartition(".")
+        if name in ("src_embed.weight", "tgt_embed.weight", "output.weight"):
+            for hf in ("model.shared", "model.encoder.embed_tokens", "model.decoder.embed_tokens", "lm_head"):
+                out[f"{hf}.weight"] = value[:, order].contiguous()
+            continue
+        side, _, index, rest = module.split(".", 3)  # encoder|decoder . layers . i . rest
+        prefix = f"model.{side}.layers.{index}"
+        if rest in ("self_attn.qkv", "cross_attn.q", "cross_attn.kv"):  # read the stream: permute the columns
+            attn = "self_attn" if rest == "self_attn.qkv" else "encoder_attn"
+            parts = {"self_attn.qkv": "qkv", "cross_attn.q": "q", "cross_attn.kv": "kv"}[rest]
+            for part, tensor in zip(parts, value.chunk(len(parts)), strict=True):
+                out[f"{prefix}.{attn}.{part}_proj.{leaf}"] = (
+                    tensor[:, order] if leaf == "weight" else tensor
+                ).contiguous()
+        elif rest == "ffn.fc1":
+            out[f"{prefix}.fc1.{leaf}"] = (value[:, order] if leaf == "weight" else value).contiguous()
+        else:  # write the stream (output projections, fc2) or normalise it: permute the rows
+            out[f"{prefix}.{_MARIAN_LAYER[rest]}.{leaf}"] = value[order].contiguous()
+    return out
+
+
 # --- export ------------------------------------------------------------------------------------------------
 
 
@@ -481,9 +550,35 @@ def _vit_classifier(task: Task) -> tuple[PreTrainedModel, dict[str, Any]]:
     return model, {"weights": vit_to_hf(task.model.state_dict()), "usage": usage, "processor": processor}
 
 
+def _translator(task: Task) -> tuple[PreTrainedModel, dict[str, Any]]:
+    from transformers import GenerationConfig, MarianMTModel
+
+    facts = task.data_facts
+    if facts is not None and facts.src_tokenizer != facts.tgt_tokenizer:
+        raise ConfigError("--layout hf: MarianMTModel's folder holds one tokenizer, but this translator's source "
+                          "and target tokenizers differ (train it with the data's joint vocabulary)")  # fmt: skip
+    c, hp = task.model.config, task.hparams
+    config = marian_hf_config(c, _special_ids(task.tgt_tokenizer))
+    model = MarianMTModel(config)
+    model.generation_config = GenerationConfig(  # `lightformer translate`'s beam search
+        num_beams=hp.beam_size, length_penalty=hp.length_penalty, **config_ids(config),
+        decoder_start_token_id=config.decoder_start_token_id, max_length=c.max_len,
+    )  # fmt: skip
+    usage = (
+        "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer\n\n"
+        'model = AutoModelForSeq2SeqLM.from_pretrained("DIR")\n'
+        'tokenizer = AutoTokenizer.from_pretrained("DIR")\n'
+        'batch = tokenizer(["Guten Morgen."], return_tensors="pt", padding=True)\n'
+        "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))"
+    )
+    weights = marian_to_hf(task.model.state_dict(), model.state_dict(), c.d_model)
+    return model, {"weights": weights, "usage": usage}
+
+
 # The tasks that have a Hugging Face layout, by class name → the function that builds the HF model and its weights.
 EXPORTERS = {"LanguageModelTask": _language_model, "MaskedLanguageModelTask": _bert_pretraining,
-             "TextClassificationTask": _bert_classifier, "ImageClassificationTask": _vit_classifier}  # fmt: skip
+             "TextClassificationTask": _bert_classifier, "ImageClassificationTask": _vit_classifier,
+             "TranslationTask": _translator}  # fmt: skip
 
 
 def hf_tokenizer(task: Task) -> Any:
@@ -494,17 +589,20 @@ def hf_tokenizer(task: Task) -> Any:
 
     from lightformer.data.preparation.tokenizers import BOS, EOS, MASK, PAD, UNK
 
-    tokenizer = getattr(task, "tokenizer", None)
+    tokenizer = getattr(task, "tokenizer", None) or getattr(task, "src_tokenizer", None)
     if tokenizer is None:
         return None
     raw = RawTokenizer.from_str(tokenizer.to_str())
     roles = dict(bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK)
-    if type(task).__name__ != "LanguageModelTask":  # BERT's [CLS] and [SEP] are BOS and EOS
+    special = [(BOS, tokenizer.bos_id), (EOS, tokenizer.eos_id)]
+    name = type(task).__name__
+    if name == "TranslationTask":  # a source as the data frames it: A [EOS]
+        raw.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=special[1:])
+    elif name != "LanguageModelTask":  # BERT's [CLS] and [SEP] are BOS and EOS
         roles |= dict(cls_token=BOS, sep_token=EOS, model_input_names=["input_ids", "token_type_ids", "attention_mask"])
         if raw.token_to_id(MASK) is not None:
             roles["mask_token"] = MASK
         # As the data frames a text (or a pair): [BOS] A [EOS] (B [EOS]), B in segment 1.
-        special = [(BOS, tokenizer.bos_id), (EOS, tokenizer.eos_id)]
         raw.post_processor = processors.TemplateProcessing(
             single=f"{BOS} $A {EOS}", pair=f"{BOS} $A {EOS} $B:1 {EOS}:1", special_tokens=special
         )
