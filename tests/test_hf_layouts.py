@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 import torch
 import transformers
+import yaml
 from jsonargparse import Namespace
 
 from lightformer.checkpoints import InitConfig, pretrained_weights
+from lightformer.cli import cli_main, main
 from lightformer.commands import export
 from lightformer.config_checks import take_shape_from_init_checkpoint
 from lightformer.data.preparation.tokenizers import MASK, Tokenizer
@@ -30,6 +33,7 @@ from lightformer.tasks import (
     TextClassificationTask,
     TranslationTask,
 )
+from tiny_runs import build, last_checkpoint, task_args
 
 transformers.utils.logging.disable_progress_bar()
 TEXT = "It is a truth universally acknowledged, that a single man in possession of a good fortune\n"
@@ -317,3 +321,38 @@ def test_a_translator_shape_marian_lacks_is_refused_by_name(tmp_path):
     path, _ = task_checkpoint(tmp_path, TranslationTask, net, JOINT_FACTS)
     with pytest.raises(ConfigError, match=r"model\.net\.position.*MarianMTModel"):
         export(ckpt_path=path, output=str(tmp_path / "hf"), layout="hf")
+
+
+def test_a_trained_char_lm_exported_by_the_command_line_generates_in_a_pipeline(tmp_path):
+    """The main job's kind of run (a char-level GPT on Austen): its checkpoint exported by ``lightformer export``, read
+    by ``pipeline("text-generation")`` (the same greedy text as ``generate_text``), with its model card and config."""
+    cli = build([*task_args("lm", tmp_path / "first"), "--trainer.max_steps=3", "--trainer.val_check_interval=3"])
+    cli.trainer.fit(cli.model, cli.datamodule)
+    folder = tmp_path / "austen_hf"
+    main(["export", f"--ckpt_path={last_checkpoint(tmp_path / 'first')}", "--layout=hf", f"--output={folder}"])
+    generator = transformers.pipeline("text-generation", model=str(folder))
+    text = generator("It is a", max_new_tokens=8, do_sample=False)[0]["generated_text"]
+    assert text == "It is a" + cli.model.eval().generate_text("It is a", max_new_tokens=8, temperature=0)[0]
+    card = (folder / "README.md").read_text()
+    assert "best val/loss: " in card and "global step 3" in card and "lightformer_config.yaml" in card
+    assert "class_path: lightformer.tasks.LanguageModelTask" in (folder / "lightformer_config.yaml").read_text()
+
+
+@pytest.mark.xfail(strict=True, reason="facts.checkpoint_tokenizer reads a .ckpt or .safetensors only, not a folder")
+def test_a_fit_of_a_fine_tuning_config_starts_from_an_exported_folder_in_its_shape(tmp_path):
+    """``fit`` with ``model.init.checkpoint=DIR`` (a folder ``export --layout hf`` wrote) and a config without
+    ``model.net``: the model takes the folder's shape and every weight of it."""
+    first = build([*task_args("lm", tmp_path / "first"), "--trainer.max_steps=2"])
+    first.trainer.fit(first.model, first.datamodule)
+    folder = tmp_path / "austen_hf"
+    export(ckpt_path=last_checkpoint(tmp_path / "first"), output=str(folder), layout="hf")
+    fine_tuning = yaml.safe_load(Path("configs/lm/austen_char.yaml").read_text())
+    del fine_tuning["model"]["init_args"]["net"]  # a fine-tuning config: the shape is the start's
+    (tmp_path / "fine_tuning.yaml").write_text(yaml.safe_dump(fine_tuning))
+    args = [f"--config={tmp_path / 'fine_tuning.yaml'}" if arg.startswith("--config=") else arg
+            for arg in task_args("lm", tmp_path / "second") if not arg.startswith("--model.net.")]  # fmt: skip
+    started = cli_main(["fit", *args, f"--model.init.checkpoint={folder}", "--trainer.max_steps=1"])
+    shape = ("n_layers", "d_model", "n_heads", "block_size", "vocab_size")
+    shapes = [[getattr(run.model.model.config, name) for name in shape] for run in (started, first)]
+    assert shapes[0] == shapes[1]
+    assert started.model.pretrained == set(first.model.model.state_dict())

@@ -639,7 +639,9 @@ def export_hf(task: Task, ckpt_path: str, checkpoint: dict, output: str) -> str:
             tokenizer.save_pretrained(staging)
         if extra.get("processor") is not None:
             extra["processor"].save_pretrained(staging)
-        (staging / "README.md").write_text(model_card(task, ckpt_path, checkpoint, model, extra["usage"], folder))
+        (staging / "README.md").write_text(
+            model_card(task, ckpt_path, checkpoint, model, extra["usage"], folder, staging)
+        )
         if folder.is_dir():
             folder.rmdir()  # empty: checked above
         staging.replace(folder)
@@ -667,8 +669,11 @@ def run_config(ckpt_path: str) -> Path | None:
     return None
 
 
-def model_card(task: Task, ckpt_path: str, checkpoint: dict, model: PreTrainedModel, usage: str, folder: Path) -> str:
-    """README.md of an exported folder: what was trained, how, its final metrics, and how to load it."""
+def model_card(
+    task: Task, ckpt_path: str, checkpoint: dict, model: PreTrainedModel, usage: str, folder: Path, staging: Path
+) -> str:
+    """README.md of an exported folder (being written in ``staging``): what was trained, how (the run's config.yaml
+    copied beside it), its final metrics, and how to load it."""
     from lightformer import __version__
 
     hparams = {k: v for k, v in task.hparams.items() if not k.startswith("_")}
@@ -681,9 +686,13 @@ def model_card(task: Task, ckpt_path: str, checkpoint: dict, model: PreTrainedMo
             current = state.get("current_score")
             if current is not None:
                 metrics.append(f"- {state['monitor']} at this checkpoint: {float(current):.4g}")
+            if score is None and current is None:
+                metrics.append(f"- {state['monitor']}: not measured by this checkpoint's step")
     config = run_config(ckpt_path)
-    command = (f"python -m lightformer fit --config {config}" if config else
-               "python -m lightformer fit --config <the run's config.yaml>")  # fmt: skip
+    if config is not None:  # the run's config travels with the weights
+        shutil.copyfile(config, staging / "lightformer_config.yaml")
+    command = ("python -m lightformer fit --config lightformer_config.yaml (the run's config, in this folder)"
+               if config else "python -m lightformer fit --config <the run's config.yaml>")  # fmt: skip
     lines = [
         "---", "library_name: transformers", "tags: [lightformer]", "---", "",
         f"# {folder.name}", "",
