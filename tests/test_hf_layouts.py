@@ -356,3 +356,39 @@ def test_a_fit_of_a_fine_tuning_config_starts_from_an_exported_folder_in_its_sha
     shapes = [[getattr(run.model.model.config, name) for name in shape] for run in (started, first)]
     assert shapes[0] == shapes[1]
     assert started.model.pretrained == set(first.model.model.state_dict())
+
+
+def test_a_marian_folder_starts_a_lightformer_translator_with_the_same_logits(tmp_path):
+    torch.manual_seed(0)
+    config = transformers.MarianConfig(vocab_size=CHARS.vocab_size, decoder_vocab_size=CHARS.vocab_size, d_model=32,
+                                       encoder_layers=2, decoder_layers=1, encoder_attention_heads=2,
+                                       decoder_attention_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=48,
+                                       activation_function="gelu", max_position_embeddings=24, scale_embedding=True,
+                                       pad_token_id=CHARS.pad_id, decoder_start_token_id=CHARS.bos_id)  # fmt: skip
+    hf = transformers.MarianMTModel(config).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    net = Namespace({f.name: f.default for f in fields(EncoderDecoderConfig) if f.name != "tie_output"})
+    model = Namespace(class_path="lightformer.tasks.TranslationTask",
+                      init_args=Namespace(net=net, init=Namespace(checkpoint=str(tmp_path / "hf"))))  # fmt: skip
+    take_shape_from_init_checkpoint(model, given=set())
+    task = TranslationTask(net=net.as_dict(), init=InitConfig(checkpoint=str(tmp_path / "hf")), data_facts=JOINT_FACTS)
+    task.model.load_state_dict(task.initial_weights(check=True), strict=True)
+    task.eval()
+    src = torch.tensor([CHARS.encode("It is a truth") + [CHARS.eos_id], CHARS.encode("a single man ") + [0]])
+    tgt = torch.tensor([[CHARS.bos_id, *CHARS.encode("a man")]] * 2)
+    with torch.no_grad():
+        theirs = hf(src, attention_mask=src != CHARS.pad_id, decoder_input_ids=tgt).logits
+        torch.testing.assert_close(task.model(src, tgt), theirs, atol=1e-5, rtol=0)
+
+
+def test_an_hf_export_writes_only_a_new_or_empty_folder(tmp_path):
+    path, _ = lm_checkpoint(tmp_path)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="not empty"):
+        export(ckpt_path=path, output=str(tmp_path / "taken"), layout="hf")
+    with pytest.raises(ConfigError, match="is a file"):
+        export(ckpt_path=path, output=str(tmp_path / "taken" / "notes.txt"), layout="hf")
+    (tmp_path / "empty").mkdir()
+    export(ckpt_path=path, output=str(tmp_path / "empty"), layout="hf")
+    assert (tmp_path / "empty" / "model.safetensors").is_file() and not (tmp_path / "empty.partial").exists()

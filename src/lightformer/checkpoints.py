@@ -51,7 +51,7 @@ class InitConfig:
     Args:
         checkpoint: a checkpoint of any lightformer run (``.ckpt``), or weights in safetensors: a lightformer
             ``export``, or Hugging Face BERT / GPT-2 or timm ViT weights (converted by their parameter names), or a
-            Hugging Face model folder (GPT-2, Llama, BERT, ViT: its config.json gives model.net's shape). Each
+            Hugging Face model folder (GPT-2, Llama, BERT, ViT, Marian: its config.json gives the shape). Each
             parameter of this model whose name and shape match is loaded; the others (a new head) keep their fresh
             initialisation. Resuming (``--ckpt_path``) does not load it again.
         freeze: modules (paths as in ``model.named_parameters()``, e.g. "bert.embed", "bert.encoder.layers.0")
@@ -100,7 +100,7 @@ class InitConfig:
 def pretrained_weights(path: str, option: str = "model.init.checkpoint") -> dict[str, Tensor]:
     """The model weights in ``path`` (the file ``option`` names), under lightformer's names: the model of a run's
     checkpoint (without the task's ``model.`` prefix), a lightformer export, Hugging Face BERT / GPT-2 or timm ViT
-    weights, or a Hugging Face model folder (config.json and its weights: GPT-2, Llama, BERT, ViT;
+    weights, or a Hugging Face model folder (config.json and its weights: GPT-2, Llama, BERT, ViT, Marian;
     ``lightformer.hf_layouts``)."""
     from lightformer.hf_layouts import hf_folder_to_lightformer, is_hf_folder
 

@@ -99,7 +99,7 @@ def export(*, ckpt_path: str, output: str, layout: Literal["lightformer", "timm"
     loads the weights back (tied weights are stored once). ``layout="timm"`` writes a vision model under timm's
     ``VisionTransformer`` names instead, for ``timm.create_model(...).load_state_dict(load_file(path))``.
     ``layout="hf"`` writes a folder that ``transformers``' ``from_pretrained`` loads (``lightformer.hf_layouts``:
-    GPT-2 or Llama for a language model, BERT, ViT), with the tokenizer and a model card.
+    GPT-2 or Llama for a language model, BERT, ViT, Marian), with the tokenizer and a model card.
 
     Args:
         ckpt_path: a checkpoint written by ``fit`` with any lightformer task.

@@ -7,12 +7,19 @@ Each layout is a config mapping and a weight renaming, both directions:
 - GPT → ``GPT2LMHeadModel`` where the shape is GPT-2's (learned positions, LayerNorm, a pointwise activation,
   biases), ``LlamaForCausalLM`` where it is Llama's (rotary positions, RMSNorm, SwiGLU); any other shape is refused,
   naming the ``model.net`` fields to change.
-- BERT pre-training (masked LM + NSP) → ``BertForPreTraining``; the text classifier → ``BertForSequenceClassification``.
-- ViT → ``ViTForImageClassification`` (class token, learned positions, LayerNorm, GELU).
+- BERT pre-training (masked LM + NSP) → ``BertForPreTraining`` and the text classifier →
+  ``BertForSequenceClassification`` (post-norm, learned positions).
+- ViT → ``ViTForImageClassification`` (class-token pooling, LayerNorm, biases).
+- The translator → ``MarianMTModel`` (post-norm, sinusoidal positions, one embedding shared and tied).
+
+A shape that no layout fits is refused (``ConfigError``) naming the ``model.net`` fields to change and what each
+layout needs; a folder whose ``config.json`` asks for what lightformer lacks (grouped-query attention, another rotary
+base) is refused naming that field.
 
 Activations: our "gelu" is the exact (erf) GELU, HF's "gelu"; our "gelu_tanh" is HF's "gelu_new". Rotary embeddings:
 ours rotate the channel pairs (i, i + head_dim/2) with base 10000, as HF Llama's ``rotate_half`` does, so the query and
-key weights are copied unpermuted.
+key weights are copied unpermuted. Sinusoidal positions: Marian's table holds the sines, then the cosines, ours
+interleaves them, so a translator's residual channels are permuted on the way (``marian_to_hf``).
 """
 
 from __future__ import annotations
@@ -186,7 +193,10 @@ def gpt_net_from_hf(config: dict) -> dict[str, Any]:
         activation = config.get("activation_function", "gelu_new")
         if activation not in FROM_HF_ACTIVATIONS:
             raise ConfigError(f"GPT-2 activation_function={activation!r} has no lightformer counterpart "
-                                  f"(lightformer has {', '.join(FROM_HF_ACTIVATIONS)})")  # fmt: skip
+                              f"(lightformer has {', '.join(FROM_HF_ACTIVATIONS)})")  # fmt: skip
+        if config.get("scale_attn_by_inverse_layer_idx") or not config.get("scale_attn_weights", True):
+            raise ConfigError("GPT-2 scale_attn_by_inverse_layer_idx=true or scale_attn_weights=false has no "
+                              "lightformer counterpart (attention scores are scaled by 1/sqrt(head_dim))")  # fmt: skip
         return dict(vocab_size=config["vocab_size"], block_size=config["n_positions"], n_layers=config["n_layer"],
                     n_heads=config["n_head"], d_model=config["n_embd"], d_ff=config.get("n_inner"),
                     position="learned", activation=FROM_HF_ACTIVATIONS[activation], norm="layernorm",
@@ -477,6 +487,77 @@ def marian_to_hf(state: dict[str, Tensor], hf_state: dict[str, Tensor], d_model:
     return out
 
 
+def marian_state_dict_to_lightformer(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A Hugging Face ``MarianMTModel`` state dict → our ``EncoderDecoder``'s names, in our order of the residual
+    channels (the inverse of ``marian_to_hf``); its fixed position tables are dropped (ours are the same function)."""
+    embed = next((state_dict[k] for k in ("model.shared.weight", "model.encoder.embed_tokens.weight",
+                                          "lm_head.weight") if k in state_dict), None)  # fmt: skip
+    if embed is None:
+        raise ConfigError("a Marian model folder without its shared embedding (model.shared.weight)")
+    bias = state_dict.get("final_logits_bias")
+    if bias is not None and bias.abs().max() > 0:
+        raise ConfigError("final_logits_bias is not zero: lightformer's output layer has no bias")
+    inverse = torch.argsort(sinusoidal_order(embed.shape[1]))
+    shared = embed[:, inverse].contiguous()  # one tensor: source, target and output layer
+    out = {"src_embed.weight": shared, "tgt_embed.weight": shared, "output.weight": shared}
+    layer_names = {theirs: ours for ours, theirs in _MARIAN_LAYER.items()}
+    packed: dict[tuple[str, str, str], dict[str, Tensor]] = {}
+    for key, value in state_dict.items():
+        if not key.startswith(("model.encoder.layers.", "model.decoder.layers.")):
+            continue  # the embeddings (one tensor, above), the fixed position tables, the zero output bias
+        _, side, _, index, rest = key.split(".", 4)
+        module, _, leaf = rest.rpartition(".")
+        prefix = f"{side}.layers.{index}"
+        if module.endswith(("q_proj", "k_proj", "v_proj")):  # read the stream: their columns back to our order
+            attn, _, part = module.partition(".")
+            packed.setdefault((prefix, attn, leaf), {})[part[0]] = value[:, inverse] if leaf == "weight" else value
+        elif module == "fc1":
+            out[f"{prefix}.ffn.fc1.{leaf}"] = (value[:, inverse] if leaf == "weight" else value).contiguous()
+        elif module in layer_names:
+            out[f"{prefix}.{layer_names[module]}.{leaf}"] = value[inverse].contiguous()
+        else:
+            raise ConfigError(f"Hugging Face Marian parameter {key!r} has no lightformer counterpart")
+    for (prefix, attn, leaf), parts in packed.items():
+        if attn == "self_attn":
+            out[f"{prefix}.self_attn.qkv.{leaf}"] = torch.cat([parts["q"], parts["k"], parts["v"]]).contiguous()
+        else:
+            out[f"{prefix}.cross_attn.q.{leaf}"] = parts["q"].contiguous()
+            out[f"{prefix}.cross_attn.kv.{leaf}"] = torch.cat([parts["k"], parts["v"]]).contiguous()
+    return out
+
+
+def marian_net_from_hf(config: dict) -> dict[str, Any]:
+    """Our ``EncoderDecoderConfig`` fields of a Marian ``config.json``; ``ConfigError`` naming what has no
+    counterpart here."""
+    problems = []
+    activation = config.get("activation_function", "swish")
+    if activation not in FROM_HF_ACTIVATIONS:
+        problems.append(f"activation_function={activation!r} (lightformer has {', '.join(FROM_HF_ACTIVATIONS)})")
+    if not config.get("scale_embedding", False):
+        problems.append("scale_embedding=false (lightformer's translator scales its embeddings by sqrt(d_model))")
+    if config.get("encoder_attention_heads") != config.get("decoder_attention_heads"):
+        problems.append("encoder_attention_heads != decoder_attention_heads (one model.net.n_heads)")
+    if config.get("encoder_ffn_dim") != config.get("decoder_ffn_dim"):
+        problems.append("encoder_ffn_dim != decoder_ffn_dim (one model.net.d_ff)")
+    if config.get("decoder_vocab_size") not in (None, config["vocab_size"]) or not config.get(
+        "share_encoder_decoder_embeddings", True
+    ):
+        problems.append("separate source and target vocabularies (lightformer's Marian layout shares one)")
+    if problems:
+        raise ConfigError(f"this Marian folder has no lightformer counterpart: {'; '.join(problems)}")
+    return dict(src_vocab_size=config["vocab_size"], tgt_vocab_size=config["vocab_size"],
+                pad_id=config.get("pad_token_id") or 0, max_len=config.get("max_position_embeddings", 512),
+                n_encoder_layers=config["encoder_layers"], n_decoder_layers=config["decoder_layers"],
+                d_model=config["d_model"], n_heads=config["encoder_attention_heads"], d_ff=config["encoder_ffn_dim"],
+                dropout=config.get("dropout", 0.1), attn_dropout=config.get("attention_dropout", 0.0),
+                activation=FROM_HF_ACTIVATIONS[activation], norm="layernorm", norm_first=False, norm_eps=1e-5,
+                position="sinusoidal", share_embeddings=True, tie_weights=True)  # fmt: skip
+
+
+def _import_marian(weights: dict[str, Tensor], config: dict) -> dict[str, Tensor]:
+    return marian_state_dict_to_lightformer(weights)
+
+
 # --- export ------------------------------------------------------------------------------------------------
 
 
@@ -626,7 +707,7 @@ def export_hf(task: Task, ckpt_path: str, checkpoint: dict, output: str) -> str:
     name = type(task).__name__
     if name not in EXPORTERS:
         raise ConfigError(f"--layout hf: a {name} checkpoint has no Hugging Face layout here (layouts for: "
-                              f"{', '.join(EXPORTERS)}); use --layout lightformer")  # fmt: skip
+                          f"{', '.join(EXPORTERS)}); use --layout lightformer")  # fmt: skip
     folder = _output_folder(output)
     model, extra = EXPORTERS[name](task)
     model.load_state_dict(extra["weights"], strict=True)
@@ -741,14 +822,16 @@ def read_hf_state_dict(path: str) -> dict[str, Tensor]:
 
 
 def hf_folder_to_lightformer(path: str, option: str = "model.init.checkpoint") -> dict[str, Tensor]:
-    """The weights of a Hugging Face model folder (GPT-2, Llama, BERT, ViT) under lightformer's names."""
+    """The weights of a Hugging Face model folder (GPT-2, Llama, BERT, ViT, Marian) under lightformer's names."""
     config = read_hf_config(path)
     kind = config.get("model_type")
-    importers = {"gpt2": _import_gpt2, "llama": _import_llama, "bert": _import_bert, "vit": _import_vit}
-    shapes = {"gpt2": gpt_net_from_hf, "llama": gpt_net_from_hf, "bert": bert_net_from_hf, "vit": vit_net_from_hf}
+    importers = {"gpt2": _import_gpt2, "llama": _import_llama, "bert": _import_bert, "vit": _import_vit,
+                 "marian": _import_marian}  # fmt: skip
+    shapes = {"gpt2": gpt_net_from_hf, "llama": gpt_net_from_hf, "bert": bert_net_from_hf, "vit": vit_net_from_hf,
+              "marian": marian_net_from_hf}  # fmt: skip
     if kind not in importers:
         raise ConfigError(f"{option}: {path} holds a Hugging Face {kind!r} model; lightformer reads "
-                              f"{', '.join(importers)} folders")  # fmt: skip
+                          f"{', '.join(importers)} folders")  # fmt: skip
     try:
         shapes[kind](config)  # refuse a shape lightformer cannot build, by name
         return importers[kind](read_hf_state_dict(path), config)
@@ -773,7 +856,8 @@ def net_from_hf_folder(path: str, net_class: type) -> dict[str, Any]:
     of another kind than ``net_class``'s."""
     config = read_hf_config(path)
     readers = {("gpt2", "GPTConfig"): gpt_net_from_hf, ("llama", "GPTConfig"): gpt_net_from_hf,
-               ("bert", "BertConfig"): bert_net_from_hf, ("vit", "ViTConfig"): vit_net_from_hf}  # fmt: skip
+               ("bert", "BertConfig"): bert_net_from_hf, ("vit", "ViTConfig"): vit_net_from_hf,
+               ("marian", "EncoderDecoderConfig"): marian_net_from_hf}  # fmt: skip
     reader = readers.get((config.get("model_type"), net_class.__name__))
     if reader is None:
         return {}
