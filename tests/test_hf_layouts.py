@@ -9,11 +9,13 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import transformers
 import yaml
 from jsonargparse import Namespace
+from PIL import Image
 
 from lightformer.checkpoints import InitConfig, pretrained_weights
 from lightformer.cli import cli_main, main
@@ -238,6 +240,21 @@ def test_a_vit_exported_to_hf_gives_the_same_logits_and_labels(tmp_path, shape):
         torch.testing.assert_close(model(images).logits, task.model(images), atol=1e-5, rtol=0)
     processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
     assert list(processor.image_mean) == IMAGE_FACTS["normalize_mean"]
+
+
+def test_a_grey_image_classifier_exported_to_hf_reads_rgb_as_luma_and_classifies_in_a_pipeline(tmp_path):
+    """A grey model (Fashion-MNIST's) becomes an RGB ViT whose patch weights see the luma: on a grey image in RGB, the
+    logits of the grey model; and the image-classification pipeline (which reads every image as RGB) runs."""
+    facts = IMAGE_FACTS | {"in_channels": 1, "normalize_mean": [0.5], "normalize_std": [0.25]}
+    path, task = task_checkpoint(tmp_path, ImageClassificationTask, ViTConfig(**VIT), facts)
+    export(ckpt_path=path, output=str(tmp_path / "hf"), layout="hf")
+    model = load_quietly(transformers.AutoModelForImageClassification, tmp_path / "hf")
+    grey = torch.randn(2, 1, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(model(grey.expand(-1, 3, -1, -1)).logits, task.model(grey), atol=1e-5, rtol=0)
+    Image.fromarray(np.arange(256, dtype=np.uint8).reshape(16, 16)).save(tmp_path / "grey.png")
+    found = transformers.pipeline("image-classification", model=str(tmp_path / "hf"))(str(tmp_path / "grey.png"))
+    assert {guess["label"] for guess in found} == {"shirt", "shoe", "bag"}
 
 
 def test_a_vit_shape_hf_lacks_is_refused_by_name(tmp_path):

@@ -338,16 +338,25 @@ def vit_hf_config(config: Any, class_names: list[str] | None) -> Any:
         hidden_size=c.d_model, num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
         intermediate_size=c.d_ff or 4 * c.d_model, hidden_act=HF_ACTIVATIONS[c.activation],
         hidden_dropout_prob=c.dropout, attention_probs_dropout_prob=c.attn_dropout, layer_norm_eps=c.norm_eps,
-        image_size=image[0], patch_size=patch[0], num_channels=c.in_channels, qkv_bias=c.qkv_bias,
+        image_size=image[0], patch_size=patch[0], num_channels=3, qkv_bias=c.qkv_bias,
         id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
     )  # fmt: skip
 
 
+# A grey model reads RGB images as PIL's "L" conversion does: its patch weights spread over the three channels by
+# these luma weights (they sum to 1, so normalising each channel with the grey mean and std is the same function).
+LUMA = (0.299, 0.587, 0.114)
+
+
 def vit_to_hf(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Our ``VisionTransformer`` state dict (class-token pooling) → ``ViTForImageClassification``'s names."""
+    """Our ``VisionTransformer`` state dict (class-token pooling) → ``ViTForImageClassification``'s names; a grey
+    model (one input channel) becomes an RGB one that sees the image's luma (``LUMA``), as ``transformers``'
+    pipelines and image processors give every image in RGB."""
     out = {}
     for name, value in state.items():
         module, _, leaf = name.rpartition(".")
+        if name == "patch_embed.proj.weight" and value.shape[1] == 1:
+            value = value * torch.tensor(LUMA, dtype=value.dtype).view(1, 3, 1, 1)
         if name == "cls_token":
             out["vit.embeddings.cls_token"] = value
         elif name == "pos_embed.weight":
@@ -621,8 +630,9 @@ def _vit_classifier(task: Task) -> tuple[PreTrainedModel, dict[str, Any]]:
     processor = None
     if facts is not None and facts.normalize_mean is not None:
         side = {"height": config.image_size, "width": config.image_size}
-        processor = ViTImageProcessor(size=side, image_mean=list(facts.normalize_mean),
-                                      image_std=list(facts.normalize_std))  # fmt: skip
+        repeat = 3 // len(facts.normalize_mean)  # a grey model's statistics, for each of the RGB channels
+        processor = ViTImageProcessor(size=side, image_mean=list(facts.normalize_mean) * repeat,
+                                      image_std=list(facts.normalize_std) * repeat)  # fmt: skip
     usage = (
         "from transformers import AutoModelForImageClassification, pipeline\n\n"
         'model = AutoModelForImageClassification.from_pretrained("DIR")\n'
@@ -728,7 +738,7 @@ def export_hf(task: Task, ckpt_path: str, checkpoint: dict, output: str) -> str:
         staging.replace(folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return f"wrote {folder}/ ({type(model).__name__}, {model.num_parameters():,} parameters, from a {name})"
+    return f"wrote {folder}/ ({type(model).__name__}, {model.num_parameters():,} parameters, from {name} {ckpt_path})"
 
 
 def _plain(value: Any, longest: int = 200) -> Any:
