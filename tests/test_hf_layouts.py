@@ -202,6 +202,8 @@ def test_a_bert_pretraining_run_exported_to_hf_gives_the_same_logits(tmp_path, a
     assert tokenizer("It is a", "truth")["input_ids"] == ids[0].tolist()
     assert tokenizer("It is a", "truth")["token_type_ids"] == segments[0].tolist()
     assert tokenizer.mask_token == MASK
+    fill = transformers.pipeline("fill-mask", model=str(tmp_path / "hf"))
+    assert len(fill(f"It is {MASK} truth")) == 5  # the mask found in the text, its five likeliest fillings
 
 
 def test_a_text_classifier_exported_to_hf_keeps_its_labels_and_logits(tmp_path):

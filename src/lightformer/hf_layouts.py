@@ -790,7 +790,7 @@ def model_card(
         f"A lightformer `{type(task).__name__}` exported as `{type(model).__name__}` by lightformer {__version__}:",
         f"`lightformer export --ckpt_path {ckpt_path} --layout hf --output {folder}`.", "",
         "## Training", "",
-        f"- task: `{hparams and type(task).__module__}.{type(task).__name__}`",
+        f"- task: `{type(task).__module__}.{type(task).__name__}`",
         f"- global step {checkpoint.get('global_step', '?')}, epoch {checkpoint.get('epoch', '?')}",
         f"- command: `{command}`", "",
         "## Final metrics", "", *(metrics or ["- none recorded in the checkpoint"]), "",
