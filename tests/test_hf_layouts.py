@@ -357,7 +357,6 @@ def test_a_trained_char_lm_exported_by_the_command_line_generates_in_a_pipeline(
     assert "class_path: lightformer.tasks.LanguageModelTask" in (folder / "lightformer_config.yaml").read_text()
 
 
-@pytest.mark.xfail(strict=True, reason="facts.checkpoint_tokenizer reads a .ckpt or .safetensors only, not a folder")
 def test_a_fit_of_a_fine_tuning_config_starts_from_an_exported_folder_in_its_shape(tmp_path):
     """``fit`` with ``model.init.checkpoint=DIR`` (a folder ``export --layout hf`` wrote) and a config without
     ``model.net``: the model takes the folder's shape and every weight of it."""

@@ -186,6 +186,12 @@ def checkpoint_tokenizer(path: str, option: str = "model.init.checkpoint"):
     from lightformer.checkpoints import read_checkpoint
     from lightformer.data.preparation.tokenizers import Tokenizer
 
+    if Path(path).is_dir():  # a Hugging Face model folder (``export --layout hf``): its tokenizer.json, if ours
+        file = Path(path) / "tokenizer.json"
+        try:
+            return Tokenizer.from_file(file) if file.is_file() else None
+        except ValueError:  # another vocabulary layout (GPT-2's, BERT's WordPiece): nothing lightformer encodes with
+            return None
     if path.endswith(".safetensors"):
         from safetensors import safe_open
 
