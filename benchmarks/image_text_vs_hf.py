@@ -53,6 +53,7 @@ from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.generation import beam_search
 from lightformer.models.vision_text import VisionEncoderDecoder, VisionEncoderDecoderConfig
 from lightformer.peaks import auto_precision
+from lightformer.tasks.image_text import patch_ctc_loss
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "image_text" / "printed_lines.yaml"
@@ -166,11 +167,7 @@ class Trainee:
         )
         if not ctc:
             return loss
-        log_probs = patch_logits.float().log_softmax(-1).transpose(0, 1)
-        lengths = (tgt != self.pad_id).sum(1) - 2
-        patches = torch.full_like(lengths, log_probs.shape[0])
-        ctc_loss = F.ctc_loss(log_probs, tgt[:, 1:-1], patches, lengths, blank=self.pad_id, zero_infinity=True)
-        return loss + self.ctc_weight * ctc_loss
+        return loss + self.ctc_weight * patch_ctc_loss(patch_logits, tgt, self.pad_id)
 
     def step(self, batch: Batch, bf16: bool, clip: bool = False) -> None:
         start = time.perf_counter()

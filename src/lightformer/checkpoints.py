@@ -49,11 +49,9 @@ class InitConfig:
     """Start a task's model from another run's weights: pretraining, then fine-tuning (``model.init``).
 
     Args:
-        checkpoint: a checkpoint of any lightformer run (``.ckpt``), or weights in safetensors: a lightformer
-            ``export``, or Hugging Face BERT / GPT-2 or timm ViT weights (converted by their parameter names), or a
-            Hugging Face model folder (GPT-2, Llama, BERT, ViT, Marian: its config.json gives the shape). Each
-            parameter of this model whose name and shape match is loaded; the others (a new head) keep their fresh
-            initialisation. Resuming (``--ckpt_path``) does not load it again.
+        checkpoint: a lightformer run's ``.ckpt`` or ``export``, HF BERT / GPT-2 or timm ViT safetensors, or a
+            Hugging Face model folder (GPT-2, Llama, BERT, ViT, Marian; its config.json gives the shape). The
+            parameters whose name and shape match load; the rest (a new head) start fresh. Not loaded on resuming.
         freeze: modules (paths as in ``model.named_parameters()``, e.g. "bert.embed", "bert.encoder.layers.0")
             whose weights stay as loaded. A parameter is under a path if its name is the path or continues it after
             a dot: "bert.encoder.layers.1" is not "bert.encoder.layers.10".
@@ -64,11 +62,8 @@ class InitConfig:
             pretrained encoder moves ten times more slowly than the new head).
         strict: refuse a start that loads no tensor, or that leaves a parameter fresh because the checkpoint's
             tensor of that name has another shape (name such modules in ``skip``, or set false to load what fits).
-        modules: a module of this model (its path, as for ``freeze``) → a checkpoint (as ``checkpoint`` takes)
-            whose model starts that module, its names under the path: an image-to-text model's decoder from a
-            language model's run ({"decoder": "runs/austen_char/.../best.ckpt"}) and its encoder from an image
-            classifier's or timm's ViT ({"encoder": "vit.safetensors"}), as TrOCR starts from BEiT and RoBERTa.
-            With ``checkpoint`` too, a module's weights take the place of the checkpoint's under its path.
+        modules: a module's path → a checkpoint (as ``checkpoint`` takes) whose model starts that module, e.g.
+            {"decoder": "<a language model's run>.ckpt", "encoder": "<timm ViT>.safetensors"} (image to text).
     """
 
     checkpoint: str | None = None

@@ -41,6 +41,16 @@ from lightformer.tensorboard import (
 Batch = dict[str, Tensor | list[str]]
 
 
+def patch_ctc_loss(patch_logits: Tensor, tgt: Tensor, pad_id: int) -> Tensor:
+    """The CTC loss of the encoder's patches ``(batch, patches, vocab)`` against the texts of ``tgt`` ([BOS] ids
+    [EOS], padded with ``pad_id``), PAD as CTC's blank; a line with more characters and repeats than patches counts
+    zero."""
+    log_probs = patch_logits.float().log_softmax(-1).transpose(0, 1)  # (patches, batch, vocab)
+    lengths = (tgt != pad_id).sum(1) - 2  # the text's tokens, BOS and EOS left out
+    patches = torch.full_like(lengths, log_probs.shape[0])
+    return F.ctc_loss(log_probs, tgt[:, 1:-1], patches, lengths, blank=pad_id, zero_infinity=True)
+
+
 class ImageToTextTask(Task):
     """Label-smoothed cross-entropy of the text given the image; the character error rate (CER), word error rate
     (WER), exact lines and BLEU of the model's readings (greedy in validation, ``beam_size`` in test).
@@ -136,11 +146,7 @@ class ImageToTextTask(Task):
         )
         if not ctc:
             return loss
-        log_probs = patch_logits.float().log_softmax(-1).transpose(0, 1)  # (patches, batch, vocab)
-        lengths = (tgt != self.pad_id).sum(1) - 2  # the text's tokens, BOS and EOS left out
-        patches = torch.full_like(lengths, log_probs.shape[0])
-        ctc_loss = F.ctc_loss(log_probs, tgt[:, 1:-1], patches, lengths, blank=self.pad_id, zero_infinity=True)
-        return loss + self.hparams.ctc_weight * ctc_loss
+        return loss + self.hparams.ctc_weight * patch_ctc_loss(patch_logits, tgt, self.pad_id)
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss, _ = self._loss(batch)
