@@ -115,6 +115,10 @@ def test_the_char_language_model_exported_generates_text_in_a_pipeline(tmp_path)
     assert "from_pretrained" in card and '"n_layers": 2' in card
     generation = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
     assert (generation["eos_token_id"], generation["temperature"]) == (CHARS.eos_id, 0.8)
+    block_size = json.loads((tmp_path / "hf" / "config.json").read_text())["n_positions"]
+    assert generation["max_length"] == block_size  # HF's GPT-2 cannot go past its positions: stop there by default
+    longest = generator("It is a", do_sample=False, return_tensors=True)[0]["generated_token_ids"]
+    assert len(longest) <= block_size
 
 
 @pytest.mark.parametrize(

@@ -579,13 +579,15 @@ def _language_model(task: Task) -> tuple[PreTrainedModel, dict[str, Any]]:
 
     config = gpt_hf_config(task.model.config, _special_ids(task.tokenizer))
     model = (GPT2LMHeadModel if config.model_type == "gpt2" else LlamaForCausalLM)(config)
-    model.generation_config = GenerationConfig(  # `lightformer generate`'s defaults
-        do_sample=True, temperature=0.8, top_k=200, **config_ids(config)
+    block_size = task.model.config.block_size
+    model.generation_config = GenerationConfig(  # `lightformer generate`'s defaults, within the position table
+        do_sample=True, temperature=0.8, top_k=200, max_length=block_size, **config_ids(config)
     )
     usage = (
         "from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline\n\n"
         'model = AutoModelForCausalLM.from_pretrained("DIR")\n'
         'tokenizer = AutoTokenizer.from_pretrained("DIR")\n'
+        f"# the prompt and the new tokens together: at most {block_size} (the model's positions)\n"
         'print(pipeline("text-generation", model="DIR")("It is a truth", max_new_tokens=40)[0]["generated_text"])'
     )
     return model, {"weights": gpt_to_hf(task.model.state_dict(), task.model.config), "usage": usage}
