@@ -40,7 +40,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import yaml
 from torch import Tensor, nn
 from torch.utils import flop_counter
@@ -53,7 +52,7 @@ from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.generation import beam_search
 from lightformer.models.vision_text import VisionEncoderDecoder, VisionEncoderDecoderConfig
 from lightformer.peaks import auto_precision
-from lightformer.tasks.image_text import patch_ctc_loss
+from lightformer.tasks.image_text import image_text_loss
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "image_text" / "printed_lines.yaml"
@@ -157,17 +156,8 @@ class Trainee:
         tgt, ctc = batch["tgt"], self.ctc_weight > 0
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = logits_of(self.name, self.model, batch["images"], tgt[:, :-1], ctc)
-        if ctc:
-            logits, patch_logits = logits
-        loss = F.cross_entropy(
-            logits.flatten(0, 1).float(),
-            tgt[:, 1:].flatten(),
-            ignore_index=self.pad_id,
-            label_smoothing=self.label_smoothing,
-        )
-        if not ctc:
-            return loss
-        return loss + self.ctc_weight * patch_ctc_loss(patch_logits, tgt, self.pad_id)
+        logits, patch_logits = logits if ctc else (logits, None)
+        return image_text_loss(logits, tgt, self.pad_id, self.label_smoothing, patch_logits, self.ctc_weight)
 
     def step(self, batch: Batch, bf16: bool, clip: bool = False) -> None:
         start = time.perf_counter()

@@ -277,12 +277,18 @@ def bert_to_hf(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def bert_net_from_hf(config: dict) -> dict[str, Any]:
-    """Our ``BertConfig`` fields of a BERT ``config.json``."""
+def hf_activation(config: dict, model: str) -> str:
+    """Our activation of a ``config.json``'s ``hidden_act`` (``model`` names the model in the error)."""
     activation = config.get("hidden_act", "gelu")
     if activation not in FROM_HF_ACTIVATIONS:
-        raise ConfigError(f"BERT hidden_act={activation!r} has no lightformer counterpart "
+        raise ConfigError(f"{model} hidden_act={activation!r} has no lightformer counterpart "
                           f"(lightformer has {', '.join(FROM_HF_ACTIVATIONS)})")  # fmt: skip
+    return activation
+
+
+def bert_net_from_hf(config: dict) -> dict[str, Any]:
+    """Our ``BertConfig`` fields of a BERT ``config.json``."""
+    activation = hf_activation(config, "BERT")
     if config.get("position_embedding_type", "absolute") != "absolute":
         raise ConfigError(f"BERT position_embedding_type={config['position_embedding_type']!r} has no lightformer "
                           "counterpart (lightformer's BERT has absolute learned positions or rope)")  # fmt: skip
@@ -408,10 +414,7 @@ def vit_state_dict_to_lightformer(state_dict: dict[str, Tensor]) -> dict[str, Te
 
 def vit_net_from_hf(config: dict) -> dict[str, Any]:
     """Our ``ViTConfig`` fields of a ViT ``config.json``."""
-    activation = config.get("hidden_act", "gelu")
-    if activation not in FROM_HF_ACTIVATIONS:
-        raise ConfigError(f"ViT hidden_act={activation!r} has no lightformer counterpart "
-                          f"(lightformer has {', '.join(FROM_HF_ACTIVATIONS)})")  # fmt: skip
+    activation = hf_activation(config, "ViT")
     return dict(image_size=config.get("image_size", 224), in_channels=config.get("num_channels", 3),
                 num_classes=len(config.get("id2label") or {0: 0, 1: 1}), patch_size=config.get("patch_size", 16),
                 d_model=config["hidden_size"], n_layers=config["num_hidden_layers"],

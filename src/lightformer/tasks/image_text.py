@@ -41,14 +41,28 @@ from lightformer.tensorboard import (
 Batch = dict[str, Tensor | list[str]]
 
 
-def patch_ctc_loss(patch_logits: Tensor, tgt: Tensor, pad_id: int) -> Tensor:
-    """The CTC loss of the encoder's patches ``(batch, patches, vocab)`` against the texts of ``tgt`` ([BOS] ids
-    [EOS], padded with ``pad_id``), PAD as CTC's blank; a line with more characters and repeats than patches counts
-    zero."""
+def image_text_loss(
+    logits: Tensor,
+    tgt: Tensor,
+    pad_id: int,
+    label_smoothing: float,
+    patch_logits: Tensor | None = None,
+    ctc_weight: float = 0.0,
+) -> Tensor:
+    """The decoder's label-smoothed cross-entropy per target token of ``tgt`` ([BOS] ids [EOS], padded with
+    ``pad_id``); with ``patch_logits`` ``(batch, patches, vocab)``, plus ``ctc_weight`` times the CTC loss of the
+    encoder's patches against the text (PAD as CTC's blank; a line with more characters and repeats than patches
+    counts zero)."""
+    loss = F.cross_entropy(
+        logits.flatten(0, 1).float(), tgt[:, 1:].flatten(), ignore_index=pad_id, label_smoothing=label_smoothing
+    )
+    if patch_logits is None:
+        return loss
     log_probs = patch_logits.float().log_softmax(-1).transpose(0, 1)  # (patches, batch, vocab)
     lengths = (tgt != pad_id).sum(1) - 2  # the text's tokens, BOS and EOS left out
     patches = torch.full_like(lengths, log_probs.shape[0])
-    return F.ctc_loss(log_probs, tgt[:, 1:-1], patches, lengths, blank=pad_id, zero_infinity=True)
+    ctc = F.ctc_loss(log_probs, tgt[:, 1:-1], patches, lengths, blank=pad_id, zero_infinity=True)
+    return loss + ctc_weight * ctc
 
 
 class ImageToTextTask(Task):
@@ -135,18 +149,10 @@ class ImageToTextTask(Task):
         weight times the CTC loss of the encoder's patches against the text (PAD as CTC's blank; a line with more
         characters and repeats than patches counts zero)."""
         ctc = self.training and self.hparams.ctc_weight > 0
-        logits = self.model(images, tgt[:, :-1], ctc=ctc)
-        if ctc:
-            logits, patch_logits = logits
-        loss = F.cross_entropy(
-            logits.flatten(0, 1).float(),
-            tgt[:, 1:].flatten(),
-            ignore_index=self.pad_id,
-            label_smoothing=self.hparams.label_smoothing,
-        )
-        if not ctc:
-            return loss
-        return loss + self.hparams.ctc_weight * patch_ctc_loss(patch_logits, tgt, self.pad_id)
+        outputs = self.model(images, tgt[:, :-1], ctc=ctc)
+        logits, patch_logits = outputs if ctc else (outputs, None)
+        h = self.hparams
+        return image_text_loss(logits, tgt, self.pad_id, h.label_smoothing, patch_logits, h.ctc_weight)
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         loss, _ = self._loss(batch)
