@@ -139,6 +139,19 @@ class _Skipping:
         return len(self.index_sampler)
 
 
+def map_loader(
+    dataset: Dataset, num_workers: int, resumable: bool = False, pin_memory: bool | None = None, **options
+) -> DataLoader:
+    """The loader of a map-style dataset that every data module builds: ``options`` as ``DataLoader``'s (batch size
+    or batch sampler, sampler, collate function), workers kept across epochs, memory pinned when there is a GPU
+    (unless ``pin_memory`` says); ``resumable`` (training): a ``ResumableDataLoader``, whose position inside an
+    epoch is saved in every checkpoint."""
+    pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+    return (ResumableDataLoader if resumable else DataLoader)(
+        dataset, num_workers=num_workers, persistent_workers=num_workers > 0, pin_memory=pin_memory, **options
+    )
+
+
 def evaluation_sampler(dataset: Dataset) -> Sampler | None:
     """Under DDP, Lightning's ``UnrepeatedDistributedSampler``: rank r of n evaluates examples r, r + n, ... (every
     example exactly once); else None (the loader's order).

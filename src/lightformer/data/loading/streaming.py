@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 from litdata.streaming.resolver import Dir
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import Dataset, Subset
 
 from lightformer.data.preparation.prepare import LENGTHS
 from lightformer.internals import samples_yielded
@@ -170,17 +170,6 @@ class EvaluationWindows(Windows):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         return as_pair(super().__getitem__(index))
-
-
-def evaluation_loader(dataset: Dataset, loader: LoaderConfig, sampler) -> DataLoader:
-    return DataLoader(
-        dataset,
-        batch_size=loader.batch_size,
-        sampler=sampler,
-        num_workers=loader.num_workers,
-        persistent_workers=loader.num_workers > 0,
-        pin_memory=torch.cuda.is_available(),
-    )
 
 
 def validation_subset(dataset: Dataset, count: int, seed: int) -> Subset:

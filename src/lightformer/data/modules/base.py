@@ -1,11 +1,20 @@
-"""``DataModule``: what every lightformer data module is to the rest of the framework."""
+"""``DataModule``: what every lightformer data module is to the rest of the framework; ``PreparedRecords``: what the
+modules whose data is prepared once into a folder of records share."""
 
 from __future__ import annotations
 
-import lightning as L
+import json
+from pathlib import Path
 
-from lightformer.data.preparation.caching import SameDataOnResume
+import lightning as L
+from torch.utils.data import Dataset
+
+from lightformer.data.preparation.caching import MANIFEST, SameDataOnResume
+from lightformer.data.preparation.prepare import TOKENIZER, prepared_folder
+from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.facts import DataFacts
+
+STAGE_OF = {"train": "fit", "val": "validate", "test": "test"}  # the stage whose set-up opens a split
 
 
 class DataModule(SameDataOnResume, L.LightningDataModule):
@@ -19,3 +28,54 @@ class DataModule(SameDataOnResume, L.LightningDataModule):
     def data_facts(self) -> DataFacts:
         """What the model needs to know about this data, once it is prepared (preparing it on first use)."""
         raise NotImplementedError(f"{type(self).__name__} does not say what its data is (data_facts)")
+
+    def prepare_data(self) -> None:
+        """Prepare the data (once per job), or find it prepared."""
+        self.prepared  # noqa: B018 (prepares on first use)
+
+
+class PreparedRecords(DataModule):
+    """A data module whose data is prepared once per job into a folder of record splits (``prepared_folder``: named
+    by ``_stem()`` and a hash of ``_fingerprint()``, built by ``_build(folder)``, whose returned dict goes into the
+    manifest), read by index: ``datasets`` of the splits opened, ``manifest``, and a ``tokenizer.json`` beside them
+    where preparation writes one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.datasets: dict[str, Dataset] = {}
+        self._folder: Path | None = None
+        self._manifest: dict | None = None
+        self._tokenizer: Tokenizer | None = None
+
+    @property
+    def prepared(self) -> Path:
+        """The prepared folder, prepared on first use (once per job)."""
+        if self._folder is None:
+            self._folder = prepared_folder(self.prepare_config, self._stem(), self._fingerprint(), self._build)
+        return self._folder
+
+    @property
+    def manifest(self) -> dict:
+        """The prepared folder's ``prepared.json``: the fingerprint and what preparation counted (see each module)."""
+        if self._manifest is None:
+            self._manifest = json.loads((self.prepared / MANIFEST).read_text(encoding="utf-8"))
+        return self._manifest
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer the records were prepared with (the folder's ``tokenizer.json``)."""
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer.from_file(self.prepared / TOKENIZER)
+        return self._tokenizer
+
+    def _stem(self) -> str:
+        """The prepared folder's readable name, before its hash."""
+        raise NotImplementedError
+
+    def _fingerprint(self) -> dict:
+        """Everything the prepared folder's content depends on."""
+        raise NotImplementedError
+
+    def _build(self, folder: Path) -> dict:
+        """Prepare ``folder``; returns what goes into the manifest."""
+        raise NotImplementedError

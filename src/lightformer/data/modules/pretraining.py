@@ -23,26 +23,17 @@ Validation and test examples are drawn with epoch 0 whatever the epoch, so their
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 
 import numpy as np
 import torch
-from lightning.pytorch.trainer.states import TrainerFn
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
-from lightformer.config_groups import as_config
-from lightformer.data.loading.sampling import (
-    EpochShuffleSampler,
-    Key,
-    ResumableDataLoader,
-    evaluation_sampler,
-    index_and_epoch,
-)
+from lightformer.data.loading.sampling import EpochShuffleSampler, Key, index_and_epoch
 from lightformer.data.loading.sequences import collate_pairs
-from lightformer.data.loading.streaming import LoaderConfig, Windows, validation_subset
-from lightformer.data.modules.base import DataModule
+from lightformer.data.loading.streaming import LoaderConfig, Windows
+from lightformer.data.modules.text import TokenShards
 from lightformer.data.objectives.masking import (
     IGNORE_INDEX,
     mask_tokens,
@@ -50,13 +41,7 @@ from lightformer.data.objectives.masking import (
     span_corruption,
     span_corruption_lengths,
 )
-from lightformer.data.preparation.prepare import (
-    PrepareConfig,
-    PreparedText,
-    TokenizerConfig,
-    check_test_split,
-    prepare_text,
-)
+from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
 from lightformer.data.preparation.tokenizers import (
     BOS_ID,
     EOS_ID,
@@ -66,7 +51,7 @@ from lightformer.data.preparation.tokenizers import (
     Tokenizer,
     sentinel,
 )
-from lightformer.data.raw.sources import TextSource, stage_splits
+from lightformer.data.raw.sources import TextSource
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 
@@ -240,9 +225,22 @@ def collate_masked(items: list[dict[str, np.ndarray | int]]) -> dict[str, torch.
     return batch
 
 
-class _SegmentDataModule(DataModule):
+class _SegmentDataModule(TokenShards):
     """What both pretraining data modules share: the source prepared with <mask> and the sentinels, its segments,
-    the loaders. Subclasses make the datasets (`_make_dataset`) and batches (`collate_fn`)."""
+    the loaders. Subclasses make the datasets (`_make_dataset`) and batches (`collate_fn`).
+
+    Args:
+        source: where the text comes from and how it splits (``TextSource``; ``split: each_file`` holds out the end
+            of every file, each novel of corpus "austen").
+        tokenizer: the tokenizer to train (byte-level BPE by default) or load (``TokenizerConfig``); it gets <mask>
+            and the sentinels as special tokens.
+        loader: batch size, loader workers, validation examples (``LoaderConfig``).
+        prepare: where and with how many processes the source is prepared (``PrepareConfig``).
+        num_sentinels: T5 sentinels <extra_id_0..N-1> in the vocabulary (one tokenizer for both objectives, so that
+            they share the prepared data).
+        segment_tokens: tokens per segment.
+        seed: seeds the examples' draws and the shuffling (with the epoch and the example's index).
+    """
 
     def __init__(
         self,
@@ -254,12 +252,8 @@ class _SegmentDataModule(DataModule):
         segment_tokens: int,
         seed: int,
     ) -> None:
-        super().__init__()
+        super().__init__(source, tokenizer, loader, prepare, seed)
         self.save_hyperparameters()
-        self.source = as_config(TextSource, source)
-        self.tokenizer_config = as_config(TokenizerConfig, tokenizer)
-        self.loader = as_config(LoaderConfig, loader)
-        self.prepare_config = as_config(PrepareConfig, prepare)
         if num_sentinels < 0:
             raise ValueError(f"data.num_sentinels={num_sentinels} must be at least 0")
         least = MIN_BPE_VOCAB_SIZE + 1 + num_sentinels
@@ -272,25 +266,6 @@ class _SegmentDataModule(DataModule):
             )
         self.num_sentinels = num_sentinels
         self.segment_tokens = segment_tokens
-        self.seed = seed
-        self.datasets: dict[str, Dataset] = {}
-        self._prepared: PreparedText | None = None
-
-    @property
-    def prepared(self) -> PreparedText:
-        """The prepared tokenizer and shards, prepared on first use (once per job: see ``data.prepare``)."""
-        if self._prepared is None:
-            self._prepared = prepare_text(
-                self.source, self.tokenizer_config, self.prepare_config, tuple(self.special_tokens)
-            )
-        return self._prepared
-
-    # --- the tokenizer (available right after construction: the first use prepares the data) ---
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        """The tokenizer, with <mask> and the sentinels (prepared on first use)."""
-        return self.prepared.tokenizer
 
     @property
     def special_tokens(self) -> list[str]:
@@ -302,18 +277,6 @@ class _SegmentDataModule(DataModule):
         """The longest sequence of an example, in tokens with the special ones: the model's max_len must hold it."""
         raise NotImplementedError
 
-    # --- LightningDataModule hooks ---
-
-    def prepare_data(self) -> None:
-        self.prepared  # noqa: B018 (prepares on first use)
-
-    def setup(self, stage: str | None = None) -> None:
-        """Build the datasets that `stage` needs (all of them for None) over the prepared shards."""
-        check_test_split(stage, self.prepared)
-        for split in stage_splits(stage):
-            if split not in self.datasets and self.prepared.has(split):  # else built, or no such split
-                self.datasets[split] = self._make_dataset(self.prepared.split_dir(split), split)
-
     def train_dataloader(self) -> DataLoader:
         dataset = self._dataset("train")
         if len(dataset) < self.loader.batch_size:
@@ -323,32 +286,6 @@ class _SegmentDataModule(DataModule):
             )
         sampler = EpochShuffleSampler(len(dataset), self.seed, with_epoch=True)
         return self._loader(dataset, sampler, drop_last=True, resumable=True)  # constant batch shape
-
-    def val_dataloader(self) -> DataLoader | list:
-        if not self.prepared.has("val"):
-            return []  # no validation split: Lightning skips validation
-        dataset = self._dataset("val")
-        if self.validates_on_a_subset and self.trainer is not None and self.trainer.state.fn == TrainerFn.FITTING:
-            dataset = validation_subset(dataset, self.loader.val_windows, self.seed)
-        return self._loader(dataset, evaluation_sampler(dataset), drop_last=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self._dataset("test"), evaluation_sampler(self._dataset("test")), drop_last=False)
-
-    @property
-    def validates_on_a_subset(self) -> bool:
-        """Whether ``fit`` validates on ``loader.val_windows`` examples of the validation split rather than all."""
-        windows = self.loader.val_windows
-        return windows is not None and self.prepared.has("val") and windows < len(self._dataset("val"))
-
-    # --- for the subclasses ---
-
-    def _make_dataset(self, split_dir: str, split: str) -> Dataset:
-        """The dataset of `split`, whose token shards are in `split_dir`."""
-        raise NotImplementedError
-
-    # Makes a batch of the datasets' items (a module-level function: loader workers get it by reference).
-    collate_fn: Callable[[list[dict]], dict]
 
     def _too_short(self, split: str, needed: str, window: int) -> ValueError:
         hint = "give more text" if split == "train" else f"raise data.source.{split}_fraction"
@@ -364,24 +301,6 @@ class _SegmentDataModule(DataModule):
             raise ValueError(f"the tokenizer's special tokens are not ids 0..{len(special) - 1}: {special}")
         return len(special)
 
-    def _dataset(self, split: str) -> Dataset:
-        if split not in self.datasets:
-            self.setup({"train": "fit", "val": "validate", "test": "test"}[split])
-        return self.datasets[split]
-
-    def _loader(self, dataset: Dataset, sampler, drop_last: bool, resumable: bool = False) -> DataLoader:
-        """A loader of ``dataset``; ``resumable`` (training) saves its position inside an epoch in checkpoints."""
-        return (ResumableDataLoader if resumable else DataLoader)(
-            dataset,
-            batch_size=self.loader.batch_size,
-            sampler=sampler,
-            drop_last=drop_last,
-            collate_fn=self.collate_fn,
-            num_workers=self.loader.num_workers,
-            persistent_workers=self.loader.num_workers > 0,
-            pin_memory=torch.cuda.is_available(),
-        )
-
 
 class MaskedLMDataModule(_SegmentDataModule):
     """BERT pretraining data: batches {"ids", "segment_ids", "labels": (B, T) int64, "nsp_labels": (B,) int64}.
@@ -395,13 +314,9 @@ class MaskedLMDataModule(_SegmentDataModule):
     `labels` holds their original ids and IGNORE_INDEX (-100) elsewhere. `ids` are padded with PAD_ID, `segment_ids`
     with 0, `labels` with IGNORE_INDEX.
 
+    Its source, tokenizer, loader, prepare and seed are ``_SegmentDataModule``'s.
+
     Args:
-        source: where the text comes from and how it splits (``TextSource``; ``split: each_file`` holds out the end
-            of every file, each novel of corpus "austen").
-        tokenizer: the tokenizer to train (byte-level BPE by default) or load (``TokenizerConfig``); it gets <mask>
-            and the sentinels as special tokens.
-        loader: batch size, loader workers, validation examples (``LoaderConfig``).
-        prepare: where and with how many processes the source is prepared (``PrepareConfig``).
         num_sentinels: T5 sentinels <extra_id_0..N-1> in the vocabulary (unused by BERT; the same tokenizer as
             SpanCorruptionDataModule's, so both objectives share the prepared data).
         segment_tokens: tokens per segment (an NSP "sentence"); an example has up to 2·segment_tokens tokens.
@@ -409,7 +324,6 @@ class MaskedLMDataModule(_SegmentDataModule):
         mlm_probability: share of the tokens selected for the masked-LM loss, in (0, 1].
         whole_word_masking: select whole words (a token starting with whitespace, or after a line end, starts one)
             instead of single tokens.
-        seed: seeds the pairs, the masking and the shuffling (with the epoch and the example's index).
     """
 
     def __init__(
@@ -447,13 +361,13 @@ class MaskedLMDataModule(_SegmentDataModule):
     def mask_id(self) -> int:
         return self.tokenizer.token_id(MASK)
 
-    def _make_dataset(self, split_dir: str, split: str) -> MaskedLMDataset:
+    def _make_dataset(self, split: str) -> MaskedLMDataset:
         word_start_ids = line_end_ids = None
         if self.whole_word_masking:
             word_start_ids, line_end_ids = word_boundary_tables(self.tokenizer)
         window = self.segment_tokens if self.nsp else self.max_length - 2
         dataset = MaskedLMDataset(
-            Windows(split_dir, window),
+            Windows(self.prepared.split_dir(split), window),
             self.seed,
             fixed=split != "train",
             nsp=self.nsp,
@@ -484,18 +398,13 @@ class SpanCorruptionDataModule(_SegmentDataModule):
     its span + [EOS]. The texts keep the sentinels. The source and target tokenizer are one joint tokenizer
     (its facts' `src_tokenizer` is its `tgt_tokenizer`), so the model can share its embeddings.
 
+    Its source, tokenizer, loader, prepare and seed are ``_SegmentDataModule``'s.
+
     Args:
-        source: where the text comes from and how it splits (``TextSource``; ``split: each_file`` holds out the end
-            of every file, each novel of corpus "austen").
-        tokenizer: the tokenizer to train (byte-level BPE by default) or load (``TokenizerConfig``); it gets <mask>
-            and the sentinels as special tokens.
-        loader: batch size, loader workers, validation examples (``LoaderConfig``).
-        prepare: where and with how many processes the source is prepared (``PrepareConfig``).
         num_sentinels: sentinels <extra_id_0..N-1> in the vocabulary: at least the number of spans of a segment.
         segment_tokens: tokens per segment (one example).
         noise_density: share of each segment's tokens that are dropped, in (0, 1).
         mean_span_length: mean length of a dropped span, in tokens (at least 1).
-        seed: seeds the corruption and the shuffling (with the epoch and the example's index).
     """
 
     def __init__(
@@ -546,9 +455,9 @@ class SpanCorruptionDataModule(_SegmentDataModule):
         """Positions the model needs: the source, and the target less one (teacher forcing reads tgt[:, :-1])."""
         return max(self.source_length, self.target_length - 1)
 
-    def _make_dataset(self, split_dir: str, split: str) -> SpanCorruptionDataset:
+    def _make_dataset(self, split: str) -> SpanCorruptionDataset:
         dataset = SpanCorruptionDataset(
-            Windows(split_dir, self.segment_tokens),
+            Windows(self.prepared.split_dir(split), self.segment_tokens),
             self.seed,
             fixed=split != "train",
             tokenizer=self.tokenizer,

@@ -11,18 +11,12 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.sampling import evaluation_sampler
-from lightformer.data.loading.streaming import (
-    EvaluationWindows,
-    LoaderConfig,
-    evaluation_loader,
-    training_loader,
-    validation_subset,
-)
-from lightformer.data.modules.base import DataModule
+from lightformer.data.loading.sampling import evaluation_sampler, map_loader
+from lightformer.data.loading.streaming import EvaluationWindows, LoaderConfig, training_loader, validation_subset
+from lightformer.data.modules.base import STAGE_OF, DataModule
 from lightformer.data.preparation.prepare import (
     PrepareConfig,
     PreparedText,
@@ -36,7 +30,89 @@ from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 
 
-class TextDataModule(DataModule):
+class TokenShards(DataModule):
+    """What the data modules of a text source prepared into token shards share (``TextDataModule``, the pretraining
+    modules): the options below, the prepared folder and its tokenizer, set-up (a test split checked, each split's
+    dataset made by ``_make_dataset``) and the evaluation loaders (``fit`` validates on ``loader.val_windows``
+    examples when set).
+
+    Args:
+        source: where the text comes from and how it splits (``TextSource``).
+        tokenizer: the tokenizer to train or load (``TokenizerConfig``).
+        loader: batch size, loader workers, validation windows (``LoaderConfig``).
+        prepare: where and with how many processes the source is prepared (``PrepareConfig``).
+        seed: the shuffling's seed (the order depends on seed and epoch only).
+    """
+
+    special_tokens: tuple[str, ...] = ()  # a trained tokenizer's special tokens after PAD, BOS, EOS and UNK
+    collate_fn = None  # makes a batch of the datasets' items (None: the default collate)
+
+    def __init__(
+        self, source: TextSource, tokenizer: TokenizerConfig, loader: LoaderConfig, prepare: PrepareConfig, seed: int
+    ) -> None:
+        super().__init__()
+        self.source = as_config(TextSource, source)
+        self.tokenizer_config = as_config(TokenizerConfig, tokenizer)
+        self.loader = as_config(LoaderConfig, loader)
+        self.prepare_config = as_config(PrepareConfig, prepare)
+        self.seed = seed
+        self.datasets: dict[str, Dataset] = {}
+        self._prepared: PreparedText | None = None
+
+    @property
+    def prepared(self) -> PreparedText:
+        """The prepared tokenizer and shards, prepared on first use (once per job: see ``data.prepare``)."""
+        if self._prepared is None:
+            specials = tuple(self.special_tokens)
+            self._prepared = prepare_text(self.source, self.tokenizer_config, self.prepare_config, specials)
+        return self._prepared
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The prepared data's tokenizer (prepared on first use)."""
+        return self.prepared.tokenizer
+
+    def setup(self, stage: str | None = None) -> None:
+        """Make the datasets of the splits that `stage` needs (all for None) over the prepared shards."""
+        check_test_split(stage, self.prepared)
+        for split in stage_splits(stage):
+            if split not in self.datasets and self.prepared.has(split):  # else made, or no such split
+                self.datasets[split] = self._make_dataset(split)
+
+    def _make_dataset(self, split: str) -> Dataset:
+        """The dataset of a prepared split (its shards checked: ``PreparedText.split_dir``)."""
+        raise NotImplementedError
+
+    def _dataset(self, split: str) -> Dataset:
+        if split not in self.datasets:
+            self.setup(STAGE_OF[split])
+        return self.datasets[split]
+
+    def val_dataloader(self) -> DataLoader | list:
+        if not self.prepared.has("val"):
+            return []  # no validation split: Lightning skips validation
+        dataset = self._dataset("val")
+        fitting = self.trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
+        if fitting and self.validates_on_a_subset:
+            dataset = validation_subset(dataset, self.loader.val_windows, self.seed)
+        return self._loader(dataset, evaluation_sampler(dataset))
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self._dataset("test"), evaluation_sampler(self._dataset("test")))
+
+    @property
+    def validates_on_a_subset(self) -> bool:
+        """Whether ``fit`` validates on ``loader.val_windows`` examples of the validation split rather than all."""
+        windows = self.loader.val_windows
+        return windows is not None and self.prepared.has("val") and windows < len(self._dataset("val"))
+
+    def _loader(self, dataset: Dataset, sampler, drop_last: bool = False, resumable: bool = False) -> DataLoader:
+        """A loader of ``dataset``; ``resumable`` (training) saves its position inside an epoch in checkpoints."""
+        return map_loader(dataset, self.loader.num_workers, resumable, batch_size=self.loader.batch_size,
+                          sampler=sampler, drop_last=drop_last, collate_fn=self.collate_fn)  # fmt: skip
+
+
+class TextDataModule(TokenShards):
     """Character- or BPE-level next-token prediction: batches of (x, y), each (batch, block_size) int64.
 
     The source is prepared once (``data.prepare``: a tokenizer trained on a bounded sample, token shards written by
@@ -61,29 +137,11 @@ class TextDataModule(DataModule):
         block_size: int = 64,
         seed: int = 1337,
     ) -> None:
-        super().__init__()
+        super().__init__(source, tokenizer, loader, prepare, seed)
         if block_size < 1:
             raise ValueError(f"data.block_size={block_size} must be at least 1")
         self.save_hyperparameters()
-        self.source = as_config(TextSource, source)
-        self.tokenizer_config = as_config(TokenizerConfig, tokenizer)
-        self.loader = as_config(LoaderConfig, loader)
-        self.prepare_config = as_config(PrepareConfig, prepare)
         self.block_size = block_size
-        self.seed = seed
-        self._prepared: PreparedText | None = None
-        self._eval: dict[str, EvaluationWindows] = {}
-
-    @property
-    def prepared(self) -> PreparedText:
-        """The prepared tokenizer and shards, prepared on first use (once per job: see ``data.prepare``)."""
-        if self._prepared is None:
-            self._prepared = prepare_text(self.source, self.tokenizer_config, self.prepare_config)
-        return self._prepared
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.prepared.tokenizer
 
     def data_facts(self) -> DataFacts:
         tokenizer = self.tokenizer
@@ -93,22 +151,15 @@ class TextDataModule(DataModule):
         """Text of a sequence of ids (list, array or 1-D tensor), special tokens dropped."""
         return self.tokenizer.decode(ids)
 
-    def prepare_data(self) -> None:
-        self.prepared  # noqa: B018 (prepares on first use)
-
-    def setup(self, stage: str | None = None) -> None:
-        """Check that the splits ``stage`` needs hold a window each (all splits for None), and their shards are whole
-        (a missing or cut-short shard is named here, before training, not in a loader)."""
-        check_test_split(stage, self.prepared)
-        for split in stage_splits(stage):
-            if self.prepared.has(split):
-                self.prepared.split_dir(split)
-            tokens = self.prepared.num_tokens(split)
-            if (split == "train" or self.prepared.has(split)) and tokens < self.block_size + 1:
-                raise DataError(
-                    f"data: the {split} split has {tokens} tokens, fewer than block_size + 1 = {self.block_size + 1} "
-                    f"for one window; lower data.block_size or give the {split} split more text"
-                )
+    def _make_dataset(self, split: str) -> EvaluationWindows:
+        """A split's (x, y) windows, by index; refused when it holds no window."""
+        tokens = self.prepared.num_tokens(split)
+        if tokens < self.block_size + 1:
+            raise DataError(
+                f"data: the {split} split has {tokens} tokens, fewer than block_size + 1 = {self.block_size + 1} "
+                f"for one window; lower data.block_size or give the {split} split more text"
+            )
+        return EvaluationWindows(self.prepared.split_dir(split), self.block_size)
 
     def train_dataloader(self):
         self._check_one_batch()
@@ -128,27 +179,3 @@ class TextDataModule(DataModule):
                 f"tokens{shared}, fewer than one batch of data.loader.batch_size={self.loader.batch_size}; lower the "
                 "batch size or data.block_size, or give more training text"
             )
-
-    def val_dataloader(self) -> DataLoader | list:
-        if not self.prepared.has("val"):
-            return []  # no validation split: Lightning skips validation
-        dataset = self._evaluation("val")
-        fitting = self.trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
-        if fitting and self.validates_on_a_subset:
-            dataset = validation_subset(dataset, self.loader.val_windows, self.seed)
-        return evaluation_loader(dataset, self.loader, evaluation_sampler(dataset))
-
-    def test_dataloader(self) -> DataLoader:
-        dataset = self._evaluation("test")
-        return evaluation_loader(dataset, self.loader, evaluation_sampler(dataset))
-
-    @property
-    def validates_on_a_subset(self) -> bool:
-        """Whether ``fit`` validates on ``loader.val_windows`` windows of the validation split rather than all."""
-        windows = self.loader.val_windows
-        return windows is not None and self.prepared.has("val") and windows < len(self._evaluation("val"))
-
-    def _evaluation(self, split: str) -> EvaluationWindows:
-        if split not in self._eval:
-            self._eval[split] = EvaluationWindows(self.prepared.split_dir(split), self.block_size)
-        return self._eval[split]

@@ -9,17 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
 
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 
 from lightformer.errors import DataError
-from lightformer.files import atomic_write_bytes
-
-T = TypeVar("T")
 
 
 def file_stamp(path: Path) -> list:
@@ -42,31 +38,6 @@ def preparing(what: str) -> Iterator[None]:
     start = time.monotonic()
     yield
     rank_zero_info(f"preparing data: {what}: done in {time.monotonic() - start:.1f} s")
-
-
-def cached(path: Path, load: Callable[[Path], T], build: Callable[[], T], save: Callable[[Path, T], object]) -> T:
-    """The value cached at ``path`` (``load``), or ``build()``-t and cached (``save``, which writes atomically). A
-    cache file that does not load (cut short, overwritten, from a broken disk) is named in a warning, removed and
-    built again: a damaged cache never fails every later run the same way."""
-    if path.exists():
-        try:
-            return load(path)
-        except Exception as error:  # the loaders raise what their format's parser raises
-            rank_zero_warn(f"the cached file {path} is damaged ({type(error).__name__}: {error}); preparing it again")
-            path.unlink(missing_ok=True)
-    value = build()
-    save(path, value)
-    return value
-
-
-def write_json(path: Path, value: object) -> None:
-    """``value`` as UTF-8 JSON at ``path``, written atomically (a cache's ``save``)."""
-    atomic_write_bytes(path, json.dumps(value, ensure_ascii=False).encode("utf-8"))
-
-
-def write_tokenizer(path: Path, tokenizer) -> None:
-    """A tokenizer's JSON at ``path``, written atomically (a cache's ``save``)."""
-    tokenizer.save(path)
 
 
 # --- the prepared data a checkpoint trained on ---------------------------------------------------------------------

@@ -72,6 +72,9 @@ class Tokenizer:
     with `Tokenizer.from_file(path)` / `Tokenizer.from_str(json_string)`.
     """
 
+    # Every vocabulary starts with the same special tokens (``SPECIAL_TOKENS``), so their ids are fixed.
+    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+
     def __init__(self, hf_tokenizer: HFTokenizer, source: str = "<in memory>") -> None:
         """Wrap a Hugging Face tokenizer; `source` names where it came from, for error messages."""
         model_type = type(hf_tokenizer.model).__name__
@@ -168,22 +171,6 @@ class Tokenizer:
         """The ids of every special token (the four fixed ones and any extra)."""
         added = self._hf_tokenizer.get_added_tokens_decoder()
         return sorted(i for i, token in added.items() if token.special)
-
-    @property
-    def pad_id(self) -> int:
-        return PAD_ID
-
-    @property
-    def bos_id(self) -> int:
-        return BOS_ID
-
-    @property
-    def eos_id(self) -> int:
-        return EOS_ID
-
-    @property
-    def unk_id(self) -> int:
-        return UNK_ID
 
     @property
     def hf_tokenizer(self) -> HFTokenizer:
