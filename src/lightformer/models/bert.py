@@ -24,7 +24,8 @@ from lightformer.nn import (
     TokenEmbedding,
     pointwise_activation,
 )
-from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_heads
+from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_set
+from lightformer.nn.layers import check_layer_args, layer_args
 
 # BERT's activations are the pointwise ones (``nn.PointwiseActivation``): each serves the feed-forward networks and
 # the masked-LM head's transform, which needs a pointwise function (so not SwiGLU). HF's "gelu" is the exact erf
@@ -86,11 +87,7 @@ class BertConfig:
         check_at_least("max_len", self.max_len, 1)
         check_at_least("type_vocab_size", self.type_vocab_size, 1)
         check_at_least("n_layers", self.n_layers, 1)
-        check_heads(self.d_model, self.n_heads)
-        check_at_least("d_ff", self.d_ff, 1)
-        check_fraction("dropout", self.dropout)
-        check_fraction("attn_dropout", self.attn_dropout)
-        check_choice("activation", self.activation, get_args(PointwiseActivation))
+        check_layer_args(self, PointwiseActivation)
         check_choice("position", self.position, get_args(BertPosition))
         check_at_least("pad_id", self.pad_id, 0)
         check_at_least("num_classes", self.num_classes, 1)
@@ -123,10 +120,7 @@ class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         c = config
-        if c.vocab_size is None:
-            raise ValueError(
-                "BertConfig.vocab_size is not set: give the vocabulary size (a task fills it from the data's facts)"
-            )
+        check_set(c, "vocab_size")
         self.config = config
         self.pad_id = c.pad_id
         self.embed = TokenEmbedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
@@ -135,20 +129,7 @@ class BertEncoder(nn.Module):
         self.segment = nn.Embedding(c.type_vocab_size, c.d_model)
         self.embed_norm = nn.LayerNorm(c.d_model, eps=c.norm_eps)
         self.dropout = Dropout(c.dropout)
-        layers = [
-            EncoderLayer(
-                c.d_model,
-                c.n_heads,
-                c.d_ff,
-                dropout=c.dropout,
-                attn_dropout=c.attn_dropout,
-                activation=c.activation,
-                norm_first=c.norm_first,
-                norm_eps=c.norm_eps,
-                rotary=rotary,
-            )
-            for _ in range(c.n_layers)
-        ]
+        layers = [EncoderLayer(**layer_args(c, rotary=rotary)) for _ in range(c.n_layers)]
         self.encoder = Encoder(layers, nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.norm_first else None)
         for module in self.modules():
             if isinstance(module, nn.Linear):

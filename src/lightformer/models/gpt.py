@@ -22,7 +22,8 @@ from lightformer.nn import (
     absolute_position,
     make_norm,
 )
-from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_heads
+from lightformer.nn.checks import check_at_least, check_choice, check_set
+from lightformer.nn.layers import check_layer_args, layer_args
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,8 @@ class GPTConfig:
         check_at_least("vocab_size", self.vocab_size, 1)
         check_at_least("block_size", self.block_size, 1)
         check_at_least("n_layers", self.n_layers, 1)
-        check_heads(self.d_model, self.n_heads)
-        check_at_least("d_ff", self.d_ff, 1)
-        check_fraction("dropout", self.dropout)
+        check_layer_args(self)
         check_choice("position", self.position, get_args(PositionKind))
-        check_choice("activation", self.activation, get_args(Activation))
-        check_choice("norm", self.norm, get_args(NormKind))
 
 
 class GPT(nn.Module):
@@ -86,10 +83,7 @@ class GPT(nn.Module):
 
     def __init__(self, config: GPTConfig, cross_attention: bool = False) -> None:
         super().__init__()
-        if config.vocab_size is None:
-            raise ValueError(
-                "GPTConfig.vocab_size is not set: give the vocabulary size (a task fills it from the data's facts)"
-            )
+        check_set(config, "vocab_size")
         self.config = config
         c = config
         self.vocab_size = c.vocab_size
@@ -98,23 +92,8 @@ class GPT(nn.Module):
         self.position = absolute_position(c.position, c.d_model, c.block_size)
         rotary = RotaryEmbedding(c.d_model // c.n_heads, c.block_size) if c.position == "rope" else None
         self.dropout = Dropout(c.dropout)
-        layers = [
-            DecoderLayer(
-                c.d_model,
-                c.n_heads,
-                c.d_ff,
-                dropout=c.dropout,
-                attn_dropout=c.dropout,
-                activation=c.activation,
-                norm=c.norm,
-                norm_first=True,
-                norm_eps=c.norm_eps,
-                bias=c.bias,
-                rotary=rotary,
-                cross_attention=cross_attention,
-            )
-            for _ in range(c.n_layers)
-        ]
+        args = layer_args(c, attn_dropout=c.dropout, rotary=rotary, cross_attention=cross_attention)
+        layers = [DecoderLayer(**args) for _ in range(c.n_layers)]
         self.decoder = Decoder(layers, make_norm(c.norm, c.d_model, c.norm_eps, c.bias))
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_weights:

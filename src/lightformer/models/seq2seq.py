@@ -24,7 +24,8 @@ from lightformer.nn import (
     absolute_position,
     make_norm,
 )
-from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_heads
+from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_set
+from lightformer.nn.layers import check_layer_args, layer_args
 
 
 @dataclass(frozen=True)
@@ -96,13 +97,8 @@ class EncoderDecoderConfig:
         check_at_least("max_len", self.max_len, 2)
         check_at_least("n_encoder_layers", self.n_encoder_layers, 1)
         check_at_least("n_decoder_layers", self.n_decoder_layers, 1)
-        check_heads(self.d_model, self.n_heads)
-        check_at_least("d_ff", self.d_ff, 1)
-        check_fraction("dropout", self.dropout)
-        check_fraction("attn_dropout", self.attn_dropout)
+        check_layer_args(self)
         check_fraction("token_dropout", self.token_dropout)
-        check_choice("activation", self.activation, get_args(Activation))
-        check_choice("norm", self.norm, get_args(NormKind))
         check_choice("position", self.position, get_args(PositionKind))
         sizes = (self.src_vocab_size, self.tgt_vocab_size)
         if self.share_embeddings and None not in sizes and sizes[0] != sizes[1]:
@@ -121,11 +117,7 @@ class EncoderDecoder(nn.Module):
     def __init__(self, config: EncoderDecoderConfig) -> None:
         super().__init__()
         c = config
-        if c.src_vocab_size is None or c.tgt_vocab_size is None:
-            raise ValueError(
-                "EncoderDecoderConfig.src_vocab_size and tgt_vocab_size must be set (a task fills them from the "
-                "data's facts)"
-            )
+        check_set(c, "src_vocab_size", "tgt_vocab_size")
         self.config = config
         self.pad_id = c.pad_id
         self.max_len = c.max_len
@@ -139,21 +131,10 @@ class EncoderDecoder(nn.Module):
         rotary = RotaryEmbedding(c.d_model // c.n_heads, c.max_len) if c.position == "rope" else None
         self.dropout = Dropout(c.dropout)
         self.token_dropout = TokenDropout(c.token_dropout)
-        layer_args = dict(
-            d_model=c.d_model,
-            n_heads=c.n_heads,
-            d_ff=c.d_ff,
-            dropout=c.dropout,
-            attn_dropout=c.attn_dropout,
-            activation=c.activation,
-            norm=c.norm,
-            norm_first=c.norm_first,
-            norm_eps=c.norm_eps,
-            rotary=rotary,
-        )
+        args = layer_args(c, rotary=rotary)
         final_norm = (lambda: make_norm(c.norm, c.d_model, c.norm_eps)) if c.norm_first else (lambda: None)
-        self.encoder = Encoder([EncoderLayer(**layer_args) for _ in range(c.n_encoder_layers)], final_norm())
-        self.decoder = Decoder([DecoderLayer(**layer_args) for _ in range(c.n_decoder_layers)], final_norm())
+        self.encoder = Encoder([EncoderLayer(**args) for _ in range(c.n_encoder_layers)], final_norm())
+        self.decoder = Decoder([DecoderLayer(**args) for _ in range(c.n_decoder_layers)], final_norm())
         self.output = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         self._init_weights()
         if c.tie_weights:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.models.vit import VisionTransformer, ViTConfig, ViTPosition
 from lightformer.nn import Activation, DecoderCache, NormKind, PositionKind
-from lightformer.nn.checks import as_pair, check_at_least
+from lightformer.nn.checks import as_pair, check_at_least, check_set
 
 
 @dataclass(frozen=True)
@@ -125,11 +125,7 @@ class VisionEncoderDecoder(nn.Module):
 
     def __init__(self, config: VisionEncoderDecoderConfig) -> None:
         super().__init__()
-        if config.image_size is None or config.vocab_size is None:
-            raise ValueError(
-                "VisionEncoderDecoderConfig.image_size and vocab_size must be set (a task fills them from the data's "
-                "facts)"
-            )
+        check_set(config, "image_size", "vocab_size")
         self.config = config
         self.encoder = VisionTransformer(config.encoder_config())
         width = self.encoder.d_model

@@ -31,9 +31,10 @@ from lightformer.nn.checks import (
     check_at_least,
     check_choice,
     check_fraction,
-    check_heads,
     check_patch_size,
+    check_set,
 )
+from lightformer.nn.layers import check_layer_args, layer_args
 
 Pool = Literal["cls", "mean"]
 ViTPosition = Literal["learned", "sincos"]
@@ -101,15 +102,10 @@ class ViTConfig:
         if self.image_size is not None:
             check_patch_size(self.image_size, self.patch_size)
         check_at_least("n_layers", self.n_layers, 1)
-        check_heads(self.d_model, self.n_heads)
-        check_at_least("d_ff", self.d_ff, 1)
-        check_fraction("dropout", self.dropout)
-        check_fraction("attn_dropout", self.attn_dropout)
+        check_layer_args(self)
         check_fraction("drop_path", self.drop_path)
         check_choice("pool", self.pool, get_args(Pool))
         check_choice("position", self.position, get_args(ViTPosition))
-        check_choice("norm", self.norm, get_args(NormKind))
-        check_choice("activation", self.activation, get_args(Activation))
         if self.position == "sincos" and self.d_model % 4:
             raise ValueError(
                 f"position='sincos' needs d_model divisible by 4 (rows and columns, sin and cos); "
@@ -123,10 +119,7 @@ class VisionTransformer(nn.Module):
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         c = config
-        if c.image_size is None or c.num_classes is None:
-            raise ValueError(
-                "ViTConfig.image_size and num_classes must be set (a task fills them from the data's facts)"
-            )
+        check_set(c, "image_size", "num_classes")
         self.config = config
         self.num_classes = c.num_classes
         self.pool = c.pool
@@ -146,23 +139,7 @@ class VisionTransformer(nn.Module):
         rates = (
             [c.drop_path * i / max(1, c.n_layers - 1) for i in range(c.n_layers)] if c.n_layers > 1 else [c.drop_path]
         )
-        layers = [
-            EncoderLayer(
-                c.d_model,
-                c.n_heads,
-                c.d_ff,
-                dropout=c.dropout,
-                attn_dropout=c.attn_dropout,
-                activation=c.activation,
-                norm=c.norm,
-                norm_first=True,
-                norm_eps=c.norm_eps,
-                bias=c.bias,
-                qkv_bias=c.qkv_bias,
-                drop_path=rate,
-            )
-            for rate in rates
-        ]
+        layers = [EncoderLayer(**layer_args(c, drop_path=rate)) for rate in rates]
         # timm normalises the tokens before class-token pooling, but the pooled mean after average pooling.
         self.encoder = Encoder(layers, make_norm(c.norm, c.d_model, c.norm_eps) if c.pool == "cls" else None)
         self.fc_norm = make_norm(c.norm, c.d_model, c.norm_eps) if c.pool == "mean" else nn.Identity()
@@ -297,25 +274,38 @@ _TIMM_LAYER_NAMES = {
     "mlp.fc2": "ffn.fc2",
 }
 _TIMM_TOP_NAMES = {"patch_embed.proj": "patch_embed.proj", "head": "head", "fc_norm": "fc_norm", "norm": "encoder.norm"}
+# Whole names: timm's position table has no ``.weight`` (and a batch dimension, ``_convert``).
+_TIMM_WHOLE_NAMES = {"cls_token": "cls_token", "pos_embed": "pos_embed.weight"}
 
 
 def _rename(name: str, forward: bool) -> str | None:
     """timm parameter name → ours (``forward``) or ours → timm; None for a name with no counterpart."""
-    if forward:
-        if name.startswith("blocks."):
-            _, index, rest = name.split(".", 2)
-            module, _, leaf = rest.rpartition(".")
-            return f"encoder.layers.{index}.{_TIMM_LAYER_NAMES[module]}.{leaf}" if module in _TIMM_LAYER_NAMES else None
-        mapping = _TIMM_TOP_NAMES
-    else:
-        if name.startswith("encoder.layers."):
-            _, _, index, rest = name.split(".", 3)
-            module, _, leaf = rest.rpartition(".")
-            inverse = {ours: theirs for theirs, ours in _TIMM_LAYER_NAMES.items()}
-            return f"blocks.{index}.{inverse[module]}.{leaf}" if module in inverse else None
-        mapping = {ours: theirs for theirs, ours in _TIMM_TOP_NAMES.items()}
+    blocks, new_blocks = "blocks.", "encoder.layers."
+    layers, top, whole = _TIMM_LAYER_NAMES, _TIMM_TOP_NAMES, _TIMM_WHOLE_NAMES
+    if not forward:  # the same tables, read from right to left
+        blocks, new_blocks = new_blocks, blocks
+        layers, top, whole = ({v: k for k, v in m.items()} for m in (layers, top, whole))
+    if name in whole:
+        return whole[name]
     module, _, leaf = name.rpartition(".")
-    return f"{mapping[module]}.{leaf}" if module in mapping else None
+    if name.startswith(blocks):
+        index, _, module = module.removeprefix(blocks).partition(".")
+        return f"{new_blocks}{index}.{layers[module]}.{leaf}" if module in layers else None
+    return f"{top[module]}.{leaf}" if module in top else None
+
+
+def _convert(state_dict: dict[str, Tensor], forward: bool) -> dict[str, Tensor]:
+    """timm's state dict → ours (``forward``) or ours → timm's: every parameter renamed (``_rename``)."""
+    out: dict[str, Tensor] = {}
+    for name, value in state_dict.items():
+        new = _rename(name, forward)
+        if new is None:
+            source, target = ("timm", "lightformer") if forward else ("lightformer", "timm")
+            raise ValueError(f"{source} ViT parameter {name!r} has no {target} counterpart")
+        if new.startswith("pos_embed"):  # timm's table is (1, tokens, d_model), ours (tokens, d_model)
+            value = value[0] if forward else value[None]
+        out[new] = value
+    return out
 
 
 def timm_to_lightformer(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -332,18 +322,7 @@ def timm_to_lightformer(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
         unsupported.append("cls_token with average pooling (the class token still takes part in attention)")
     if unsupported:
         raise ValueError(f"timm ViT features without a lightformer counterpart: {sorted(unsupported)}")
-    out: dict[str, Tensor] = {}
-    for name, value in state_dict.items():
-        if name == "cls_token":
-            out[name] = value
-        elif name == "pos_embed":
-            out["pos_embed.weight"] = value[0]
-        else:
-            ours = _rename(name, forward=True)
-            if ours is None:
-                raise ValueError(f"timm ViT parameter {name!r} has no lightformer counterpart")
-            out[ours] = value
-    return out
+    return _convert(state_dict, forward=True)
 
 
 def lightformer_to_timm(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -353,18 +332,7 @@ def lightformer_to_timm(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     class_token=False`` for ``pool="mean"``; ``mlp_ratio = d_ff / d_model``; ``pos_embed='learn'`` also
     for our fixed sin-cos positions (the table is copied).
     """
-    out: dict[str, Tensor] = {}
-    for name, value in state_dict.items():
-        if name == "cls_token":
-            out[name] = value
-        elif name == "pos_embed.weight":
-            out["pos_embed"] = value[None]
-        else:
-            theirs = _rename(name, forward=False)
-            if theirs is None:
-                raise ValueError(f"lightformer ViT parameter {name!r} has no timm counterpart")
-            out[theirs] = value
-    return out
+    return _convert(state_dict, forward=False)
 
 
 @torch.no_grad()

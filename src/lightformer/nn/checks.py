@@ -27,10 +27,29 @@ def _either(values: list[int]) -> str:
     return " or ".join(map(str, values))
 
 
+def _check_divides(whole_name: str, whole: int, part_name: str, part: int, problem: str, whole_fix: str) -> None:
+    """Raise ValueError unless both are positive and ``part`` divides ``whole``: the ``problem``, then the nearest
+    values of ``part`` that would do, or of ``whole`` (``whole_fix`` says how to change it)."""
+    check_at_least(whole_name, whole, 1)
+    check_at_least(part_name, part, 1)
+    if whole % part:
+        raise ValueError(
+            f"{problem}; set {part_name} to a divisor of {whole} such as {_either(nearest_divisors(whole, part))}, "
+            f"or {whole_fix} to a multiple of {part} such as {_either(nearest_multiples(whole, part))}"
+        )
+
+
 def check_at_least(name: str, value: float | None, minimum: float) -> None:
     """Raise ValueError unless ``value >= minimum`` (None passes: a size the data will fill in)."""
     if value is not None and value < minimum:
         raise ValueError(f"{name}={value} must be at least {minimum}")
+
+
+def check_set(config: object, *names: str) -> None:
+    """Raise ValueError unless the fields ``names`` of a model config are set (the sizes a task fills in)."""
+    for name in names:
+        if getattr(config, name) is None:
+            raise ValueError(f"{type(config).__name__}.{name} is not set: a task fills it from the data's facts")
 
 
 def check_fraction(name: str, value: float, upper_inclusive: bool = False) -> None:
@@ -48,14 +67,8 @@ def check_choice(name: str, value: object, choices: Iterable[object]) -> None:
 
 def check_heads(d_model: int, n_heads: int) -> None:
     """Raise ValueError unless ``n_heads`` divides ``d_model`` (each head gets ``d_model / n_heads`` dimensions)."""
-    check_at_least("d_model", d_model, 1)
-    check_at_least("n_heads", n_heads, 1)
-    if d_model % n_heads:
-        raise ValueError(
-            f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets d_model / n_heads "
-            f"dimensions; set n_heads to a divisor of {d_model} such as {_either(nearest_divisors(d_model, n_heads))}, "
-            f"or d_model to a multiple of {n_heads} such as {_either(nearest_multiples(d_model, n_heads))}"
-        )
+    problem = f"d_model={d_model} is not divisible by n_heads={n_heads}: each head gets d_model / n_heads dimensions"
+    _check_divides("d_model", d_model, "n_heads", n_heads, problem, "d_model")
 
 
 def as_pair(size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
@@ -77,12 +90,6 @@ def check_patch_size(image_size: int | tuple[int, int], patch_size: int | tuple[
             except ValueError as error:
                 raise ValueError(f"the {axis}s: {error}") from None
         return
-    check_at_least("image_size", image_size, 1)
-    check_at_least("patch_size", patch_size, 1)
-    if image_size % patch_size:
-        raise ValueError(
-            f"image_size={image_size} is not a multiple of patch_size={patch_size}: the patches must tile the image; "
-            f"set patch_size to a divisor of {image_size} such as {_either(nearest_divisors(image_size, patch_size))}, "
-            f"or resize the images (the data's image_size) to a multiple of {patch_size} such as "
-            f"{_either(nearest_multiples(image_size, patch_size))}"
-        )
+    problem = f"image_size={image_size} is not a multiple of patch_size={patch_size}: the patches must tile the image"
+    fix = "resize the images (the data's image_size)"
+    _check_divides("image_size", image_size, "patch_size", patch_size, problem, fix)

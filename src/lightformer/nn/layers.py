@@ -9,35 +9,58 @@ Each sublayer (attention or feed-forward) sits in a residual connection, in one 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any, get_args
 
 from timm.layers import DropPath
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from lightformer.nn.attention import KVCache, MultiHeadAttention
+from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_heads
 from lightformer.nn.dropout import Dropout
 from lightformer.nn.feedforward import Activation, FeedForward
 from lightformer.nn.norm import NormKind, make_norm
 from lightformer.nn.position import RotaryEmbedding
 
+# The fields of a model config that an encoder or decoder layer takes under the same names.
+_LAYER_FIELDS = (
+    "d_model",
+    "n_heads",
+    "d_ff",
+    "dropout",
+    "attn_dropout",
+    "activation",
+    "norm",
+    "norm_first",
+    "norm_eps",
+    "bias",
+    "qkv_bias",
+)
+
+
+def layer_args(config: object, **overrides: Any) -> dict[str, Any]:
+    """The arguments of an ``EncoderLayer`` or ``DecoderLayer`` from the fields of a model config with the same names
+    (a field the config lacks leaves the layer's default), and ``overrides``."""
+    return {name: getattr(config, name) for name in _LAYER_FIELDS if hasattr(config, name)} | overrides
+
+
+def check_layer_args(config: object, activations: object = Activation) -> None:
+    """Raise ValueError unless the layer fields of a model config (``layer_args``) are valid; its activation one of
+    the type ``activations``."""
+    check_heads(config.d_model, config.n_heads)
+    check_at_least("d_ff", config.d_ff, 1)
+    for name in ("dropout", "attn_dropout"):
+        if hasattr(config, name):
+            check_fraction(name, getattr(config, name))
+    check_choice("activation", config.activation, get_args(activations))
+    if hasattr(config, "norm"):
+        check_choice("norm", config.norm, get_args(NormKind))
+
 
 class _ResidualLayer(nn.Module):
-    """Shared residual wiring: dropout and stochastic depth on each sublayer's output, pre- or post-norm."""
-
-    def __init__(self, dropout: float, drop_path: float, norm_first: bool) -> None:
-        super().__init__()
-        self.norm_first = norm_first
-        self.dropout = Dropout(dropout)
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-
-    def residual(self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        if self.norm_first:
-            return x + self.drop_path(self.dropout(sublayer(norm(x))))
-        return norm(x + self.drop_path(self.dropout(sublayer(x))))
-
-
-class EncoderLayer(_ResidualLayer):
-    """Self-attention (bidirectional by default) followed by a feed-forward network.
+    """What the encoder and decoder layers share: self-attention (and, with ``cross_attention``, attention to an
+    encoder's output) then a feed-forward network, each in a residual connection with dropout and stochastic depth
+    on its output, pre- or post-norm.
 
     ``bias``: biases in every linear layer and LayerNorm of the layer; ``qkv_bias`` (default: ``bias``) overrides it
     for the attention's input projections alone.
@@ -58,44 +81,12 @@ class EncoderLayer(_ResidualLayer):
         drop_path: float = 0.0,
         rotary: RotaryEmbedding | None = None,
         qkv_bias: bool | None = None,
+        cross_attention: bool = False,
     ) -> None:
-        super().__init__(dropout, drop_path, norm_first)
-        self.norm1 = make_norm(norm, d_model, norm_eps, bias)
-        self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, bias, rotary, qkv_bias)
-        self.norm2 = make_norm(norm, d_model, norm_eps, bias)
-        self.ffn = FeedForward(d_model, d_ff, activation, bias)
-
-    def forward(self, x: Tensor, key_mask: Tensor | None = None, causal: bool = False) -> Tensor:
-        """``(batch, seq, d_model)`` → same; ``key_mask`` ``(batch, seq)`` is True at real tokens."""
-        x = self.residual(x, self.norm1, lambda h: self.self_attn(h, key_mask=key_mask, causal=causal))
-        return self.residual(x, self.norm2, self.ffn)
-
-
-class DecoderLayer(_ResidualLayer):
-    """Masked (causal) self-attention, cross-attention to the encoder output, then a feed-forward network.
-
-    With ``cross_attention=False`` it is the block of a decoder-only model (GPT). ``bias`` and ``qkv_bias`` as in
-    ``EncoderLayer``.
-    """
-
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int | None = None,
-        dropout: float = 0.1,
-        attn_dropout: float = 0.0,
-        activation: Activation = "relu",
-        norm: NormKind = "layernorm",
-        norm_first: bool = True,
-        norm_eps: float = 1e-5,
-        bias: bool = True,
-        drop_path: float = 0.0,
-        rotary: RotaryEmbedding | None = None,
-        qkv_bias: bool | None = None,
-        cross_attention: bool = True,
-    ) -> None:
-        super().__init__(dropout, drop_path, norm_first)
+        super().__init__()
+        self.norm_first = norm_first
+        self.dropout = Dropout(dropout)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm1 = make_norm(norm, d_model, norm_eps, bias)
         self.self_attn = MultiHeadAttention(d_model, n_heads, attn_dropout, bias, rotary, qkv_bias)
         if cross_attention:
@@ -107,6 +98,31 @@ class DecoderLayer(_ResidualLayer):
             self.norm_cross = self.cross_attn = None
         self.norm2 = make_norm(norm, d_model, norm_eps, bias)
         self.ffn = FeedForward(d_model, d_ff, activation, bias)
+
+    def residual(self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.norm_first:
+            return x + self.drop_path(self.dropout(sublayer(norm(x))))
+        return norm(x + self.drop_path(self.dropout(sublayer(x))))
+
+
+class EncoderLayer(_ResidualLayer):
+    """Self-attention (bidirectional by default) followed by a feed-forward network; arguments as
+    ``_ResidualLayer``'s (an encoder layer has no cross-attention)."""
+
+    def forward(self, x: Tensor, key_mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        """``(batch, seq, d_model)`` → same; ``key_mask`` ``(batch, seq)`` is True at real tokens."""
+        x = self.residual(x, self.norm1, lambda h: self.self_attn(h, key_mask=key_mask, causal=causal))
+        return self.residual(x, self.norm2, self.ffn)
+
+
+class DecoderLayer(_ResidualLayer):
+    """Masked (causal) self-attention, cross-attention to the encoder output, then a feed-forward network.
+
+    Arguments as ``_ResidualLayer``'s; with ``cross_attention=False`` it is the block of a decoder-only model (GPT).
+    """
+
+    def __init__(self, *args: Any, cross_attention: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, cross_attention=cross_attention, **kwargs)
 
     def forward(
         self,
