@@ -171,17 +171,11 @@ class ImageGPTTask(LanguageModelTask):
             self.model.train(was_training)
         return out[:, 1:]
 
-    def sample_images(
-        self,
-        n: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-    ) -> Tensor:
-        """``n`` images sampled from the start token alone: uint8 ``(n, C, S, S)`` in palette colours."""
+    def sample_images(self, n: int, **sampling: Any) -> Tensor:
+        """``n`` images sampled from the start token alone: uint8 ``(n, C, S, S)`` in palette colours; ``sampling``:
+        ``generate_pixels``' temperature, top_k, top_p and seed."""
         given = torch.empty(n, 0, dtype=torch.long, device=self.device)
-        tokens = self.generate_pixels(given, temperature, top_k, top_p, seed)
+        tokens = self.generate_pixels(given, **sampling)
         return self._require_palette().decode(tokens.cpu())
 
     def complete_images(
@@ -413,7 +407,7 @@ def sample_images(
         raise DataError(f"--complete_from: {error}") from None
     written = []
     if num_samples:
-        images = task.sample_images(num_samples, temperature, top_k, top_p, seed)
+        images = task.sample_images(num_samples, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         columns = math.ceil(math.sqrt(num_samples))
         grid = image_grid(images, columns)
         _write_png(grid, output)
