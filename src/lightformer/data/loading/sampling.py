@@ -139,16 +139,21 @@ class _Skipping:
         return len(self.index_sampler)
 
 
-def map_loader(
-    dataset: Dataset, num_workers: int, resumable: bool = False, pin_memory: bool | None = None, **options
-) -> DataLoader:
-    """The loader of a map-style dataset that every data module builds: ``options`` as ``DataLoader``'s (batch size
-    or batch sampler, sampler, collate function), workers kept across epochs, memory pinned when there is a GPU
-    (unless ``pin_memory`` says); ``resumable`` (training): a ``ResumableDataLoader``, whose position inside an
-    epoch is saved in every checkpoint."""
-    pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+def map_loader(dataset: Dataset, config, sampler=None, resumable: bool = False, **options) -> DataLoader:
+    """The loader of a map-style dataset that every data module builds, from its loader options ``config``: batches
+    of ``config.batch_size`` (unless ``options`` give a ``batch_sampler``) in ``sampler``'s order, ``num_workers``
+    kept across epochs, memory pinned as ``config.pin_memory`` says, else when there is a GPU; ``options`` as
+    ``DataLoader``'s. ``resumable`` (training): a ``ResumableDataLoader``, whose position inside an epoch is saved
+    in every checkpoint."""
+    if "batch_sampler" not in options:
+        options["batch_size"] = config.batch_size
     return (ResumableDataLoader if resumable else DataLoader)(
-        dataset, num_workers=num_workers, persistent_workers=num_workers > 0, pin_memory=pin_memory, **options
+        dataset,
+        sampler=sampler,
+        num_workers=config.num_workers,
+        persistent_workers=config.num_workers > 0,
+        pin_memory=getattr(config, "pin_memory", torch.cuda.is_available()),
+        **options,
     )
 
 

@@ -44,14 +44,10 @@ of `tokenizer.vocab_size` tokens trained on the train texts (a sample of at most
 from the files' pieces; the `train_examples` chosen, when set) with the same extra special tokens as the
 pretraining data (MASK, then 100 T5 sentinels), so that a classifier from scratch and one fine-tuned from a
 pretraining run have the same vocabulary size and special ids.
-
-Its length is two sources of labelled text (Austen's novels cut into passages, TSV files), their preparation into
-records, the data module and its option groups (``PassageSource``, ``PassageTokenizer``), each checking its own fields.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -66,16 +62,15 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.sampling import EpochShuffleSampler, ResumableDataLoader, evaluation_sampler
+from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler, map_loader
 from lightformer.data.loading.streaming import LoaderConfig, Records
-from lightformer.data.modules.base import DataModule
+from lightformer.data.modules.base import PreparedRecords
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
-    MANIFEST,
     SAMPLE_BYTES,
     TOKENIZER,
     PrepareConfig,
-    prepared_folder,
+    pieces,
     split_location,
     stem_of,
     worker_tokenizer,
@@ -248,9 +243,8 @@ def tsv_records(
     piece: Piece, split: str, held_out: frozenset[str], class_names: list[str], tokenizer_json: str
 ) -> Iterator[dict]:
     """The records of a TSV piece's examples that go to ``split`` (``tsv_examples``), as ``example_records``."""
-    examples = tsv_examples(piece, split, held_out, class_names)
-    for start in range(0, len(examples), EXAMPLES_PER_INPUT):
-        yield from example_records(examples[start : start + EXAMPLES_PER_INPUT], tokenizer_json)
+    for examples in pieces(tsv_examples(piece, split, held_out, class_names), EXAMPLES_PER_INPUT):
+        yield from example_records(examples, tokenizer_json)
 
 
 def chosen_examples(count: int, train_examples: int | None) -> np.ndarray | None:
@@ -377,7 +371,7 @@ class PassageTokenizer:
             )
 
 
-class TextClassificationDataModule(DataModule):
+class TextClassificationDataModule(PreparedRecords):
     """Labelled texts for a BERT classifier: batches {"ids": (B, T), "labels": (B,)}.
 
     Each text is encoded as [CLS] tokens [SEP] (the tokenizer's BOS and EOS), cut to `max_tokens` with [SEP] kept
@@ -421,35 +415,11 @@ class TextClassificationDataModule(DataModule):
         self.files = self.source.files()
         self.max_tokens = max_tokens
         self.seed = seed
-        self.datasets: dict[str, Dataset] = {}
-        self._folder: Path | None = None
-        self._manifest: dict | None = None
-        self._tokenizer: Tokenizer | None = None
         self._class_counts: dict[str, dict[str, int]] | None = None
         self._logged_counts = False
 
-    # --- the prepared data, and what the model needs to know of it ---
-
-    @property
-    def prepared(self) -> Path:
-        """The prepared folder (see the module docstring), prepared on first use (once per job)."""
-        if self._folder is None:
-            self._folder = prepared_folder(self.prepare_config, self._stem(), self._fingerprint(), self._prepare)
-        return self._folder
-
-    @property
-    def manifest(self) -> dict:
-        """The prepared folder's ``prepared.json``: the fingerprint, "class_names", each split's class "counts"."""
-        if self._manifest is None:
-            self._manifest = json.loads((self.prepared / MANIFEST).read_text(encoding="utf-8"))
-        return self._manifest
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        """The tokenizer the records were encoded with: `tokenizer.file`'s, or the one trained when preparing."""
-        if self._tokenizer is None:
-            self._tokenizer = Tokenizer.from_file(self.prepared / TOKENIZER)
-        return self._tokenizer
+    # --- what the model needs to know of the data (``manifest``: the fingerprint, "class_names", each split's class
+    # "counts"; ``tokenizer``: `tokenizer.file`'s, or the one trained when preparing) ---
 
     def data_facts(self) -> DataFacts:
         tokenizer = self.tokenizer
@@ -494,10 +464,6 @@ class TextClassificationDataModule(DataModule):
 
     # --- LightningDataModule hooks ---
 
-    def prepare_data(self) -> None:
-        """Prepare the records and the tokenizer (once per job), or find them prepared."""
-        self.prepared  # noqa: B018 (prepares on first use)
-
     def setup(self, stage: str | None = None) -> None:
         """Open the splits ``stage`` needs that hold texts (their shards checked: ``split_location``); log the class
         counts of the splits, once."""
@@ -514,33 +480,24 @@ class TextClassificationDataModule(DataModule):
             rank_zero_info("\n".join(lines))
 
     def train_dataloader(self) -> DataLoader:
-        dataset = self.dataset("train")
-        return self._dataloader(dataset, EpochShuffleSampler(len(dataset), self.seed), ResumableDataLoader)
+        return self._dataloader("train", shuffle=True)
 
     def val_dataloader(self) -> DataLoader | list:
         if not sum(self.manifest["counts"]["val"]):
             return []  # no validation texts: Lightning skips validation
-        dataset = self.dataset("val")
-        return self._dataloader(dataset, evaluation_sampler(dataset))
+        return self._dataloader("val")
 
     def test_dataloader(self) -> DataLoader:
-        dataset = self.dataset("test")
-        return self._dataloader(dataset, evaluation_sampler(dataset))
+        return self._dataloader("test")
 
     # --- internals ---
 
-    def _dataloader(self, dataset: Dataset, sampler, loader: type[DataLoader] = DataLoader) -> DataLoader:
-        """Padded batches of ``dataset`` in ``sampler``'s order; training's ``loader`` is a ``ResumableDataLoader``
-        (a resumed run continues mid-epoch)."""
-        return loader(
-            dataset,
-            batch_size=self.loader.batch_size,
-            sampler=sampler,
-            collate_fn=partial(collate_classification, max_tokens=self.max_tokens, pad_id=PAD_ID),
-            num_workers=self.loader.num_workers,
-            persistent_workers=self.loader.num_workers > 0,
-            pin_memory=torch.cuda.is_available(),
-        )
+    def _dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
+        """Padded batches of a split: training's shuffled by (seed, epoch) and resumable mid-epoch, else in order."""
+        dataset = self.dataset(split)
+        sampler = EpochShuffleSampler(len(dataset), self.seed) if shuffle else evaluation_sampler(dataset)
+        collate = partial(collate_classification, max_tokens=self.max_tokens)
+        return map_loader(dataset, self.loader, sampler, shuffle, collate_fn=collate)
 
     def _chosen(self) -> np.ndarray | None:
         """The indices of the `train_examples` train texts, drawn once (the same for every seed), in order; None:
@@ -578,7 +535,7 @@ class TextClassificationDataModule(DataModule):
             source = {"tsv": {split: [file_stamp(path) for path in paths] for split, paths in self.files.items()}}
         return {"format": FORMAT_VERSION, **source, "tokenizer": tokenizer}
 
-    def _prepare(self, folder: Path) -> dict:
+    def _build(self, folder: Path) -> dict:
         """Build the prepared folder (``prepared_folder`` calls it once per job): tokenizer, records, class names and
         counts (what it returns goes into the manifest)."""
         if self.source.corpus == "austen":
@@ -593,22 +550,16 @@ class TextClassificationDataModule(DataModule):
             }
             tokenizer = self._train_tokenizer(lambda: [text for text, _ in examples["train"]], counts)
             tokenizer_json = tokenizer.to_str()
-            inputs = {
-                split: [
-                    examples[split][i : i + EXAMPLES_PER_INPUT]
-                    for i in range(0, len(examples[split]), EXAMPLES_PER_INPUT)
-                ]
-                for split in SPLITS
-            }
+            inputs = {split: pieces(examples[split], EXAMPLES_PER_INPUT) for split in SPLITS}
             records_of = {split: partial(example_records, tokenizer_json=tokenizer_json) for split in SPLITS}
         else:
             with preparing(f"checking and counting the labelled lines of {self._describe_source()}"):
                 class_names, counts = scan_tsv(self.files)
             held_out = frozenset(split for split in ("val", "test") if not self.files[split])
-            pieces = {split: [p for path in paths for p in line_pieces(path)] for split, paths in self.files.items()}
-            tokenizer = self._train_tokenizer(lambda: self._tsv_sample(pieces["train"], held_out), counts)
+            files = {split: [p for path in paths for p in line_pieces(path)] for split, paths in self.files.items()}
+            tokenizer = self._train_tokenizer(lambda: self._tsv_sample(files["train"], held_out), counts)
             tokenizer_json = tokenizer.to_str()
-            inputs = {split: pieces["train" if split in held_out else split] for split in SPLITS}
+            inputs = {split: files["train" if split in held_out else split] for split in SPLITS}
             records_of = {
                 split: partial(
                     tsv_records, split=split, held_out=held_out, class_names=class_names, tokenizer_json=tokenizer_json
@@ -617,13 +568,9 @@ class TextClassificationDataModule(DataModule):
             }
         tokenizer.save(folder / TOKENIZER)
         for split in SPLITS:
-            expected = sum(counts[split])
-            if expected:
-                written = write_records(
-                    folder / split, records_of[split], inputs[split], self.prepare_config.num_workers, ("ids",)
-                )
-                if written != expected:
-                    raise RuntimeError(f"{folder / split}: {written:,} records written for {expected:,} texts")
+            if sum(counts[split]):
+                write_records(folder / split, records_of[split], inputs[split], self.prepare_config.num_workers,
+                              ("ids",), expected=sum(counts[split]))  # fmt: skip
         rank_zero_info(f"prepared data: {folder} ({', '.join(f'{s} {sum(counts[s]):,} texts' for s in SPLITS)})")
         return {"class_names": class_names, "counts": counts, "vocab_size": tokenizer.vocab_size}
 

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -60,29 +59,23 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.sampling import (
-    EpochShuffleSampler,
-    Key,
-    ResumableDataLoader,
-    evaluation_sampler,
-    index_and_epoch,
-)
+from lightformer.data.loading.sampling import EpochShuffleSampler, Key, evaluation_sampler, index_and_epoch, map_loader
 from lightformer.data.loading.streaming import Records
-from lightformer.data.modules.base import DataModule
+from lightformer.data.modules.base import PreparedRecords
 from lightformer.data.modules.classification import TRAIN_SHARE, VAL_SHARE, novel_sentences
 from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.preparation.caching import content_hash, preparing
 from lightformer.data.preparation.prepare import (
-    MANIFEST,
     PrepareConfig,
     TokenizerConfig,
     _tokenizer,
-    prepared_folder,
+    piece_size,
+    pieces,
     split_location,
     worker_tokenizer,
     write_records,
 )
-from lightformer.data.preparation.tokenizers import Tokenizer
+from lightformer.data.preparation.tokenizers import PAD_ID, Tokenizer
 from lightformer.data.raw.corpora import austen_text, source_files, split_austen_text, split_of
 from lightformer.data.raw.rendering import LineStyle, LineTooWide, discover_fonts, png_bytes, render_line
 from lightformer.data.raw.sources import TextSource, stage_splits
@@ -461,10 +454,10 @@ def pixel_statistics(train: Path, count: int) -> tuple[tuple[float, ...], tuple[
 # --- the data modules ------------------------------------------------------------------------------------------
 
 
-class ImageTextRecords(DataModule):
-    """What the image-text data modules share once their records are prepared (``prepared``, ``dataset(split)`` and
-    ``tokenizer`` are each one's own): the manifest, set-up, and the loaders of ``collate_lines``'s batches: training
-    in an order drawn from (seed, epoch), resumable mid-epoch; val and test in order.
+class ImageTextRecords(PreparedRecords):
+    """What the image-text data modules share once their records are prepared (``dataset(split)`` is each one's
+    own): set-up, and the loaders of ``collate_lines``'s batches: training in an order drawn from (seed, epoch),
+    resumable mid-epoch; val and test in order.
 
     Args:
         loader: images per batch, loader workers, pinned memory (``ImageLoaderConfig``).
@@ -479,20 +472,6 @@ class ImageTextRecords(DataModule):
         super().__init__()
         self.loader, self.prepare_config = as_config(ImageLoaderConfig, loader), as_config(PrepareConfig, prepare)
         self.augment, self.seed = augment, seed
-        self.datasets: dict[str, LineImages] = {}
-        self._folder: Path | None = None
-        self._manifest: dict | None = None
-        self._tokenizer: Tokenizer | None = None
-
-    @property
-    def manifest(self) -> dict:
-        """``prepared.json``: the fingerprint and what preparation counted (see each module)."""
-        if self._manifest is None:
-            self._manifest = json.loads((self.prepared / MANIFEST).read_text(encoding="utf-8"))
-        return self._manifest
-
-    def prepare_data(self) -> None:
-        self.prepared  # noqa: B018 (prepares on first use)
 
     def setup(self, stage: str | None = None) -> None:
         for split in stage_splits(stage):
@@ -501,17 +480,8 @@ class ImageTextRecords(DataModule):
 
     def _dataloader(self, dataset: LineImages, shuffle: bool) -> DataLoader:
         sampler = EpochShuffleSampler(len(dataset), self.seed, with_epoch=True) if shuffle else None
-        return (ResumableDataLoader if shuffle else DataLoader)(
-            dataset,
-            batch_size=self.loader.batch_size,
-            sampler=sampler or evaluation_sampler(dataset),
-            collate_fn=partial(
-                collate_lines, mean=self.manifest["mean"], std=self.manifest["std"], pad_id=self.tokenizer.pad_id
-            ),  # fmt: skip
-            num_workers=self.loader.num_workers,
-            pin_memory=self.loader.pin_memory,
-            persistent_workers=self.loader.num_workers > 0,
-        )
+        collate = partial(collate_lines, mean=self.manifest["mean"], std=self.manifest["std"], pad_id=PAD_ID)
+        return map_loader(dataset, self.loader, sampler or evaluation_sampler(dataset), shuffle, collate_fn=collate)
 
     def train_dataloader(self) -> DataLoader:
         return self._dataloader(self.dataset("train"), shuffle=True)
@@ -580,14 +550,10 @@ class ImageTextDataModule(ImageTextRecords):
                          normalize_mean=(manifest["mean"],), normalize_std=(manifest["std"],),
                          max_length=longest + 2)  # fmt: skip
 
-    # --- the prepared data ---
+    # --- the prepared data (see the module docstring) ---
 
-    @property
-    def prepared(self) -> Path:
-        """The prepared folder (see the module docstring), prepared on first use (once per job)."""
-        if self._folder is None:
-            self._folder = prepared_folder(self.prepare_config, "image-text-austen", self._fingerprint(), self._build)
-        return self._folder
+    def _stem(self) -> str:
+        return "image-text-austen"
 
     # ``manifest``: the fingerprint, each split's "lines", "families", "redraws", the "longest" text (chars, bytes),
     # the train pixels' "mean" and "std"
@@ -619,19 +585,17 @@ class ImageTextDataModule(ImageTextRecords):
         drawer = self._drawer()
         with preparing("cutting Austen's novels into sentences"):
             split_sentences(drawer.austen_path)  # read once here: forked preparing processes inherit it
-        workers = self.prepare_config.num_workers or len(os.sched_getaffinity(0))
+        workers = self.prepare_config.num_workers
         lines, redraws, families, longest = self._lines(), {}, {}, {"chars": 0, "bytes": 0}
         for split in PREPARED_SPLITS:
             if not lines[split]:
                 continue
-            size = max(1, min(PIECE_LINES, math.ceil(lines[split] / workers)))
-            pieces = [(start, min(start + size, lines[split])) for start in range(0, lines[split], size)]
+            size = piece_size(lines[split], PIECE_LINES, workers)
+            ranges = [(piece.start, piece.stop) for piece in pieces(range(lines[split]), size)]
             side = folder / f".{split}-counts"
             side.mkdir()
             records_of = partial(line_records, drawer=drawer, split=split, side=str(side))
-            written = write_records(folder / split, records_of, pieces, self.prepare_config.num_workers, ("text",))
-            if written != lines[split]:
-                raise RuntimeError(f"{folder / split}: {written:,} records written for {lines[split]:,} lines")
+            write_records(folder / split, records_of, ranges, workers, ("text",), expected=lines[split])
             counts: Counter = Counter()
             used: Counter = Counter()
             for path in sorted(side.glob("*.json")):

@@ -35,8 +35,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import math
-import os
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -54,12 +52,12 @@ from lightformer.data.preparation.prepare import (
     TokenizerConfig,
     _tokenizer,
     _tokenizer_key,
-    prepared_folder,
+    piece_size,
+    pieces,
     split_location,
     stem_of,
     write_records,
 )
-from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw.image_files import fit_image, load_image
 from lightformer.data.raw.rendering import jpeg_bytes, png_bytes
 from lightformer.data.raw.sources import SPLITS, line_pieces
@@ -283,12 +281,6 @@ class ImageTextFilesDataModule(ImageTextRecords):
         self.save_hyperparameters()
         self.source, self.tokenizer_config = as_config(ImageTextFiles, source), as_config(TokenizerConfig, tokenizer)
 
-    @property
-    def tokenizer(self) -> Tokenizer:
-        if self._tokenizer is None:
-            self._tokenizer = Tokenizer.from_file(self.prepared / TOKENIZER)
-        return self._tokenizer
-
     def data_facts(self) -> DataFacts:
         tokenizer, manifest = self.tokenizer, self.manifest
         return DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
@@ -297,15 +289,8 @@ class ImageTextFilesDataModule(ImageTextRecords):
                          normalize_mean=tuple(manifest["mean"]), normalize_std=tuple(manifest["std"]),
                          max_length=manifest["longest"] + 2)  # fmt: skip
 
-    @property
-    def prepared(self) -> Path:
-        """The prepared folder (see the module docstring), prepared on first use (once per job)."""
-        if self._folder is None:
-            splits = self.splits()
-            stem = f"image-text-{stem_of([Path(self.source.train)])}"
-            self._folder = prepared_folder(self.prepare_config, stem, self._fingerprint(splits),
-                                           partial(self._build, splits=splits))  # fmt: skip
-        return self._folder
+    def _stem(self) -> str:
+        return f"image-text-{stem_of([Path(self.source.train)])}"
 
     def splits(self) -> dict[str, list[Entry]]:
         """Each split's images and texts, read from the annotation files (val carved from train when not given)."""
@@ -324,9 +309,10 @@ class ImageTextFilesDataModule(ImageTextRecords):
                 )
         return splits
 
-    def _fingerprint(self, splits: dict[str, list[Entry]]) -> dict:
+    def _fingerprint(self) -> dict:
         """What the records depend on: the annotation files' contents, each image's path, size and modification
         time (hashed as they are read: not held), the options, the tokenizer's."""
+        self._entries = splits = self.splits()  # read once: what ``_build`` prepares
         annotations = {split: sha256_of(getattr(self.source, split)) for split in SPLITS if getattr(self.source, split)}
         images = hashlib.sha256()
         for split in SPLITS:
@@ -335,32 +321,30 @@ class ImageTextFilesDataModule(ImageTextRecords):
         return {"format": FORMAT_VERSION, "annotations": annotations, "images": images.hexdigest(),
                 "source": asdict(self.source), "tokenizer": _tokenizer_key(self.tokenizer_config, ())}  # fmt: skip
 
-    def _build(self, folder: Path, splits: dict[str, list[Entry]]) -> dict:
+    def _build(self, folder: Path) -> dict:
         """``prepared_folder``'s build: the tokenizer, each split's records in pieces on every core, the train
         pixels' statistics, the longest text; what it returns goes into the manifest."""
+        splits = self._entries
         texts = {split: folder / f".texts-{split}.jsonl" for split in SPLITS}
         for split, path in texts.items():
             with open(path, "w", encoding="utf-8") as f:
                 f.writelines(json.dumps({"text": t}) + "\n" for entry in splits[split] for t in entry.texts)
-        pieces = {split: line_pieces(path) if splits[split] else [] for split, path in texts.items()}
-        tokenizer = _tokenizer(self.tokenizer_config, pieces, "text", ())
+        text_pieces = {split: line_pieces(path) if splits[split] else [] for split, path in texts.items()}
+        tokenizer = _tokenizer(self.tokenizer_config, text_pieces, "text", ())
         tokenizer.save(folder / TOKENIZER)
         for path in texts.values():
             path.unlink()
-        workers = self.prepare_config.num_workers or len(os.sched_getaffinity(0))
+        workers = self.prepare_config.num_workers
         longest = 0
         for split, entries in splits.items():
             if not entries:
                 continue
-            size = max(1, min(PIECE_IMAGES, math.ceil(len(entries) / workers)))
-            chunks = [entries[start : start + size] for start in range(0, len(entries), size)]
+            chunks = pieces(entries, piece_size(len(entries), PIECE_IMAGES, workers))
             annotation = f"data.source.{split}: {getattr(self.source, split) or self.source.train}"  # val: carved?
             records_of = partial(image_records, source=self.source, annotation=annotation)
-            written = write_records(folder / split, records_of, chunks, self.prepare_config.num_workers, ("texts",))
-            if written != len(entries):
-                raise RuntimeError(f"{folder / split}: {written:,} records written for {len(entries):,} images")
-            for start in range(0, len(entries), 1024):
-                batch = [text for entry in entries[start : start + 1024] for text in entry.texts]
+            write_records(folder / split, records_of, chunks, workers, ("texts",), expected=len(entries))
+            for batch_entries in pieces(entries, 1024):
+                batch = [text for entry in batch_entries for text in entry.texts]
                 longest = max(longest, *map(len, tokenizer.encode_batch(batch)))
         counts = {split: len(entries) for split, entries in splits.items()}
         mean, std = pixel_statistics(folder / "train", counts["train"])

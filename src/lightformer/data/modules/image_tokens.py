@@ -38,10 +38,9 @@ from lightformer.data.modules.images import (
 from lightformer.data.objectives.augment import AugmentConfig
 from lightformer.data.objectives.pixels import PaletteConfig, PixelTokenizer, downsample
 from lightformer.data.preparation.prepare import PrepareConfig
+from lightformer.data.raw.sources import SPLITS
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
-
-SPLITS = ("train", "val", "test")
 
 # A uniform colour palette has levels³ colours: more than this and the vocabulary (and the GPT's embedding and
 # output layers) grows past what Image GPT uses (512 k-means colours); k-means picks the colours that occur instead.
@@ -59,46 +58,28 @@ def pixel_pairs(y: Tensor, start_id: int) -> tuple[Tensor, Tensor]:
     return torch.cat([start, y[..., :-1]], dim=-1), y
 
 
-class PixelSequenceDataset(Dataset):
-    """Item i is (x, y) for image i: y its pixel ids ``(S*S,)`` int64, x = ``[start_id] + y[:-1]``.
+class PixelSequences(Dataset):
+    """Item i is (x, y) for image i: y its pixel ids ``(S*S,)`` int64, x = ``[start_id] + y[:-1]``; ``__getitems__``
+    makes a whole batch at once. The ids are ``tokens`` ``(N, S*S)``, held in memory (stored compactly, widened per
+    batch), or those of ``images`` (a dataset of (uint8 image ``(C, S, S)``, label): a prepared image folder's split)
+    encoded with ``tokenizer`` as their batch is read, so that no split's ids are ever all held."""
 
-    ``tokens``: ``(N, S*S)`` integer ids (stored compactly; widened to int64 per batch). ``__getitems__`` slices a
-    whole batch at once.
-    """
-
-    def __init__(self, tokens: Tensor, start_id: int) -> None:
-        self.tokens = tokens
-        self.start_id = start_id
+    def __init__(self, tokenizer: PixelTokenizer, tokens: Tensor | None = None, images: Dataset | None = None) -> None:
+        self.tokenizer, self.tokens, self.images = tokenizer, tokens, images
 
     def __len__(self) -> int:
-        return len(self.tokens)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
-        return pixel_pairs(self.tokens[index], self.start_id)
-
-    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
-        return pixel_pairs(self.tokens[torch.as_tensor(indices, dtype=torch.long)], self.start_id)
-
-
-class EncodedImages(Dataset):
-    """Item i is (x, y) for image i of ``images`` (a dataset of (uint8 image ``(C, S, S)``, label), a prepared image
-    folder's split), its pixel ids encoded with ``tokenizer`` as its batch is read: no split's ids are ever all held.
-    ``__getitems__`` encodes a whole batch at once."""
-
-    def __init__(self, images: Dataset, tokenizer: PixelTokenizer) -> None:
-        self.images = images
-        self.tokenizer = tokenizer
-
-    def __len__(self) -> int:
-        return len(self.images)
+        return len(self.tokens if self.images is None else self.images)
 
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
         x, y = self.__getitems__([index])
         return x[0], y[0]
 
     def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
-        images = torch.stack([self.images[index][0] for index in indices])
-        return pixel_pairs(self.tokenizer.encode(images), self.tokenizer.start_id)
+        if self.images is None:
+            ids = self.tokens[torch.as_tensor(indices, dtype=torch.long)]
+        else:
+            ids = self.tokenizer.encode(torch.stack([self.images[index][0] for index in indices]))
+        return pixel_pairs(ids, self.tokenizer.start_id)
 
 
 def check_image_size(image_size: int | None, source: ImageSource) -> None:
@@ -324,9 +305,9 @@ class ImageTokenDataModule(DataModule):
     def _dataloader(self, split: str, shuffle: bool) -> DataLoader:
         self.setup()
         if self.streams_images:
-            dataset = EncodedImages(getattr(self.images_data, f"{split}_dataset"), self.pixel_tokenizer)
+            dataset = PixelSequences(self.pixel_tokenizer, images=getattr(self.images_data, f"{split}_dataset"))
         else:
-            dataset = PixelSequenceDataset(self._tokens[split], self.pixel_tokenizer.start_id)
+            dataset = PixelSequences(self.pixel_tokenizer, tokens=self._tokens[split])
         return image_loader(dataset, self.loader, self.seed, shuffle)
 
     def train_dataloader(self) -> DataLoader:

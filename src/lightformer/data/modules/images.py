@@ -25,17 +25,12 @@ folder; decoding and resizing stay in the loader's workers). Every file is decod
 files that are not readable images (not an image, cut short, 32-bit pixels) is refused in one line naming them,
 before any training. The prepared folder's name holds a hash of the files' paths, sizes and modification times,
 the carve and the channels: a later run with the same files reads it without decoding anything again.
-
-Its length is the table of the datasets it knows (sizes, statistics, class names) and one data module with its
-options and their checks.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -52,13 +47,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 from torchvision.transforms import v2
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.sampling import (
-    EpochShuffleSampler,
-    Key,
-    ResumableDataLoader,
-    evaluation_sampler,
-    index_and_epoch,
-)
+from lightformer.data.loading.sampling import EpochShuffleSampler, Key, evaluation_sampler, index_and_epoch, map_loader
 from lightformer.data.loading.streaming import Records
 from lightformer.data.modules.base import DataModule
 from lightformer.data.objectives.augment import (
@@ -72,6 +61,8 @@ from lightformer.data.preparation.caching import content_hash, file_stamp
 from lightformer.data.preparation.prepare import (
     MANIFEST,
     PrepareConfig,
+    piece_size,
+    pieces,
     prepared_folder,
     split_location,
     stem_of,
@@ -115,24 +106,16 @@ class ImageDatasetInfo:
     train_pool_size: int | None  # images in the official train split, when known without reading it
 
 
-_MNIST_LIKE = dict(in_channels=1, image_size=28, default_val_size=5000, default_val_fraction=None)
+def _mnist_like(dataset: type, mean: float, std: float, horizontal_flip: bool) -> ImageDatasetInfo:
+    """A torchvision dataset of 60,000 training and 10,000 test grey 28×28 images."""
+    return ImageDatasetInfo(in_channels=1, image_size=28, mean=(mean,), std=(std,), horizontal_flip=horizontal_flip,
+                            class_names=tuple(dataset.classes), default_val_size=5000, default_val_fraction=None,
+                            train_pool_size=60000)  # fmt: skip
+
+
 DATASET_INFO: dict[str, ImageDatasetInfo] = {
-    "fashion_mnist": ImageDatasetInfo(
-        **_MNIST_LIKE,
-        mean=(0.2860,),
-        std=(0.3530,),
-        horizontal_flip=True,
-        class_names=tuple(torchvision.datasets.FashionMNIST.classes),
-        train_pool_size=60000,
-    ),
-    "mnist": ImageDatasetInfo(
-        **_MNIST_LIKE,
-        mean=(0.1307,),
-        std=(0.3081,),
-        horizontal_flip=False,
-        class_names=tuple(torchvision.datasets.MNIST.classes),
-        train_pool_size=60000,
-    ),
+    "fashion_mnist": _mnist_like(torchvision.datasets.FashionMNIST, 0.2860, 0.3530, horizontal_flip=True),
+    "mnist": _mnist_like(torchvision.datasets.MNIST, 0.1307, 0.3081, horizontal_flip=False),
     "cifar10": ImageDatasetInfo(
         in_channels=3,
         image_size=32,
@@ -337,13 +320,11 @@ def prepare_image_folder(
 def _write_image_records(folder: Path, files: dict, in_channels: int, workers: int | None) -> dict:
     """``prepared_folder``'s build for an image folder: each split's records, the bad files refused, the carve."""
     problems_dir = folder / ".problems"
-    cores = workers or len(os.sched_getaffinity(0))
     for split in SPLITS:
         if files[split]:
-            size = max(1, min(MAX_PIECE_FILES, math.ceil(len(files[split]) / cores)))
-            pieces = list(enumerate(files[split][i : i + size] for i in range(0, len(files[split]), size)))
+            size = piece_size(len(files[split]), MAX_PIECE_FILES, workers)
             records_of = partial(image_file_records, in_channels=in_channels, problems_dir=str(problems_dir / split))
-            write_records(folder / split, records_of, pieces, workers, ("image",))
+            write_records(folder / split, records_of, list(enumerate(pieces(files[split], size))), workers, ("image",))
     problems = [problem for path in sorted(problems_dir.rglob("*.json")) for problem in json.loads(path.read_text())]
     if problems:
         total = sum(len(split_files) for split_files in files.values())
@@ -433,15 +414,7 @@ def image_loader(dataset: Dataset, loader: ImageLoaderConfig, seed: int, shuffle
     keys, from which it draws."""
     augmented = getattr(dataset, "transform", None) is not None
     sampler = EpochShuffleSampler(len(dataset), seed, with_epoch=augmented) if shuffle else evaluation_sampler(dataset)
-    return (ResumableDataLoader if shuffle else DataLoader)(
-        dataset,
-        batch_size=loader.batch_size,
-        sampler=sampler,
-        collate_fn=collate_images,
-        num_workers=loader.num_workers,
-        pin_memory=loader.pin_memory,
-        persistent_workers=loader.num_workers > 0,
-    )
+    return map_loader(dataset, loader, sampler, shuffle, collate_fn=collate_images)
 
 
 class ImageDataModule(DataModule):

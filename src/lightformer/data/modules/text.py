@@ -108,8 +108,7 @@ class TokenShards(DataModule):
 
     def _loader(self, dataset: Dataset, sampler, drop_last: bool = False, resumable: bool = False) -> DataLoader:
         """A loader of ``dataset``; ``resumable`` (training) saves its position inside an epoch in checkpoints."""
-        return map_loader(dataset, self.loader.num_workers, resumable, batch_size=self.loader.batch_size,
-                          sampler=sampler, drop_last=drop_last, collate_fn=self.collate_fn)  # fmt: skip
+        return map_loader(dataset, self.loader, sampler, resumable, drop_last=drop_last, collate_fn=self.collate_fn)
 
 
 class TextDataModule(TokenShards):

@@ -31,21 +31,19 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.sampling import ResumableDataLoader, TokenBudgetBatchSampler
+from lightformer.data.loading.sampling import TokenBudgetBatchSampler, map_loader
 from lightformer.data.loading.sequences import collate_pairs
 from lightformer.data.loading.streaming import Records
-from lightformer.data.modules.base import DataModule
+from lightformer.data.modules.base import STAGE_OF, PreparedRecords
 from lightformer.data.preparation.caching import file_stamp, preparing
 from lightformer.data.preparation.prepare import (
-    MANIFEST,
     SAMPLE_BYTES,
     PrepareConfig,
-    prepared_folder,
+    pieces,
     split_location,
     stem_of,
     worker_tokenizer,
@@ -295,7 +293,7 @@ class PairBatches:
             raise ValueError(f"data.batches.num_workers={self.num_workers} must be at least 0")
 
 
-class TranslationDataModule(DataModule):
+class TranslationDataModule(PreparedRecords):
     """Sentence pairs for an encoder-decoder: batches {"src": (B, S), "tgt": (B, T), "src_text", "tgt_text"}.
 
     `src` is `encode(source) + [EOS]`; `tgt` is `[BOS] + encode(target) + [EOS]` (the task shifts it for teacher
@@ -330,9 +328,6 @@ class TranslationDataModule(DataModule):
         self.batches = as_config(PairBatches, batches)
         self.prepare_config = as_config(PrepareConfig, prepare)
         self.seed = seed
-        self.datasets: dict[str, PreparedPairs] = {}
-        self.stats: dict[str, object] = {}
-        self._folder: Path | None = None
         self._tokenizers: dict[str, Tokenizer] = {}
 
     # --- tokenizers, and what the model needs to know of the data ---
@@ -340,18 +335,17 @@ class TranslationDataModule(DataModule):
     @property
     def src_tokenizer(self) -> Tokenizer:
         """Tokenizer of the source side (the same object as `tgt_tokenizer` when `joint_vocab`)."""
-        return self._tokenizer(self.source.source_side)
+        return self._side_tokenizer(self.source.source_side)
 
     @property
     def tgt_tokenizer(self) -> Tokenizer:
         """Tokenizer of the target side."""
-        return self._tokenizer(1 - self.source.source_side)
+        return self._side_tokenizer(1 - self.source.source_side)
 
     def data_facts(self) -> DataFacts:
         """The two tokenizers, and the positions the model needs for the longest pair of any split: its source, and
         its target less one (teacher forcing feeds ``tgt[:, :-1]``); train pairs over ``max_sentence_tokens`` are
         dropped, val/test ids cut to it."""
-        self.prepared  # noqa: B018 (its manifest holds the statistics)
         for split in SPLITS:
             if split not in self.datasets and self.stats.get(f"{split}_pairs"):
                 self.datasets[split] = self._encode_split(split)
@@ -361,20 +355,13 @@ class TranslationDataModule(DataModule):
         return DataFacts(src_tokenizer=src.to_str(), tgt_tokenizer=tgt.to_str(), src_vocab_size=src.vocab_size,
                          tgt_vocab_size=tgt.vocab_size, pad_id=PAD_ID, max_length=longest)  # fmt: skip
 
-    # --- LightningDataModule hooks ---
-
-    def prepare_data(self) -> None:
-        """Prepare the pairs (once per job: see ``data.prepare.prepared_folder``)."""
-        self.prepared  # noqa: B018 (prepares on first use)
-
     @property
-    def prepared(self) -> Path:
-        """The prepared folder (tokenizers, record splits, manifest), prepared on first use; its manifest's
-        statistics are in `stats` from then on."""
-        if self._folder is None:
-            self._folder = prepared_folder(self.prepare_config, self._stem(), self._fingerprint(), self._build)
-            self.stats.update(json.loads((self._folder / MANIFEST).read_text())["stats"])
-        return self._folder
+    def stats(self) -> dict[str, object]:
+        """The pairs' statistics (the manifest's: the data is prepared on first use), with the pairs dropped or cut
+        as the splits are opened."""
+        return self.manifest["stats"]
+
+    # --- LightningDataModule hooks (``prepared``: the folder of tokenizers, record splits and manifest) ---
 
     def setup(self, stage: str | None = None) -> None:
         """Open the prepared splits that `stage` needs (all for None); train pairs over `max_sentence_tokens` are
@@ -387,7 +374,6 @@ class TranslationDataModule(DataModule):
         return self._dataloader("train", shuffle=True)
 
     def val_dataloader(self) -> DataLoader | list:
-        self.prepared  # noqa: B018 (its manifest holds the statistics)
         if not self.stats["val_pairs"]:
             return []  # no validation pairs: Lightning skips validation
         return self._dataloader("val", shuffle=False)
@@ -399,22 +385,14 @@ class TranslationDataModule(DataModule):
 
     def _dataloader(self, split: str, shuffle: bool) -> DataLoader:
         if split not in self.datasets:
-            self.setup({"train": "fit", "val": "validate", "test": "test"}[split])
+            self.setup(STAGE_OF[split])
         dataset = self.datasets[split]
         if len(dataset) == 0:
             raise DataError(f"the {split} split has no sentence pairs ({self._describe_source(split)})")
         blocks = max(self.tokenizer_config.segmentations, 1) if split == "train" else 1
-        loader = ResumableDataLoader if split == "train" else DataLoader  # a resumed run continues mid-epoch
-        return loader(
-            dataset,
-            batch_sampler=TokenBudgetBatchSampler(
-                dataset.lengths, self.batches.max_tokens, shuffle=shuffle, seed=self.seed, blocks=blocks
-            ),
-            collate_fn=partial(collate_pairs, pad_id=PAD_ID),
-            num_workers=self.batches.num_workers,
-            persistent_workers=self.batches.num_workers > 0,
-            pin_memory=torch.cuda.is_available(),
-        )
+        budget = TokenBudgetBatchSampler(dataset.lengths, self.batches.max_tokens, shuffle, self.seed, blocks=blocks)
+        collate = partial(collate_pairs, pad_id=PAD_ID)
+        return map_loader(dataset, self.batches, resumable=split == "train", batch_sampler=budget, collate_fn=collate)
 
     def _encode_split(self, split: str) -> PreparedPairs:
         """The split's dataset: source + EOS, BOS + target + EOS; over-long train pairs dropped, val/test cut.
@@ -446,7 +424,7 @@ class TranslationDataModule(DataModule):
             )
         return PreparedPairs(blocks, np.flatnonzero(~too_long), src_side, cut_to=None)
 
-    def _tokenizer(self, side: int) -> Tokenizer:
+    def _side_tokenizer(self, side: int) -> Tokenizer:
         """The tokenizer of stored side 0 or 1 (both the joint one), from the prepared folder."""
         name = self.tokenizer_config.names[side]
         if name not in self._tokenizers:
@@ -521,11 +499,7 @@ class TranslationDataModule(DataModule):
             stats["train_phrase_pairs"] = len(added)
             stats["phrase_pairs_held_out"] = len(phrases) - len(added)
             pairs["train"] = pairs["train"] * self.source.sentence_repeats + added
-        chunks = {
-            split: [found[i : i + _DING_INPUT_PAIRS] for i in range(0, len(found), _DING_INPUT_PAIRS)]
-            for split, found in pairs.items()
-        }
-        return chunks, stats
+        return {split: pieces(found, _DING_INPUT_PAIRS) for split, found in pairs.items()}, stats
 
     def _train_tokenizers(self, train: list[list[Pair]], folder: Path) -> tuple[str, str]:
         """Train the tokenizers on the train pairs `train` (lists of pairs), save them into `folder`; returns
@@ -556,25 +530,21 @@ class TranslationDataModule(DataModule):
         by a worker that keeps the pairs of `wanted[split]` (all of them for a split not in `wanted`); returns
         each split's statistics."""
         stats: dict[str, object] = {}
-        languages = ("german", "english") if self.source.corpus == "ding" else ("first", "second")
+        ding, config = self.source.corpus == "ding", self.tokenizer_config
+        languages = ("german", "english") if ding else ("first", "second")
         counted = folder / ".statistics"
-        for split in SPLITS:
-            records_of = partial(
-                _pair_records,
-                wanted=wanted.get(split),
-                held_out=held_out,
-                tokenizers=tokenizers,
-                options=f"data.source.{'' if split in held_out else SPLIT_PREFIX[split]}",
-                counts=None if self.source.corpus == "ding" else str(counted),
-            )
-            write_records(
-                folder / split,
-                records_of,
-                list(enumerate(inputs[split])),
-                self.prepare_config.num_workers,
-                LENGTH_FIELDS,
-            )
-            if self.source.corpus != "ding":
+        written = [(split, split, None) for split in SPLITS]  # (record split, pairs of split, BPE-dropout draws)
+        written += [
+            (_dropout_split(k), "train", (config.bpe_dropout, self.seed, k)) for k in range(config.segmentations)
+        ]
+        for name, split, dropout in written:
+            counts = None if ding or dropout else str(counted)
+            options = f"data.source.{'' if split in held_out else SPLIT_PREFIX[split]}"
+            records_of = partial(_pair_records, wanted=wanted.get(split), held_out=held_out, tokenizers=tokenizers,
+                                 options=options, counts=counts, dropout=dropout)  # fmt: skip
+            inputs_of = list(enumerate(inputs[split]))
+            write_records(folder / name, records_of, inputs_of, self.prepare_config.num_workers, LENGTH_FIELDS)
+            if counts is not None:
                 counts = [json.loads((counted / f"{i:08d}.json").read_text()) for i in range(len(inputs[split]))]
                 shutil.rmtree(counted)
                 stats.update(_summed_statistics(split, counts, languages))
@@ -582,24 +552,6 @@ class TranslationDataModule(DataModule):
                     stats[f"{split}_skipped_empty"] = 0
                 elif stats[f"{split}_pairs"] == 0:
                     raise self._no_pairs(split, stats[f"{split}_skipped_empty"])
-        for k in range(self.tokenizer_config.segmentations):
-            records_of = partial(
-                _pair_records,
-                wanted=wanted.get("train"),
-                held_out=held_out,
-                tokenizers=tokenizers,
-                dropout=(self.tokenizer_config.bpe_dropout, self.seed, k),
-            )
-            with preparing(
-                f"drawing BPE-dropout segmentation {k + 1} of {self.tokenizer_config.bpe_dropout_segmentations}"
-            ):
-                write_records(
-                    folder / _dropout_split(k),
-                    records_of,
-                    list(enumerate(inputs["train"])),
-                    self.prepare_config.num_workers,
-                    LENGTH_FIELDS,
-                )
         return stats
 
     def _no_pairs(self, split: str, skipped: int) -> ValueError:

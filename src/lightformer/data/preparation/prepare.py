@@ -26,13 +26,14 @@ lengths) into its ``cache_dir``; LitData downloads the shards there as they are 
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import cached_property, lru_cache, partial
@@ -418,16 +419,29 @@ def _until_an_error(item: Any, fn: Callable, errors: str) -> Iterator:
             f.write(saved)
 
 
+def pieces(items: Sequence, size: int) -> list:
+    """``items`` cut into consecutive pieces of ``size`` (the last one shorter): the inputs of preparing processes."""
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+def piece_size(count: int, most: int, workers: int | None) -> int:
+    """Items a piece of ``count`` items cut into pieces of at most ``most``: fewer where that gives each of the
+    ``workers`` preparing processes (``PrepareConfig.num_workers``; None: every core) a piece."""
+    return max(1, min(most, math.ceil(count / (workers or len(os.sched_getaffinity(0))))))
+
+
 def write_records(
     folder: Path,
     records_of: Callable[[Any], Iterable[dict]],
     inputs: list,
     workers: int | None,
     length_fields: tuple[str, ...],
+    expected: int | None = None,
 ) -> int:
     """Records (dicts of arrays, numbers, strings) into a split folder that ``streaming.Records`` reads by index, in
-    the order ``records_of`` yields them for each input in turn; returns their count. ``records_of`` is a
-    module-level function or a ``functools.partial`` of one (the workers get it by pickling).
+    the order ``records_of`` yields them for each input in turn; returns their count (a RuntimeError when it is not
+    ``expected``, if given). ``records_of`` is a module-level function or a ``functools.partial`` of one (the workers
+    get it by pickling).
 
     ``<folder>/lengths.npy`` (records × ``length_fields``, int32) holds the length of each named field of each
     record, for samplers that batch by length (a token budget) without reading the records.
@@ -440,8 +454,9 @@ def write_records(
     parts = [np.load(side / f"{i:08d}.npy") for i in range(len(inputs))]
     lengths = np.concatenate(parts) if parts else np.zeros((0, len(length_fields)), np.int32)
     count = _count(folder, "chunk_size")
-    if count != len(lengths):
-        raise RuntimeError(f"{folder}: {count:,} records were written but {len(lengths):,} lengths counted")
+    if count != len(lengths) or count != (count if expected is None else expected):
+        raise RuntimeError(f"{folder}: {count:,} records were written, {len(lengths):,} lengths counted, {expected} "
+                           "records expected")  # fmt: skip
     with atomic_open(folder / LENGTHS) as f:
         np.save(f, lengths)
     shutil.rmtree(side)
