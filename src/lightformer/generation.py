@@ -9,7 +9,7 @@ per source batch with ``EncoderDecoder.incremental_decoder(src)``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -22,6 +22,22 @@ class IncrementalDecoder(Protocol):
     def __call__(self, ids: Tensor, cache: Any = None) -> Tensor: ...
 
     def new_cache(self, max_length: int | None = None) -> Any: ...
+
+
+class ConditionedDecoder:
+    """The incremental decoder of an encoder-decoder model bound to one batch of encoded inputs: ``step(ids, cache)``
+    gives the logits (the encoder's output bound in it), ``new_cache`` the decoder stack's caches."""
+
+    def __init__(self, step: Callable[[Tensor, Any], Tensor], new_cache: Callable[[int], Any], block_size: int) -> None:
+        self.step = step
+        self.make_cache = new_cache
+        self.block_size = block_size
+
+    def __call__(self, ids: Tensor, cache: Any = None) -> Tensor:
+        return self.step(ids, cache)
+
+    def new_cache(self, max_length: int | None = None) -> Any:
+        return self.make_cache(max_length or self.block_size)
 
 
 def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:

@@ -8,6 +8,7 @@ from typing import get_args
 import torch
 from torch import Tensor, nn
 
+from lightformer.generation import ConditionedDecoder
 from lightformer.nn import (
     Activation,
     Decoder,
@@ -187,26 +188,12 @@ class EncoderDecoder(nn.Module):
         logits = self.decode(tgt_in, memory, src_mask)
         return logits if encoder_positions is None else (logits, self.output(memory[encoder_positions]))
 
-    def incremental_decoder(self, src: Tensor, beam_size: int = 1) -> SourceConditionedDecoder:
+    def incremental_decoder(self, src: Tensor, beam_size: int = 1) -> ConditionedDecoder:
         """Encode ``src`` once and return a decoder for ``lightformer.generation`` (rows repeated per beam)."""
         memory, src_mask = self.encode(src)
         if beam_size > 1:
             memory = memory.repeat_interleave(beam_size, dim=0)
             src_mask = src_mask.repeat_interleave(beam_size, dim=0)
-        return SourceConditionedDecoder(self, memory, src_mask)
-
-
-class SourceConditionedDecoder:
-    """The decoder bound to one batch of encoded sources: ``decoder(ids, cache) -> logits``."""
-
-    def __init__(self, model: EncoderDecoder, memory: Tensor, src_mask: Tensor) -> None:
-        self.model = model
-        self.memory = memory
-        self.src_mask = src_mask
-        self.block_size = model.max_len
-
-    def __call__(self, ids: Tensor, cache: DecoderCache | None = None) -> Tensor:
-        return self.model.decode(ids, self.memory, self.src_mask, cache)
-
-    def new_cache(self, max_length: int | None = None) -> DecoderCache:
-        return self.model.decoder.new_cache(max_length or self.block_size)
+        return ConditionedDecoder(
+            lambda ids, cache: self.decode(ids, memory, src_mask, cache), self.decoder.new_cache, self.max_len
+        )

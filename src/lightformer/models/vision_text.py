@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from lightformer.generation import ConditionedDecoder
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.models.vit import VisionTransformer, ViTConfig, ViTPosition
-from lightformer.nn import Activation, DecoderCache, NormKind, PositionKind
+from lightformer.nn import Activation, NormKind, PositionKind
 from lightformer.nn.checks import as_pair, check_at_least, check_set
 
 
@@ -151,22 +152,10 @@ class VisionEncoderDecoder(nn.Module):
             raise ValueError("this model has no CTC head: build it with ctc_head=true")
         return logits, self.ctc_head(memory)
 
-    def incremental_decoder(self, images: Tensor, beam_size: int = 1) -> ImageConditionedDecoder:
+    def incremental_decoder(self, images: Tensor, beam_size: int = 1) -> ConditionedDecoder:
         """Encode ``images`` once and return a decoder for ``lightformer.generation`` (rows repeated per beam)."""
         memory = self.encode(images)
-        return ImageConditionedDecoder(self, memory.repeat_interleave(beam_size, dim=0) if beam_size > 1 else memory)
-
-
-class ImageConditionedDecoder:
-    """The decoder bound to one batch of encoded images: ``decoder(ids, cache) -> logits``."""
-
-    def __init__(self, model: VisionEncoderDecoder, memory: Tensor) -> None:
-        self.model = model
-        self.memory = memory
-        self.block_size = model.block_size
-
-    def __call__(self, ids: Tensor, cache: DecoderCache | None = None) -> Tensor:
-        return self.model.decoder(ids, cache, memory=self.memory)
-
-    def new_cache(self, max_length: int | None = None) -> DecoderCache:
-        return self.model.decoder.new_cache(max_length or self.block_size)
+        memory = memory.repeat_interleave(beam_size, dim=0) if beam_size > 1 else memory
+        return ConditionedDecoder(
+            lambda ids, cache: self.decoder(ids, cache, memory=memory), self.decoder.new_cache, self.block_size
+        )
