@@ -179,16 +179,10 @@ class ImageGPTTask(LanguageModelTask):
         return self._require_palette().decode(tokens.cpu())
 
     def complete_images(
-        self,
-        images: Tensor,
-        num_completions: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        given_rows: int | None = None,
+        self, images: Tensor, num_completions: int, given_rows: int | None = None, **sampling: Any
     ) -> Tensor:
-        """Sample the bottom of each image from its top ``given_rows`` rows (default: the top half).
+        """Sample the bottom of each image from its top ``given_rows`` rows (default: the top half); ``sampling``:
+        ``generate_pixels``' temperature, top_k, top_p and seed.
 
         images: uint8 ``(n, C, S, S)`` (quantised to the palette first). Returns uint8
         ``(n, num_completions, C, S, S)``: the given rows as quantised, the rest sampled.
@@ -200,7 +194,7 @@ class ImageGPTTask(LanguageModelTask):
             raise ValueError(f"given_rows={given_rows} must be from 0 to {size - 1} (rows of a {size}×{size} image)")
         tokens = tokenizer.encode(images.cpu())
         given = tokens[:, : given_rows * size].repeat_interleave(num_completions, dim=0)
-        completed = self.generate_pixels(given, temperature, top_k, top_p, seed).cpu()
+        completed = self.generate_pixels(given, **sampling).cpu()
         return tokenizer.decode(completed).reshape(len(images), num_completions, *images.shape[1:])
 
     @torch.no_grad()
@@ -300,27 +294,21 @@ def check_same_palette(saved: PixelTokenizer, data: PixelTokenizer) -> None:
 # --- pictures -------------------------------------------------------------------------------------------------------
 
 
-def completion_rows(
-    task: ImageGPTTask,
-    images: Tensor,
-    num_completions: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-) -> tuple[Tensor, str]:
+def completion_rows(task: ImageGPTTask, images: Tensor, num_completions: int, **sampling: Any) -> tuple[Tensor, str]:
     """A grid with one row per image: the image quantised, its top half with the bottom masked grey, then
-    ``num_completions`` sampled bottoms; and a line of Markdown that says so. images: uint8 ``(n, C, S, S)``."""
+    ``num_completions`` bottoms sampled as ``sampling`` says (``generate_pixels``' temperature, top_k, top_p, seed);
+    and a line of Markdown that says so. images: uint8 ``(n, C, S, S)``."""
     tokenizer = task._require_palette()
     quantised = tokenizer.quantize(images.cpu())
     size = tokenizer.image_size
     given_rows = size // 2
     masked = quantised.clone()
     masked[:, :, given_rows:] = MASK_GREY
-    completed = task.complete_images(quantised, num_completions, temperature, top_k, top_p, seed, given_rows)
+    completed = task.complete_images(quantised, num_completions, given_rows, **sampling)
     rows = torch.cat([quantised[:, None], masked[:, None], completed], dim=1)  # (n, 2 + num_completions, C, S, S)
     grid = image_grid(rows.flatten(0, 1), columns=2 + num_completions)
-    settings = f"temperature {temperature}, top_k {top_k}, top_p {top_p}"
+    settings = dict(temperature=1.0, top_k=None, top_p=None) | {k: v for k, v in sampling.items() if k != "seed"}
+    settings = ", ".join(f"{name} {value}" for name, value in settings.items())
     legend = (
         f"One row per image. Columns: the image in the model's palette; its top {given_rows} of {size} rows as "
         f"given, the rest masked grey; {num_completions} completions of the masked rows sampled by the model "
@@ -420,7 +408,9 @@ def sample_images(
     if paths:
         target = Path(output)
         completions_path = str(target.with_name(f"{target.stem}_completions{target.suffix or '.png'}"))
-        grid, _ = completion_rows(task, given, num_completions, temperature, top_k, top_p, seed)
+        grid, _ = completion_rows(
+            task, given, num_completions, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+        )
         _write_png(grid, completions_path)
         print(
             f"wrote {completions_path}: one row per image of --complete_from ({len(paths)}): the image in the "
