@@ -23,6 +23,7 @@ Validation and test examples are drawn with epoch 0 whatever the epoch, so their
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -56,15 +57,18 @@ from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 
 
+@dataclass(eq=False)
 class _Segments(Dataset):
     """The windows of a prepared split as segments, and the random generator of each example. ``fixed`` makes every
     epoch draw as epoch 0 (evaluation)."""
 
-    def __init__(self, windows: Windows, seed: int, fixed: bool) -> None:
-        self.windows = windows
-        self.seed = seed
-        self.fixed = fixed
-        self.num_segments = len(windows)
+    windows: Windows
+    seed: int
+    fixed: bool
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.windows)
 
     def segment(self, i: int) -> np.ndarray:
         """The ids of segment i, ``(window,)`` int64."""
@@ -78,6 +82,7 @@ class _Segments(Dataset):
         return index, np.random.default_rng((self.seed, 0 if self.fixed else epoch, index))
 
 
+@dataclass(eq=False, kw_only=True)
 class MaskedLMDataset(_Segments):
     """BERT examples: with `nsp`, item i is `[CLS] A [SEP] B [SEP]` with A = segment i and B the next segment (label
     1) or, with probability 1/2, a random segment that is neither i nor next to it (label 0), cut to `max_length`;
@@ -87,30 +92,14 @@ class MaskedLMDataset(_Segments):
     An item is {"ids", "segment_ids", "labels": `(seq,)` int64, and with `nsp` "nsp_label": int}.
     """
 
-    def __init__(
-        self,
-        windows: Windows,
-        seed: int,
-        fixed: bool,
-        *,
-        nsp: bool,
-        max_length: int,
-        mask_id: int,
-        vocab_size: int,
-        random_low: int,
-        probability: float,
-        word_start_ids: np.ndarray | None,
-        line_end_ids: np.ndarray | None,
-    ) -> None:
-        super().__init__(windows, seed, fixed)
-        self.nsp = nsp
-        self.max_length = max_length
-        self.mask_id = mask_id
-        self.vocab_size = vocab_size
-        self.random_low = random_low
-        self.probability = probability
-        self.word_start_ids = word_start_ids
-        self.line_end_ids = line_end_ids
+    nsp: bool
+    max_length: int
+    mask_id: int
+    vocab_size: int
+    random_low: int
+    probability: float
+    word_start_ids: np.ndarray | None
+    line_end_ids: np.ndarray | None
 
     def __len__(self) -> int:
         if self.nsp:
@@ -162,6 +151,7 @@ class MaskedLMDataset(_Segments):
         return choice
 
 
+@dataclass(eq=False, kw_only=True)
 class SpanCorruptionDataset(_Segments):
     """T5 examples: item i is segment i corrupted by `span_corruption`, framed as a translation pair.
 
@@ -169,22 +159,10 @@ class SpanCorruptionDataset(_Segments):
     sentinels kept}.
     """
 
-    def __init__(
-        self,
-        windows: Windows,
-        seed: int,
-        fixed: bool,
-        *,
-        tokenizer: Tokenizer,
-        sentinel_ids: np.ndarray,
-        noise_density: float,
-        mean_span_length: float,
-    ) -> None:
-        super().__init__(windows, seed, fixed)
-        self.tokenizer = tokenizer
-        self.sentinel_ids = sentinel_ids
-        self.noise_density = noise_density
-        self.mean_span_length = mean_span_length
+    tokenizer: Tokenizer
+    sentinel_ids: np.ndarray
+    noise_density: float
+    mean_span_length: float
 
     def __len__(self) -> int:
         return self.num_segments
