@@ -97,19 +97,19 @@ class ImageDatasetInfo:
 
     in_channels: int
     image_size: int  # native side length in pixels (the default for `image_size`)
-    mean: tuple[float, ...] | None  # per-channel, on [0, 1] pixels; None: computed from the train split
-    std: tuple[float, ...] | None
     horizontal_flip: bool  # whether a mirrored image keeps its label (not so for handwritten digits)
-    class_names: tuple[str, ...]  # empty for image folders: read from disk
-    default_val_size: int | None  # validation images when neither val_size nor val_fraction is given...
-    default_val_fraction: float | None  # ...or this fraction of the pool
-    train_pool_size: int | None  # images in the official train split, when known without reading it
+    mean: tuple[float, ...] | None = None  # per-channel, on [0, 1] pixels; None: computed from the train split
+    std: tuple[float, ...] | None = None
+    class_names: tuple[str, ...] = ()  # empty for image folders: read from disk
+    default_val_size: int | None = None  # validation images when neither val_size nor val_fraction is given...
+    default_val_fraction: float | None = None  # ...or this fraction of the pool
+    train_pool_size: int | None = None  # images in the official train split, when known without reading it
 
 
 def _mnist_like(dataset: type, mean: float, std: float, horizontal_flip: bool) -> ImageDatasetInfo:
     """A torchvision dataset of 60,000 training and 10,000 test grey 28×28 images."""
-    return ImageDatasetInfo(in_channels=1, image_size=28, mean=(mean,), std=(std,), horizontal_flip=horizontal_flip,
-                            class_names=tuple(dataset.classes), default_val_size=5000, default_val_fraction=None,
+    return ImageDatasetInfo(in_channels=1, image_size=28, horizontal_flip=horizontal_flip, mean=(mean,), std=(std,),
+                            class_names=tuple(dataset.classes), default_val_size=5000,
                             train_pool_size=60000)  # fmt: skip
 
 
@@ -119,36 +119,24 @@ DATASET_INFO: dict[str, ImageDatasetInfo] = {
     "cifar10": ImageDatasetInfo(
         in_channels=3,
         image_size=32,
+        horizontal_flip=True,
         mean=(0.4914, 0.4822, 0.4465),
         std=(0.2470, 0.2435, 0.2616),
-        horizontal_flip=True,
         # torchvision reads these from the downloaded meta file; the order is fixed by the dataset.
         class_names=("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"),
         default_val_size=5000,
-        default_val_fraction=None,
         train_pool_size=50000,
     ),
     "digits": ImageDatasetInfo(
-        in_channels=1,
-        image_size=8,
-        mean=None,
-        std=None,
-        horizontal_flip=False,
-        class_names=tuple(str(digit) for digit in range(10)),
-        default_val_size=None,
-        default_val_fraction=0.15,
-        train_pool_size=None,
+        in_channels=1, image_size=8, horizontal_flip=False, class_names=tuple("0123456789"), default_val_fraction=0.15
     ),
     "image_folder": ImageDatasetInfo(
         in_channels=3,
         image_size=224,
+        horizontal_flip=True,
         mean=IMAGENET_MEAN,
         std=IMAGENET_STD,
-        horizontal_flip=True,
-        class_names=(),
-        default_val_size=None,
         default_val_fraction=0.15,
-        train_pool_size=None,
     ),
 }
 
@@ -357,6 +345,7 @@ class ImageRecords(Dataset):
         return v2.functional.pil_to_tensor(image), int(record["label"])
 
 
+@dataclass(eq=False)
 class ImageSubset(Dataset):
     """The (uint8 image, label) items of ``source`` at ``indices``, each image through ``transform`` if given.
 
@@ -366,13 +355,10 @@ class ImageSubset(Dataset):
     source held in memory (a ``TensorDataset``) ``__getitems__`` slices a whole batch at once.
     """
 
-    def __init__(
-        self, source: Dataset, indices: list[int], transform: v2.Transform | None = None, seed: int = 0
-    ) -> None:
-        self.source = source
-        self.indices = indices
-        self.transform = transform
-        self.seed = seed
+    source: Dataset
+    indices: list[int]
+    transform: v2.Transform | None = None
+    seed: int = 0
 
     def __len__(self) -> int:
         return len(self.indices)
