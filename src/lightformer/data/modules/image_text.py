@@ -43,10 +43,9 @@ from the same text (``austen_char_tokenizer``), so that the decoder can be warm-
 from __future__ import annotations
 
 import io
-import json
 import os
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache, partial
 from pathlib import Path
@@ -80,7 +79,7 @@ from lightformer.data.raw.corpora import austen_text, source_files, split_austen
 from lightformer.data.raw.rendering import LineStyle, LineTooWide, discover_fonts, png_bytes, render_line
 from lightformer.data.raw.sources import TextSource, stage_splits
 from lightformer.facts import DataFacts
-from lightformer.files import atomic_open, read_utf8, sha256_of
+from lightformer.files import read_utf8, sha256_of
 
 FORMAT_VERSION = 1  # bump when what a prepared folder holds, or how a line is drawn, changes meaning
 PREPARED_SPLITS = ("train", "val", "test", "test_seen")
@@ -349,9 +348,9 @@ class LineDrawer:
             text_redraws += 1
 
 
-def line_records(piece: tuple[int, int], drawer: LineDrawer, split: str, side: str) -> Iterator[dict]:
+def line_records(piece: tuple[int, int], drawer: LineDrawer, split: str) -> Generator[dict, None, dict]:
     """The records of lines [start, stop) of ``split``, rendered one at a time: {"image": PNG bytes, "text",
-    "family"}; once they are all out, the piece's counts (redraws, families, longest text) go to ``<side>/``."""
+    "family"}; returns the piece's counts (redraws, families, longest text)."""
     start, stop = piece
     counts: Counter = Counter()
     families: Counter = Counter()
@@ -363,9 +362,7 @@ def line_records(piece: tuple[int, int], drawer: LineDrawer, split: str, side: s
         longest = {"chars": max(longest["chars"], len(line.text)),
                    "bytes": max(longest["bytes"], len(line.text.encode("utf-8")))}  # fmt: skip
         yield {"image": png_bytes(image), "text": line.text, "family": line.family}
-    summary = {"counts": dict(counts), "families": dict(families), "longest": longest}
-    with atomic_open(Path(side) / f"{start:012d}.json") as f:
-        f.write(json.dumps(summary).encode())
+    return {"counts": counts, "families": families, "longest": longest}
 
 
 # --- loading ---------------------------------------------------------------------------------------------------
@@ -592,19 +589,17 @@ class ImageTextDataModule(ImageTextRecords):
                 continue
             size = piece_size(lines[split], PIECE_LINES, workers)
             ranges = [(piece.start, piece.stop) for piece in pieces(range(lines[split]), size)]
-            side = folder / f".{split}-counts"
-            side.mkdir()
-            records_of = partial(line_records, drawer=drawer, split=split, side=str(side))
-            write_records(folder / split, records_of, ranges, workers, ("text",), expected=lines[split])
+            records_of = partial(line_records, drawer=drawer, split=split)
+            parts: list[dict] = []
+            write_records(
+                folder / split, records_of, ranges, workers, ("text",), expected=lines[split], summaries=parts
+            )
             counts: Counter = Counter()
             used: Counter = Counter()
-            for path in sorted(side.glob("*.json")):
-                part = json.loads(path.read_text())
+            for part in parts:
                 counts.update(part["counts"])
                 used.update(part["families"])
                 longest = {key: max(longest[key], part["longest"][key]) for key in longest}
-                path.unlink()
-            side.rmdir()
             redraws[split], families[split] = dict(counts), dict(sorted(used.items()))
         (mean,), (std,) = pixel_statistics(folder / "train", lines["train"])
         rank_zero_info(f"prepared image-text lines: {folder} ({', '.join(f'{s} {n:,}' for s, n in lines.items())})")

@@ -307,13 +307,15 @@ def prepare_image_folder(
 
 def _write_image_records(folder: Path, files: dict, in_channels: int, workers: int | None) -> dict:
     """``prepared_folder``'s build for an image folder: each split's records, the bad files refused, the carve."""
-    problems_dir = folder / ".problems"
+    unreadable: list[list[str]] = []  # each piece's files that are not readable images
     for split in SPLITS:
         if files[split]:
             size = piece_size(len(files[split]), MAX_PIECE_FILES, workers)
-            records_of = partial(image_file_records, in_channels=in_channels, problems_dir=str(problems_dir / split))
-            write_records(folder / split, records_of, list(enumerate(pieces(files[split], size))), workers, ("image",))
-    problems = [problem for path in sorted(problems_dir.rglob("*.json")) for problem in json.loads(path.read_text())]
+            records_of = partial(image_file_records, in_channels=in_channels)
+            write_records(
+                folder / split, records_of, pieces(files[split], size), workers, ("image",), summaries=unreadable
+            )
+    problems = [problem for piece in unreadable for problem in piece]
     if problems:
         total = sum(len(split_files) for split_files in files.values())
         listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")

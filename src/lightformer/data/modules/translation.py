@@ -21,10 +21,7 @@ which checks its own fields when it is built, naming the option as it is written
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -70,7 +67,7 @@ from lightformer.data.raw.sources import (
 )
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
-from lightformer.files import as_list, atomic_open, expand_patterns, sha256_of
+from lightformer.files import as_list, expand_patterns, sha256_of
 
 # Bump when what a prepared folder holds changes meaning (extraction rules, split rule, record fields), so that
 # folders of an older format are not reused.
@@ -531,23 +528,20 @@ class TranslationDataModule(PreparedRecords):
         each split's statistics."""
         stats: dict[str, object] = {}
         ding, config = self.source.corpus == "ding", self.tokenizer_config
-        languages = ("german", "english") if ding else ("first", "second")
-        counted = folder / ".statistics"
         written = [(split, split, None) for split in SPLITS]  # (record split, pairs of split, BPE-dropout draws)
         written += [
             (_dropout_split(k), "train", (config.bpe_dropout, self.seed, k)) for k in range(config.segmentations)
         ]
         for name, split, dropout in written:
-            counts = None if ding or dropout else str(counted)
             options = f"data.source.{'' if split in held_out else SPLIT_PREFIX[split]}"
             records_of = partial(_pair_records, wanted=wanted.get(split), held_out=held_out, tokenizers=tokenizers,
-                                 options=options, counts=counts, dropout=dropout)  # fmt: skip
+                                 options=options, dropout=dropout)  # fmt: skip
+            counts: list[dict] = []
             inputs_of = list(enumerate(inputs[split]))
-            write_records(folder / name, records_of, inputs_of, self.prepare_config.num_workers, LENGTH_FIELDS)
-            if counts is not None:
-                counts = [json.loads((counted / f"{i:08d}.json").read_text()) for i in range(len(inputs[split]))]
-                shutil.rmtree(counted)
-                stats.update(_summed_statistics(split, counts, languages))
+            write_records(folder / name, records_of, inputs_of, self.prepare_config.num_workers, LENGTH_FIELDS,
+                          summaries=counts)  # fmt: skip
+            if not ding and not dropout:
+                stats.update(_summed_statistics(split, counts, ("first", "second")))
                 if split != "train" and split in wanted:  # a bucket split: its skipped lines are train's
                     stats[f"{split}_skipped_empty"] = 0
                 elif stats[f"{split}_pairs"] == 0:
@@ -705,12 +699,11 @@ def _pair_records(
     held_out: tuple[str, ...],
     tokenizers: tuple[str, str],
     options: str = "data.source.",
-    counts: str | None = None,
     dropout: tuple[float, int, int] | None = None,
-) -> Iterator[dict]:
+) -> Generator[dict, None, dict]:
     """The records of one input (``write_records``): its pairs of split `wanted` (all for None), each side's ids
-    without special tokens and both texts. `options`: the prefix of the options naming its files (for errors).
-    `counts`: a folder for the input's pair and word counts. `dropout`: (probability, seed, segmentation k) for a
+    without special tokens and both texts; returns the input's pair and word counts. `options`: the prefix of the
+    options naming its files (for errors). `dropout`: (probability, seed, segmentation k) for a
     BPE-dropout segmentation, drawn from (seed, k, side), and the input's index after the first input (so one input
     of all the pairs draws as ``Tokenizer.encode_batch_with_dropout`` of the whole list would)."""
     index, source = item
@@ -735,11 +728,8 @@ def _pair_records(
             "first_text": first,
             "second_text": second,
         }
-    if counts is not None:
-        words = [sum(len(pair[side].split()) for pair in pairs) for side in (0, 1)]
-        os.makedirs(counts, exist_ok=True)
-        with atomic_open(Path(counts) / f"{index:08d}.json") as f:
-            f.write(json.dumps({"pairs": len(pairs), "words": words, "skipped_empty": skipped}).encode())
+    words = [sum(len(pair[side].split()) for pair in pairs) for side in (0, 1)]
+    return {"pairs": len(pairs), "words": words, "skipped_empty": skipped}
 
 
 def _pair_statistics(split: str, pairs: list[Pair], languages: tuple[str, str]) -> dict[str, object]:

@@ -437,11 +437,13 @@ def write_records(
     workers: int | None,
     length_fields: tuple[str, ...],
     expected: int | None = None,
+    summaries: list | None = None,
 ) -> int:
     """Records (dicts of arrays, numbers, strings) into a split folder that ``streaming.Records`` reads by index, in
     the order ``records_of`` yields them for each input in turn; returns their count (a RuntimeError when it is not
     ``expected``, if given). ``records_of`` is a module-level function or a ``functools.partial`` of one (the workers
-    get it by pickling).
+    get it by pickling). ``summaries``: a list that gets what ``records_of`` returns for each input (a generator's
+    return value: what the worker counted or refused), in the inputs' order.
 
     ``<folder>/lengths.npy`` (records × ``length_fields``, int32) holds the length of each named field of each
     record, for samplers that batch by length (a token budget) without reading the records.
@@ -451,8 +453,8 @@ def write_records(
     side.mkdir(parents=True)
     fn = partial(_records_with_lengths, records_of=records_of, fields=length_fields, side=str(side))
     write_shards(folder, fn, list(enumerate(inputs)), workers)
-    parts = [np.load(side / f"{i:08d}.npy") for i in range(len(inputs))]
-    lengths = np.concatenate(parts) if parts else np.zeros((0, len(length_fields)), np.int32)
+    parts = [pickle.loads((side / f"{i:08d}.pickle").read_bytes()) for i in range(len(inputs))]
+    lengths = np.concatenate([part for part, _ in parts]) if parts else np.zeros((0, len(length_fields)), np.int32)
     count = _count(folder, "chunk_size")
     if count != len(lengths) or count != (count if expected is None else expected):
         raise RuntimeError(f"{folder}: {count:,} records were written, {len(lengths):,} lengths counted, {expected} "
@@ -460,18 +462,26 @@ def write_records(
     with atomic_open(folder / LENGTHS) as f:
         np.save(f, lengths)
     shutil.rmtree(side)
+    if summaries is not None:
+        summaries.extend(summary for _, summary in parts)
     return count
 
 
 def _records_with_lengths(item: tuple[int, Any], records_of: Callable, fields: tuple[str, ...], side: str):
-    """One input's records, its lengths saved beside them (``<side>/<input index>.npy``) once they are all out."""
+    """One input's records; once they are all out, their lengths and what ``records_of`` returned are saved beside
+    them (``<side>/<input index>.pickle``)."""
     index, source = item
-    lengths = []
-    for record in records_of(source):
+    lengths, records = [], iter(records_of(source))
+    while True:
+        try:
+            record = next(records)
+        except StopIteration as stop:
+            summary = stop.value
+            break
         lengths.append([len(record[name]) for name in fields])
         yield record
-    with atomic_open(Path(side) / f"{index:08d}.npy") as f:
-        np.save(f, np.asarray(lengths, dtype=np.int32).reshape(-1, len(fields)))
+    with atomic_open(Path(side) / f"{index:08d}.pickle") as f:
+        f.write(pickle.dumps((np.asarray(lengths, dtype=np.int32).reshape(-1, len(fields)), summary)))
 
 
 def _prepare_text(

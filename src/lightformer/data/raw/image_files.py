@@ -8,8 +8,7 @@ A folder dataset follows torchvision's ``ImageFolder`` layout: ``<folder>/train/
 from __future__ import annotations
 
 import io
-import json
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -21,7 +20,6 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 from torchvision.transforms import v2
 
 from lightformer.errors import DataError
-from lightformer.files import atomic_write_bytes
 
 
 def load_image(path: str | Path | BinaryIO, in_channels: int = 3, image_size: int | None = None) -> Image.Image:
@@ -209,11 +207,10 @@ def read_checked_image(path: str, in_channels: int) -> tuple[bytes | None, str |
     return data, None
 
 
-def image_file_records(piece: tuple[int, list[tuple[str, int]]], in_channels: int, problems_dir: str):
-    """The records ``{"image": the file's bytes, "label": class index}`` of one piece ``(index, [(path, label)])`` of
-    an image folder's split, each file checked by ``read_checked_image``: what the preparing workers run. The files
-    that are not readable images are left out and listed in ``<problems_dir>/<index>.json`` as "path (problem)"."""
-    index, files = piece
+def image_file_records(files: list[tuple[str, int]], in_channels: int) -> Generator[dict, None, list[str]]:
+    """The records ``{"image": the file's bytes, "label": class index}`` of one piece ``[(path, label)]`` of an image
+    folder's split, each file checked by ``read_checked_image``: what the preparing workers run. The files that are
+    not readable images are left out and returned, as "path (problem)"."""
     problems = []
     for path, label in files:
         data, problem = read_checked_image(path, in_channels)
@@ -221,6 +218,4 @@ def image_file_records(piece: tuple[int, list[tuple[str, int]]], in_channels: in
             yield {"image": data, "label": label}
         else:
             problems.append(f"{path} ({problem})")
-    if problems:
-        Path(problems_dir).mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(Path(problems_dir) / f"{index:08d}.json", json.dumps(problems).encode())
+    return problems
