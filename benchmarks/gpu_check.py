@@ -23,7 +23,10 @@ part, so a check killed half-way keeps what it measured.
 - vit: benchmarks/fit_overhead.py on configs/vision/vit_fashion_mnist.yaml with the gpu trainer preset: images/s
   in ``fit`` against the bare step;
 - overhead-lm, overhead-ding: benchmarks/fit_overhead.py on the two GPU configs, ``fit`` against the bare step
-  (each config in its own process, under its own limit).
+  (each config in its own process, under its own limit);
+- image-text: configs/image_text/printed_lines_gpu.yaml in ``fit`` on a tenth of its lines (rendered first, on every
+  core), a fixed number of steps, then one validation: images/s and MFU, and the validation CER at that step (the
+  config's own bar, ≤ 3% after its 15 minutes, needs a run of its own).
 
 ``--dry-run`` runs the same parts through the same code on the CPU: tiny models on tiny data, the cpu trainer
 preset (fp32), no compilation, a few steps; tests/test_gpu_check.py runs it.
@@ -50,6 +53,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable
@@ -63,10 +67,12 @@ import peers
 
 REPO = Path(__file__).resolve().parents[1]
 WHEELS, SITE = REPO / ".whl", Path("/tmp/site")
-LM, DING, VIT = (
+FONTS = REPO / "data" / "fonts"  # gpu_wheels.sh's typefaces, unpacked here on the GPU machine
+LM, DING, VIT, IMAGE_TEXT = (
     "configs/lm/austen_bpe_gpu.yaml",
     "configs/translation/ding_de_en_gpu.yaml",
     "configs/vision/vit_fashion_mnist.yaml",
+    "configs/image_text/printed_lines_gpu.yaml",
 )
 THROUGHPUT = "velocity/train/device/"  # ThroughputMonitor's curves, as lightformer's TensorBoardLogger names them
 THROUGHPUT_WINDOW = 20  # steps per throughput reading (lightformer.callbacks.Throughput's window)
@@ -74,7 +80,7 @@ VERSIONS = ("torch", "lightning", "timm", "litdata", "jsonargparse", "transforme
 TAIL_LINES = 40  # of a failed part's output, in the report
 
 
-PARTS = ("data", "lm", "peers", "ding", "tests", "vit", "overhead-lm", "overhead-ding")  # the order they run in
+PARTS = ("data", "lm", "peers", "ding", "tests", "vit", "overhead-lm", "overhead-ding", "image-text")  # in order
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,8 @@ class Sizes:
 
     device: str
     dtype: torch.dtype  # of the training steps' matrix multiplies, for the peaks
-    fit_steps: dict[str, int]  # lm, ding: steps in fit
-    first_reading: dict[str, int]  # lm, ding: the throughput readings from this step on count (compilation is over)
+    fit_steps: dict[str, int]  # lm, ding, image-text: steps in fit
+    first_reading: dict[str, int]  # lm, ding, image-text: the throughput readings from this step on count
     ding_max_time: str  # the Ding fit stops after its steps or this much training, whichever comes first
     overhead: dict[str, tuple[int, int]]  # vit, overhead-lm, overhead-ding: (timed steps, warm-up steps)
     peers: str  # benchmarks/peers.py's options
@@ -94,8 +100,8 @@ class Sizes:
 GPU = Sizes(
     device="cuda",
     dtype=torch.bfloat16,
-    fit_steps={"lm": 300, "ding": 200},
-    first_reading={"lm": 100, "ding": 50},
+    fit_steps={"lm": 300, "ding": 200, "image-text": 1500},
+    first_reading={"lm": 100, "ding": 50, "image-text": 100},
     ding_max_time="00:00:01:30",
     overhead={"vit": (200, 20), "overhead-lm": (60, 10), "overhead-ding": (60, 10)},
     peers="--device cuda --shape gpt2-small --tasks lm --precisions bf16 --compile on --round-seconds 1",
@@ -108,13 +114,14 @@ GPU = Sizes(
         "vit": 60,
         "overhead-lm": 90,
         "overhead-ding": 120,
+        "image-text": 180,
     },
 )
 DRY_RUN = Sizes(
     device="cpu",
     dtype=torch.float32,
-    fit_steps={"lm": 40, "ding": 40},
-    first_reading={"lm": 20, "ding": 20},
+    fit_steps={"lm": 40, "ding": 40, "image-text": 30},
+    first_reading={"lm": 20, "ding": 20, "image-text": 20},
     ding_max_time="00:00:01:00",
     overhead={"vit": (6, 2), "overhead-lm": (6, 2), "overhead-ding": (6, 2)},
     peers="--tasks lm --precisions fp32 --compile off --steps 2 --round-seconds 0 --rounds 1 --warmup 1 --threads 1 "
@@ -159,7 +166,9 @@ class Outcome:
 
 def plan(sizes: Sizes, dry_run: bool, work: Path, peaks: Peaks) -> list[Part]:
     """The check's parts, in ``PARTS``' order; their runs log under ``work``."""
-    options = dry_run_options(work) if dry_run else {VIT: ["--config=configs/trainer/gpu.yaml"]}
+    fonts = [f"--data.source.font_dir={FONTS}"] if FONTS.is_dir() else []  # else the machine's own
+    gpu = {VIT: ["--config=configs/trainer/gpu.yaml"], IMAGE_TEXT: ["--data.source.train_lines=50000", *fonts]}
+    options = dry_run_options(work) if dry_run else gpu
     python = sys.executable
 
     def lightformer(command: str, config: str, *more: str) -> list[str]:
@@ -177,7 +186,7 @@ def plan(sizes: Sizes, dry_run: bool, work: Path, peaks: Peaks) -> list[Part]:
                 str(warmup), "--", *options.get(config, [])]  # fmt: skip
 
     tests = [python, *shlex.split("-m pytest -q -p no:cacheprovider tests/test_scale_out.py -k 'gpu or fsdp_preset'")]
-    lm, ding = sizes.first_reading["lm"], sizes.first_reading["ding"]
+    lm, ding, lines = (sizes.first_reading[name] for name in ("lm", "ding", "image-text"))
     ding_bar = "the bar: ≥ 10× the steps/s of a CPU (not measured by this check)"
     return [
         Part("data", "each config's tokenizer and token shards, prepared once per machine",
@@ -196,6 +205,13 @@ def plan(sizes: Sizes, dry_run: bool, work: Path, peaks: Peaks) -> list[Part]:
              lambda output: overhead_figures(output, "tokens")),
         Part("overhead-ding", f"translation (`{DING}`): fit against the bare step", [overhead("overhead-ding", DING)],
              lambda output: overhead_figures(output, "target tokens")),
+        Part("image-text", f"reading printed lines (`{IMAGE_TEXT}`, a tenth of its lines) in fit: throughput, MFU, "
+             "the validation CER after its steps",
+             [fit("image-text", IMAGE_TEXT, f"--trainer.val_check_interval={sizes.fit_steps['image-text']}",
+                  "--trainer.limit_val_batches=null", "--trainer.max_time=null",
+                  f"--model.optimizer.warmup_steps={sizes.fit_steps['image-text'] // 5}")],
+             lambda output: [*fit_figures(work / "image-text", lines, "images", peaks),
+                             validation_figure(work / "image-text", "val/cer")]),
     ]  # fmt: skip
 
 
@@ -221,6 +237,10 @@ def dry_run_options(work: Path) -> dict[str, list[str]]:
                "--model.net.n_heads=2", "--model.net.d_ff=64", "--model.net.max_len=16"],
         VIT: [*cpu, "--model.net.n_layers=1", "--model.net.n_heads=2", "--model.net.d_model=32", "--model.net.d_ff=64",
               "--data.loader.batch_size=32"],
+        IMAGE_TEXT: [*cpu, "--data.source.train_lines=64", "--data.source.val_lines=8", "--data.source.test_lines=8",
+                     prepared, "--data.loader.batch_size=8", "--data.loader.num_workers=0",
+                     "--data.loader.pin_memory=false", "--model.net.encoder_layers=1", "--model.net.decoder_layers=1",
+                     "--model.net.d_model=32", "--model.net.n_heads=2", "--model.net.d_ff=64"],
     }  # fmt: skip
 
 
@@ -284,6 +304,15 @@ def fit_figures(runs: Path, first_step: int, unit: str, peaks: Peaks, mfu_bar: f
     if THROUGHPUT + "mfu" in curves:
         lines.append(f"the run's own MFU curve (`{THROUGHPUT}mfu`): {median('mfu'):.1%}")
     return lines
+
+
+def validation_figure(runs: Path, tag: str) -> str:
+    """The last value of the run's validation curve ``tag``, and its step."""
+    curve = scalars(runs).get(tag)
+    if not curve:
+        raise ValueError(f"no {tag} in the run's TensorBoard events")
+    step, value = curve[-1]
+    return f"{tag} at step {step}: **{value:.2%}**"
 
 
 def markdown_rows(text: str, column: str) -> list[dict[str, str]]:
@@ -352,11 +381,16 @@ def python_path() -> list[str]:
 
 def unpack_data() -> list[str]:
     """The offline data that gpu_wheels.sh packed into .whl/data/, unpacked where the configs read it, unless it is
-    there already: Austen's novels, Ding's dictionary, Fashion-MNIST. Returns what it unpacked."""
+    there already: Austen's novels, Ding's dictionary, Fashion-MNIST, the typefaces (into ``FONTS``). Returns what it
+    unpacked."""
     packed = WHEELS / "data"
+    unpacked = []
+    if (packed / "fonts.tar.xz").is_file() and not FONTS.exists():
+        with tarfile.open(packed / "fonts.tar.xz") as fonts:
+            fonts.extractall(FONTS, filter="data")
+        unpacked.append(str(FONTS))
     targets = {"austen.txt.gz": REPO / "data/austen/austen.txt", "de-en.xz": Path("/usr/share/trans/de-en")}
     targets |= {path.name: REPO / "data/FashionMNIST/raw" / path.stem for path in packed.glob("*-ubyte.xz")}
-    unpacked = []
     for name, target in targets.items():
         if (packed / name).is_file() and not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)

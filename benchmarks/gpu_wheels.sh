@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the GPU machines lack for the GPU check, into .whl/ (33 MB; the device tool carries at most 64 MiB): the wheels
+# What the GPU machines lack for the GPU check, into .whl/ (59 MB; the device tool carries at most 64 MiB): the wheels
 # of lightformer's dependencies that their image has not, and the offline data of the check's configs, compressed.
 #
 #   bash benchmarks/gpu_wheels.sh            # here, from the repository root, with access to a package index
@@ -15,7 +15,10 @@
 #   rdata (reads Austen's novels from Debian's package): rdata
 # The versions are constraints.txt's (the tested stack); a pure-Python wheel (py3-none-any) matches any platform.
 # The data: Austen's novels (data/austen/austen.txt, which any Austen run here writes), Ding (Debian's trans-de-en)
-# and Fashion-MNIST (data/FashionMNIST/raw/, which any Fashion-MNIST run here writes).
+# and Fashion-MNIST (data/FashionMNIST/raw/, which any Fashion-MNIST run here writes). With --fonts, the typefaces the
+# image-text configs render their lines in (the Debian packages of .ci/run, under /usr/share/fonts: 7.6 MB) instead of
+# Fashion-MNIST (26 MB), so that the GPU machine renders in the same 18 families as this one and .whl/ stays under
+# the device tool's 64 MiB: `bash benchmarks/gpu_wheels.sh --fonts`, then `gpu_check.py --parts image-text ...`.
 set -euo pipefail
 
 PACKAGES=(
@@ -37,5 +40,12 @@ python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --im
 mkdir -p .whl/data
 gzip -9 -c data/austen/austen.txt > .whl/data/austen.txt.gz
 xz -T0 -9 -c /usr/share/trans/de-en > .whl/data/de-en.xz
-for file in data/FashionMNIST/raw/*-ubyte; do xz -T0 -6 -c "${file}" > ".whl/data/$(basename "${file}").xz"; done
+if [ "${1:-}" = --fonts ]; then
+    rm -f .whl/data/*-ubyte.xz
+    tar -C /usr/share/fonts -cJf .whl/data/fonts.tar.xz truetype/dejavu truetype/freefont truetype/liberation2 \
+        opentype/urw-base35
+else
+    rm -f .whl/data/fonts.tar.xz
+    for file in data/FashionMNIST/raw/*-ubyte; do xz -T0 -6 -c "${file}" > ".whl/data/$(basename "${file}").xz"; done
+fi
 echo "$(ls .whl/*.whl | wc -l) wheels and $(ls .whl/data | wc -l) data files in .whl/ ($(du -sh .whl | cut -f1))"

@@ -52,12 +52,12 @@ from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.generation import beam_search
 from lightformer.models.vision_text import VisionEncoderDecoder, VisionEncoderDecoderConfig
 from lightformer.peaks import auto_precision
+from lightformer.tasks.base import DYNAMIC_COMPILE_OPTIONS
 from lightformer.tasks.image_text import image_text_loss
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "image_text" / "printed_lines.yaml"
 NAMES = ("lightformer", "huggingface")
-SEED = 0
 QUICK_NET = {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "n_heads": 2, "d_ff": 64}
 Batch = dict[str, Tensor | list[str]]
 
@@ -69,10 +69,10 @@ def read_config(path: Path) -> tuple[dict, dict, dict]:
 
 
 def build_models(
-    net: VisionEncoderDecoderConfig, bos_id: int, eos_id: int, pad_id: int, ctc: bool = False
+    net: VisionEncoderDecoderConfig, bos_id: int, eos_id: int, pad_id: int, ctc: bool = False, seed: int = 0
 ) -> dict[str, nn.Module]:
     """Ours and HF's VisionEncoderDecoderModel (ViT + GPT-2 with cross-attention) at ``net``'s shape, without
-    dropout, each seeded with ``SEED`` and initialised its own way; with ``ctc``, each with a CTC head on its
+    dropout, each seeded with ``seed`` and initialised its own way; with ``ctc``, each with a CTC head on its
     encoder's patches (ours: ``ctc_head``; HF: the same linear layer on its ViT's patch tokens, class token left
     out), else neither."""
     from transformers import GPT2Config, VisionEncoderDecoderModel, ViTConfig
@@ -116,9 +116,9 @@ def build_models(
     )
     config = HFConfig.from_encoder_decoder_configs(encoder, decoder)
     config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = bos_id, pad_id, eos_id
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     ours = VisionEncoderDecoder(net)
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     hf = VisionEncoderDecoderModel(config=config)
     if ctc:
         hf.ctc_head = nn.Linear(encoder.hidden_size, net.vocab_size)
@@ -142,8 +142,12 @@ def logits_of(name: str, model: nn.Module, images: Tensor, tgt_in: Tensor, ctc: 
 class Trainee:
     """One model with the config's AdamW and schedule."""
 
-    def __init__(self, name: str, model: nn.Module, optimizer: OptimizerConfig, total_steps: int, hp: dict) -> None:
+    def __init__(
+        self, name: str, model: nn.Module, optimizer: OptimizerConfig, total_steps: int, hp: dict, compile: bool
+    ) -> None:
         self.name, self.model = name, model.train()
+        # Compiled as ImageToTextTask(compile=true) compiles its model and loss: one graph, dynamic shapes.
+        self.loss = torch.compile(self.loss, dynamic=True, options=DYNAMIC_COMPILE_OPTIONS) if compile else self.loss
         optim = configure_adamw(model, optimizer, max(1, total_steps))
         self.optimizer, self.scheduler = optim["optimizer"], optim["lr_scheduler"]["scheduler"]
         self.label_smoothing, self.pad_id, self.clip = hp["label_smoothing"], hp["pad_id"], hp["clip"]
@@ -319,6 +323,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--ctc-weight", type=float, default=0.0, help="train both with a CTC loss on the encoder (the config: 0.5)"
     )
+    parser.add_argument(
+        "--compile", action="store_true", help="both models' forward and loss through torch.compile (dynamic shapes)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seeds both models' initialisations")
     parser.add_argument("--batch-size", type=int, default=None, help="default: the config's")
     parser.add_argument("--train-lines", type=int, default=None, help="default: the config's data")
     parser.add_argument("--val-lines", type=int, default=None, help="lines read for the CER; default: the config's")
@@ -365,8 +373,9 @@ def main(argv: list[str] | None = None) -> None:
     }
 
     def trainees(steps: int) -> dict[str, Trainee]:
-        models = build_models(net, tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id, ctc=args.ctc_weight > 0)
-        return {name: Trainee(name, model, optimizer, steps, train_hp) for name, model in models.items()}
+        ids = tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id
+        models = build_models(net, *ids, ctc=args.ctc_weight > 0, seed=args.seed)
+        return {name: Trainee(name, model, optimizer, steps, train_hp, args.compile) for name, model in models.items()}
 
     batch_size = data.loader.batch_size
     batches = take(data.train_dataloader(), max(args.speed_steps, args.warmup, 1))
@@ -375,6 +384,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC")
     print(f"config {args.config.name}: {described}; image {facts.image_size}, vocabulary {facts.vocab_size}")
     print(f"data: {data.prepared} (train {data.manifest['lines']['train']:,} lines), batch {batch_size}")
+    print(f"seed {args.seed}; " + ("forward and loss compiled (torch.compile, dynamic)" if args.compile else "eager"))
 
     # Equivalence of the setups: the same logits' shape on the same batch; parameters and FLOPs of each.
     models = {name: t.model for name, t in trainees(1).items()}
