@@ -1,5 +1,6 @@
-"""``DataModule``: what every lightformer data module is to the rest of the framework; ``PreparedRecords``: what the
-modules whose data is prepared once into a folder of records share."""
+"""``DataModule``: what every lightformer data module is to the rest of the framework; ``SplitLoaders``: the loaders
+of the modules that read each split by index; ``PreparedRecords``: what the modules whose data is prepared once into
+a folder of records share."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 from pathlib import Path
 
 import lightning as L
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from lightformer.data.preparation.caching import MANIFEST, SameDataOnResume
 from lightformer.data.preparation.prepare import TOKENIZER, prepared_folder
@@ -34,7 +35,28 @@ class DataModule(SameDataOnResume, L.LightningDataModule):
         self.prepared  # noqa: B018 (prepares on first use)
 
 
-class PreparedRecords(DataModule):
+class SplitLoaders(DataModule):
+    """A data module whose loaders are ``_dataloader(split, shuffle)``: training's shuffled, val's and test's in
+    order; no validation loader (Lightning then skips validation) when ``_has("val")`` says that split is empty."""
+
+    def _dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
+        raise NotImplementedError
+
+    def _has(self, split: str) -> bool:
+        """Whether a split holds any data."""
+        return True
+
+    def train_dataloader(self) -> DataLoader:
+        return self._dataloader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader | list:
+        return self._dataloader("val") if self._has("val") else []
+
+    def test_dataloader(self) -> DataLoader:
+        return self._dataloader("test")
+
+
+class PreparedRecords(SplitLoaders):
     """A data module whose data is prepared once per job into a folder of record splits (``prepared_folder``: named
     by ``_stem()`` and a hash of ``_fingerprint()``, built by ``_build(folder)``, whose returned dict goes into the
     manifest), read by index: ``datasets`` of the splits opened, ``manifest``, and a ``tokenizer.json`` beside them

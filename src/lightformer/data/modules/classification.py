@@ -455,7 +455,7 @@ class TextClassificationDataModule(PreparedRecords):
     def dataset(self, split: str) -> Dataset:
         """A split's records by index ({"ids": whole, "label"}): the `train_examples` chosen of train when set."""
         if split not in self.datasets:
-            if not sum(self.manifest["counts"][split]):
+            if not self._has(split):
                 raise DataError(f"the {split} split has no texts ({self._describe_source()})")
             records = Records(split_location(self.prepared, split))
             chosen = self._chosen() if split == "train" else None
@@ -468,7 +468,7 @@ class TextClassificationDataModule(PreparedRecords):
         """Open the splits ``stage`` needs that hold texts (their shards checked: ``split_location``); log the class
         counts of the splits, once."""
         for split in stage_splits(stage):
-            if sum(self.manifest["counts"][split]):
+            if self._has(split):
                 self.dataset(split)
         if not self._logged_counts:
             self._logged_counts = True
@@ -479,18 +479,10 @@ class TextClassificationDataModule(PreparedRecords):
             lines.append(f"  chance accuracy (the largest test class): {self.chance_accuracy:.1%}")
             rank_zero_info("\n".join(lines))
 
-    def train_dataloader(self) -> DataLoader:
-        return self._dataloader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader | list:
-        if not sum(self.manifest["counts"]["val"]):
-            return []  # no validation texts: Lightning skips validation
-        return self._dataloader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._dataloader("test")
-
     # --- internals ---
+
+    def _has(self, split: str) -> bool:
+        return bool(sum(self.manifest["counts"][split]))
 
     def _dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
         """Padded batches of a split: training's shuffled by (seed, epoch) and resumable mid-epoch, else in order."""

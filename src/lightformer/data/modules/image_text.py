@@ -472,24 +472,17 @@ class ImageTextRecords(PreparedRecords):
 
     def setup(self, stage: str | None = None) -> None:
         for split in stage_splits(stage):
-            if self.manifest[self.counted][split]:
+            if self._has(split):
                 self.dataset(split)
 
-    def _dataloader(self, dataset: LineImages, shuffle: bool) -> DataLoader:
+    def _has(self, split: str) -> bool:
+        return bool(self.manifest[self.counted][split])
+
+    def _dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
+        dataset = self.dataset(split)
         sampler = EpochShuffleSampler(len(dataset), self.seed, with_epoch=True) if shuffle else None
         collate = partial(collate_lines, mean=self.manifest["mean"], std=self.manifest["std"], pad_id=PAD_ID)
         return map_loader(dataset, self.loader, sampler or evaluation_sampler(dataset), shuffle, collate_fn=collate)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._dataloader(self.dataset("train"), shuffle=True)
-
-    def val_dataloader(self) -> DataLoader | list:
-        if not self.manifest[self.counted]["val"]:
-            return []  # no validation data: Lightning skips validation
-        return self._dataloader(self.dataset("val"), shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._dataloader(self.dataset("test"), shuffle=False)
 
     def predict_dataloader(self) -> DataLoader:
         return self.test_dataloader()

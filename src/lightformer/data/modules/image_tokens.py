@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightformer.config_groups import as_config
-from lightformer.data.modules.base import DataModule
+from lightformer.data.modules.base import SplitLoaders
 from lightformer.data.modules.images import (
     ImageDataModule,
     ImageDatasetInfo,
@@ -115,7 +115,7 @@ def check_palette(palette: PaletteConfig, info: ImageDatasetInfo) -> None:
         )
 
 
-class ImageTokenDataModule(DataModule):
+class ImageTokenDataModule(SplitLoaders):
     """Images as sequences of palette ids for Image GPT: batches (x, y), each ``(batch, image_size²)`` int64.
 
     Args:
@@ -302,22 +302,13 @@ class ImageTokenDataModule(DataModule):
 
     # --- loaders ----------------------------------------------------------------------------------------------
 
-    def _dataloader(self, split: str, shuffle: bool) -> DataLoader:
+    def _dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
         self.setup()
         if self.streams_images:
             dataset = PixelSequences(self.pixel_tokenizer, images=getattr(self.images_data, f"{split}_dataset"))
         else:
             dataset = PixelSequences(self.pixel_tokenizer, tokens=self._tokens[split])
         return image_loader(dataset, self.loader, self.seed, shuffle)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._dataloader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._dataloader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._dataloader("test", shuffle=False)
 
 
 def _check_split(split: str) -> None:

@@ -49,7 +49,7 @@ from torchvision.transforms import v2
 from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import EpochShuffleSampler, Key, evaluation_sampler, index_and_epoch, map_loader
 from lightformer.data.loading.streaming import Records
-from lightformer.data.modules.base import DataModule
+from lightformer.data.modules.base import SplitLoaders
 from lightformer.data.objectives.augment import (
     AugmentConfig,
     normalize,
@@ -405,7 +405,7 @@ def image_loader(dataset: Dataset, loader: ImageLoaderConfig, seed: int, shuffle
     return map_loader(dataset, loader, sampler, shuffle, collate_fn=collate_images)
 
 
-class ImageDataModule(DataModule):
+class ImageDataModule(SplitLoaders):
     """Batches of images (batch, channels, image_size, image_size) and labels (batch,): uint8 from the loaders,
     normalised (and for training augmented) float32 once on the device.
 
@@ -590,20 +590,12 @@ class ImageDataModule(DataModule):
 
     # --- loaders -----------------------------------------------------------------------------------------------
 
-    def _dataloader(self, dataset: ImageSubset | None, split: str, shuffle: bool) -> DataLoader:
+    def _dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
+        dataset = getattr(self, f"{split}_dataset")
         if dataset is None:
             raise RuntimeError(f"ImageDataModule.{split}_dataloader() needs setup() to have run first")
         return image_loader(dataset, self.loader, self.seed, shuffle)
 
-    def train_dataloader(self) -> DataLoader:
-        return self._dataloader(self.train_dataset, "train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._dataloader(self.val_dataset, "val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._dataloader(self.test_dataset, "test", shuffle=False)
-
     def predict_dataloader(self) -> DataLoader:
         """The test set, for ``lightformer predict``: the task returns each image's class probabilities."""
-        return self._dataloader(self.test_dataset, "predict", shuffle=False)
+        return self._dataloader("test")

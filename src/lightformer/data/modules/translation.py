@@ -367,20 +367,12 @@ class TranslationDataModule(PreparedRecords):
             if split not in self.datasets:
                 self.datasets[split] = self._encode_split(split)
 
-    def train_dataloader(self) -> DataLoader:
-        return self._dataloader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader | list:
-        if not self.stats["val_pairs"]:
-            return []  # no validation pairs: Lightning skips validation
-        return self._dataloader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._dataloader("test", shuffle=False)
-
     # --- internals ---
 
-    def _dataloader(self, split: str, shuffle: bool) -> DataLoader:
+    def _has(self, split: str) -> bool:
+        return bool(self.stats[f"{split}_pairs"])
+
+    def _dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
         if split not in self.datasets:
             self.setup(STAGE_OF[split])
         dataset = self.datasets[split]
