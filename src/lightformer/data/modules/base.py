@@ -67,7 +67,7 @@ class PreparedRecords(SplitLoaders):
         self.datasets: dict[str, Dataset] = {}
         self._folder: Path | None = None
         self._manifest: dict | None = None
-        self._tokenizer: Tokenizer | None = None
+        self._tokenizers: dict[str, Tokenizer] = {}
 
     @property
     def prepared(self) -> Path:
@@ -86,9 +86,13 @@ class PreparedRecords(SplitLoaders):
     @property
     def tokenizer(self) -> Tokenizer:
         """The tokenizer the records were prepared with (the folder's ``tokenizer.json``)."""
-        if self._tokenizer is None:
-            self._tokenizer = Tokenizer.from_file(self.prepared / TOKENIZER)
-        return self._tokenizer
+        return self._tokenizer_file(TOKENIZER)
+
+    def _tokenizer_file(self, name: str) -> Tokenizer:
+        """The prepared folder's tokenizer file ``name``, read once."""
+        if name not in self._tokenizers:
+            self._tokenizers[name] = Tokenizer.from_file(self.prepared / name)
+        return self._tokenizers[name]
 
     def _stem(self) -> str:
         """The prepared folder's readable name, before its hash."""

@@ -78,12 +78,11 @@ from lightformer.data.preparation.prepare import (
 )
 from lightformer.data.preparation.tokenizers import EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
 from lightformer.data.raw.corpora import AUSTEN_NOVELS, austen_text, split_austen_text, split_of
-from lightformer.data.raw.sources import SPLITS, Piece, line_pieces, piece_lines, stage_splits
+from lightformer.data.raw.sources import SPLIT_PREFIX, SPLITS, Piece, line_pieces, piece_lines, stage_splits
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.files import as_list, expand_patterns, read_utf8, sha256_of
 
-_PREFIX = {"train": "", "val": "val_", "test": "test_"}  # of each split's option: tsv_files, val_tsv_files, ...
 # The special tokens a BERT / T5 pretraining run's BPE is trained with (after PAD, BOS = [CLS], EOS = [SEP], UNK).
 EXTRA_SPECIAL_TOKENS = (MASK, *(sentinel(i) for i in range(100)))
 MIN_VOCAB_SIZE = MIN_BPE_VOCAB_SIZE + len(EXTRA_SPECIAL_TOKENS)
@@ -204,12 +203,13 @@ def scan_tsv(files: dict[str, list[Path]]) -> tuple[list[str], dict[str, list[in
             f"data.source.tsv_files: every line has the label {class_names[0]!r}; a classifier needs two or more"
         )
     for split in ("val", "test"):
+        option = f"data.source.{SPLIT_PREFIX[split]}tsv_files"
         for path in files[split]:
-            for _, label, number in read_labelled_tsv(path, f"data.source.{_PREFIX[split]}tsv_files"):
+            for _, label, number in read_labelled_tsv(path, option):
                 if label not in labels:
                     raise ValueError(
-                        f"data.source.{_PREFIX[split]}tsv_files: {path}, line {number}: the label {label!r} is not "
-                        f"one of the training labels {class_names}"
+                        f"{option}: {path}, line {number}: the label {label!r} is not one of the training labels "
+                        f"{class_names}"
                     )
                 counts[split][label] += 1
     return class_names, {split: [counts[split][name] for name in class_names] for split in SPLITS}
@@ -316,7 +316,7 @@ class PassageSource:
                 "with corpus: null; "
                 + ("got both: set corpus to null to read tsv_files" if self.corpus else "got neither")
             )
-        for prefix in _PREFIX.values():
+        for prefix in SPLIT_PREFIX.values():
             files = getattr(self, f"{prefix}tsv_files")
             if files is not None and not as_list(files):
                 raise ValueError(
@@ -340,7 +340,7 @@ class PassageSource:
         patterns without matches are refused, naming the option."""
         return {
             split: expand_patterns(as_list(getattr(self, f"{prefix}tsv_files")), f"data.source.{prefix}tsv_files")
-            for split, prefix in _PREFIX.items()
+            for split, prefix in SPLIT_PREFIX.items()
         }
 
 

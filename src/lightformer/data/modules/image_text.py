@@ -525,12 +525,12 @@ class ImageTextDataModule(ImageTextRecords):
     @property
     def tokenizer(self) -> Tokenizer:
         """``tokenizer.file``'s, or the Austen character LM's (``austen_char_tokenizer``)."""
-        if self._tokenizer is None:
-            if self.tokenizer_config.file is not None:
-                self._tokenizer = Tokenizer.from_file(self.tokenizer_config.file)
-            else:
-                self._tokenizer = austen_char_tokenizer(self.source.data_root)
-        return self._tokenizer
+        if "lines" not in self._tokenizers:  # not a file of the prepared folder
+            file = self.tokenizer_config.file
+            self._tokenizers["lines"] = (
+                Tokenizer.from_file(file) if file else austen_char_tokenizer(self.source.data_root)
+            )
+        return self._tokenizers["lines"]
 
     def data_facts(self) -> DataFacts:
         tokenizer, manifest = self.tokenizer, self.manifest

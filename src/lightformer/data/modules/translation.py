@@ -56,10 +56,12 @@ from lightformer.data.raw.corpora import (
     split_of,
 )
 from lightformer.data.raw.sources import (
+    SPLIT_PREFIX,
     SPLITS,
     AlignedPiece,
     Piece,
     aligned_pieces,
+    check_one_source,
     first_line,
     line_pieces,
     piece_lines,
@@ -74,9 +76,6 @@ from lightformer.files import as_list, expand_patterns, sha256_of
 _FORMAT_VERSION = 2
 LENGTH_FIELDS = ("first", "second")  # a record's id arrays, whose lengths the batch sampler budgets
 _DING_INPUT_PAIRS = 100_000  # Ding pairs per encoding input (one worker process each)
-
-
-SPLIT_PREFIX = {"train": "", "val": "val_", "test": "test_"}  # of each split's options: tsv_files, val_tsv_files...
 
 
 @dataclass(frozen=True)
@@ -126,20 +125,9 @@ class PairSource:
     direction: Literal["de-en", "en-de"] = "de-en"
 
     def __post_init__(self) -> None:
-        given = [
-            name
-            for name, is_given in (
-                ("corpus", self.corpus is not None),
-                ("tsv_files", self.tsv_files is not None),
-                ("src_file + tgt_file", self.src_file is not None or self.tgt_file is not None),
-            )
-            if is_given
-        ]
-        if len(given) != 1:
-            raise ValueError(
-                "data.source needs exactly one source of sentence pairs: corpus ('ding'), tsv_files, or "
-                f"src_file + tgt_file; got {', '.join(given) if given else 'none'}"
-            )
+        given = {"corpus": self.corpus is not None, "tsv_files": self.tsv_files is not None,
+                 "src_file + tgt_file": self.src_file is not None or self.tgt_file is not None}  # fmt: skip
+        check_one_source(given, "sentence pairs: corpus ('ding'), tsv_files, or src_file + tgt_file")
         if self.corpus not in (None, "ding"):
             raise ValueError(f"data.source.corpus={self.corpus!r} is not a built-in corpus; valid: 'ding'")
         for split, prefix in SPLIT_PREFIX.items():
@@ -325,7 +313,6 @@ class TranslationDataModule(PreparedRecords):
         self.batches = as_config(PairBatches, batches)
         self.prepare_config = as_config(PrepareConfig, prepare)
         self.seed = seed
-        self._tokenizers: dict[str, Tokenizer] = {}
 
     # --- tokenizers, and what the model needs to know of the data ---
 
@@ -415,10 +402,7 @@ class TranslationDataModule(PreparedRecords):
 
     def _side_tokenizer(self, side: int) -> Tokenizer:
         """The tokenizer of stored side 0 or 1 (both the joint one), from the prepared folder."""
-        name = self.tokenizer_config.names[side]
-        if name not in self._tokenizers:
-            self._tokenizers[name] = Tokenizer.from_file(self.prepared / f"tokenizer-{name}.json")
-        return self._tokenizers[name]
+        return self._tokenizer_file(f"tokenizer-{self.tokenizer_config.names[side]}.json")
 
     def _stem(self) -> str:
         if self.source.corpus == "ding":
@@ -439,22 +423,15 @@ class TranslationDataModule(PreparedRecords):
                 split: {kind: [file_stamp(p) for p in paths] for kind, paths in self.source.files(split).items()}
                 for split in SPLITS
             }
-        dropout = (
-            {
-                "p": self.tokenizer_config.bpe_dropout,
-                "segmentations": self.tokenizer_config.bpe_dropout_segmentations,
-                "seed": self.seed,
-            }
-            if self.tokenizer_config.bpe_dropout
-            else None
-        )
+        config = self.tokenizer_config
+        dropout = {"p": config.bpe_dropout, "segmentations": config.bpe_dropout_segmentations, "seed": self.seed}
         return {
             "format": _FORMAT_VERSION,
             "sources": sources,
-            "joint_vocab": self.tokenizer_config.joint_vocab,
-            "bpe_vocab_size": self.tokenizer_config.vocab_size,
+            "joint_vocab": config.joint_vocab,
+            "bpe_vocab_size": config.vocab_size,
             "sample_bytes": SAMPLE_BYTES,
-            "bpe_dropout": dropout,
+            "bpe_dropout": dropout if config.bpe_dropout else None,
         }
 
     def _build(self, folder: Path) -> dict:

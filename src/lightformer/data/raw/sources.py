@@ -34,11 +34,20 @@ from lightformer.files import expand_patterns, not_utf8
 Format = Literal["text", "jsonl", "parquet"]
 Split = Literal["end", "each_file"]
 SPLITS = ("train", "val", "test")
+SPLIT_PREFIX = {"train": "", "val": "val_", "test": "test_"}  # of each split's own options: tsv_files, val_tsv_files
 
 
 PIECE_BYTES = 8 << 20  # the most bytes of one piece: what one preparation worker holds at a time
 _FORMAT_OF_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 _SEARCH_BYTES = 1 << 16  # how far a text cut looks for a line break before it cuts between two characters
+
+
+def check_one_source(given: dict[str, bool], what: str) -> None:
+    """Refuse a ``data.source`` that gives other than exactly one of its sources (``given``: whether each, by name, is
+    set); ``what``: the kind of data and the sources the error lists."""
+    named = [name for name, is_given in given.items() if is_given]
+    if len(named) != 1:
+        raise ValueError(f"data.source needs exactly one source of {what}; got {', '.join(named) if named else 'none'}")
 
 
 def stage_splits(stage: str | None) -> tuple[str, ...]:
@@ -417,12 +426,8 @@ class TextSource:
     data_root: str = "data"
 
     def __post_init__(self) -> None:
-        given = [name for name in ("train_files", "corpus", "url") if getattr(self, name) is not None]
-        if len(given) != 1:
-            raise ValueError(
-                "data.source needs exactly one source of training text: train_files (files, globs or folders), "
-                f"corpus ('austen') or url; got {', '.join(given) if given else 'none'}"
-            )
+        check_one_source({name: getattr(self, name) is not None for name in ("train_files", "corpus", "url")},
+                         "training text: train_files (files, globs or folders), corpus ('austen') or url")  # fmt: skip
         if self.corpus not in (None, "austen"):
             raise ValueError(f"data.source.corpus={self.corpus!r} is not a built-in corpus; valid: 'austen'")
         if self.split not in get_args(Split):
