@@ -520,36 +520,25 @@ class ImageDataModule(SplitLoaders):
         """Build the train, validation and test sets (all of them, once, whatever the stage)."""
         if self.train_dataset is not None:
             return
-        if self.source.dataset == "image_folder":
+        if self.source.dataset == "image_folder":  # each split's records, in order
             counts = json.loads((self.prepared / MANIFEST).read_text())["images"]
-            splits = {
-                split: ImageSubset(
-                    ImageRecords(split_location(self.prepared, split), self.in_channels, self.image_size)
-                    if counts[split]
-                    else [],
-                    list(range(counts[split])),
-                    self._per_image_augmentation() if split == "train" else None,
-                    self.seed,
-                )
-                for split in SPLITS
-            }
-            self.train_dataset, self.val_dataset, self.test_dataset = splits["train"], splits["val"], splits["test"]
-            return
-        test_source = None
-        if self.source.dataset in TORCHVISION_DATASETS:
-            pool = self._resized(self._load_torchvision(train=True))
-            test_source = self._resized(self._load_torchvision(train=False))
-        else:
-            pool = self._resized(load_digits_as_images())
-        train_indices, val_indices, test_indices = carve_splits(
-            len(pool), test_source is None, self.source.val_count, carve_val=True, seed=self.seed
-        )
-        self.train_dataset = ImageSubset(pool, train_indices, self._per_image_augmentation(), self.seed)
-        self.val_dataset = ImageSubset(pool, val_indices)
-        if test_source is None:
-            self.test_dataset = ImageSubset(pool, test_indices)
-        else:
-            self.test_dataset = ImageSubset(test_source, list(range(len(test_source))))
+            parts = {split: (ImageRecords(split_location(self.prepared, split), self.in_channels, self.image_size)
+                             if counts[split] else [], list(range(counts[split]))) for split in SPLITS}  # fmt: skip
+        else:  # one pool held in memory, carved; the official test split where there is one
+            test_source = None
+            if self.source.dataset in TORCHVISION_DATASETS:
+                pool = self._resized(self._load_torchvision(train=True))
+                test_source = self._resized(self._load_torchvision(train=False))
+            else:
+                pool = self._resized(load_digits_as_images())
+            train, val, test = carve_splits(
+                len(pool), test_source is None, self.source.val_count, carve_val=True, seed=self.seed
+            )
+            parts = {"train": (pool, train), "val": (pool, val), "test": (pool, test)}
+            if test_source is not None:
+                parts["test"] = (test_source, list(range(len(test_source))))
+        self.train_dataset = ImageSubset(*parts["train"], self._per_image_augmentation(), self.seed)
+        self.val_dataset, self.test_dataset = ImageSubset(*parts["val"]), ImageSubset(*parts["test"])
 
     # --- augmentation and normalisation ------------------------------------------------------------------------
 
