@@ -215,13 +215,16 @@ def scan_tsv(files: dict[str, list[Path]]) -> tuple[list[str], dict[str, list[in
     return class_names, {split: [counts[split][name] for name in class_names] for split in SPLITS}
 
 
-def tsv_examples(piece: Piece, split: str, held_out: frozenset[str], class_names: list[str]) -> list[tuple[str, int]]:
+def tsv_examples(
+    piece: Piece, split: str, held_out: frozenset[str], class_names: list[str], limit: int | None = None
+) -> list[tuple[str, int]]:
     """The (text, class index) examples of a piece of a ``split`` file (lines checked by ``scan_tsv``) that go to
-    ``split``'s records: a train piece's lines are filtered by their hash bucket (``split_of_line``)."""
+    ``split``'s records: a train piece's lines are filtered by their hash bucket (``split_of_line``). ``limit``: of
+    about this many bytes of the piece (a sample, whole lines)."""
     index = {name: i for i, name in enumerate(class_names)}
     file_split = "train" if split in held_out else split
     examples = []
-    for line in piece_lines(piece, "data.source.tsv_files"):
+    for line in piece_lines(piece, "data.source.tsv_files", limit):
         if line.strip():
             text, label, _ = text_and_label(line)
             if split_of_line(text, file_split, held_out) == split:
@@ -549,7 +552,7 @@ class TextClassificationDataModule(PreparedRecords):
                 class_names, counts = scan_tsv(self.files)
             held_out = frozenset(split for split in ("val", "test") if not self.files[split])
             files = {split: [p for path in paths for p in line_pieces(path)] for split, paths in self.files.items()}
-            tokenizer = self._train_tokenizer(lambda: self._tsv_sample(files["train"], held_out), counts)
+            tokenizer = self._train_tokenizer(lambda: self._tsv_sample(files["train"], held_out, class_names), counts)
             tokenizer_json = tokenizer.to_str()
             inputs = {split: files["train" if split in held_out else split] for split in SPLITS}
             records_of = {
@@ -581,15 +584,11 @@ class TextClassificationDataModule(PreparedRecords):
                 texts, self.tokenizer_config.vocab_size, extra_special_tokens=EXTRA_SPECIAL_TOKENS
             )
 
-    def _tsv_sample(self, pieces: list[Piece], held_out: frozenset[str]) -> Iterator[str]:
+    def _tsv_sample(self, pieces: list[Piece], held_out: frozenset[str], class_names: list[str]) -> Iterator[str]:
         """The train texts of the train files' pieces, in order: all of them when the files hold at most
         ``SAMPLE_BYTES`` (or `train_examples` is set: its texts are drawn from all of them), else the same share of
         the start of every piece."""
         total = sum(piece.weight for piece in pieces)
         limit = None if total <= SAMPLE_BYTES or self.source.train_examples is not None else SAMPLE_BYTES // len(pieces)
         for piece in pieces:
-            for line in piece_lines(piece, "data.source.tsv_files", limit=limit):
-                if line.strip():
-                    text, _, _ = text_and_label(line)
-                    if split_of_line(text, "train", held_out) == "train":
-                        yield text
+            yield from (text for text, _ in tsv_examples(piece, "train", held_out, class_names, limit))
