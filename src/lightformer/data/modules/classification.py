@@ -71,6 +71,7 @@ from lightformer.data.preparation.prepare import (
     TOKENIZER,
     PrepareConfig,
     pieces,
+    sample_limit,
     split_location,
     stem_of,
     worker_tokenizer,
@@ -588,7 +589,6 @@ class TextClassificationDataModule(PreparedRecords):
         """The train texts of the train files' pieces, in order: all of them when the files hold at most
         ``SAMPLE_BYTES`` (or `train_examples` is set: its texts are drawn from all of them), else the same share of
         the start of every piece."""
-        total = sum(piece.weight for piece in pieces)
-        limit = None if total <= SAMPLE_BYTES or self.source.train_examples is not None else SAMPLE_BYTES // len(pieces)
+        limit = sample_limit(pieces, SAMPLE_BYTES) if self.source.train_examples is None else None
         for piece in pieces:
             yield from (text for text, _ in tsv_examples(piece, "train", held_out, class_names, limit))

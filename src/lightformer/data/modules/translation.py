@@ -41,6 +41,7 @@ from lightformer.data.preparation.prepare import (
     SAMPLE_BYTES,
     PrepareConfig,
     pieces,
+    sample_limit,
     split_location,
     stem_of,
     worker_tokenizer,
@@ -539,8 +540,7 @@ class TranslationDataModule(PreparedRecords):
     def _sampled_train_pairs(self, pieces: list[Piece | AlignedPiece], held_out: tuple[str, ...]) -> list[list[Pair]]:
         """The train pairs of the training files, or a sample of them of about `SAMPLE_BYTES` taken evenly from
         every piece when the files are larger (what the tokenizers train on)."""
-        total = sum(piece.weight for piece in pieces)
-        limit = None if total <= SAMPLE_BYTES else max(1, SAMPLE_BYTES // len(pieces))
+        limit = sample_limit(pieces, SAMPLE_BYTES)
         sampled, read, skipped = [], 0, 0
         with preparing(f"reading {'a sample of ' if limit else ''}the train pairs of {self._describe_source('train')}"):
             for piece in pieces:

@@ -362,8 +362,6 @@ class PixelTokenizer:
             raise ValueError(
                 f"pixel tokenizer state['palette'] must be a list of k lists of {state['channels']} ints (0..255)"
             )
-        if len(palette) < 2:
-            raise ValueError(f"pixel tokenizer state['palette'] must hold k >= 2 colours; got {len(palette)}")
         return cls(np.asarray(palette, dtype=np.int64), image_size=state["image_size"], channels=state["channels"])
 
     def __eq__(self, other: object) -> bool:

@@ -424,6 +424,13 @@ def pieces(items: Sequence, size: int) -> list:
     return [items[start : start + size] for start in range(0, len(items), size)]
 
 
+def sample_limit(pieces: Sequence, sample_bytes: int) -> int | None:
+    """The bytes to read of each of ``pieces`` (with a ``weight`` in bytes) for a sample of about ``sample_bytes``
+    taken evenly from all of them (what a tokenizer trains on); None: all of them, when they hold no more."""
+    total = sum(piece.weight for piece in pieces)
+    return None if total <= sample_bytes else sample_bytes // len(pieces)
+
+
 def piece_size(count: int, most: int, workers: int | None) -> int:
     """Items a piece of ``count`` items cut into pieces of at most ``most``: fewer where that gives each of the
     ``workers`` preparing processes (``PrepareConfig.num_workers``; None: every core) a piece."""
@@ -526,8 +533,7 @@ def _tokenizer(
             )
         return tokenizer
     sampled = pieces["train"] if config.kind == "bpe" else [p for split in SPLITS for p in pieces[split]]
-    total = sum(piece.weight for piece in sampled)
-    limit = None if total <= config.sample_bytes else config.sample_bytes // len(sampled)
+    limit = sample_limit(sampled, config.sample_bytes)
     sample = (text for piece in sampled for text in read_piece(piece, text_field, limit))
     what = f"a {config.kind} tokenizer on a sample of at most {config.sample_bytes:,} bytes"
     with preparing(what):
