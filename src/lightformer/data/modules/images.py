@@ -75,6 +75,7 @@ from lightformer.data.raw.image_files import (
     image_file_records,
     load_image,
     read_image_folder_layout,
+    to_normalised_tensor,
 )
 from lightformer.data.raw.sources import SPLITS
 from lightformer.errors import ConfigError, DataError
@@ -568,14 +569,8 @@ class ImageDataModule(SplitLoaders):
         """PIL image (mode matching ``in_channels``) or uint8 tensor ``(C, H, W)`` → normalised float32 ``(C, S, S)``:
         what evaluation does to one image, for user images at predict time:
         ``eval_transform()(load_image(path, in_channels, image_size))``."""
-        return v2.Compose(
-            [
-                v2.Resize((self.image_size, self.image_size), antialias=True),  # no-op at the native size
-                v2.ToImage(),
-                v2.ToDtype(torch.float32, scale=True),
-                v2.Normalize(self.normalize_mean, self.normalize_std),
-            ]
-        )
+        resize = v2.Resize((self.image_size, self.image_size), antialias=True)  # no-op at the native size
+        return v2.Compose([resize, to_normalised_tensor(self.normalize_mean, self.normalize_std)])
 
     # --- loaders -----------------------------------------------------------------------------------------------
 

@@ -65,11 +65,11 @@ def read_images(
 ) -> torch.Tensor:
     """Image files as a model's input ``(len(paths), C, S, S)``: loaded, resized and normalised as the data module
     does for evaluation."""
-    transform = _to_normalised_tensor(mean, std)
+    transform = to_normalised_tensor(mean, std)
     return torch.stack([transform(load_image(path, in_channels, image_size)) for path in paths])
 
 
-def _to_normalised_tensor(mean: Sequence[float], std: Sequence[float]) -> v2.Compose:
+def to_normalised_tensor(mean: Sequence[float], std: Sequence[float]) -> v2.Compose:
     """A PIL image → float32 ``(C, H, W)`` on [0, 1], normalised by the data's ``mean`` and ``std``."""
     return v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))])
 
@@ -111,7 +111,7 @@ def read_line_image(
     pixels = np.asarray(image)
     if pixels.min() == pixels.max():
         raise DataError(f"{path} is blank (every pixel has one value): it holds nothing to read")
-    return _to_normalised_tensor(mean, std)(fit_image(image, *image_size, fit))
+    return to_normalised_tensor(mean, std)(fit_image(image, *image_size, fit))
 
 
 @dataclass(frozen=True)
