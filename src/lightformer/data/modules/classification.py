@@ -78,7 +78,7 @@ from lightformer.data.preparation.prepare import (
     write_records,
 )
 from lightformer.data.preparation.tokenizers import EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
-from lightformer.data.raw.corpora import AUSTEN_NOVELS, austen_text, split_austen_text, split_of
+from lightformer.data.raw.corpora import AUSTEN_NOVELS, austen_text, split_austen_text, split_of_line
 from lightformer.data.raw.sources import SPLIT_PREFIX, SPLITS, Piece, line_pieces, piece_lines, stage_splits
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
@@ -176,14 +176,6 @@ def read_labelled_tsv(path: str | Path, what: str = "data.source.tsv_files") -> 
                 empty = "text" if not text else "label"
                 raise ValueError(f"{what}: {path}, line {number}: the {empty} is empty; each line is 'text<TAB>label'")
             yield text, label, number
-
-
-def split_of_line(text: str, split: str, held_out: frozenset[str]) -> str:
-    """Where a text of a ``split`` file goes: a train text whose hash bucket (``corpora.split_of``) is a held-out
-    split (one without files of its own) goes there, every other text to its file's split."""
-    if split == "train" and held_out and (bucket := split_of(text)) in held_out:
-        return bucket
-    return split
 
 
 def scan_tsv(files: dict[str, list[Path]]) -> tuple[list[str], dict[str, list[int]]]:

@@ -55,6 +55,7 @@ from lightformer.data.raw.corpora import (
     Pair,
     extract_ding_pairs,
     split_of,
+    split_of_line,
 )
 from lightformer.data.raw.sources import (
     SPLIT_PREFIX,
@@ -545,7 +546,7 @@ class TranslationDataModule(PreparedRecords):
         with preparing(f"reading {'a sample of ' if limit else ''}the train pairs of {self._describe_source('train')}"):
             for piece in pieces:
                 pairs, piece_skipped = read_pairs(piece, limit=limit)
-                sampled.append([pair for pair in pairs if _split_of_pair(pair, held_out) == "train"])
+                sampled.append([pair for pair in pairs if split_of_line(pair[0], "train", held_out) == "train"])
                 read, skipped = read + len(pairs), skipped + piece_skipped
         if not read:
             raise self._no_pairs("train", skipped)
@@ -655,13 +656,6 @@ def read_pairs(
     return kept, len(pairs) - len(kept)
 
 
-def _split_of_pair(pair: Pair, held_out: tuple[str, ...]) -> str:
-    """A training file's pair's split: its md5 bucket's (``corpora.split_of`` of the first side) when that split is
-    taken from the buckets (`held_out`), else train."""
-    split = split_of(pair[0])
-    return split if split in held_out else "train"
-
-
 def _pair_records(
     item: tuple[int, list[Pair] | Piece | AlignedPiece],
     wanted: str | None,
@@ -678,7 +672,7 @@ def _pair_records(
     index, source = item
     pairs, skipped = read_pairs(source, options)
     if wanted is not None:
-        pairs = [pair for pair in pairs if _split_of_pair(pair, held_out) == wanted]
+        pairs = [pair for pair in pairs if split_of_line(pair[0], "train", held_out) == wanted]
     ids = []
     for side, tokenizer_json in enumerate(tokenizers):
         tokenizer = worker_tokenizer(tokenizer_json)

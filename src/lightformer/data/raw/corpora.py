@@ -45,6 +45,7 @@ import urllib.error
 import urllib.request
 import warnings
 import zlib
+from collections.abc import Collection
 from pathlib import Path
 
 from lightformer.data.preparation.caching import preparing
@@ -293,6 +294,14 @@ def split_of(sentence: str) -> str:
     """The split of a sentence: "test" for buckets 0..4, "val" for 5..9, "train" for 10..99."""
     bucket = split_bucket(sentence)
     return "test" if bucket < TEST_BUCKETS else "val" if bucket < VAL_BUCKETS else "train"
+
+
+def split_of_line(text: str, split: str, held_out: Collection[str]) -> str:
+    """Where a text (a pair's first side) of a ``split`` file goes: a train text whose bucket (``split_of``) is a
+    held-out split (one without files of its own) goes there, every other text to its file's split."""
+    if split == "train" and held_out and (bucket := split_of(text)) in held_out:
+        return bucket
+    return split
 
 
 # --- Ding dictionary extraction --------------------------------------------------------------------------------
