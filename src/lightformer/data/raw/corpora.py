@@ -257,8 +257,8 @@ def install_debian_fashion_mnist(root: str | Path) -> bool:
     """Decompress Debian's Fashion-MNIST files into ``<root>/FashionMNIST/raw/``, where torchvision reads them.
 
     torchvision looks for the decompressed files; its own download step would not accept Debian's ``.gz`` files,
-    which are recompressed and so fail its checksums. Writes each file under a temporary name and renames it, so
-    concurrent processes never read half a file. Returns whether all four files are there.
+    which are recompressed and so fail its checksums. Writes each file atomically (``atomic_open``), so concurrent
+    processes never read half a file. Returns whether all four files are there.
     """
     raw_dir = Path(root) / "FashionMNIST" / "raw"
     missing = [name for name in MNIST_RAW_FILES if not (raw_dir / name).is_file()]
@@ -267,15 +267,9 @@ def install_debian_fashion_mnist(root: str | Path) -> bool:
     sources = [DEBIAN_FASHION_MNIST_DIR / f"{name}.gz" for name in missing]
     if not all(source.is_file() for source in sources):
         return False
-    raw_dir.mkdir(parents=True, exist_ok=True)
     for name, source in zip(missing, sources, strict=True):
-        partial_file = raw_dir / f".{name}.partial-{os.getpid()}"
-        try:
-            with gzip.open(source, "rb") as compressed, open(partial_file, "wb") as decompressed:
-                shutil.copyfileobj(compressed, decompressed)
-            os.replace(partial_file, raw_dir / name)
-        finally:
-            partial_file.unlink(missing_ok=True)
+        with gzip.open(source, "rb") as compressed, atomic_open(raw_dir / name) as decompressed:
+            shutil.copyfileobj(compressed, decompressed)
     return True
 
 
