@@ -4,13 +4,12 @@ a folder of records share."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
-from lightformer.data.preparation.caching import MANIFEST, SameDataOnResume
+from lightformer.data.preparation.caching import SameDataOnResume, read_manifest
 from lightformer.data.preparation.prepare import TOKENIZER, prepared_folder
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.facts import DataFacts
@@ -80,7 +79,7 @@ class PreparedRecords(SplitLoaders):
     def manifest(self) -> dict:
         """The prepared folder's ``prepared.json``: the fingerprint and what preparation counted (see each module)."""
         if self._manifest is None:
-            self._manifest = json.loads((self.prepared / MANIFEST).read_text(encoding="utf-8"))
+            self._manifest = read_manifest(self.prepared)
         return self._manifest
 
     @property

@@ -57,9 +57,8 @@ from lightformer.data.objectives.augment import (
     random_erasing,
     random_horizontal_flip,
 )
-from lightformer.data.preparation.caching import content_hash, file_stamp
+from lightformer.data.preparation.caching import content_hash, file_stamp, read_manifest
 from lightformer.data.preparation.prepare import (
-    MANIFEST,
     PrepareConfig,
     piece_size,
     pieces,
@@ -522,7 +521,7 @@ class ImageDataModule(SplitLoaders):
         if self.train_dataset is not None:
             return
         if self.source.dataset == "image_folder":  # each split's records, in order
-            counts = json.loads((self.prepared / MANIFEST).read_text())["images"]
+            counts = read_manifest(self.prepared)["images"]
             parts = {split: (ImageRecords(split_location(self.prepared, split), self.in_channels, self.image_size)
                              if counts[split] else [], list(range(counts[split]))) for split in SPLITS}  # fmt: skip
         else:  # one pool held in memory, carved; the official test split where there is one

@@ -45,6 +45,11 @@ def preparing(what: str) -> Iterator[None]:
 MANIFEST = "prepared.json"  # a prepared folder's fingerprint and what its preparation counted
 
 
+def read_manifest(folder: str | Path) -> dict:
+    """A prepared folder's ``prepared.json``."""
+    return json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
+
+
 class SameDataOnResume:
     """A data module (first base, before ``LightningDataModule``) whose ``prepared`` data (a folder, or an object
     with its ``folder``) goes with every checkpoint: Lightning saves ``state_dict`` in it and hands it back to
@@ -69,7 +74,7 @@ def prepared_identity(prepared: object) -> dict | None:
     folder = getattr(prepared, "folder", prepared)
     if folder is None:
         return None
-    manifest = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
+    manifest = read_manifest(folder)
     return {"folder": Path(folder).name, "fingerprint": {k: v for k, v in manifest.items() if k != "created"}}
 
 

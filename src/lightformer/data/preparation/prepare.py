@@ -48,7 +48,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from litdata import TokensLoader, optimize
 from litdata.streaming.resolver import Dir
 
-from lightformer.data.preparation.caching import MANIFEST, content_hash, file_stamp, preparing
+from lightformer.data.preparation.caching import MANIFEST, content_hash, file_stamp, preparing, read_manifest
 from lightformer.data.preparation.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer, token_dtype
 from lightformer.data.raw.corpora import source_files
 from lightformer.data.raw.sources import SPLITS, Piece, TextSource, read_piece
@@ -217,7 +217,7 @@ def split_location(folder: Path, split: str, manifest: dict | None = None) -> st
     shard, a corrupt ``index.json``, is a DataError naming it: the data modules open their splits at set-up, so that
     it is found before training, not in a loader worker); or, for a mirror of a folder in an object store, the local
     folder (small files, downloaded shards) and the split's URL."""
-    manifest = json.loads((folder / MANIFEST).read_text()) if manifest is None else manifest
+    manifest = read_manifest(folder) if manifest is None else manifest
     local = folder / split
     if "url" in manifest:
         return Dir(path=str(local), url=f"{manifest['url']}/{split}")
@@ -325,11 +325,12 @@ def _upload(folder: Path, url: str, store) -> None:
     """Every file of a prepared folder to ``url``, then its manifest, which also lists the small files (all but the
     shards) that a node mirrors."""
     files = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != MANIFEST)
-    manifest = {**_manifest(folder), "small_files": [_relative(p, folder) for p in files if p.suffix != ".bin"]}
+    relative = [path.relative_to(folder).as_posix() for path in files]
+    manifest = {**read_manifest(folder), "small_files": [name for name in relative if not name.endswith(".bin")]}
     uploaded_manifest = folder.with_name(f".{folder.name}-{MANIFEST}")
     with preparing(f"uploading {len(files)} files of {folder} to {url}"):
-        for path in files:
-            store.upload_file(str(path), f"{url}/{_relative(path, folder)}")
+        for path, name in zip(files, relative, strict=True):
+            store.upload_file(str(path), f"{url}/{name}")
         atomic_write_bytes(uploaded_manifest, json.dumps(manifest, indent=1).encode())
         store.upload_file(str(uploaded_manifest), f"{url}/{MANIFEST}")
         uploaded_manifest.unlink()
@@ -337,24 +338,16 @@ def _upload(folder: Path, url: str, store) -> None:
 
 def _prepared_here(folder: Path) -> bool:
     """Whether ``folder`` is complete and was built here (not a mirror of a folder in an object store)."""
-    return _complete(folder) and "url" not in _manifest(folder)
+    return _complete(folder) and "url" not in read_manifest(folder)
 
 
 def _holds(local: Path, url: str) -> bool:
     """Whether ``local`` holds the object store's folder at ``url``: prepared here, or mirrored from it before."""
-    return _complete(local) and _manifest(local).get("url", url) == url
+    return _complete(local) and read_manifest(local).get("url", url) == url
 
 
 def _complete(folder: Path) -> bool:
     return (folder / MANIFEST).is_file()
-
-
-def _manifest(folder: Path) -> dict:
-    return json.loads((folder / MANIFEST).read_text())
-
-
-def _relative(path: Path, folder: Path) -> str:
-    return path.relative_to(folder).as_posix()
 
 
 def _job_rank_zero() -> bool:
