@@ -21,7 +21,6 @@ from lightformer.data.preparation.prepare import (
     PrepareConfig,
     PreparedText,
     TokenizerConfig,
-    check_test_split,
     prepare_text,
 )
 from lightformer.data.preparation.tokenizers import Tokenizer
@@ -73,8 +72,10 @@ class TokenShards(DataModule):
         return self.prepared.tokenizer
 
     def setup(self, stage: str | None = None) -> None:
-        """Make the datasets of the splits that `stage` needs (all for None) over the prepared shards."""
-        check_test_split(stage, self.prepared)
+        """Make the datasets of the splits that `stage` needs (all for None) over the prepared shards; refuse ``test``
+        without a test split here, before a checkpoint is restored."""
+        if stage == "test" and not self.prepared.has("test"):
+            raise DataError("data: there is no test split: set data.source.test_files, or test_fraction above 0")
         for split in stage_splits(stage):
             if split not in self.datasets and self.prepared.has(split):  # else made, or no such split
                 self.datasets[split] = self._make_dataset(split)

@@ -146,7 +146,7 @@ class PreparedText:
         return Tokenizer.from_file(self.folder / TOKENIZER)
 
     def has(self, split: str) -> bool:
-        return self.manifest["tokens"].get(split, 0) > 0
+        return self.num_tokens(split) > 0
 
     def num_tokens(self, split: str) -> int:
         return self.manifest["tokens"].get(split, 0)
@@ -154,12 +154,6 @@ class PreparedText:
     def split_dir(self, split: str) -> str | Dir:
         """The split's LitData folder, its chunk files checked (``split_location``)."""
         return split_location(self.folder, split, self.manifest)
-
-
-def check_test_split(stage: str | None, prepared: PreparedText) -> None:
-    """Refuse ``test`` of prepared text without a test split, at set-up: before a checkpoint is restored."""
-    if stage == "test" and not prepared.has("test"):
-        raise DataError("data: there is no test split: set data.source.test_files, or test_fraction above 0")
 
 
 def prepare_text(
