@@ -460,7 +460,7 @@ class TranslationDataModule(PreparedRecords):
             pairs[split_of(pair[0])].append(pair)
         stats["train_skipped_empty"] = 0
         for split in SPLITS:
-            stats.update(_pair_statistics(split, pairs[split], ("german", "english")))
+            stats.update(_summed_statistics(split, [_pair_counts(pairs[split])], ("german", "english"), skipped=False))
         if self.source.ding_phrases:
             held_out = {pair[0] for split in ("val", "test") for pair in pairs[split]}
             added = [pair for pair in phrases if pair[0] not in held_out]
@@ -691,13 +691,13 @@ def _pair_records(
             "first_text": first,
             "second_text": second,
         }
+    return _pair_counts(pairs, skipped)
+
+
+def _pair_counts(pairs: list[Pair], skipped: int = 0) -> dict:
+    """Pairs, the words of each side, the lines skipped for an empty side (``_summed_statistics`` adds them up)."""
     words = [sum(len(pair[side].split()) for pair in pairs) for side in (0, 1)]
     return {"pairs": len(pairs), "words": words, "skipped_empty": skipped}
-
-
-def _pair_statistics(split: str, pairs: list[Pair], languages: tuple[str, str]) -> dict[str, object]:
-    counts = {"pairs": len(pairs), "words": [sum(len(pair[side].split()) for pair in pairs) for side in (0, 1)]}
-    return _summed_statistics(split, [counts], languages, skipped=False)
 
 
 def _summed_statistics(

@@ -167,9 +167,11 @@ def prepare_text(
     ``extra_special_tokens``: special tokens a trained tokenizer gets after PAD, BOS, EOS and UNK (``MASK``, ...).
     """
     files = source_files(source)
+    # A built-in or downloaded corpus is known by its content, a user's file by its stamp.
+    identity = sha256_of if source.corpus is not None or source.url is not None else file_stamp
     fingerprint = {
         "format": FORMAT_VERSION,
-        "sources": {split: [_identity(path, source) for path in paths] for split, paths in files.items()},
+        "sources": {split: [identity(path) for path in paths] for split, paths in files.items()},
         "val_fraction": None if files["val"] else source.val_fraction,
         "test_fraction": None if files["test"] else source.test_fraction,
         "split": source.split,
@@ -558,11 +560,6 @@ def encode_piece(piece: Piece, tokenizer_json: str, text_field: str = "text"):
 def _count(folder: Path, what: str) -> int:
     """A LitData folder's count of tokens ("dim", a ``TokensLoader`` folder's) or items ("chunk_size")."""
     return sum(chunk[what] for chunk in json.loads((folder / "index.json").read_text())["chunks"])
-
-
-def _identity(path: Path, source: TextSource) -> list | str:
-    """What identifies a source file: a built-in or downloaded corpus by its content, a user's file by its stamp."""
-    return sha256_of(path) if source.corpus is not None or source.url is not None else file_stamp(path)
 
 
 def stem_of(paths: list[Path]) -> str:
