@@ -412,7 +412,6 @@ class SpanCorruptionDataModule(_SegmentDataModule):
         super().__init__(source, tokenizer, loader, prepare, num_sentinels, segment_tokens, seed)
         self.noise_density = noise_density
         self.mean_span_length = mean_span_length
-        self.num_spans = num_spans
         self.source_length, self.target_length = source_length, target_length
 
     # --- what the translation task needs to know of the data ---
