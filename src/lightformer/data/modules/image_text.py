@@ -47,7 +47,7 @@ import os
 from collections import Counter
 from collections.abc import Generator, Sequence
 from dataclasses import asdict, dataclass
-from functools import lru_cache, partial
+from functools import cached_property, lru_cache, partial
 from pathlib import Path
 from typing import Literal
 
@@ -522,15 +522,12 @@ class ImageTextDataModule(ImageTextRecords):
 
     # --- what the model needs to know ---
 
-    @property
+    @cached_property
     def tokenizer(self) -> Tokenizer:
-        """``tokenizer.file``'s, or the Austen character LM's (``austen_char_tokenizer``)."""
-        if "lines" not in self._tokenizers:  # not a file of the prepared folder
-            file = self.tokenizer_config.file
-            self._tokenizers["lines"] = (
-                Tokenizer.from_file(file) if file else austen_char_tokenizer(self.source.data_root)
-            )
-        return self._tokenizers["lines"]
+        """``tokenizer.file``'s, or the Austen character LM's (``austen_char_tokenizer``): not a file of the prepared
+        folder."""
+        file = self.tokenizer_config.file
+        return Tokenizer.from_file(file) if file else austen_char_tokenizer(self.source.data_root)
 
     def data_facts(self) -> DataFacts:
         tokenizer, manifest = self.tokenizer, self.manifest

@@ -452,7 +452,7 @@ def write_records(
     parts = [pickle.loads((side / f"{i:08d}.pickle").read_bytes()) for i in range(len(inputs))]
     lengths = np.concatenate([part for part, _ in parts]) if parts else np.zeros((0, len(length_fields)), np.int32)
     count = _count(folder, "chunk_size")
-    if count != len(lengths) or count != (count if expected is None else expected):
+    if count != len(lengths) or (expected is not None and count != expected):
         raise RuntimeError(f"{folder}: {count:,} records were written, {len(lengths):,} lengths counted, {expected} "
                            "records expected")  # fmt: skip
     with atomic_open(folder / LENGTHS) as f:
