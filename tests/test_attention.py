@@ -257,3 +257,15 @@ def test_every_kernel_computes_the_same_attention(mha, monkeypatch, kernel, kind
     out = mha(x, key_mask=key_mask, causal=kind == "causal")
     assert chosen
     torch.testing.assert_close(out.double(), reference_attention(mha, x, None, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_fp32_kernel_under_bf16_autocast_computes_what_the_16_bit_kernel_does(mha, monkeypatch):
+    """Autocast casts ``q.float() @ k.float()`` back to bf16: "explicit_fp32" is fp32 only outside autocast (its
+    docstring says so; the translation recipe's figures were measured this way)."""
+    x = torch.randn(3, 7, 32)
+    outs = {}
+    for kernel in ("explicit", "explicit_fp32"):
+        monkeypatch.setattr(attention_module, "attention_kernel", lambda *args, kernel=kernel, **kwargs: kernel)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outs[kernel] = mha(x, causal=True)
+    torch.testing.assert_close(outs["explicit_fp32"], outs["explicit"], atol=0, rtol=0)

@@ -230,9 +230,10 @@ def attention_kernel(
       GPT's causal training pass): there SDPA's fused CPU kernel is several times slower than the written-out
       form, and its math kernel computes in fp32 (slower, and it stores fp32 copies of q, k, v and the weights).
       With longer keys the fused kernel wins.
-    - ``"explicit_fp32"``: written out in fp32 (the computation of SDPA's math kernel), on CPU with dropout:
-      SDPA's CPU kernels draw dropout masks one Bernoulli sample at a time, the written-out form uses
-      ``nn.dropout``'s fast masks.
+    - ``"explicit_fp32"``: written out from fp32 copies of q, k and v, on CPU with dropout: SDPA's CPU kernels
+      draw dropout masks one Bernoulli sample at a time, the written-out form uses ``nn.dropout``'s fast masks.
+      Under autocast (``bf16-mixed``) its two matrix multiplies still run in 16 bits, as autocast casts every
+      matmul, and the softmax with them; the fp32 holds for fp32 models and for 16-bit ones without autocast.
     - ``"sdpa_math"``: SDPA held to its math kernel (fp32 inside), on CPU with a mask tensor (the translator's
       padding): the fused kernel's backward is slower at short padded sequences. Masked 16-bit attention stays
       here rather than being written out in 16 bits: the translation results were measured on this path, and
