@@ -1,7 +1,9 @@
-"""Checks shared by the model configs and the blocks: errors that name the field, its value and what is valid.
+"""Checks shared by the model and data configs and the blocks: errors that name the field, its value and what is
+valid.
 
 Each check takes the name of its field as the user writes it (``d_model`` in a model config, ``lr`` in the
-optimizer config); the command line adds where the field lives (``model.net.d_model``).
+optimizer config); the command line adds where the field lives (``model.net.d_model``). The data configs give the
+whole path themselves (``data.loader.batch_size``).
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
+from lightformer.nn.checks import check_at_least
+
 Key = int | tuple[int, int]  # a dataset index, or (index, epoch) from EpochShuffleSampler(with_epoch=True)
 
 
@@ -225,8 +227,7 @@ class TokenBudgetBatchSampler(BatchSampler):
     ) -> None:
         # BatchSampler.__init__ is not called: it wants a fixed batch size. Subclassing lets Lightning inject a
         # DistributedSampler through `sampler` instead of failing on an unknown batch sampler.
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens={max_tokens} must be at least 1")
+        check_at_least("max_tokens", max_tokens, 1)
         if (num_replicas is None) != (rank is None):
             raise ValueError(
                 f"give both num_replicas and rank or neither; got num_replicas={num_replicas}, rank={rank}"

@@ -22,6 +22,7 @@ from torch.utils.data import Dataset, Subset
 
 from lightformer.data.preparation.prepare import LENGTHS
 from lightformer.internals import samples_yielded
+from lightformer.nn.checks import check_at_least
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,8 @@ class LoaderConfig:
     val_windows: int | None = None
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"data.loader.batch_size={self.batch_size} must be at least 1")
-        if self.num_workers < 0:
-            raise ValueError(f"data.loader.num_workers={self.num_workers} must be at least 0")
+        check_at_least("data.loader.batch_size", self.batch_size, 1)
+        check_at_least("data.loader.num_workers", self.num_workers, 0)
         if self.val_windows is not None and self.val_windows < 1:
             raise ValueError(
                 f"data.loader.val_windows={self.val_windows} must be at least 1, or null to validate on the whole split"

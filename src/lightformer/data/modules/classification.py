@@ -83,6 +83,7 @@ from lightformer.data.raw.sources import SPLIT_PREFIX, SPLITS, Piece, line_piece
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.files import as_list, expand_patterns, read_utf8, sha256_of
+from lightformer.nn.checks import check_at_least
 
 # The special tokens a BERT / T5 pretraining run's BPE is trained with (after PAD, BOS = [CLS], EOS = [SEP], UNK).
 EXTRA_SPECIAL_TOKENS = (MASK, *(sentinel(i) for i in range(100)))
@@ -323,8 +324,7 @@ class PassageSource:
                     f"data.source.corpus={self.corpus!r} has its own val/test split (by position in each novel); "
                     f"remove {prefix}tsv_files"
                 )
-        if self.passage_sentences < 1:
-            raise ValueError(f"data.source.passage_sentences={self.passage_sentences} must be at least 1")
+        check_at_least("data.source.passage_sentences", self.passage_sentences, 1)
         if self.train_examples is not None and self.train_examples < 1:
             raise ValueError(
                 f"data.source.train_examples={self.train_examples} must be at least 1, or null to use every "

@@ -80,6 +80,7 @@ from lightformer.data.raw.rendering import LineStyle, LineTooWide, discover_font
 from lightformer.data.raw.sources import TextSource, stage_splits
 from lightformer.facts import DataFacts
 from lightformer.files import read_utf8, sha256_of
+from lightformer.nn.checks import check_at_least
 
 FORMAT_VERSION = 1  # bump when what a prepared folder holds, or how a line is drawn, changes meaning
 PREPARED_SPLITS = ("train", "val", "test", "test_seen")
@@ -130,17 +131,14 @@ class ImageTextSource:
         object.__setattr__(self, "held_out_families", tuple(self.held_out_families))
         if self.corpus != "austen":
             raise ValueError(f"data.source.corpus={self.corpus!r} is not a built-in corpus; valid: 'austen'")
-        if self.min_words < 1:
-            raise ValueError(f"data.source.min_words={self.min_words} must be at least 1")
+        check_at_least("data.source.min_words", self.min_words, 1)
         if self.max_words < self.min_words:
             raise ValueError(
                 f"data.source.max_words={self.max_words} must be at least data.source.min_words={self.min_words}"
             )
-        if self.train_lines < 1:
-            raise ValueError(f"data.source.train_lines={self.train_lines} must be at least 1")
+        check_at_least("data.source.train_lines", self.train_lines, 1)
         for name in ("val_lines", "test_lines"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"data.source.{name}={getattr(self, name)} must be at least 0")
+            check_at_least(f"data.source.{name}", getattr(self, name), 0)
         if self.test_fonts not in ("unseen", "seen"):
             raise ValueError(f"data.source.test_fonts={self.test_fonts!r} is unknown; valid: 'unseen', 'seen'")
         if (self.val_lines or self.test_lines) and not self.held_out_families:

@@ -79,6 +79,7 @@ from lightformer.data.raw.image_files import (
 from lightformer.data.raw.sources import SPLITS
 from lightformer.errors import ConfigError, DataError
 from lightformer.facts import DataFacts
+from lightformer.nn.checks import check_at_least
 
 DatasetName = Literal["fashion_mnist", "mnist", "cifar10", "digits", "image_folder"]
 
@@ -245,10 +246,8 @@ class ImageLoaderConfig:
     pin_memory: bool = False
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"data.loader.batch_size={self.batch_size} must be at least 1")
-        if self.num_workers < 0:
-            raise ValueError(f"data.loader.num_workers={self.num_workers} must be at least 0")
+        check_at_least("data.loader.batch_size", self.batch_size, 1)
+        check_at_least("data.loader.num_workers", self.num_workers, 0)
 
 
 def carve_splits(
@@ -440,8 +439,7 @@ class ImageDataModule(SplitLoaders):
                 f"data.augment.policy='flip' does not suit dataset={self.source.dataset!r}: a mirrored image does not "
                 "keep its label there; use 'none', 'flip_crop' (crops only, for this dataset) or 'trivialaugment'"
             )
-        if image_size is not None and image_size < 1:
-            raise ValueError(f"data.image_size={image_size} must be at least 1")
+        check_at_least("data.image_size", image_size, 1)
         self.in_channels = info.in_channels
         self.image_size = info.image_size if image_size is None else image_size
         is_folder = self.source.dataset == "image_folder"

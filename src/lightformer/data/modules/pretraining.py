@@ -55,6 +55,7 @@ from lightformer.data.preparation.tokenizers import (
 from lightformer.data.raw.sources import TextSource
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
+from lightformer.nn.checks import check_at_least
 
 
 @dataclass(eq=False)
@@ -232,8 +233,7 @@ class _SegmentDataModule(TokenShards):
     ) -> None:
         super().__init__(source, tokenizer, loader, prepare, seed)
         self.save_hyperparameters()
-        if num_sentinels < 0:
-            raise ValueError(f"data.num_sentinels={num_sentinels} must be at least 0")
+        check_at_least("data.num_sentinels", num_sentinels, 0)
         least = MIN_BPE_VOCAB_SIZE + 1 + num_sentinels
         config = self.tokenizer_config
         if config.kind == "bpe" and config.file is None and config.vocab_size < least:

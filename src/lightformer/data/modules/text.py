@@ -27,6 +27,7 @@ from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw.sources import TextSource, stage_splits
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
+from lightformer.nn.checks import check_at_least
 
 
 class TokenShards(DataModule):
@@ -138,8 +139,7 @@ class TextDataModule(TokenShards):
         seed: int = 1337,
     ) -> None:
         super().__init__(source, tokenizer, loader, prepare, seed)
-        if block_size < 1:
-            raise ValueError(f"data.block_size={block_size} must be at least 1")
+        check_at_least("data.block_size", block_size, 1)
         self.save_hyperparameters()
         self.block_size = block_size
 

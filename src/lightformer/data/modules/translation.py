@@ -72,6 +72,7 @@ from lightformer.data.raw.sources import (
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.files import as_list, expand_patterns, sha256_of
+from lightformer.nn.checks import check_at_least
 
 # Bump when what a prepared folder holds changes meaning (extraction rules, split rule, record fields), so that
 # folders of an older format are not reused.
@@ -163,8 +164,7 @@ class PairSource:
                 )
         elif self.ding_phrases:
             raise ValueError("data.source.ding_phrases=True applies to corpus='ding' only; the pairs come from files")
-        if self.sentence_repeats < 1:
-            raise ValueError(f"data.source.sentence_repeats={self.sentence_repeats} must be at least 1")
+        check_at_least("data.source.sentence_repeats", self.sentence_repeats, 1)
         if self.direction not in ("de-en", "en-de"):
             raise ValueError(f"data.source.direction={self.direction!r} is not valid; valid: 'de-en', 'en-de'")
         if self.corpus is None and self.direction != "de-en":
@@ -231,10 +231,7 @@ class PairTokenizer:
             raise ValueError(
                 f"data.tokenizer.bpe_dropout={self.bpe_dropout} must be in [0, 1) (0.1 in the paper; 0 turns it off)"
             )
-        if self.bpe_dropout_segmentations < 1:
-            raise ValueError(
-                f"data.tokenizer.bpe_dropout_segmentations={self.bpe_dropout_segmentations} must be at least 1"
-            )
+        check_at_least("data.tokenizer.bpe_dropout_segmentations", self.bpe_dropout_segmentations, 1)
 
     @property
     def names(self) -> tuple[str, str]:
@@ -276,8 +273,7 @@ class PairBatches:
                 f"{self.max_sentence_tokens}: a batch must hold at least one sentence of the longest allowed length; "
                 "raise max_tokens or lower max_sentence_tokens"
             )
-        if self.num_workers < 0:
-            raise ValueError(f"data.batches.num_workers={self.num_workers} must be at least 0")
+        check_at_least("data.batches.num_workers", self.num_workers, 0)
 
 
 class TranslationDataModule(PreparedRecords):

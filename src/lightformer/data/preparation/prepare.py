@@ -54,6 +54,7 @@ from lightformer.data.raw.corpora import source_files
 from lightformer.data.raw.sources import SPLITS, Piece, TextSource, read_piece
 from lightformer.errors import DataError
 from lightformer.files import atomic_open, atomic_write_bytes, sha256_of
+from lightformer.nn.checks import check_at_least
 
 FORMAT_VERSION = 1  # bump when what a prepared folder holds changes meaning
 TOKENIZER = "tokenizer.json"
@@ -120,8 +121,7 @@ class TokenizerConfig:
                 f"data.tokenizer.vocab_size={self.vocab_size} is too small for byte-level BPE: use at least "
                 f"{MIN_BPE_VOCAB_SIZE}"
             )
-        if self.sample_bytes < 1:
-            raise ValueError(f"data.tokenizer.sample_bytes={self.sample_bytes} must be at least 1")
+        check_at_least("data.tokenizer.sample_bytes", self.sample_bytes, 1)
         if self.file is not None and not Path(self.file).is_file():
             raise FileNotFoundError(f"data.tokenizer.file: the tokenizer file {self.file!r} does not exist")
 
