@@ -18,7 +18,7 @@ from lightformer.generation import ConditionedDecoder
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.models.vit import VisionTransformer, ViTConfig, ViTPosition
 from lightformer.nn import Activation, NormKind, PositionKind
-from lightformer.nn.checks import as_pair, check_at_least, check_set
+from lightformer.nn.checks import check_at_least, check_set, lists_as_pairs
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,7 @@ class VisionEncoderDecoderConfig:
     ctc_head: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("image_size", "patch_size"):  # a pair as a tuple (YAML and checkpoints give lists)
-            if isinstance(getattr(self, name), list):
-                object.__setattr__(self, name, as_pair(getattr(self, name)))
+        lists_as_pairs(self, "image_size", "patch_size")
         check_at_least("encoder_layers", self.encoder_layers, 1)
         check_at_least("decoder_layers", self.decoder_layers, 1)
         check_at_least("max_len", self.max_len, 2)

@@ -33,6 +33,7 @@ from lightformer.nn.checks import (
     check_fraction,
     check_patch_size,
     check_set,
+    lists_as_pairs,
 )
 from lightformer.nn.layers import check_layer_args, layer_args
 
@@ -92,9 +93,7 @@ class ViTConfig:
     bias: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("image_size", "patch_size"):  # a pair as a tuple (YAML and checkpoints give lists)
-            if isinstance(getattr(self, name), list):
-                object.__setattr__(self, name, as_pair(getattr(self, name)))
+        lists_as_pairs(self, "image_size", "patch_size")
         check_choice("in_channels", self.in_channels, (1, 3))
         check_at_least("num_classes", self.num_classes, 0)
         for side in as_pair(self.patch_size):

@@ -82,6 +82,13 @@ def as_pair(size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
+def lists_as_pairs(config: object, *names: str) -> None:
+    """Store the sizes ``names`` of a frozen dataclass given as lists (YAML and checkpoints give lists) as tuples."""
+    for name in names:
+        if isinstance(getattr(config, name), list):
+            object.__setattr__(config, name, as_pair(getattr(config, name)))
+
+
 def check_patch_size(image_size: int | tuple[int, int], patch_size: int | tuple[int, int]) -> None:
     """Raise ValueError unless ``patch_size`` divides ``image_size`` (the patches must tile the image), either a
     square's side or (height, width) each."""
