@@ -114,7 +114,7 @@ GPU = Sizes(
         "vit": 60,
         "overhead-lm": 90,
         "overhead-ding": 120,
-        "image-text": 180,
+        "image-text": 270,
     },
 )
 DRY_RUN = Sizes(
