@@ -18,9 +18,8 @@ renders 50,000 lines, about three minutes on 2 cores, once: ``--train-lines`` re
 2. Reading after the same training: both train ``--steps`` steps on the same batch sequence with the same AdamW
    (the config's lr, weight decay, min_lr, its warm-up shortened to ``--warmup-steps``, cosine to the last step;
    no decay of biases and norms in either, nor of HF's position tables and class token; ours decays its two
-   position tables, since ``VisionEncoderDecoder`` declares no ``no_weight_decay``: without that decay it read
-   64.83% / 66.61% at seeds 0 / 1 (1,500 steps, bf16, ``--ctc-weight 0.5``), against 63.97% / 67.15% with it),
-   label smoothing and gradient clipping,
+   position tables, since ``VisionEncoderDecoder`` declares no ``no_weight_decay``; measured not to change its
+   CER: docs/results.md, Image to text), label smoothing and gradient clipping,
    then greedy-read the validation lines (held-out text in held-out typefaces): ours with
    ``lightformer.generation.beam_search`` (beam 1 is greedy) on its cached incremental decoder, HF with
    ``generate(num_beams=1, do_sample=False)``. CER by torchmetrics' ``CharErrorRate``.
