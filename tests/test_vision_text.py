@@ -34,15 +34,6 @@ def test_the_decoder_reads_every_patch_of_a_rectangular_image_in_tall_narrow_pat
     assert difference[1] > 1e-4 and difference[0] == 0 and difference[2] == 0
 
 
-def test_the_patch_embedding_starts_as_hf_vits_not_as_a_convolutions_default():
-    """A text line's patch is one channel of 32 × 4 pixels: PyTorch's default for that convolution (std 0.05 and a
-    bias) would make the patches 2.5 times stronger than their positions."""
-    line = dict(image_size=(32, 96), patch_size=(32, 4), d_model=128)
-    patch = VisionEncoderDecoder(VisionEncoderDecoderConfig(**SHAPE | line)).encoder.patch_embed.proj
-    assert patch.weight.shape[1:].numel() == 128 and patch.weight.std().item() == pytest.approx(0.02, rel=0.05)
-    assert not patch.bias.any()
-
-
 @pytest.mark.parametrize("encoder_d_model", [None, 48])
 def test_incremental_decoding_with_the_kv_cache_gives_the_full_forward_passs_logits(encoder_d_model):
     m = model(encoder_d_model=encoder_d_model, encoder_heads=3 if encoder_d_model else None)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-from timm.layers import trunc_normal_
 from torch import Tensor, nn
 
 from lightformer.generation import ConditionedDecoder
@@ -129,21 +127,11 @@ class VisionEncoderDecoder(nn.Module):
         check_set(config, "image_size", "vocab_size")
         self.config = config
         self.encoder = VisionTransformer(config.encoder_config())
-        self._init_patch_embedding()
         width = self.encoder.d_model
         self.encoder_to_decoder = nn.Linear(width, config.d_model) if width != config.d_model else nn.Identity()
         self.decoder = GPT(config.decoder_config(), cross_attention=True)
         self.ctc_head = nn.Linear(config.d_model, config.vocab_size) if config.ctc_head else None
         self.block_size = config.max_len
-
-    @torch.no_grad()
-    def _init_patch_embedding(self) -> None:
-        """Truncated N(0, 0.02) with a zero bias, as HF's ViT starts it, not PyTorch's convolution default (which
-        timm's ViT keeps). A text line's patch has one channel: for 32 × 4 pixels (a fan-in of 128) that default is
-        std 0.05 with a bias of std 0.05, patches 2.5 times stronger than their positions, and the model reads worse
-        at equal steps (measured: docs/results.md, Image to text)."""
-        trunc_normal_(self.encoder.patch_embed.proj.weight, std=0.02)
-        nn.init.zeros_(self.encoder.patch_embed.proj.bias)
 
     def encode(self, images: Tensor) -> Tensor:
         """Images → memory ``(batch, patches, d_model)``: the encoder's patch tokens, normalised, at the decoder's
