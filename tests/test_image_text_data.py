@@ -1,11 +1,13 @@
 """Image-to-text data: fonts found and grouped by family, lines rendered the same for a seed and otherwise for another,
 text and typefaces held out, batches of the contract's shapes that decode back to their text, the Austen LM's
-character tokenizer, bad options refused naming their field, rendering one line at a time, jitter and an exact
-mid-epoch resume."""
+character tokenizer, German lines of Ding's sentences with their own characters, fonts that cannot draw the text
+refused, bad options refused naming their field, rendering one line at a time, jitter and an exact mid-epoch
+resume."""
 
 from __future__ import annotations
 
 import io
+import string
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,14 +24,16 @@ from lightformer.data.modules.image_text import (
     ImageTextTokenizer,
     LineDrawer,
     RenderConfig,
+    check_glyphs,
     line_records,
     split_families,
+    split_sentences,
 )
 from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.modules.text import TextDataModule
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
-from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID
-from lightformer.data.raw.corpora import CorpusUnavailableError, austen_text
+from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, Tokenizer
+from lightformer.data.raw.corpora import DING_FILE, CorpusUnavailableError, austen_text, split_of
 from lightformer.data.raw.rendering import LineStyle, LineTooWide, discover_fonts, render_line
 from lightformer.data.raw.sources import TextSource
 
@@ -178,6 +182,53 @@ def test_a_tokenizer_file_is_used(data, tmp_path):
         ImageTextTokenizer(file=str(tmp_path / "missing.json"))
 
 
+# --- German: Ding's sentences ---------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not Path(DING_FILE).is_file(), reason="the Ding dictionary (apt-get install trans-de-en)")
+def test_german_lines_are_ding_sentences_of_their_split_in_their_own_characters(tmp_path):
+    source = ImageTextSource(corpus="ding", **TINY)
+    data = ImageTextDataModule(source, RENDER, loader=ImageLoaderConfig(batch_size=8),
+                               prepare=PrepareConfig(dir=str(tmp_path), num_workers=2), seed=1)  # fmt: skip
+    data.prepare_data()
+    data.setup()
+    assert data.prepared.name.startswith("image-text-ding-") and (data.prepared / "tokenizer.json").is_file()
+    sentences = split_sentences("ding", DING_FILE)
+    assert 800 < len(sentences["val"]) < 1000 < len(sentences["train"])  # 17,103 sentences, 5% / 5% / 90%
+    every = "".join({c for split in sentences.values() for text in split for c in text})
+    tokenizer = data.tokenizer
+    assert tokenizer.unknown_characters(every) == [] and tokenizer.unknown_characters("äöüÄÖÜß€") == []
+    lines = {split: [r["text"] for r in split_records(data, split)] for split in ("train", "val", "test")}
+    assert any(set(text) & set("äöüß") for text in lines["train"])
+    for split, texts in lines.items():  # a run of words of one of its split's sentences, its own bucket its split
+        assert len(texts) == TINY[f"{split}_lines"]
+        assert all(split_of(text) == split for text in texts)
+        assert all(any(text in sentence for sentence in sentences[split]) for text in texts[:20])
+    batch = next(iter(data.train_dataloader()))
+    assert tokenizer.decode_batch(batch["tgt"].tolist()) == batch["text"]
+    assert data.data_facts().vocab_size == tokenizer.vocab_size
+    english = Tokenizer.train_char([string.printable]).save(tmp_path / "english.json")
+    other = ImageTextDataModule(source, RENDER, ImageTextTokenizer(file=str(english)),
+                                prepare=PrepareConfig(dir=str(tmp_path)), seed=1)  # fmt: skip
+    assert other.prepared == data.prepared  # the tokenizer is not part of what is rendered
+    with pytest.raises(ValueError, match=r"data\.tokenizer\.file: .*english\.json has no token for '.*ä.*'"):
+        other.data_facts()
+
+
+def test_the_ding_corpus_missing_says_how_to_install_it(tmp_path):
+    source = ImageTextSource(corpus="ding", ding_file=str(tmp_path / "de-en"), **TINY)
+    data = ImageTextDataModule(source, RENDER, prepare=PrepareConfig(dir=str(tmp_path)))
+    with pytest.raises(CorpusUnavailableError, match=r"data\.source\.ding_file.*apt-get install trans-de-en"):
+        data.prepare_data()
+
+
+def test_a_font_that_cannot_draw_the_text_is_refused_naming_it_and_the_characters():
+    font = discover_fonts()["DejaVu Sans"][0]
+    check_glyphs({"DejaVu Sans": (font,)}, "Grüße, Anne!")  # draws all of these
+    with pytest.raises(ValueError, match=rf"data\.source\.font_dir: 1 font.*{font}: '漢字'"):
+        check_glyphs({"DejaVu Sans": (font,)}, "Grüße 漢字")
+
+
 # --- options refused -------------------------------------------------------------------------------------------
 
 
@@ -189,6 +240,7 @@ def test_a_tokenizer_file_is_used(data, tmp_path):
         (lambda: ImageTextSource(min_words=5, max_words=3), "data.source.max_words"),
         (lambda: ImageTextSource(min_words=0), "data.source.min_words"),
         (lambda: ImageTextSource(test_fonts="both"), "data.source.test_fonts"),
+        (lambda: ImageTextSource(corpus="bible"), "data.source.corpus"),
         (lambda: RenderConfig(height=8), "data.render.height"),
         (lambda: RenderConfig(size=(0.9, 0.5)), "data.render.size"),
         (lambda: RenderConfig(contrast=(0.0, 2.0)), "data.render.contrast"),

@@ -1,5 +1,6 @@
-"""Image-to-text data (TrOCR-style OCR of printed lines): lines of Jane Austen's novels rendered in many typefaces,
-prepared once into records, streamed as batches of (line image, token ids, text).
+"""Image-to-text data (TrOCR-style OCR of printed lines): lines of Jane Austen's novels (or of the German sentences of
+the Ding dictionary, ``source.corpus="ding"``) rendered in many typefaces, prepared once into records, streamed as
+batches of (line image, token ids, text).
 
     Austen's novels ──sentences, split by position──> lines of 1-8 words ──render (``raw.rendering``), every core,
     in pieces──> <prepare.dir>/image-text-austen-<hash>/ train | val | test | test_seen records {"image": PNG bytes,
@@ -10,13 +11,15 @@ prepared once into records, streamed as batches of (line image, token ids, text)
 out) are split by position as the text classifier's passages are: the first 80% train, the next 10% val, the last
 10% test. A line is a run of ``min_words`` to ``max_words`` consecutive words of one sentence of its split, drawn at
 random; it is kept only if the md5 bucket of its own text (``corpora.split_of``) is its split too, so that no line
-of val or test is ever a train line, even a line of one common word.
+of val or test is ever a train line, even a line of one common word. Ding's German sentences are split by that
+bucket alone (90% train, 5% val, 5% test), as the translation task splits its pairs.
 
 **Typefaces.** The fonts under ``source.font_dir`` (``rendering.discover_fonts``) are grouped by family; the
 ``held_out_families`` are never trained on: val and test are rendered in them alone, the train split in every other
-family. ``test_seen`` is a second test split, of the same texts (line i of both holds the same text, but for lines
-that had to be redrawn) rendered in the training families; ``source.test_fonts`` picks which of the two ``test``
-reads, so the same model is tested on typefaces it has and has not seen. Both are always prepared.
+family; every font used must draw every character of the corpus (checked before rendering: a missing glyph would
+render as a box). ``test_seen`` is a second test split, of the same texts (line i of both holds the same text, but
+for lines that had to be redrawn) rendered in the training families; ``source.test_fonts`` picks which of the two
+``test`` reads, so the same model is tested on typefaces it has and has not seen. Both are always prepared.
 
 **Lines.** Line i of a split is drawn from (seed, split, i) alone: its text from one generator (the same for test and
 test_seen), its family, style, size, letter spacing, rotation, shear, blur, noise, contrast and background from
@@ -24,7 +27,7 @@ another (``render``). A line too wide for the canvas at its size is drawn smalle
 if it is still too wide, another style (``STYLE_TRIES``), then another text is drawn: the manifest counts both. So
 the same seed renders the same images bit for bit, whatever the number of processes.
 
-**Preparation** (``prepared_folder``: once per job, named by a hash of the Austen text, the fonts' paths and sizes,
+**Preparation** (``prepared_folder``: once per job, named by a hash of the corpus's file, the fonts' paths and sizes,
 the options, the seed and the format version) renders each split in pieces of at most ``PIECE_LINES`` lines on
 every core and writes the records as they are rendered (``write_records``): no process holds more than one image and
 the records of the chunk it is writing, however many lines are prepared.
@@ -37,7 +40,8 @@ the tokenizer's PAD to the batch's longest.
 **Tokenizer.** By default the character tokenizer of the main job's Austen language model
 (``configs/lm/austen_char.yaml``: ``TextDataModule`` with ``TokenizerConfig(kind="char")``), built by the same function
 from the same text (``austen_char_tokenizer``), so that the decoder can be warm-started from that GPT; or
-``tokenizer.file`` (a run's ``tokenizer.json``).
+``tokenizer.file`` (a run's ``tokenizer.json``). For Ding, the characters of all its German sentences (written into
+the prepared folder as ``tokenizer.json``).
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from lightformer.data.modules.classification import TRAIN_SHARE, VAL_SHARE, nove
 from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.preparation.caching import content_hash, preparing
 from lightformer.data.preparation.prepare import (
+    TOKENIZER,
     PrepareConfig,
     TokenizerConfig,
     _tokenizer,
@@ -75,13 +80,29 @@ from lightformer.data.preparation.prepare import (
     write_records,
 )
 from lightformer.data.preparation.tokenizers import PAD_ID, Tokenizer
-from lightformer.data.raw.corpora import austen_text, source_files, split_austen_text, split_of
-from lightformer.data.raw.rendering import LineStyle, LineTooWide, discover_fonts, png_bytes, render_line
+from lightformer.data.raw.corpora import (
+    DING_FILE,
+    austen_text,
+    ding_dictionary,
+    extract_ding_pairs,
+    source_files,
+    split_austen_text,
+    split_of,
+)
+from lightformer.data.raw.rendering import (
+    LineStyle,
+    LineTooWide,
+    discover_fonts,
+    missing_glyphs,
+    png_bytes,
+    render_line,
+)
 from lightformer.data.raw.sources import TextSource, stage_splits
 from lightformer.facts import DataFacts
 from lightformer.files import read_utf8, sha256_of
 from lightformer.nn.checks import check_at_least
 
+CORPORA = ("austen", "ding")
 FORMAT_VERSION = 1  # bump when what a prepared folder holds, or how a line is drawn, changes meaning
 PREPARED_SPLITS = ("train", "val", "test", "test_seen")
 TEXT_SPLIT = {"train": "train", "val": "val", "test": "test", "test_seen": "test"}  # whose sentences a split reads
@@ -102,7 +123,9 @@ class ImageTextSource:
     """Which lines of text, how many, and in which typefaces (``data.source``).
 
     Args:
-        corpus: "austen": Jane Austen's six novels (Debian's r-cran-janeaustenr, fetched into ``<data_root>/austen``).
+        corpus: "austen": Jane Austen's six novels (Debian's r-cran-janeaustenr, fetched into ``<data_root>/austen``);
+            "ding": the German sentences of the Ding dictionary (Debian's trans-de-en, read from ``ding_file``), the
+            translation task's, split as it splits them.
         min_words: fewest words of a line.
         max_words: most words of a line (fewer where a sentence is shorter).
         train_lines: lines rendered for training.
@@ -112,11 +135,13 @@ class ImageTextSource:
             them. Names as the fonts give them ("DejaVu Serif", "Nimbus Roman", "URW Gothic", ...).
         test_fonts: "unseen": the test split is rendered in the held-out families; "seen": the same texts rendered
             in the training families (changing it prepares nothing again).
-        font_dir: the folder searched for fonts (.ttf, .otf, .t1, .pfb).
+        font_dir: the folder searched for fonts (.ttf, .otf, .t1, .pfb). Every font used must draw every character
+            of the corpus (checked before rendering).
         data_root: where the built-in corpus is stored.
+        ding_file: where the Ding dictionary is (``apt-get install trans-de-en`` puts it at the default).
     """
 
-    corpus: Literal["austen"] = "austen"
+    corpus: Literal["austen", "ding"] = "austen"
     min_words: int = 1
     max_words: int = 8
     train_lines: int = 50_000
@@ -126,11 +151,12 @@ class ImageTextSource:
     test_fonts: Literal["unseen", "seen"] = "unseen"
     font_dir: str = "/usr/share/fonts"
     data_root: str = "data"
+    ding_file: str = DING_FILE
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "held_out_families", tuple(self.held_out_families))
-        if self.corpus != "austen":
-            raise ValueError(f"data.source.corpus={self.corpus!r} is not a built-in corpus; valid: 'austen'")
+        if self.corpus not in CORPORA:
+            raise ValueError(f"data.source.corpus={self.corpus!r} is not a built-in corpus; valid: {list(CORPORA)}")
         check_at_least("data.source.min_words", self.min_words, 1)
         if self.max_words < self.min_words:
             raise ValueError(
@@ -205,8 +231,9 @@ class ImageTextTokenizer:
     """The tokenizer of the lines' text (``data.tokenizer``).
 
     Args:
-        file: a tokenizer JSON (``Tokenizer.save``; a run's ``tokenizer.json``); None: the character tokenizer of
-            the Austen language model (``configs/lm/austen_char.yaml``), whose GPT can warm-start the decoder.
+        file: a tokenizer JSON (``Tokenizer.save``; a run's ``tokenizer.json``); None: for Austen, the character
+            tokenizer of the Austen language model (``configs/lm/austen_char.yaml``), whose GPT can warm-start the
+            decoder; for Ding, a character tokenizer of all its German sentences, made in preparation.
     """
 
     file: str | None = None
@@ -231,16 +258,34 @@ def austen_char_tokenizer(data_root: str = "data") -> Tokenizer:
 
 
 @lru_cache(maxsize=2)
-def split_sentences(austen_path: str) -> dict[str, tuple[str, ...]]:
-    """Each split's sentences of the novels: by position in each novel, 80% train, 10% val, 10% test."""
+def split_sentences(corpus: str, path: str) -> dict[str, tuple[str, ...]]:
+    """Each split's sentences of a built-in ``corpus`` read from ``path``. Austen's novels: by position in each
+    novel, 80% train, 10% val, 10% test. Ding's German sentences: by the md5 bucket of each (``split_of``; 90%, 5%,
+    5%), as the translation task splits its pairs, so that neither task trains on the other's test sentences."""
     splits: dict[str, list[str]] = {"train": [], "val": [], "test": []}
-    for novel in split_austen_text(read_utf8(Path(austen_path))).values():
+    if corpus == "ding":
+        sentences, _, _ = extract_ding_pairs(path)
+        for german in dict.fromkeys(pair[0] for pair in sentences):
+            splits[split_of(german)].append(german)
+        return {split: tuple(sentences) for split, sentences in splits.items()}
+    for novel in split_austen_text(read_utf8(Path(path))).values():
         sentences = novel_sentences(novel)
         n_train, n_val = int(len(sentences) * TRAIN_SHARE), int(len(sentences) * (TRAIN_SHARE + VAL_SHARE))
         splits["train"] += sentences[:n_train]
         splits["val"] += sentences[n_train:n_val]
         splits["test"] += sentences[n_val:]
     return {split: tuple(sentences) for split, sentences in splits.items()}
+
+
+def check_glyphs(fonts: dict[str, tuple[str, ...]], characters: str) -> None:
+    """A ValueError naming each font of ``fonts`` (family → files) that does not draw one of ``characters``."""
+    missing = {path: gaps for paths in fonts.values() for path in paths if (gaps := missing_glyphs(path, characters))}
+    if missing:
+        listed = "; ".join(f"{path}: {gaps!r}" for path, gaps in missing.items())
+        raise ValueError(
+            f"data.source.font_dir: {len(missing)} font(s) cannot draw characters of the text (they would render as boxes): "
+            f"{listed}. Remove them from the folder, or hold their families out of training and validation"
+        )
 
 
 def split_families(source: ImageTextSource) -> dict[str, tuple[str, ...]]:
@@ -285,7 +330,7 @@ class LineDrawer:
     source: ImageTextSource
     render: RenderConfig
     seed: int
-    austen_path: str
+    text_path: str  # the corpus's file
     families: tuple[tuple[str, tuple[str, ...]], ...]  # (split, its families)
 
     def fonts(self, split: str) -> list[tuple[str, tuple[str, ...]]]:
@@ -316,7 +361,7 @@ class LineDrawer:
         """Line ``index`` of ``split`` and its image (``height × width``, mode "L")."""
         text_rng = np.random.default_rng(np.random.SeedSequence((self.seed, 0, SPLIT_CODE[TEXT_SPLIT[split]], index)))
         style_rng = np.random.default_rng(np.random.SeedSequence((self.seed, 1, SPLIT_CODE[split], index)))
-        sentences = split_sentences(self.austen_path)[TEXT_SPLIT[split]]
+        sentences = split_sentences(self.source.corpus, self.text_path)[TEXT_SPLIT[split]]
         fonts = self.fonts(split)
         other_split = style_redraws = text_redraws = 0
         height, width = self.render.height, self.render.width
@@ -487,15 +532,16 @@ class ImageTextRecords(PreparedRecords):
 
 
 class ImageTextDataModule(ImageTextRecords):
-    """Printed lines of Austen's novels and their text, for an image-to-text model: batches {"images": (B, 1, H, W)
-    float32 normalised, "tgt": (B, T) int64 [BOS] ids [EOS] padded with PAD, "text": list of B strings}. See the
-    module docstring for how lines are drawn, split, prepared and loaded; ``data_facts()`` (after preparation) tells
-    the model the tokenizer, the image size (H, W), one channel, the pixels' mean and std, and the longest ``tgt``.
+    """Printed lines of Austen's novels (or Ding's German sentences) and their text, for an image-to-text model:
+    batches {"images": (B, 1, H, W) float32 normalised, "tgt": (B, T) int64 [BOS] ids [EOS] padded with PAD, "text":
+    list of B strings}. See the module docstring for how lines are drawn, split, prepared and loaded; ``data_facts()``
+    (after preparation) tells the model the tokenizer, the image size (H, W), one channel, the pixels' mean and std,
+    and the longest ``tgt``.
 
     Args:
         source: the lines, their counts, the held-out typefaces (``ImageTextSource``).
         render: the image size and the ranges of every style draw (``RenderConfig``).
-        tokenizer: a tokenizer file, or the Austen LM's characters (``ImageTextTokenizer``).
+        tokenizer: a tokenizer file, or the corpus's characters (``ImageTextTokenizer``).
         loader: lines per batch, loader workers, pinned memory (``ImageLoaderConfig``).
         prepare: where and with how many processes the lines are rendered (``PrepareConfig``).
         augment: jitter training lines (brightness, contrast, a shift of a pixel or two); never val or test.
@@ -522,13 +568,21 @@ class ImageTextDataModule(ImageTextRecords):
 
     @cached_property
     def tokenizer(self) -> Tokenizer:
-        """``tokenizer.file``'s, or the Austen character LM's (``austen_char_tokenizer``): not a file of the prepared
-        folder."""
+        """``tokenizer.file``'s; else for Austen the character LM's (``austen_char_tokenizer``), not a file of the
+        prepared folder; for Ding the characters of its sentences, the prepared folder's ``tokenizer.json``."""
         file = self.tokenizer_config.file
-        return Tokenizer.from_file(file) if file else austen_char_tokenizer(self.source.data_root)
+        if file:
+            return Tokenizer.from_file(file)
+        return super().tokenizer if self.source.corpus == "ding" else austen_char_tokenizer(self.source.data_root)
 
     def data_facts(self) -> DataFacts:
         tokenizer, manifest = self.tokenizer, self.manifest
+        unknown = tokenizer.unknown_characters(manifest.get("characters", ""))  # [] for BPE: it encodes any text
+        if unknown:
+            raise ValueError(
+                f"data.tokenizer.file: {self.tokenizer_config.file} has no token for {''.join(unknown)!r}, characters "
+                f"of the {self.source.corpus} text: leave data.tokenizer.file unset for the corpus's own characters"
+            )
         longest = manifest["longest"]["chars" if tokenizer.kind == "char" else "bytes"]  # bytes: BPE's bound
         return DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
                          image_size=(self.render.height, self.render.width), in_channels=1, image_fit="line",
@@ -538,17 +592,20 @@ class ImageTextDataModule(ImageTextRecords):
     # --- the prepared data (see the module docstring) ---
 
     def _stem(self) -> str:
-        return "image-text-austen"
+        return f"image-text-{self.source.corpus}"
 
     # ``manifest``: the fingerprint, each split's "lines", "families", "redraws", the "longest" text (chars, bytes),
-    # the train pixels' "mean" and "std"
+    # the train pixels' "mean" and "std", the text's "characters"
 
-    def _austen_path(self) -> str:
+    def _text_path(self) -> str:
+        """The corpus's file (Austen's fetched first)."""
+        if self.source.corpus == "ding":
+            return str(ding_dictionary(self.source.ding_file))
         return str(austen_text(Path(self.source.data_root) / "austen"))
 
     def _drawer(self) -> LineDrawer:
         families = tuple((split, self.families[split]) for split in PREPARED_SPLITS)
-        return LineDrawer(self.source, self.render, self.seed, self._austen_path(), families)
+        return LineDrawer(self.source, self.render, self.seed, self._text_path(), families)
 
     def _lines(self) -> dict[str, int]:
         s = self.source
@@ -559,8 +616,10 @@ class ImageTextDataModule(ImageTextRecords):
         installed = discover_fonts(self.source.font_dir)
         used = sorted({family for families in self.families.values() for family in families})
         fonts = {family: [[path, os.path.getsize(path)] for path in installed[family]] for family in used}
-        source = {k: v for k, v in asdict(self.source).items() if k not in ("test_fonts", "data_root", "font_dir")}
-        return {"format": FORMAT_VERSION, "austen": sha256_of(self._austen_path()), "fonts": content_hash(fonts),
+        ignored = ("test_fonts", "data_root", "font_dir", "ding_file")  # the file's content is hashed
+        source = {k: v for k, v in asdict(self.source).items() if k not in ignored}
+        text = {self.source.corpus: sha256_of(self._text_path())}
+        return {"format": FORMAT_VERSION, **text, "fonts": content_hash(fonts),
                 "families": {split: list(f) for split, f in self.families.items()}, "source": source,
                 "render": asdict(self.render), "seed": self.seed}  # fmt: skip
 
@@ -568,8 +627,13 @@ class ImageTextDataModule(ImageTextRecords):
         """``prepared_folder``'s build: each split's records, rendered in pieces on every core; what it returns goes
         into the manifest."""
         drawer = self._drawer()
-        with preparing("cutting Austen's novels into sentences"):
-            split_sentences(drawer.austen_path)  # read once here: forked preparing processes inherit it
+        corpus = self.source.corpus
+        with preparing(f"cutting {'Ding' if corpus == 'ding' else 'Austen'}'s text into sentences"):
+            sentences = split_sentences(corpus, drawer.text_path)  # read once here: forked processes inherit it
+        characters = "".join(sorted({c for split in sentences.values() for text in split for c in text}))
+        check_glyphs({family: paths for split in PREPARED_SPLITS for family, paths in drawer.fonts(split)}, characters)
+        if corpus == "ding":  # the default tokenizer (``tokenizer.file``, if set, is used instead)
+            Tokenizer.train_char([characters]).save(folder / TOKENIZER)
         workers = self.prepare_config.num_workers
         lines, redraws, families, longest = self._lines(), {}, {}, {"chars": 0, "bytes": 0}
         for split in PREPARED_SPLITS:
@@ -592,7 +656,7 @@ class ImageTextDataModule(ImageTextRecords):
         (mean,), (std,) = pixel_statistics(folder / "train", lines["train"])
         rank_zero_info(f"prepared image-text lines: {folder} ({', '.join(f'{s} {n:,}' for s, n in lines.items())})")
         return {"lines": lines, "families": families, "redraws": redraws, "longest": longest, "mean": mean,
-                "std": std}  # fmt: skip
+                "std": std, "characters": characters}  # fmt: skip
 
     # --- LightningDataModule hooks ---
 

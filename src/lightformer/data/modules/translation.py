@@ -49,10 +49,9 @@ from lightformer.data.preparation.prepare import (
 )
 from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer
 from lightformer.data.raw.corpora import (
-    DING_DEB_PACKAGE,
     DING_FILE,
-    CorpusUnavailableError,
     Pair,
+    ding_dictionary,
     extract_ding_pairs,
     split_of,
     split_of_line,
@@ -412,7 +411,7 @@ class TranslationDataModule(PreparedRecords):
         user files), the extraction and split rules (the format), the tokenizers' options, BPE-dropout's draws."""
         if self.source.corpus == "ding":
             sources: dict = {
-                "ding": sha256_of(self._ding_path()),
+                "ding": sha256_of(ding_dictionary(self.source.ding_file)),
                 "phrases": self.source.ding_phrases,
                 "sentence_repeats": self.source.sentence_repeats if self.source.ding_phrases else 1,
             }
@@ -450,7 +449,7 @@ class TranslationDataModule(PreparedRecords):
         """Each split's Ding pairs (in memory: the dictionary is ~40 MB), as lists of up to `_DING_INPUT_PAIRS`,
         and the extraction's statistics."""
         with preparing(f"reading the sentence pairs of the Ding dictionary {self.source.ding_file}"):
-            sentences, phrases, stats = extract_ding_pairs(self._ding_path())
+            sentences, phrases, stats = extract_ding_pairs(ding_dictionary(self.source.ding_file))
         pairs: dict[str, list[Pair]] = {split: [] for split in SPLITS}
         for pair in sentences:
             pairs[split_of(pair[0])].append(pair)
@@ -547,16 +546,6 @@ class TranslationDataModule(PreparedRecords):
         if not read:
             raise self._no_pairs("train", skipped)
         return sampled
-
-    def _ding_path(self) -> Path:
-        path = Path(self.source.ding_file)
-        if not path.is_file():
-            raise CorpusUnavailableError(
-                f"data.source.ding_file: the Ding German–English dictionary is not at {path}. It is Debian's "
-                f"{DING_DEB_PACKAGE} package: run `sudo apt-get install {DING_DEB_PACKAGE}` (or point ding_file at a "
-                "copy of the de-en file)"
-            )
-        return path
 
     def _describe_source(self, split: str) -> str:
         if self.source.corpus == "ding":

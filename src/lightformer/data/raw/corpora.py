@@ -86,6 +86,18 @@ class CorpusUnavailableError(RuntimeError):
     """A built-in corpus is not on this machine and cannot be fetched (no apt-get, or it failed)."""
 
 
+def ding_dictionary(path: str | Path, field: str = "data.source.ding_file") -> Path:
+    """``path``, the Ding German–English dictionary, or a CorpusUnavailableError naming ``field`` and the package."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusUnavailableError(
+            f"{field}: the Ding German–English dictionary is not at {path}. It is Debian's {DING_DEB_PACKAGE} "
+            f"package: run `sudo apt-get install {DING_DEB_PACKAGE}` (or point {field.rsplit('.', 1)[-1]} at a copy "
+            "of the de-en file)"
+        )
+    return path
+
+
 def download(url: str, dest: str | Path, sha256: str | None = None) -> Path:
     """Download `url` to `dest` and check its SHA-256 (hex) when `sha256` is given.
 

@@ -72,19 +72,21 @@ def font_family(path: str | Path) -> tuple[str, str]:
     return family or Path(path).stem, style or ""
 
 
-def renders_text(path: str | Path) -> bool:
-    """Whether Pillow reads the font and draws every ASCII letter, digit and common punctuation mark with a glyph of
-    its own (not the font's missing-glyph box, not nothing)."""
+def missing_glyphs(path: str | Path, characters: str = _CHECKED_CHARACTERS) -> str:
+    """The ``characters`` (spaces aside) that the font at ``path`` does not draw with a glyph of its own (it draws the
+    font's missing-glyph box, or nothing), in order; all of them if Pillow cannot read the font."""
+    wanted = "".join(dict.fromkeys(c for c in characters if not c.isspace()))
     try:
         font = ImageFont.truetype(str(path), 24)
         missing = bytes(font.getmask("\ue000"))
-        for character in _CHECKED_CHARACTERS:
-            mask = font.getmask(character)
-            if mask.getbbox() is None or bytes(mask) == missing:
-                return False
+        return "".join(c for c in wanted if (mask := font.getmask(c)).getbbox() is None or bytes(mask) == missing)
     except OSError:
-        return False
-    return True
+        return wanted
+
+
+def renders_text(path: str | Path) -> bool:
+    """Whether Pillow reads the font and draws every ASCII letter, digit and common punctuation mark."""
+    return not missing_glyphs(path)
 
 
 @lru_cache(maxsize=8)
