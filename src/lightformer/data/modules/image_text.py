@@ -283,8 +283,8 @@ def check_glyphs(fonts: dict[str, tuple[str, ...]], characters: str) -> None:
     if missing:
         listed = "; ".join(f"{path}: {gaps!r}" for path, gaps in missing.items())
         raise ValueError(
-            f"data.source.font_dir: {len(missing)} font(s) cannot draw characters of the text (they would render as boxes): "
-            f"{listed}. Remove them from the folder, or hold their families out of training and validation"
+            f"data.source.font_dir: {len(missing)} font(s) cannot draw characters of the text (they would render as "
+            f"boxes): {listed}. Remove them from the folder, or hold their families out of training and validation"
         )
 
 
