@@ -264,16 +264,16 @@ def split_sentences(corpus: str, path: str) -> dict[str, tuple[str, ...]]:
     5%), as the translation task splits its pairs, so that neither task trains on the other's test sentences."""
     splits: dict[str, list[str]] = {"train": [], "val": [], "test": []}
     if corpus == "ding":
-        sentences, _, _ = extract_ding_pairs(path)
-        for german in dict.fromkeys(pair[0] for pair in sentences):
+        pairs, _, _ = extract_ding_pairs(path)
+        for german in dict.fromkeys(pair[0] for pair in pairs):
             splits[split_of(german)].append(german)
-        return {split: tuple(sentences) for split, sentences in splits.items()}
-    for novel in split_austen_text(read_utf8(Path(path))).values():
-        sentences = novel_sentences(novel)
-        n_train, n_val = int(len(sentences) * TRAIN_SHARE), int(len(sentences) * (TRAIN_SHARE + VAL_SHARE))
-        splits["train"] += sentences[:n_train]
-        splits["val"] += sentences[n_train:n_val]
-        splits["test"] += sentences[n_val:]
+    else:
+        for novel in split_austen_text(read_utf8(Path(path))).values():
+            sentences = novel_sentences(novel)
+            n_train, n_val = int(len(sentences) * TRAIN_SHARE), int(len(sentences) * (TRAIN_SHARE + VAL_SHARE))
+            splits["train"] += sentences[:n_train]
+            splits["val"] += sentences[n_train:n_val]
+            splits["test"] += sentences[n_val:]
     return {split: tuple(sentences) for split, sentences in splits.items()}
 
 

@@ -86,13 +86,14 @@ class CorpusUnavailableError(RuntimeError):
     """A built-in corpus is not on this machine and cannot be fetched (no apt-get, or it failed)."""
 
 
-def ding_dictionary(path: str | Path, field: str = "data.source.ding_file") -> Path:
-    """``path``, the Ding German–English dictionary, or a CorpusUnavailableError naming ``field`` and the package."""
+def ding_dictionary(path: str | Path) -> Path:
+    """``path`` (``data.source.ding_file``), the Ding German–English dictionary, or a CorpusUnavailableError naming
+    the field and the package."""
     path = Path(path)
     if not path.is_file():
         raise CorpusUnavailableError(
-            f"{field}: the Ding German–English dictionary is not at {path}. It is Debian's {DING_DEB_PACKAGE} "
-            f"package: run `sudo apt-get install {DING_DEB_PACKAGE}` (or point {field.rsplit('.', 1)[-1]} at a copy "
+            f"data.source.ding_file: the Ding German–English dictionary is not at {path}. It is Debian's "
+            f"{DING_DEB_PACKAGE} package: run `sudo apt-get install {DING_DEB_PACKAGE}` (or point ding_file at a copy "
             "of the de-en file)"
         )
     return path
