@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.py's dry run (every part of the GPU check, through the same code, on the CPU at tiny sizes),
 and the device handling of benchmarks/fit_overhead.py's bare step, which a GPU run needs."""
 
+import os
 import re
 import subprocess
 import sys
@@ -45,16 +46,30 @@ def test_the_bare_step_trains_on_the_device_of_the_recorded_batches(benchmarks, 
 
 @pytest.mark.slow
 def test_the_dry_run_reports_a_figure_for_every_part(benchmarks, tmp_path):
+    """The parts in two halves side by side, one thread each (the CPU's two cores), each half one check with its
+    own report: half the minutes of CI, and ``--parts`` exercised."""
     import gpu_check
 
-    output = tmp_path / "gpu_check.md"
-    command = [sys.executable, str(BENCHMARKS / "gpu_check.py"), "--dry-run", "--output", str(output)]
-    subprocess.run(command, cwd=BENCHMARKS.parent, check=True, timeout=600)
-    report = output.read_text()
-    assert report.startswith("# GPU check (dry run")
-    assert re.search(r"^- device: .*\n- versions: Python .*torch .*lightning .*jsonargparse", report, re.MULTILINE)
-    sections = dict(re.findall(r"^## (\S+): .*?\n(.*?)(?=^## |\Z)", report, re.MULTILINE | re.DOTALL))
-    assert list(sections) == list(gpu_check.PARTS)
+    halves = (gpu_check.PARTS[:4], gpu_check.PARTS[4:])  # about 50 s each on 2 cores
+    outputs = [tmp_path / f"gpu_check_{i}.md" for i in range(len(halves))]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runs = [
+        subprocess.Popen(
+            [sys.executable, str(BENCHMARKS / "gpu_check.py"), "--dry-run", "--output", str(output), "--parts", *half],
+            cwd=BENCHMARKS.parent,
+            env=env,
+        )  # fmt: skip
+        for half, output in zip(halves, outputs, strict=True)
+    ]
+    assert [run.wait(timeout=600) for run in runs] == [0, 0]
+    sections = {}
+    for half, output in zip(halves, outputs, strict=True):
+        report = output.read_text()
+        assert report.startswith("# GPU check (dry run")
+        assert re.search(r"^- device: .*\n- versions: Python .*torch .*lightning .*jsonargparse", report, re.M)
+        found = dict(re.findall(r"^## (\S+): .*?\n(.*?)(?=^## |\Z)", report, re.MULTILINE | re.DOTALL))
+        assert list(found) == list(half)  # only the parts asked for, in order
+        sections.update(found)
     for name, section in sections.items():
         assert re.search(r"^Result: \*\*ok\*\*, \d+ s$", section, re.MULTILINE), (name, section)
         figures = "\n".join(line for line in section.splitlines() if line.startswith("- "))
