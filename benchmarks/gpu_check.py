@@ -110,7 +110,7 @@ GPU = Sizes(
         "lm": 120,
         "peers": 120,
         "ding": 150,
-        "tests": 90,
+        "tests": 150,  # 12 tests: 88 s of pytest on an H200, after ~7 s of imports
         "vit": 60,
         "overhead-lm": 90,
         "overhead-ding": 120,
