@@ -88,13 +88,13 @@ class MatrixProbe(Callback):
 
 def unavailable(config: dict) -> str | None:
     """Why the data of ``config`` cannot be had on this machine, or None."""
-    data = config.get("data", {}).get("init_args", {})
+    source = config.get("data", {}).get("init_args", {}).get("source") or {}
     init = (config.get("model", {}).get("init_args") or {}).get("init") or {}
     for checkpoint in [init.get("checkpoint"), *(init.get("modules") or {}).values()]:
         if checkpoint and not Path(checkpoint).is_file():
             return f"starts from {checkpoint}, which a pretraining run writes first (see the config's comments)"
-    if data.get("dataset") == "cifar10":
-        folder = Path(data.get("root", "data")) / "cifar-10-batches-py"
+    if source.get("dataset") == "cifar10":
+        folder = Path(source.get("root", "data")) / "cifar-10-batches-py"
         if not folder.is_dir():
             return (
                 f"CIFAR-10 is downloaded by torchvision (needs internet); put cifar-10-batches-py in {folder.parent}/"

@@ -16,6 +16,7 @@ from lightformer.data.objectives.augment import AugmentConfig
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.raw import corpora
 from lightformer.data.raw.image_files import load_image
+from lightformer.errors import DataError
 
 HAS_DEBIAN_FASHION_MNIST = corpora.DEBIAN_FASHION_MNIST_DIR.is_dir()
 
@@ -274,13 +275,13 @@ def test_fashion_mnist_without_files_or_internet_says_how_to_get_them(tmp_path, 
     datamodule = ImageDataModule(
         source=ImageSource(dataset="fashion_mnist", root=str(tmp_path / "data"), download=False)
     )
-    with pytest.raises(RuntimeError, match="apt-get install dataset-fashion-mnist"):
+    with pytest.raises(DataError, match="apt-get install dataset-fashion-mnist"):
         datamodule.setup()
 
 
 def test_mnist_without_files_says_to_download(tmp_path):
     datamodule = ImageDataModule(source=ImageSource(dataset="mnist", root=str(tmp_path), download=False))
-    with pytest.raises(RuntimeError, match="set data.source.download=true"):
+    with pytest.raises(DataError, match=r"^data.source.dataset=mnist: .* set data.source.download=true"):
         datamodule.setup()
 
 

@@ -485,7 +485,10 @@ class ImageDataModule(SplitLoaders):
                 offline = (
                     f"Offline: put the files torchvision downloads into {Path(root) / TORCHVISION_FOLDERS[name]}/."
                 )
-            raise RuntimeError(f"Could not load {name} under root={root!r}: {error}\n{online}\n{offline}") from error
+            raise DataError(
+                f"data.source.dataset={name}: could not load it under data.source.root={root!r} ({error}). {online} "
+                f"{offline}"
+            ) from error
         images = torch.as_tensor(dataset.data)
         images = images[:, None] if images.ndim == 3 else images.permute(0, 3, 1, 2)  # CIFAR: (N, H, W, C)
         return TensorDataset(images.contiguous(), torch.as_tensor(dataset.targets, dtype=torch.long))
