@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lightformer.cli import TRAINER_COMMANDS, checkpoint_commands, main
+from lightformer.callbacks import NonFiniteLossGuard
+from lightformer.cli import TRAINER_COMMANDS, checkpoint_commands, cli_main, main
 from lightformer.progress import ProgressBar
 from tiny_runs import task_args
 
@@ -132,3 +133,12 @@ def test_lightning_puts_a_checkpoints_hyperparameters_into_the_config_between_pa
         Probe(subclass_mode_model=True, subclass_mode_data=True, args=args, auto_configure_optimizers=False)
     parsed, after = seen.value.args
     assert parsed.sample_tokens == 5 and after.sample_tokens == 7 and after.sample_top_k == 3
+
+
+def test_a_configured_non_finite_guard_replaces_the_default_one(tmp_path):
+    default = cli_main([*task_args("lm", tmp_path / "default")], run=False)
+    assert [c.check_every_n_steps for c in default.trainer.callbacks if isinstance(c, NonFiniteLossGuard)] == [1]
+    configured = cli_main([*task_args("lm", tmp_path / "configured"),
+                           "--trainer.callbacks+=lightformer.callbacks.NonFiniteLossGuard",
+                           "--trainer.callbacks.check_every_n_steps=100"], run=False)  # fmt: skip
+    assert [c.check_every_n_steps for c in configured.trainer.callbacks if isinstance(c, NonFiniteLossGuard)] == [100]

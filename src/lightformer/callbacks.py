@@ -168,7 +168,9 @@ class NonFiniteLossGuard(Callback):
     """Stop training at the first NaN or infinite value, and never checkpoint non-finite weights.
 
     The loss is checked before every backward pass, so a NaN loss never reaches the weights (a host sync:
-    negligible on CPU, a few percent on a fast GPU; raise ``check_every_n_steps`` there). Parameters are checked
+    negligible on CPU, a few percent or more on a fast GPU; raise ``check_every_n_steps`` there, with
+    ``--trainer.callbacks+=lightformer.callbacks.NonFiniteLossGuard --trainer.callbacks.check_every_n_steps=100`` or
+    the same in the config's ``trainer.callbacks``: it replaces the default guard). Parameters are checked
     before every validation (a finite loss can still have overflowing gradients) and before every checkpoint is
     written, so a good checkpoint is never overwritten by a broken model; tasks check their validation metrics with
     ``raise_if_non_finite``. Every check raises ``NonFiniteLossError`` naming the step and the last good checkpoint.

@@ -202,13 +202,12 @@ class LightformerCLI(LightningCLI):
         trainer.callbacks.insert(0, RunFolderLock())  # first: before SaveRunConfig writes config.yaml into the folder
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:  # keep a user's own CheckpointIO plugin
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
-        if trainer.loggers:  # the same learning-rate and throughput curves for every task, unless configured
-            for kind, default in (
-                (LearningRateMonitor, LearningRateMonitor("step")),
-                (ThroughputMonitor, Throughput()),
-            ):
-                if not any(isinstance(callback, kind) for callback in trainer.callbacks):
-                    trainer.callbacks.append(default)
+        defaults = [(NonFiniteLossGuard, NonFiniteLossGuard())]  # a configured one (check_every_n_steps) replaces it
+        if trainer.loggers:  # the same learning-rate and throughput curves for every task
+            defaults += [(LearningRateMonitor, LearningRateMonitor("step")), (ThroughputMonitor, Throughput())]
+        for kind, default in defaults:  # each unless the config has its own
+            if not any(isinstance(callback, kind) for callback in trainer.callbacks):
+                trainer.callbacks.append(default)
         return trainer
 
 
@@ -259,9 +258,7 @@ def cli_main(args: list[str] | None = None, run: bool = True, data_only: bool = 
         subclass_mode_data=True,
         save_config_callback=SaveRunConfig,
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={
-            "callbacks": [NonFiniteLossGuard(), RandomStateCheckpoint(), ResumeAfterEpochEnd(), Summary()]
-        },
+        trainer_defaults={"callbacks": [RandomStateCheckpoint(), ResumeAfterEpochEnd(), Summary()]},
         auto_configure_optimizers=False,  # every task configures its own (model.optimizer)
         parser_kwargs={"prog": "lightformer"},
         args=args,
