@@ -93,6 +93,9 @@ def unavailable(config: dict) -> str | None:
     for checkpoint in [init.get("checkpoint"), *(init.get("modules") or {}).values()]:
         if checkpoint and not Path(checkpoint).is_file():
             return f"starts from {checkpoint}, which a pretraining run writes first (see the config's comments)"
+    train = source.get("train")
+    if isinstance(train, str) and "://" not in train and not Path(train).exists():  # a user's own files, e.g. COCO
+        return f"reads {train}, which is not on this machine (see the config's comments)"
     if source.get("dataset") == "cifar10":
         folder = Path(source.get("root", "data")) / "cifar-10-batches-py"
         if not folder.is_dir():

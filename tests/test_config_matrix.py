@@ -3,6 +3,7 @@ table (``benchmarks/config_matrix.py``). The distributed presets are tested per 
 ``tests/test_scale_out.py`` (DDP against one process, FSDP2 against DDP, on 2 CPU processes): running the shipped
 configs on them here too took ~3.7 of CI's 20 minutes and found nothing those tests do not."""
 
+import importlib
 import json
 import math
 import subprocess
@@ -68,3 +69,22 @@ def test_every_config_trains_on_one_process(tmp_path):
         assert row["status"] == "ok", f"{where}: {row.get('detail')}"
         assert row["steps"] == 3 and math.isfinite(row["loss"]), where
     assert "| config | preset | result | steps/s | peak memory |" in table
+
+
+def test_configs_whose_data_this_machine_cannot_get_are_reported_unavailable(monkeypatch, tmp_path):
+    """The three configs of data a user brings or downloads, read from a folder that has none of it: each is named
+    unavailable, with what is missing (a renamed config key would make it an error of the matrix's run instead)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    unavailable = importlib.import_module("config_matrix").unavailable
+    monkeypatch.chdir(tmp_path)
+    reasons = {c: unavailable(yaml.safe_load((REPO / "configs" / c).read_text())) for c in shipped_configs()}
+    assert {c: r for c, r in reasons.items() if r} == {
+        "classify/austen_from_mlm.yaml": "starts from runs/mlm_austen/version_0/checkpoints/last.ckpt, which a "
+        "pretraining run writes first (see the config's comments)",
+        "image_text/captions.yaml": "reads data/coco/annotations/captions_train2017.json, which is not on this machine "
+        "(see the config's comments)",
+        "image_text/printed_lines_from_lm.yaml": "starts from runs/austen_char/version_0/checkpoints/last.ckpt, which "
+        "a pretraining run writes first (see the config's comments)",
+        "vision/vit_cifar10.yaml": "CIFAR-10 is downloaded by torchvision (needs internet); put cifar-10-batches-py in "
+        "data/",
+    }
