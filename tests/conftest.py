@@ -8,6 +8,7 @@ import os
 import torch
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
-    THREADS = max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # not on macOS
+    THREADS = max(1, CORES // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     os.environ["OMP_NUM_THREADS"] = str(THREADS)
     torch.set_num_threads(THREADS)
