@@ -72,8 +72,9 @@ def test_every_config_trains_on_one_process(tmp_path):
 
 
 def test_configs_whose_data_this_machine_cannot_get_are_reported_unavailable(monkeypatch, tmp_path):
-    """The three configs of data a user brings or downloads, read from a folder that has none of it: each is named
-    unavailable, with what is missing (a renamed config key would make it an error of the matrix's run instead)."""
+    """The four configs whose data a user brings, downloads or trains first, read from a folder that has none of it:
+    each is named unavailable, with what is missing (a renamed config key would make it an error of the matrix's run
+    instead)."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     unavailable = importlib.import_module("config_matrix").unavailable
     monkeypatch.chdir(tmp_path)
