@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the GPU machines lack for the GPU check, into .whl/ (59 MB; the device tool carries at most 64 MiB): the wheels
+# What the GPU machines lack for the GPU check, into .whl/ (59 MB, 52 MB with --fonts; the device tool carries at most 64 MiB): the wheels
 # of lightformer's dependencies that their image has not, and the offline data of the check's configs, compressed.
 #
 #   bash benchmarks/gpu_wheels.sh            # here, from the repository root, with access to a package index
@@ -16,9 +16,10 @@
 # The versions are constraints.txt's (the tested stack); a pure-Python wheel (py3-none-any) matches any platform.
 # The data: Austen's novels (data/austen/austen.txt, which any Austen run here writes), Ding (Debian's trans-de-en)
 # and Fashion-MNIST (data/FashionMNIST/raw/, which any Fashion-MNIST run here writes). With --fonts, the typefaces the
-# image-text configs render their lines in (the Debian packages of .ci/run, under /usr/share/fonts: 7.6 MB) instead of
-# Fashion-MNIST (26 MB), so that the GPU machine renders in the same 18 families as this one and .whl/ stays under
-# the device tool's 64 MiB: `bash benchmarks/gpu_wheels.sh --fonts`, then `gpu_check.py --parts image-text ...`.
+# image-text configs render their lines in (the font files under /usr/share/fonts that lightformer's rendering uses,
+# from the packages of debian-packages.txt: 19 MB packed) instead of Fashion-MNIST (26 MB), so that the GPU machine
+# renders in the same 47 families as this one and .whl/ stays under the device tool's 64 MiB:
+# `bash benchmarks/gpu_wheels.sh --fonts`, then `gpu_check.py --parts image-text ...`.
 set -euo pipefail
 
 PACKAGES=(
@@ -42,8 +43,9 @@ gzip -9 -c data/austen/austen.txt > .whl/data/austen.txt.gz
 xz -T0 -9 -c /usr/share/trans/de-en > .whl/data/de-en.xz
 if [ "${1:-}" = --fonts ]; then
     rm -f .whl/data/*-ubyte.xz
-    tar -C /usr/share/fonts -cJf .whl/data/fonts.tar.xz truetype/dejavu truetype/freefont truetype/liberation2 \
-        opentype/urw-base35
+    .venv/bin/python -c "from lightformer.data.raw.rendering import discover_fonts
+print('\\n'.join(p.removeprefix('/usr/share/fonts/') for paths in discover_fonts().values() for p in paths))" |
+        tar -C /usr/share/fonts -cJf .whl/data/fonts.tar.xz -T -
 else
     rm -f .whl/data/fonts.tar.xz
     for file in data/FashionMNIST/raw/*-ubyte; do xz -T0 -6 -c "${file}" > ".whl/data/$(basename "${file}").xz"; done

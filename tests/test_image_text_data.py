@@ -81,6 +81,8 @@ def drawer(austen: str, seed: int) -> LineDrawer:
 def test_fonts_are_text_fonts_grouped_by_family():
     fonts = discover_fonts()
     assert "D050000L" not in fonts and "Standard Symbols PS" not in fonts  # dingbats and symbols
+    if "Go" in fonts:  # fonts-go (debian-packages.txt) installs Go Smallcaps beside it: its lowercase is capitals
+        assert "Go Smallcaps" not in fonts
     for family in ("DejaVu Sans", "Liberation Serif", "Nimbus Roman"):
         if family in fonts:
             assert len(fonts[family]) >= 4  # weights and slants of one family, one file each
@@ -115,6 +117,15 @@ def test_the_same_seed_renders_the_same_lines_another_seed_others(austen, data):
 
 
 # --- held out by text and typeface -----------------------------------------------------------------------------
+
+
+def test_no_line_is_longer_than_max_chars(austen):
+    source = ImageTextSource(**{**TINY, "max_chars": 20})
+    lines = LineDrawer(source, RENDER, 0, austen, tuple(split_families(source).items()))
+    drawn = [lines.line("train", i)[0] for i in range(40)]
+    assert max(len(line.text) for line in drawn) <= 20
+    assert sum(line.text_redraws for line in drawn) > 0  # 1-8 words are often longer: they were drawn again
+    assert max(len(drawer(austen, 0).line("train", i)[0].text) for i in range(40)) > 20
 
 
 def test_val_and_test_are_held_out_by_typeface_and_text(data):
@@ -239,6 +250,7 @@ def test_a_font_that_cannot_draw_the_text_is_refused_naming_it_and_the_character
         (lambda: ImageTextSource(held_out_families=tuple(discover_fonts())), "data.source.held_out_families"),
         (lambda: ImageTextSource(min_words=5, max_words=3), "data.source.max_words"),
         (lambda: ImageTextSource(min_words=0), "data.source.min_words"),
+        (lambda: ImageTextSource(max_chars=0), "data.source.max_chars"),
         (lambda: ImageTextSource(test_fonts="both"), "data.source.test_fonts"),
         (lambda: ImageTextSource(corpus="bible"), "data.source.corpus"),
         (lambda: RenderConfig(height=8), "data.render.height"),

@@ -10,9 +10,9 @@ batches of (line image, token ids, text).
 **Text.** Each novel's sentences (``classification.novel_sentences``: headings, title pages and editors' notes left
 out) are split by position as the text classifier's passages are: the first 80% train, the next 10% val, the last
 10% test. A line is a run of ``min_words`` to ``max_words`` consecutive words of one sentence of its split, drawn at
-random; it is kept only if the md5 bucket of its own text (``corpora.split_of``) is its split too, so that no line
-of val or test is ever a train line, even a line of one common word. Ding's German sentences are split by that
-bucket alone (90% train, 5% val, 5% test), as the translation task splits its pairs.
+random, of at most ``max_chars`` characters; it is kept only if the md5 bucket of its own text (``corpora.split_of``)
+is its split too, so that no line of val or test is ever a train line, even a line of one common word. Ding's German
+sentences are split by that bucket alone (90% train, 5% val, 5% test), as the translation task splits its pairs.
 
 **Typefaces.** The fonts under ``source.font_dir`` (``rendering.discover_fonts``) are grouped by family; the
 ``held_out_families`` are never trained on: val and test are rendered in them alone, the train split in every other
@@ -128,6 +128,9 @@ class ImageTextSource:
             translation task's, split as it splits them.
         min_words: fewest words of a line.
         max_words: most words of a line (fewer where a sentence is shorter).
+        max_chars: most characters of a line, spaces included: a longer text is drawn again. The default, 62, keeps
+            every line within a decoder of 64 positions (BOS and EOS added), the main job's language model's, which
+            ``printed_lines_from_lm.yaml`` starts from; narrow typefaces would otherwise fit 70 and more.
         train_lines: lines rendered for training.
         val_lines: lines rendered for validation (held-out text, held-out typefaces); 0: no validation.
         test_lines: lines rendered for each of the two test splits (held-out text; held-out and training typefaces).
@@ -144,6 +147,7 @@ class ImageTextSource:
     corpus: Literal["austen", "ding"] = "austen"
     min_words: int = 1
     max_words: int = 8
+    max_chars: int = 62
     train_lines: int = 50_000
     val_lines: int = 500
     test_lines: int = 1000
@@ -162,6 +166,7 @@ class ImageTextSource:
             raise ValueError(
                 f"data.source.max_words={self.max_words} must be at least data.source.min_words={self.min_words}"
             )
+        check_at_least("data.source.max_chars", self.max_chars, 1)
         check_at_least("data.source.train_lines", self.train_lines, 1)
         for name in ("val_lines", "test_lines"):
             check_at_least(f"data.source.{name}", getattr(self, name), 0)
@@ -311,7 +316,7 @@ def split_families(source: ImageTextSource) -> dict[str, tuple[str, ...]]:
 @dataclass(frozen=True)
 class Line:
     """A drawn line: its text, typeface and style, and how many draws it took (texts whose bucket was another
-    split's; styles too wide; texts too wide)."""
+    split's; styles too wide; texts too long or too wide)."""
 
     text: str
     family: str
@@ -369,6 +374,9 @@ class LineDrawer:
             text = self._text(text_rng, sentences)
             if split_of(text) != TEXT_SPLIT[split]:  # a line's own text decides its split: none is in two
                 other_split += 1
+                continue
+            if len(text) > self.source.max_chars:
+                text_redraws += 1
                 continue
             for _ in range(STYLE_TRIES):
                 family, paths = fonts[int(style_rng.integers(len(fonts)))]
