@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# What the GPU machines lack for the GPU check, into .whl/ (59 MB, 52 MB with --fonts; the device tool carries at most 64 MiB): the wheels
-# of lightformer's dependencies that their image has not, and the offline data of the check's configs, compressed.
+# What the GPU machines lack for the GPU check, into .whl/ (59 MB, 49 MB with --fonts; the device tool carries at most
+# 64 MiB): the wheels of lightformer's dependencies that their image has not, and the offline data of the check's
+# configs, compressed.
 #
 #   bash benchmarks/gpu_wheels.sh            # here, from the repository root, with access to a package index
 #   python3 benchmarks/gpu_check.py          # there: installs .whl/*.whl into /tmp/site if jsonargparse or litdata is
