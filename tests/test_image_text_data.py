@@ -69,8 +69,8 @@ def split_records(data: ImageTextDataModule, split: str) -> list[dict]:
     return [records[i] for i in range(len(records))]
 
 
-def drawer(austen: str, seed: int) -> LineDrawer:
-    source = ImageTextSource(**TINY)
+def drawer(austen: str, seed: int, **options) -> LineDrawer:
+    source = ImageTextSource(**TINY, **options)
     families = split_families(source)
     return LineDrawer(source, RENDER, seed, austen, tuple(families.items()))
 
@@ -120,9 +120,7 @@ def test_the_same_seed_renders_the_same_lines_another_seed_others(austen, data):
 
 
 def test_no_line_is_longer_than_max_chars(austen):
-    source = ImageTextSource(**{**TINY, "max_chars": 20})
-    lines = LineDrawer(source, RENDER, 0, austen, tuple(split_families(source).items()))
-    drawn = [lines.line("train", i)[0] for i in range(40)]
+    drawn = [drawer(austen, 0, max_chars=20).line("train", i)[0] for i in range(40)]
     assert max(len(line.text) for line in drawn) <= 20
     assert sum(line.text_redraws for line in drawn) > 0  # 1-8 words are often longer: they were drawn again
     assert max(len(drawer(austen, 0).line("train", i)[0].text) for i in range(40)) > 20
