@@ -1,4 +1,4 @@
-"""benchmarks/peers.py, benchmarks/dropout.py and benchmarks/image_text_vs_hf.py end to end on a tiny budget: the
+"""benchmarks/peers.py, dropout.py, image_text_vs_hf.py and record_reads.py end to end on a tiny budget: the
 real code path, no timing assertions."""
 
 import importlib
@@ -86,3 +86,14 @@ def test_image_text_benchmark_prints_both_models_speed_and_cer(tmp_path):
     cer = next(i for i, name in enumerate(columns) if name.startswith("val CER"))
     for name in ("lightformer", "HF VisionEncoderDecoderModel"):
         assert float(rows[name][cer].rstrip("%")) >= 0
+
+
+def test_record_reads_benchmark_prints_both_layouts_and_their_ratio():
+    """benchmarks/record_reads.py on a few rendered lines: both layouts written, read at random, the ratio printed."""
+    script = PEERS.parent / "record_reads.py"
+    command = [sys.executable, str(script), "--lines", "600", "--reads", "100", "--rounds", "1", "--workers", "1"]
+    out = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| lightformer") or line.startswith("| LitData")]
+    assert len(rows) == 2 and all(float(row.split("|")[4].replace(",", "")) > 0 for row in rows)
+    ratio = float(out.split("ratio lightformer/default reads/s: ")[1].split()[0])
+    assert math.isfinite(ratio) and ratio > 0

@@ -183,7 +183,9 @@ class Records(Dataset):
     token budget over ``lengths``, a shuffle by seed and epoch) decides which rank reads which.
 
     Reads go through LitData's ``StreamingDataset`` with per-item decoding: its default decodes a window of items
-    ahead, made for sequential reads, about ten times slower for a random one. A batch's records are read in index order
+    ahead, made for sequential reads, about ten times slower for a random one (and records whose bytes went into
+    LitData's Arrow footer, as before ``write_records`` wrote them as ``litdata.File``, are decoded 256 rows at a time
+    whatever the setting: read, but 15× slower). A batch's records are read in index order
     (``__getitems__``, which the loader calls), so a batch moves between chunks at most once per chunk it touches.
     The dataset opens on first use, so a copy sent to a loader worker carries only the path.
     """

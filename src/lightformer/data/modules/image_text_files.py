@@ -65,7 +65,7 @@ from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.files import sha256_of
 
-FORMAT_VERSION = 1  # bump when what a prepared folder holds changes meaning
+FORMAT_VERSION = 2  # bump when what a prepared folder holds changes meaning (2: images as litdata File leaves)
 PIECE_IMAGES = 500  # images per piece a preparing process fits and writes before taking the next
 LAYOUTS = {".jsonl": "JSONL", ".csv": "CSV", ".tsv": "TSV", ".json": "COCO captions"}
 

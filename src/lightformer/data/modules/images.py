@@ -272,7 +272,8 @@ def carve_splits(
     return remaining.tolist(), val_indices.tolist(), test_indices.tolist()
 
 
-IMAGE_RECORDS_VERSION = 1  # bump when what a prepared image folder holds changes meaning
+# bump when what a prepared image folder holds changes meaning (2: the files as litdata File leaves)
+IMAGE_RECORDS_VERSION = 2
 CARVE = "carve.json"  # in a prepared image folder: each split's files, in record order
 MAX_PIECE_FILES = 1000  # image files per piece a preparing worker holds at a time
 

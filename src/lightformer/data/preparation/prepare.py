@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from filelock import FileLock
 from lightning.pytorch.utilities import rank_zero_info
-from litdata import TokensLoader, optimize
+from litdata import File, TokensLoader, optimize
 from litdata.streaming.resolver import Dir
 
 from lightformer.data.preparation.caching import MANIFEST, content_hash, file_stamp, preparing, read_manifest
@@ -435,11 +435,14 @@ def write_records(
     expected: int | None = None,
     summaries: list | None = None,
 ) -> int:
-    """Records (dicts of arrays, numbers, strings) into a split folder that ``streaming.Records`` reads by index, in
-    the order ``records_of`` yields them for each input in turn; returns their count (a RuntimeError when it is not
-    ``expected``, if given). ``records_of`` is a module-level function or a ``functools.partial`` of one (the workers
-    get it by pickling). ``summaries``: a list that gets what ``records_of`` returns for each input (a generator's
-    return value: what the worker counted or refused), in the inputs' order.
+    """Records (dicts of arrays, numbers, strings, bytes) into a split folder that ``streaming.Records`` reads by
+    index, in the order ``records_of`` yields them for each input in turn; returns their count (a RuntimeError when
+    it is not ``expected``, if given). A ``bytes`` field (an image file's) is written as a ``litdata.File``: read
+    back as the same bytes, one record at a time. Plain bytes would go into LitData's Arrow footer, which a random
+    read decodes 256 rows at a time (15× slower reads of rendered lines: benchmarks/record_reads.py). ``records_of``
+    is a module-level function or a ``functools.partial`` of one (the workers get it by pickling). ``summaries``: a
+    list that gets what ``records_of`` returns for each input (a generator's return value: what the worker counted
+    or refused), in the inputs' order.
 
     ``<folder>/lengths.npy`` (records × ``length_fields``, int32) holds the length of each named field of each
     record, for samplers that batch by length (a token budget) without reading the records.
@@ -475,7 +478,7 @@ def _records_with_lengths(item: tuple[int, Any], records_of: Callable, fields: t
             summary = stop.value
             break
         lengths.append([len(record[name]) for name in fields])
-        yield record
+        yield {name: File(bytes=value) if isinstance(value, bytes) else value for name, value in record.items()}
     with atomic_open(Path(side) / f"{index:08d}.pickle") as f:
         f.write(pickle.dumps((np.asarray(lengths, dtype=np.int32).reshape(-1, len(fields)), summary)))
 
