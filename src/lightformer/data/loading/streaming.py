@@ -185,7 +185,7 @@ class Records(Dataset):
     Reads go through LitData's ``StreamingDataset`` with per-item decoding: its default decodes a window of items
     ahead, made for sequential reads, about ten times slower for a random one (and records whose bytes went into
     LitData's Arrow footer, as before ``write_records`` wrote them as ``litdata.File``, are decoded 256 rows at a time
-    whatever the setting: read, but 15× slower). A batch's records are read in index order
+    whatever the setting: read, but 18× slower). A batch's records are read in index order
     (``__getitems__``, which the loader calls), so a batch moves between chunks at most once per chunk it touches.
     The dataset opens on first use, so a copy sent to a loader worker carries only the path.
     """

@@ -103,8 +103,8 @@ from lightformer.files import read_utf8, sha256_of
 from lightformer.nn.checks import check_at_least
 
 CORPORA = ("austen", "ding")
-FORMAT_VERSION = 2  # bump when what a prepared folder holds, or how a line is drawn, changes meaning (2: images as
-# litdata File leaves, read one at a time)
+# bump when what a prepared folder holds, or how a line is drawn, changes meaning (2: images as litdata File leaves)
+FORMAT_VERSION = 2
 PREPARED_SPLITS = ("train", "val", "test", "test_seen")
 TEXT_SPLIT = {"train": "train", "val": "val", "test": "test", "test_seen": "test"}  # whose sentences a split reads
 SPLIT_CODE = {"train": 0, "val": 1, "test": 2, "test_seen": 3}  # in the seeds of a split's style draws

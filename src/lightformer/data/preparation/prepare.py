@@ -439,7 +439,7 @@ def write_records(
     index, in the order ``records_of`` yields them for each input in turn; returns their count (a RuntimeError when
     it is not ``expected``, if given). A ``bytes`` field (an image file's) is written as a ``litdata.File``: read
     back as the same bytes, one record at a time. Plain bytes would go into LitData's Arrow footer, which a random
-    read decodes 256 rows at a time (15× slower reads of rendered lines: benchmarks/record_reads.py). ``records_of``
+    read decodes 256 rows at a time (18× slower reads of rendered lines: benchmarks/record_reads.py). ``records_of``
     is a module-level function or a ``functools.partial`` of one (the workers get it by pickling). ``summaries``: a
     list that gets what ``records_of`` returns for each input (a generator's return value: what the worker counted
     or refused), in the inputs' order.
