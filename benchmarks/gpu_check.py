@@ -26,7 +26,10 @@ part, so a check killed half-way keeps what it measured.
   (each config in its own process, under its own limit);
 - image-text: configs/image_text/printed_lines_gpu.yaml in ``fit`` on a tenth of its lines (rendered first, on every
   core), a fixed number of steps, then one validation: images/s and MFU, and the validation CER at that step (the
-  config's own bar, ≤ 3% after its 15 minutes, needs a run of its own).
+  config's own bar, ≤ 3% after its 15 minutes, needs a run of its own);
+- printed-lines: the same config as shipped (its validations, its learning-rate decay fitted to its time) on the same
+  tenth of its lines for 5 of its 15 minutes, then ``lightformer test`` of its last checkpoint: the test CER on the
+  unseen typefaces and unseen text, the figure of its bar, in the 9 to 10 minutes that a lease can give one part.
 
 ``--dry-run`` runs the same parts through the same code on the CPU: tiny models on tiny data, the cpu trainer
 preset (fp32), no compilation, a few steps; tests/test_gpu_check.py runs it.
@@ -80,7 +83,7 @@ VERSIONS = ("torch", "lightning", "timm", "litdata", "jsonargparse", "transforme
 TAIL_LINES = 40  # of a failed part's output, in the report
 
 
-PARTS = ("data", "lm", "peers", "ding", "tests", "vit", "overhead-lm", "overhead-ding", "image-text")  # in order
+PARTS = ("data", "lm", "peers", "ding", "tests", "vit", "overhead-lm", "overhead-ding", "image-text", "printed-lines")
 
 
 @dataclass(frozen=True)
@@ -89,9 +92,10 @@ class Sizes:
 
     device: str
     dtype: torch.dtype  # of the training steps' matrix multiplies, for the peaks
-    fit_steps: dict[str, int]  # lm, ding, image-text: steps in fit
-    first_reading: dict[str, int]  # lm, ding, image-text: the throughput readings from this step on count
+    fit_steps: dict[str, int]  # lm, ding, image-text, printed-lines: steps in fit (at most)
+    first_reading: dict[str, int]  # the same parts: the throughput readings from this step on count
     ding_max_time: str  # the Ding fit stops after its steps or this much training, whichever comes first
+    printed_lines_time: str  # printed-lines: its config's training time (15 minutes) in the check's place
     overhead: dict[str, tuple[int, int]]  # vit, overhead-lm, overhead-ding: (timed steps, warm-up steps)
     peers: str  # benchmarks/peers.py's options
     limits: dict[str, int]  # part → seconds
@@ -100,9 +104,10 @@ class Sizes:
 GPU = Sizes(
     device="cuda",
     dtype=torch.bfloat16,
-    fit_steps={"lm": 300, "ding": 200, "image-text": 1500},
-    first_reading={"lm": 100, "ding": 50, "image-text": 100},
+    fit_steps={"lm": 300, "ding": 200, "image-text": 1500, "printed-lines": 100_000},  # the last: its config's bound
+    first_reading={"lm": 100, "ding": 50, "image-text": 100, "printed-lines": 500},
     ding_max_time="00:00:01:30",
+    printed_lines_time="00:00:05:00",
     overhead={"vit": (200, 20), "overhead-lm": (60, 10), "overhead-ding": (60, 10)},
     peers="--device cuda --shape gpt2-small --tasks lm --precisions bf16 --compile on --round-seconds 1",
     limits={
@@ -115,14 +120,16 @@ GPU = Sizes(
         "overhead-lm": 90,
         "overhead-ding": 120,
         "image-text": 270,
+        "printed-lines": 550,  # rendering 50,000 lines, 5 minutes of training with its validations, the test
     },
 )
 DRY_RUN = Sizes(
     device="cpu",
     dtype=torch.float32,
-    fit_steps={"lm": 40, "ding": 40, "image-text": 30},
-    first_reading={"lm": 20, "ding": 20, "image-text": 20},
+    fit_steps={"lm": 40, "ding": 40, "image-text": 30, "printed-lines": 40},
+    first_reading={"lm": 20, "ding": 20, "image-text": 20, "printed-lines": 20},
     ding_max_time="00:00:01:00",
+    printed_lines_time="00:00:00:10",
     overhead={"vit": (6, 2), "overhead-lm": (6, 2), "overhead-ding": (6, 2)},
     peers="--tasks lm --precisions fp32 --compile off --steps 2 --round-seconds 0 --rounds 1 --warmup 1 --threads 1 "
     "--no-memory",  # tests/test_benchmarks.py's budget
@@ -186,7 +193,9 @@ def plan(sizes: Sizes, dry_run: bool, work: Path, peaks: Peaks) -> list[Part]:
                 str(warmup), "--", *options.get(config, [])]  # fmt: skip
 
     tests = [python, *shlex.split("-m pytest -q -p no:cacheprovider tests/test_scale_out.py -k 'gpu or fsdp_preset'")]
-    lm, ding, lines = (sizes.first_reading[name] for name in ("lm", "ding", "image-text"))
+    lm, ding, lines, shipped = (sizes.first_reading[name] for name in ("lm", "ding", "image-text", "printed-lines"))
+    printed_lines = work / "printed-lines"
+    last = printed_lines / "printed_lines_gpu" / "version_0" / "checkpoints" / "last.ckpt"
     ding_bar = "the bar: ≥ 10× the steps/s of a CPU (not measured by this check)"
     return [
         Part("data", "each config's tokenizer and token shards, prepared once per machine",
@@ -212,6 +221,18 @@ def plan(sizes: Sizes, dry_run: bool, work: Path, peaks: Peaks) -> list[Part]:
                   f"--model.optimizer.warmup_steps={sizes.fit_steps['image-text'] // 5}")],
              lambda output: [*fit_figures(work / "image-text", lines, "images", peaks),
                              validation_figure(work / "image-text", "val/cer")]),
+        Part("printed-lines", f"reading printed lines (`{IMAGE_TEXT}` as shipped, on a tenth of its lines and a third "
+             "of its minutes), then its test: the CER on unseen typefaces and unseen text",
+             [lightformer("prepare", IMAGE_TEXT),
+              lightformer("fit", IMAGE_TEXT, f"--trainer.max_time={sizes.printed_lines_time}",
+                          f"--trainer.max_steps={sizes.fit_steps['printed-lines']}",
+                          f"--trainer.logger.init_args.save_dir={printed_lines}",
+                          "--trainer.enable_progress_bar=false"),
+              lightformer("test", IMAGE_TEXT, f"--ckpt_path={last}", "--trainer.enable_progress_bar=false",
+                          "--trainer.logger=false")],
+             lambda output: [*fit_figures(printed_lines, shipped, "images", peaks),
+                             validation_figure(printed_lines, "val/cer"),
+                             test_figure(output, "test/cer", bar=0.03)]),
     ]  # fmt: skip
 
 
@@ -240,7 +261,8 @@ def dry_run_options(work: Path) -> dict[str, list[str]]:
         IMAGE_TEXT: [*cpu, "--data.source.train_lines=64", "--data.source.val_lines=8", "--data.source.test_lines=8",
                      prepared, "--data.loader.batch_size=8", "--data.loader.num_workers=0",
                      "--data.loader.pin_memory=false", "--model.net.encoder_layers=1", "--model.net.decoder_layers=1",
-                     "--model.net.d_model=32", "--model.net.n_heads=2", "--model.net.d_ff=64"],
+                     "--model.net.d_model=32", "--model.net.n_heads=2", "--model.net.d_ff=64",
+                     "--trainer.log_every_n_steps=10", "--trainer.val_check_interval=20"],
     }  # fmt: skip
 
 
@@ -313,6 +335,16 @@ def validation_figure(runs: Path, tag: str) -> str:
         raise ValueError(f"no {tag} in the run's TensorBoard events")
     step, value = curve[-1]
     return f"{tag} at step {step}: **{value:.2%}**"
+
+
+def test_figure(output: str, tag: str, bar: float) -> str:
+    """``tag`` from the table that ``lightformer test`` printed, against the config's ``bar`` (which holds after the
+    config's whole time)."""
+    found = re.findall(rf"│\s*{re.escape(tag)}\s*│\s*([-+.\deE]+)\s*│", output)
+    if not found:
+        raise ValueError(f"no {tag} in the test's table")
+    value = float(found[-1])
+    return f"{tag}: **{value:.2%}** (the config's bar after its whole time, ≤ {bar:.0%}: {verdict(value <= bar)} here)"
 
 
 def markdown_rows(text: str, column: str) -> list[dict[str, str]]:
