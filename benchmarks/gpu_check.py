@@ -8,8 +8,9 @@ the translation config's steps/s, fit against the bare step), each from a run of
 
 The parts, in the order they run (the bars' figures first, so that a check cut short still has them), each a
 subprocess under its own time limit, and the whole check under ``--minutes``: a part that fails or runs out of time
-is reported so, with the end of its output, and the check goes on with the next. The report is rewritten after each
-part, so a check killed half-way keeps what it measured.
+is reported so, with the end of its output, and the check goes on with the next. The report, and beside it the parts'
+whole output (``--output`` with the suffix .log), are rewritten after each part, so a check killed half-way keeps what
+it measured.
 
 - data: ``lightformer prepare`` for the three configs below (tokenizers and token shards, written under data/ once
   per machine), so that no later part times a data preparation;
@@ -561,6 +562,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
         parts = [part for part in plan(sizes, args.dry_run, Path(work), peaks) if part.name in args.parts]
         outcomes: dict[str, Outcome] = {}
+        outputs = args.output.with_suffix(".log")  # every part's whole output, beside the report
         for part in parts:
             left = 60 * args.minutes - (time.perf_counter() - start)
             if left < 1:
@@ -571,9 +573,12 @@ def main() -> None:
                 outcomes[part.name] = run_part(part, env, min(sizes.limits[part.name], left), log)
                 print(f"{part.name}: {outcomes[part.name].status}, {outcomes[part.name].seconds:.0f} s", flush=True)
             args.output.write_text(report(title, machine, parts, outcomes))
+            outputs.write_text(
+                "".join(f"# {name}: {outcome.status}\n{outcome.output}" for name, outcome in outcomes.items())
+            )
     minutes = (time.perf_counter() - start) / 60
     args.output.write_text(report(title, [*machine, f"- the check took {minutes:.1f} minutes"], parts, outcomes))
-    print(f"report: {args.output} ({minutes:.1f} minutes)")
+    print(f"report: {args.output}, the parts' output: {outputs} ({minutes:.1f} minutes)")
 
 
 if __name__ == "__main__":

@@ -47,10 +47,10 @@ def test_the_bare_step_trains_on_the_device_of_the_recorded_batches(benchmarks, 
 @pytest.mark.slow
 def test_the_dry_run_reports_a_figure_for_every_part(benchmarks, tmp_path):
     """The parts in two halves side by side, one thread each (the CPU's two cores), each half one check with its
-    own report: 94 s of CI where one check of every part took 115 s, and ``--parts`` exercised."""
+    own report, and ``--parts`` exercised."""
     import gpu_check
 
-    halves = (gpu_check.PARTS[:4], gpu_check.PARTS[4:])  # about 50 s each on 2 cores
+    halves = (gpu_check.PARTS[:5], gpu_check.PARTS[5:])  # about a minute each on 2 cores
     outputs = [tmp_path / f"gpu_check_{i}.md" for i in range(len(halves))]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = [
@@ -70,6 +70,8 @@ def test_the_dry_run_reports_a_figure_for_every_part(benchmarks, tmp_path):
         found = dict(re.findall(r"^## (\S+): .*?\n(.*?)(?=^## |\Z)", report, re.MULTILINE | re.DOTALL))
         assert list(found) == list(half)  # only the parts asked for, in order
         sections.update(found)
+        outputs = output.with_suffix(".log").read_text()  # each part's whole output, its commands first
+        assert re.findall(r"^# (\S+): ok\n\$ python ", outputs, re.MULTILINE) == list(half)
     for name, section in sections.items():
         assert re.search(r"^Result: \*\*ok\*\*, \d+ s$", section, re.MULTILINE), (name, section)
         figures = "\n".join(line for line in section.splitlines() if line.startswith("- "))
