@@ -504,9 +504,10 @@ def machine_lines(device: torch.device, peaks: Peaks, dtype: torch.dtype, missin
 
 
 def commit() -> str:
-    """The repository's commit, or "unknown" (a copy without git)."""
+    """The repository's commit, with "-dirty" where the files differ from it (a copy of a working tree whose git
+    reference is older than its files, as a device machine's can be), or "unknown" (a copy without git)."""
     try:
-        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        found = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True)
     except OSError:
         return "unknown"
     return found.stdout.strip() or "unknown"
