@@ -194,7 +194,7 @@ def plan(sizes: Sizes, dry_run: bool, work: Path, peaks: Peaks) -> list[Part]:
                 str(warmup), "--", *options.get(config, [])]  # fmt: skip
 
     tests = [python, *shlex.split("-m pytest -q -p no:cacheprovider tests/test_scale_out.py -k 'gpu or fsdp_preset'")]
-    lm, ding, lines, shipped = (sizes.first_reading[name] for name in ("lm", "ding", "image-text", "printed-lines"))
+    lm, ding, lines, whole = (sizes.first_reading[name] for name in ("lm", "ding", "image-text", "printed-lines"))
     printed_lines = work / "printed-lines"
     last = printed_lines / "printed_lines_gpu" / "version_0" / "checkpoints" / "last.ckpt"
     ding_bar = "the bar: ≥ 10× the steps/s of a CPU (not measured by this check)"
@@ -231,7 +231,7 @@ def plan(sizes: Sizes, dry_run: bool, work: Path, peaks: Peaks) -> list[Part]:
                           "--trainer.enable_progress_bar=false"),
               lightformer("test", IMAGE_TEXT, f"--ckpt_path={last}", "--trainer.enable_progress_bar=false",
                           "--trainer.logger=false")],
-             lambda output: [*fit_figures(printed_lines, shipped, "images", peaks),
+             lambda output: [*fit_figures(printed_lines, whole, "images", peaks),
                              validation_figure(printed_lines, "val/cer"),
                              test_figure(output, "test/cer", bar=0.03)]),
     ]  # fmt: skip
