@@ -95,8 +95,8 @@ class Sizes:
     dtype: torch.dtype  # of the training steps' matrix multiplies, for the peaks
     fit_steps: dict[str, int]  # lm, ding, image-text, printed-lines: steps in fit (at most)
     first_reading: dict[str, int]  # the same parts: the throughput readings from this step on count
-    ding_max_time: str  # the Ding fit stops after its steps or this much training, whichever comes first
-    printed_lines_time: str  # printed-lines: its config's training time (15 minutes) in the check's place
+    max_time: dict[str, str]  # ding: it stops after its steps or this much training; printed-lines: its config's
+    # training time (15 minutes) in the check's place
     overhead: dict[str, tuple[int, int]]  # vit, overhead-lm, overhead-ding: (timed steps, warm-up steps)
     peers: str  # benchmarks/peers.py's options
     limits: dict[str, int]  # part → seconds
@@ -107,8 +107,7 @@ GPU = Sizes(
     dtype=torch.bfloat16,
     fit_steps={"lm": 300, "ding": 200, "image-text": 1500, "printed-lines": 100_000},  # the last: its config's bound
     first_reading={"lm": 100, "ding": 50, "image-text": 100, "printed-lines": 500},
-    ding_max_time="00:00:01:30",
-    printed_lines_time="00:00:05:00",
+    max_time={"ding": "00:00:01:30", "printed-lines": "00:00:05:00"},
     overhead={"vit": (200, 20), "overhead-lm": (60, 10), "overhead-ding": (60, 10)},
     peers="--device cuda --shape gpt2-small --tasks lm --precisions bf16 --compile on --round-seconds 1",
     limits={
@@ -129,8 +128,7 @@ DRY_RUN = Sizes(
     dtype=torch.float32,
     fit_steps={"lm": 40, "ding": 40, "image-text": 30, "printed-lines": 40},
     first_reading={"lm": 20, "ding": 20, "image-text": 20, "printed-lines": 20},
-    ding_max_time="00:00:01:00",
-    printed_lines_time="00:00:00:10",
+    max_time={"ding": "00:00:01:00", "printed-lines": "00:00:00:10"},
     overhead={"vit": (6, 2), "overhead-lm": (6, 2), "overhead-ding": (6, 2)},
     peers="--tasks lm --precisions fp32 --compile off --steps 2 --round-seconds 0 --rounds 1 --warmup 1 --threads 1 "
     "--no-memory",  # tests/test_benchmarks.py's budget
@@ -206,7 +204,7 @@ def plan(sizes: Sizes, dry_run: bool, work: Path, peaks: Peaks) -> list[Part]:
         Part("peers", "our GPT against Hugging Face's GPT-2 (`benchmarks/peers.py`)",
              [[python, "benchmarks/peers.py", *shlex.split(sizes.peers)]], peer_figures),
         Part("ding", f"translation (`{DING}`) in fit: steps/s after warm-up",
-             [fit("ding", DING, f"--trainer.max_time={sizes.ding_max_time}")],
+             [fit("ding", DING, f"--trainer.max_time={sizes.max_time['ding']}")],
              lambda output: [*fit_figures(work / "ding", ding, "target tokens", peaks), ding_bar]),
         Part("tests", "the GPU tests of `tests/test_scale_out.py`", [tests], pytest_counts),
         Part("vit", f"the ViT (`{VIT}`) with the gpu trainer preset: fit against the bare step",
@@ -225,7 +223,7 @@ def plan(sizes: Sizes, dry_run: bool, work: Path, peaks: Peaks) -> list[Part]:
         Part("printed-lines", f"reading printed lines (`{IMAGE_TEXT}` as shipped, on a tenth of its lines and a third "
              "of its minutes), then its test: the CER on unseen typefaces and unseen text",
              [lightformer("prepare", IMAGE_TEXT),
-              lightformer("fit", IMAGE_TEXT, f"--trainer.max_time={sizes.printed_lines_time}",
+              lightformer("fit", IMAGE_TEXT, f"--trainer.max_time={sizes.max_time['printed-lines']}",
                           f"--trainer.max_steps={sizes.fit_steps['printed-lines']}",
                           f"--trainer.logger.init_args.save_dir={printed_lines}",
                           "--trainer.enable_progress_bar=false"),

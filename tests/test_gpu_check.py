@@ -70,8 +70,8 @@ def test_the_dry_run_reports_a_figure_for_every_part(benchmarks, tmp_path):
         found = dict(re.findall(r"^## (\S+): .*?\n(.*?)(?=^## |\Z)", report, re.MULTILINE | re.DOTALL))
         assert list(found) == list(half)  # only the parts asked for, in order
         sections.update(found)
-        outputs = output.with_suffix(".log").read_text()  # each part's whole output, its commands first
-        assert re.findall(r"^# (\S+): ok\n\$ python ", outputs, re.MULTILINE) == list(half)
+        log = output.with_suffix(".log").read_text()  # each part's whole output, its commands first
+        assert re.findall(r"^# (\S+): ok\n\$ python ", log, re.MULTILINE) == list(half)
     for name, section in sections.items():
         assert re.search(r"^Result: \*\*ok\*\*, \d+ s$", section, re.MULTILINE), (name, section)
         figures = "\n".join(line for line in section.splitlines() if line.startswith("- "))
