@@ -1,14 +1,17 @@
 """Makes the old-checkpoint fixtures of this folder: one tiny ``fit`` per task, written by an older lightformer.
 
-The fixtures were made by commit 51eef69 (before the refactor of how tasks store what the data tells the model);
-``tests/test_old_checkpoints.py`` checks that today's code still loads them. Remake them only on purpose, with that
-commit's code (same dependencies):
+The fixtures here were made by commit 51eef69 (before the refactor of how tasks store what the data tells the
+model), those in ``b1bd12e/`` by commit b1bd12e (before the refactor of the model configs, the ``Task`` base and the
+package layout); ``tests/test_old_checkpoints.py`` checks that today's code still loads both. Remake them only on
+purpose, with that commit's code (same dependencies):
 
-    git worktree add /tmp/old51 51eef69
-    OMP_NUM_THREADS=1 PYTHONPATH=/tmp/old51/src python tests/data/old_checkpoints/make.py   # every task, or name some
-    git worktree remove --force /tmp/old51
+    git worktree add /tmp/old b1bd12e
+    OMP_NUM_THREADS=1 PYTHONPATH=/tmp/old/src python tests/data/old_checkpoints/make.py --out b1bd12e   # or name tasks
+    git worktree remove --force /tmp/old
 
-For each task it writes the task's data file here (text corpus, TSV), runs ``python -m lightformer fit`` with the
+(51eef69's set: ``git worktree add /tmp/old 51eef69`` and no ``--out``; that commit has no image-text task.)
+
+For each task it writes the task's data file here (text corpus, TSV; with ``--out``, in ``DATA_FOLDER``), runs ``python -m lightformer fit`` with the
 task's shipped config of that checkout and the tiny overrides of ``ARGS`` in a scratch folder (the data under the
 relative names below, so no machine's paths are stored in the checkpoints), and copies the run's ``last.ckpt`` to
 ``<task>.ckpt``. Vision and Image GPT train on scikit-learn's 8×8 digits (shipped with scikit-learn).
@@ -32,6 +35,22 @@ LABELLED = "".join(
 )
 PAIRS = "".join(f"{a} {b} {c}\t{c} {b} {a}\n" for a in "abcd" for b in "efgh" for c in "ijkl")
 DATA = {"corpus.txt": CORPUS, "labelled.tsv": LABELLED, "pairs.tsv": PAIRS}
+# Where a set made with ``--out NAME`` reads its data files, and their modification time: the data modules of b1bd12e
+# and later store each source's path, size and time in their checkpoints, and refuse to resume on other files, so a
+# test that resumes these checkpoints writes the files there again (``restore_data``).
+DATA_FOLDER = "/tmp/lightformer-fixtures"
+DATA_MTIME_NS = 1_764_000_000 * 10**9  # 2025-11-24
+
+
+def restore_data(folder: str | Path) -> Path:
+    """Write the data files into ``folder`` with the fixtures' modification time; the folder."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in DATA.items():
+        (folder / name).write_text(text, encoding="utf-8")
+        os.utime(folder / name, ns=(DATA_MTIME_NS, DATA_MTIME_NS))
+    return folder
+
 
 # Every run: fp32, no time limit, logs and checkpoints under the scratch folder's runs/, no progress bar.
 COMMON = [
@@ -151,6 +170,27 @@ ARGS: dict[str, list[str]] = {
         "--model.net.max_len=16",
         "--model.net.dropout=0.1",
     ],
+    "image_text": [
+        "--config=configs/image_text/printed_lines.yaml",
+        "--data.source.train_lines=48",
+        "--data.source.val_lines=8",
+        "--data.source.test_lines=8",
+        "--data.source.max_words=1",
+        "--data.render.height=16",
+        "--data.render.width=96",
+        "--data.prepare.dir=prepared/image_text",
+        "--data.loader.batch_size=8",
+        "--model.net.patch_size=[16, 8]",
+        "--model.net.encoder_layers=1",
+        "--model.net.encoder_d_model=16",
+        "--model.net.decoder_layers=1",
+        "--model.net.d_model=8",
+        "--model.net.n_heads=2",
+        "--model.net.d_ff=16",
+        "--model.net.max_len=24",
+        "--model.net.dropout=0.1",
+        "--model.num_logged_samples=1",
+    ],
     "igpt": [
         "--config=configs/igpt/digits.yaml",
         "--data.loader.batch_size=32",
@@ -172,30 +212,36 @@ def old_checkout() -> Path:
     return Path(lightformer.__file__).resolve().parents[2]
 
 
-def make(task: str, repo: Path, scratch: Path) -> Path:
-    """Run the tiny fit of ``task`` in ``scratch`` and copy its last.ckpt here as ``<task>.ckpt``."""
-    for name, text in DATA.items():
-        (scratch / name).write_text(text, encoding="utf-8")
+def make(task: str, repo: Path, scratch: Path, out: Path) -> Path:
+    """Run the tiny fit of ``task`` in ``scratch`` and copy its last.ckpt to ``out`` as ``<task>.ckpt``."""
+    restore_data(scratch)
     args = [arg.replace("--config=", f"--config={repo}/") for arg in ARGS[task]]
     command = [sys.executable, "-m", "lightformer", "fit", *args, *COMMON]
     print(" ".join(command), flush=True)
     subprocess.run(command, cwd=scratch, env=os.environ, check=True)
     (last,) = sorted(scratch.glob("runs/*/version_*/checkpoints/last.ckpt"), key=os.path.getmtime)[-1:]
-    target = HERE / f"{task}.ckpt"
+    target = out / f"{task}.ckpt"
     shutil.copyfile(last, target)
     shutil.rmtree(scratch / "runs")
     return target
 
 
-def main(tasks: list[str]) -> None:
+def main(args: list[str]) -> None:
+    """``[--out FOLDER] [task ...]``: every task (or those named), into this folder or its sub-folder FOLDER."""
+    out, scratch = HERE, Path(tempfile.mkdtemp())
+    if args[:1] == ["--out"]:
+        out, scratch, args = HERE / args[1], Path(DATA_FOLDER) / args[1], args[2:]
+        out.mkdir(exist_ok=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     repo = old_checkout()
     print(f"lightformer from {repo}")
     for name, text in DATA.items():
         (HERE / name).write_text(text, encoding="utf-8")
-    with tempfile.TemporaryDirectory() as scratch:
-        for task in tasks or list(ARGS):
-            target = make(task, repo, Path(scratch))
-            print(f"wrote {target} ({target.stat().st_size:,} bytes)", flush=True)
+    scratch.mkdir(parents=True, exist_ok=True)
+    for task in args or list(ARGS):
+        target = make(task, repo, scratch, out)
+        print(f"wrote {target} ({target.stat().st_size:,} bytes)", flush=True)
+    shutil.rmtree(scratch)
 
 
 if __name__ == "__main__":
