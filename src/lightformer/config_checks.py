@@ -17,6 +17,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightformer.checkpoints import CheckpointError, read_checkpoint, require_file
+from lightformer.data.modules.base import DataModule
 from lightformer.errors import ConfigError
 from lightformer.hf_layouts import is_hf_folder, net_from_hf_folder
 from lightformer.registry import spec_of
@@ -132,13 +133,15 @@ def check_checkpoint_files(subcommand: str, config) -> None:
 
 def check_lengths_before_data(config) -> None:
     """The task's check of the data's sequence lengths against ``model.net.max_len`` from the config alone, before
-    the data is prepared: ``check_lengths_before_data`` of the task class, where it has one."""
+    the data is prepared: ``check_lengths_before_data`` of the task class, where it has one, given the facts that the
+    data module's options decide (``DataModule.facts_from_config``)."""
     model, data = config.get("model"), config.get("data")
-    if not model or not model.get("class_path") or not model.get("init_args"):
+    if not model or not model.get("class_path") or not model.get("init_args") or not data or not data.get("class_path"):
         return
     check = getattr(class_of(model.class_path), "check_lengths_before_data", None)
-    if check is not None:
-        check(model.init_args.get("net"), data)
+    data_class = class_of(data.class_path)
+    if check is not None and issubclass(data_class or object, DataModule):
+        check(model.init_args.get("net"), data_class.facts_from_config(data.get("init_args") or Namespace()))
 
 
 def check_init_before_data(model: Namespace) -> None:
