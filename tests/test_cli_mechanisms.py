@@ -151,3 +151,22 @@ def test_config_files_are_read_as_jsonargparse_reads_the_option():
         "d.yaml",
     ]
     assert config_files(["fit", "--config"]) == []  # jsonargparse says what is missing
+
+
+def test_lightningcli_adds_default_callbacks_beside_configured_ones():
+    # Why ``runs.keep_last_checkpoint_current`` and ``runs.show_progress`` add their defaults to the parsed config
+    # where it has none of their kind: ``trainer_defaults`` callbacks are added whatever the config gives.
+    from lightning.pytorch.callbacks import LearningRateMonitor
+    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+
+    cli = LightningCLI(
+        BoringModel,
+        BoringDataModule,
+        trainer_defaults={"callbacks": [LearningRateMonitor("epoch")]},
+        save_config_callback=None,
+        args=["--trainer.callbacks=LearningRateMonitor", "--trainer.logger=false"],
+        run=False,
+    )
+    monitors = [c for c in cli.trainer.callbacks if isinstance(c, LearningRateMonitor)]
+    assert [m.logging_interval for m in monitors] == [None, "epoch"]  # the configured one, then the default
