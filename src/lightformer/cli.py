@@ -109,7 +109,8 @@ class LightformerCLI(LightningCLI):
             continue_resumed_run(config.trainer, config.ckpt_path)
         check_lengths_before_data(config)
         if self.subcommand == "fit" and not config.get("ckpt_path"):
-            take_shape_from_init_checkpoint(config.model, net_fields_given(self.given_values()))
+            if (config.get("model.init_args.init") or {}).get("checkpoint"):  # the defaults-free parse: only then
+                take_shape_from_init_checkpoint(config.model, net_fields_given(self.given_values()))
             check_init_before_data(config.model)
         # With --ckpt_path, LightningCLI has put the checkpoint's hyperparameters into the config, its data facts
         # among them (none in one written before they existed): the model is rebuilt from them (facts_for_model).
