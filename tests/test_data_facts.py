@@ -155,7 +155,8 @@ def test_the_tasks_are_exported():
 def test_a_fine_tuning_config_takes_the_shape_of_the_checkpoint_it_starts_from(tmp_path):
     """The fields of model.net that the command line does not give come from init.checkpoint's model (not those the
     data fills); the ones it gives stay."""
-    from jsonargparse import Namespace
+    import lightning as L
+    from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
     from lightformer.config_checks import net_fields_given, take_shape_from_init_checkpoint
 
@@ -164,7 +165,11 @@ def test_a_fine_tuning_config_takes_the_shape_of_the_checkpoint_it_starts_from(t
     torch.save({"hyper_parameters": {"net": saved}, "state_dict": {}}, path)
     config = tmp_path / "finetune.yaml"
     config.write_text("model:\n  init_args:\n    net:\n      dropout: 0.1\n")
-    given = net_fields_given([f"--config={config}", "--model.net.n_layers=2"])
+    parser = ArgumentParser(exit_on_error=False)  # as the command line parses: its config files, then its options
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_subclass_arguments(L.LightningModule, "model")
+    task = "--model=lightformer.tasks.TextClassificationTask"
+    given = net_fields_given(parser.parse_args([task, f"--config={config}", "--model.net.n_layers=2"], defaults=False))
     assert given == {"dropout", "n_layers"}
     net = Namespace(d_model=128, n_layers=2, dropout=0.1, vocab_size=None, max_len=512)
     model = Namespace(class_path="lightformer.tasks.TextClassificationTask",

@@ -5,6 +5,7 @@ named with their file, line and column)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import re
@@ -17,6 +18,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightformer.checkpoints import CheckpointError, read_checkpoint, require_file
+from lightformer.data.modules.base import DataModule
 from lightformer.errors import ConfigError
 from lightformer.hf_layouts import is_hf_folder, net_from_hf_folder
 from lightformer.registry import spec_of
@@ -132,13 +134,15 @@ def check_checkpoint_files(subcommand: str, config) -> None:
 
 def check_lengths_before_data(config) -> None:
     """The task's check of the data's sequence lengths against ``model.net.max_len`` from the config alone, before
-    the data is prepared: ``check_lengths_before_data`` of the task class, where it has one."""
+    the data is prepared: ``check_lengths_before_data`` of the task class, where it has one, given the facts that the
+    data module's options decide (``DataModule.facts_from_config``)."""
     model, data = config.get("model"), config.get("data")
-    if not model or not model.get("class_path") or not model.get("init_args"):
+    if not model or not model.get("class_path") or not model.get("init_args") or not data or not data.get("class_path"):
         return
     check = getattr(class_of(model.class_path), "check_lengths_before_data", None)
-    if check is not None:
-        check(model.init_args.get("net"), data)
+    data_class = class_of(data.class_path)
+    if check is not None and issubclass(data_class or object, DataModule):
+        check(model.init_args.get("net"), data_class.facts_from_config(data.get("init_args") or Namespace()))
 
 
 def check_init_before_data(model: Namespace) -> None:
@@ -175,14 +179,24 @@ def task_for_names(task_class: type[Task], arguments: dict) -> Task | None:
 
 
 def config_files(args: list[str]) -> list[str]:
-    """The files that ``--config`` (``-c``) names on a command line, in order."""
-    files = []
-    for i, arg in enumerate(args):
-        if arg in ("--config", "-c") and i + 1 < len(args):
-            files.append(args[i + 1])
-        elif arg.startswith("--config="):
-            files.append(arg.partition("=")[2])
-    return files
+    """The files that ``--config`` (``-c``) names on a command line, in order, read as jsonargparse reads the option
+    (argparse's, on which it is built); none where the option lacks its value (jsonargparse then says so)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    parser.add_argument("-c", "--config", action="append", default=[])
+    try:
+        return parser.parse_known_args(args)[0].config
+    except argparse.ArgumentError:
+        return []
+
+
+def check_config_files(args: list[str]) -> None:
+    """Refuse a ``--config`` file that is missing, not YAML, or not a mapping, in one line naming the file (and the
+    line and column of a syntax error), before jsonargparse reads it: jsonargparse 4.53 reports a syntax error as in
+    ``"<unicode string>"`` and its loader is given the file's base name only, and reports the others over several
+    lines with its usage. ``tests/test_cli_mechanisms.py`` pins this
+    (``test_jsonargparse_names_no_config_file_in_its_syntax_errors``): remove this when that fails."""
+    for path in config_files(args):
+        read_config_file(path)
 
 
 def read_config_file(path: str) -> dict:
@@ -206,7 +220,10 @@ def read_config_file(path: str) -> dict:
 
 def model_options_given(args: list[str]) -> list[str]:
     """The config keys of the single model options on a command line: ``--model.beam_size=4`` and
-    ``--model.init_args.net.dropout 0.1`` → ``model.init_args.beam_size``, ``model.init_args.net.dropout``."""
+    ``--model.init_args.net.dropout 0.1`` → ``model.init_args.beam_size``, ``model.init_args.net.dropout``.
+    jsonargparse 4.53 keeps no record of where a parsed value came from (a config file or the command line: its pull
+    request #975 adds one), so the options are read from the command line's words; ``tests/test_cli_mechanisms.py``
+    pins this (``test_jsonargparse_keeps_no_source_of_a_parsed_value``): use that record when that fails."""
     keys = []
     for arg in args:
         name = arg.split("=", 1)[0]
@@ -217,17 +234,11 @@ def model_options_given(args: list[str]) -> list[str]:
     return keys
 
 
-def net_fields_given(args: list[str]) -> set[str]:
-    """The fields of ``model.net`` that a command line gives, in its ``--config`` files or as options."""
-    given = set()
-    for path in config_files(args):
-        model = read_config_file(path).get("model")
-        net = ((model.get("init_args") or {}).get("net") if isinstance(model, dict) else None) or {}
-        given |= set(net) if isinstance(net, dict) else set()
-    prefix = "model.init_args.net."
-    return given | {
-        key.removeprefix(prefix).split(".")[0] for key in model_options_given(args) if key.startswith(prefix)
-    }
+def net_fields_given(given: Namespace) -> set[str]:
+    """The fields of ``model.net`` that a command line gives, in its ``--config`` files or as options: ``given`` is
+    its config as jsonargparse parses it without defaults (``parse_args(args, defaults=False)``)."""
+    net = given.get("model.init_args.net") if isinstance(given.get("model"), Namespace) else None
+    return set(vars(net)) if isinstance(net, Namespace) else set()
 
 
 def take_shape_from_init_checkpoint(model: Namespace, given: set[str]) -> None:

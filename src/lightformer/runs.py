@@ -103,7 +103,10 @@ def keep_last_checkpoint_current(trainer: Namespace) -> None:
     """Make every ``last.ckpt`` the latest state: Lightning's ``ModelCheckpoint`` with ``save_last`` becomes
     lightformer's (the same arguments; Lightning's rewrites ``last.ckpt`` only when the monitored metric improves),
     and a run configured without checkpoints (but with checkpointing on) gets one that writes ``last.ckpt``.
-    ``--trainer.enable_checkpointing=false`` removes the config's checkpoint callbacks (Lightning refuses both)."""
+    ``--trainer.enable_checkpointing=false`` removes the config's checkpoint callbacks (Lightning refuses both).
+    Done on the parsed config, so that the run's ``config.yaml`` names what ran: LightningCLI has no default callback
+    that a configured one of its kind replaces (its ``trainer_defaults`` callbacks are added beside the config's;
+    ``tests/test_cli_mechanisms.py`` pins this: ``test_lightningcli_adds_default_callbacks_beside_configured_ones``)."""
     configured = [c for c in trainer.callbacks or [] if c.class_path.rsplit(".", 1)[-1] == "ModelCheckpoint"]
     if trainer.enable_checkpointing is False:
         trainer.callbacks = [c for c in trainer.callbacks or [] if c not in configured]
@@ -117,7 +120,8 @@ def keep_last_checkpoint_current(trainer: Namespace) -> None:
 
 
 def show_progress(trainer: Namespace) -> None:
-    """A progress bar in a terminal; log lines when output goes to a file or the bar is switched off."""
+    """A progress bar in a terminal; log lines when output goes to a file or the bar is switched off; none added
+    beside a configured one (on the parsed config, as ``keep_last_checkpoint_current`` says why)."""
     configured = {c.class_path.rsplit(".", 1)[-1] for c in trainer.callbacks or []}
     if configured & {"ProgressBar", "RichProgressBar", "TQDMProgressBar", "ProgressLog"}:
         return

@@ -7,7 +7,7 @@ Only the evaluation differs: instead of BLEU, the share of dropped spans the mod
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -16,15 +16,15 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
+from lightformer.data.modules.base import ConfigFacts
 from lightformer.data.modules.pretraining import SpanCorruptionDataModule
-from lightformer.data.objectives.masking import span_corruption_lengths
 from lightformer.data.preparation.tokenizers import Tokenizer, sentinel
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.models.seq2seq import EncoderDecoderConfig
 from lightformer.nn.checks import check_at_least
 from lightformer.registry import register
-from lightformer.tasks.base import data_config_values, net_config_values
+from lightformer.tasks.base import net_config_values
 from lightformer.tasks.translation import Batch, TranslationTask
 from lightformer.tensorboard import logging_step, markdown_text, tensorboard_writer
 
@@ -85,24 +85,18 @@ class DenoisingTask(TranslationTask):
 
     def check_data(self, facts: DataFacts, stage: str) -> None:
         if facts.max_length is not None and self.model.config.position != "none":  # before the translator's check
-            check_spans_fit(self.model.max_len, facts.max_length, None)
+            check_spans_fit(self.model.max_len, facts.max_length)
         super().check_data(facts, stage)
 
     @classmethod
-    def check_lengths_before_data(cls, net: Mapping | None, data: Mapping | None) -> None:
+    def check_lengths_before_data(cls, net: Mapping | None, data: ConfigFacts) -> None:
         """Refuse, from the config alone (before any data is prepared), a ``model.net.max_len`` shorter than the
-        sources or targets of a ``SpanCorruptionDataModule`` (their lengths follow from ``segment_tokens``,
-        ``noise_density`` and ``mean_span_length``). ``setup`` checks any data module with a ``max_length`` again."""
-        values = data_config_values(data, "lightformer.data.modules.pretraining.SpanCorruptionDataModule")
+        sources or targets the data module's options make (``DataModule.facts_from_config``). ``setup`` checks any
+        data module with a ``max_length`` again."""
         net = net_config_values(net, EncoderDecoderConfig)
-        if values is None or net["position"] == "none":
-            return
-        try:
-            spans = (values["noise_density"], values["mean_span_length"])
-            max_length = span_corruption_max_length(values["segment_tokens"], *spans)
-        except (ValueError, TypeError, KeyError):
-            return  # values the data module refuses when it is built, with its own message
-        check_spans_fit(net["max_len"], max_length, values["segment_tokens"], values)
+        if data.facts.max_length is not None and net["position"] != "none":
+            options, within = data.options.get("max_length"), data.within.get("max_length")
+            check_spans_fit(net["max_len"], data.facts.max_length, options, within)
 
     # --- training: the decoder's loss, and optionally the encoder's at the sentinels ---------------------------
 
@@ -189,30 +183,20 @@ class DenoisingTask(TranslationTask):
         return spans
 
 
-def span_corruption_max_length(segment_tokens: int, noise_density: float, mean_span_length: float) -> int:
-    """The ``max_length`` of ``SpanCorruptionDataModule`` (the positions its sources and targets take) for these
-    values, without building it."""
-    _, source_length, target_length = span_corruption_lengths(segment_tokens, noise_density, mean_span_length)
-    return max(source_length, target_length - 1)
-
-
-def check_spans_fit(max_len: int, max_length: int, segment_tokens: int | None, data: dict | None = None) -> None:
+def check_spans_fit(
+    max_len: int, max_length: int, options: str | None = None, within: Callable[[int], str] | None = None
+) -> None:
     """ConfigError when the span-corrupted sources or targets (``max_length`` positions) do not fit the model's
-    position table of ``max_len``; with the data's config (``data``), the largest ``segment_tokens`` that fits."""
+    position table of ``max_len``; ``options``, ``within``: the data options that make that length, and their values
+    that would fit (``ConfigFacts``), when the config alone is checked."""
     if max_length <= max_len:
         return
-    given = f"data.segment_tokens={segment_tokens} makes" if segment_tokens is not None else "the data has"
-    lower = "lower data.segment_tokens"
-    if data is not None:
-        spans = (data["noise_density"], data["mean_span_length"])
-        for fewer in range(segment_tokens - 1, 1, -1):  # the largest segment_tokens that fits
-            if span_corruption_max_length(fewer, *spans) <= max_len:
-                lower = f"data.segment_tokens <= {fewer}"
-                break
+    given = f"{options} makes" if options is not None else "the data has"
+    fits = within(max_len) if within is not None else "lower data.segment_tokens"
     raise ConfigError(
         f"model.net.max_len={max_len} is shorter than the data's sequences: {given} sources or targets of up to "
         f"{max_length} positions, and the model's position table must hold them; set model.net.max_len >= "
-        f"{max_length} or {lower}"
+        f"{max_length} or {fits}"
     )
 
 

@@ -7,7 +7,7 @@ adds the loss, the metrics, TensorBoard samples of the model filling in masked p
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -17,6 +17,7 @@ from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.commands import load_task
+from lightformer.data.modules.base import ConfigFacts
 from lightformer.data.modules.pretraining import MaskedLMDataModule
 from lightformer.data.objectives.masking import IGNORE_INDEX
 from lightformer.data.preparation.tokenizers import MASK, Tokenizer
@@ -24,7 +25,7 @@ from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.models.bert import BertConfig, BertForPreTraining
 from lightformer.registry import register
-from lightformer.tasks.base import TextTask, data_config_values, net_config_values
+from lightformer.tasks.base import TextTask, net_config_values
 from lightformer.tensorboard import logging_step, render_masked, tensorboard_writer
 
 Batch = dict[str, Tensor]
@@ -70,7 +71,7 @@ class MaskedLanguageModelTask(TextTask):
     def check_data(self, facts: DataFacts, stage: str) -> None:
         super().check_data(facts, stage)
         if facts.max_length is not None:
-            check_segments_fit(self.model.config.max_len, facts.max_length, None)
+            check_segments_fit(self.model.config.max_len, facts.max_length)
         if facts.tokenizer is not None:  # a ValueError naming it when the data's tokenizer has no mask token
             Tokenizer.from_str(facts.tokenizer, source="the data's tokenizer").token_id(MASK)
 
@@ -179,26 +180,30 @@ class MaskedLanguageModelTask(TextTask):
         writer.add_text("val/fill_mask", "\n".join(rows), logging_step(self.trainer))
 
     @classmethod
-    def check_lengths_before_data(cls, net: Mapping | None, data: Mapping | None) -> None:
+    def check_lengths_before_data(cls, net: Mapping | None, data: ConfigFacts) -> None:
         """Refuse, from the config alone (before any data is prepared), a ``model.net.max_len`` shorter than the
-        examples of a ``MaskedLMDataModule``: 2 · ``data.segment_tokens`` tokens. ``setup`` checks any data module
-        with a ``max_length`` again."""
-        values = data_config_values(data, "lightformer.data.modules.pretraining.MaskedLMDataModule")
-        if values is not None and values.get("segment_tokens") is not None:
+        examples the data module's options make (``DataModule.facts_from_config``). ``setup`` checks again."""
+        if data.facts.max_length is not None:
             max_len = net_config_values(net, BertConfig)["max_len"]
-            check_segments_fit(max_len, 2 * values["segment_tokens"], values["segment_tokens"])
+            check_segments_fit(
+                max_len, data.facts.max_length, data.options.get("max_length"), data.within.get("max_length")
+            )
 
 
-def check_segments_fit(max_len: int, max_length: int, segment_tokens: int | None) -> None:
-    """ConfigError when a masked-LM example of ``max_length`` tokens (two segments of ``segment_tokens``, with
-    [CLS] and the [SEP]s) does not fit the model's position table of ``max_len``."""
+def check_segments_fit(
+    max_len: int, max_length: int, options: str | None = None, within: Callable[[int], str] | None = None
+) -> None:
+    """ConfigError when a masked-LM example of ``max_length`` tokens (two segments, with [CLS] and the [SEP]s) does
+    not fit the model's position table of ``max_len``; ``options``, ``within``: the data options that make that
+    length, and their values that would fit (``ConfigFacts``), when the config alone is checked."""
     if max_length <= max_len:
         return
-    given = f"data.segment_tokens={segment_tokens} makes" if segment_tokens is not None else "the data has"
+    given = f"{options} makes" if options is not None else "the data has"
+    fits = within(max_len) if within is not None else f"data.segment_tokens <= {max_len // 2}"
     raise ConfigError(
         f"model.net.max_len={max_len} is shorter than the data's examples: {given} examples of up to {max_length} "
         f"tokens (two segments with [CLS] and [SEP]), and the model's position table must hold them; set "
-        f"model.net.max_len >= {max_length} or data.segment_tokens <= {max_len // 2}"
+        f"model.net.max_len >= {max_length} or {fits}"
     )
 
 

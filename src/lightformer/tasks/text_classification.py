@@ -18,12 +18,13 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
 from lightformer.callbacks import raise_if_non_finite
+from lightformer.data.modules.base import ConfigFacts
 from lightformer.data.modules.classification import TextClassificationDataModule
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.models.bert import BertConfig, BertForSequenceClassification
 from lightformer.registry import register
-from lightformer.tasks.base import TextTask, data_config_values, net_config_values
+from lightformer.tasks.base import TextTask, net_config_values
 
 Batch = dict[str, Tensor | list[str]]
 
@@ -168,12 +169,11 @@ class TextClassificationTask(TextTask):
         return ranked
 
     @classmethod
-    def check_lengths_before_data(cls, net: Mapping | None, data: Mapping | None) -> None:
-        """Refuse, from the config alone (before any data is prepared), a ``data.max_tokens`` of a
-        ``TextClassificationDataModule`` larger than ``model.net.max_len``; ``setup`` checks again."""
-        values = data_config_values(data, "lightformer.data.modules.classification.TextClassificationDataModule")
-        if values is not None and isinstance(values.get("max_tokens"), int):
-            check_texts_fit(net_config_values(net, BertConfig)["max_len"], values["max_tokens"])
+    def check_lengths_before_data(cls, net: Mapping | None, data: ConfigFacts) -> None:
+        """Refuse, from the config alone (before any data is prepared), texts longer than ``model.net.max_len``
+        (the data module's ``max_length``: ``DataModule.facts_from_config``); ``setup`` checks again."""
+        if data.facts.max_length is not None:
+            check_texts_fit(net_config_values(net, BertConfig)["max_len"], data.facts.max_length)
 
 
 def check_texts_fit(max_len: int, max_tokens: int) -> None:

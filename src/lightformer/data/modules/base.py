@@ -4,7 +4,10 @@ a folder of records share."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
@@ -15,6 +18,21 @@ from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.facts import DataFacts
 
 STAGE_OF = {"train": "fit", "val": "validate", "test": "test"}  # the stage whose set-up opens a split
+
+
+@dataclass(frozen=True)
+class ConfigFacts:
+    """What a data module's config alone decides, before any data is prepared (``DataModule.facts_from_config``).
+
+    Args:
+        facts: the facts the options fix (None where only the prepared data tells).
+        options: for a fact, the options that decide it as a user writes them (``"data.segment_tokens=64"``).
+        within: for a fact, the options' values under which it is at most a bound (16 → ``"data.segment_tokens <= 8"``).
+    """
+
+    facts: DataFacts = field(default_factory=DataFacts)
+    options: Mapping[str, str] = field(default_factory=dict)
+    within: Mapping[str, Callable[[int], str]] = field(default_factory=dict)
 
 
 class DataModule(SameDataOnResume, L.LightningDataModule):
@@ -28,6 +46,13 @@ class DataModule(SameDataOnResume, L.LightningDataModule):
     def data_facts(self) -> DataFacts:
         """What the model needs to know about this data, once it is prepared (preparing it on first use)."""
         raise NotImplementedError(f"{type(self).__name__} does not say what its data is (data_facts)")
+
+    @classmethod
+    def facts_from_config(cls, init_args: Mapping[str, Any]) -> ConfigFacts:
+        """The facts this module's init arguments (as parsed: defaults filled in) decide before any data is prepared,
+        which the command line checks against the model first (the task's ``check_lengths_before_data``); none here.
+        Values the module refuses when it is built decide nothing (its own message says why)."""
+        return ConfigFacts()
 
     def prepare_data(self) -> None:
         """Prepare the data (once per job), or find it prepared."""

@@ -50,11 +50,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -64,7 +64,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler, map_loader
 from lightformer.data.loading.streaming import LoaderConfig, Records
-from lightformer.data.modules.base import PreparedRecords
+from lightformer.data.modules.base import ConfigFacts, PreparedRecords
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
     SAMPLE_BYTES,
@@ -421,6 +421,18 @@ class TextClassificationDataModule(PreparedRecords):
         tokenizer = self.tokenizer
         return DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=PAD_ID,
                          class_names=tuple(self.class_names), max_length=self.max_tokens)  # fmt: skip
+
+    @classmethod
+    def facts_from_config(cls, init_args: Mapping[str, Any]) -> ConfigFacts:
+        """The longest sequence: ``max_tokens``."""
+        max_tokens = init_args.get("max_tokens")
+        if not isinstance(max_tokens, int):
+            return ConfigFacts()
+        return ConfigFacts(
+            DataFacts(max_length=max_tokens),
+            options={"max_length": f"data.max_tokens={max_tokens}"},
+            within={"max_length": lambda bound: f"data.max_tokens <= {bound}"},
+        )
 
     @property
     def class_names(self) -> list[str]:

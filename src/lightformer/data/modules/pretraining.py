@@ -23,8 +23,10 @@ Validation and test examples are drawn with epoch 0 whatever the epoch, so their
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 from lightformer.data.loading.sampling import EpochShuffleSampler, Key, index_and_epoch
 from lightformer.data.loading.sequences import collate_pairs
 from lightformer.data.loading.streaming import LoaderConfig, Windows
+from lightformer.data.modules.base import ConfigFacts
 from lightformer.data.modules.text import TokenShards
 from lightformer.data.objectives.masking import (
     IGNORE_INDEX,
@@ -56,6 +59,13 @@ from lightformer.data.raw.sources import TextSource
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.nn.checks import check_at_least
+
+
+def span_corruption_max_length(segment_tokens: int, noise_density: float, mean_span_length: float) -> int:
+    """The ``max_length`` of ``SpanCorruptionDataModule`` (the positions its sources and targets take) for these
+    values, without building it."""
+    _, source_length, target_length = span_corruption_lengths(segment_tokens, noise_density, mean_span_length)
+    return max(source_length, target_length - 1)
 
 
 @dataclass(eq=False)
@@ -335,6 +345,18 @@ class MaskedLMDataModule(_SegmentDataModule):
     def max_length(self) -> int:
         return 2 * self.segment_tokens
 
+    @classmethod
+    def facts_from_config(cls, init_args: Mapping[str, Any]) -> ConfigFacts:
+        """The examples' length: two segments of ``segment_tokens`` (with [CLS] and the [SEP]s)."""
+        segment_tokens = init_args.get("segment_tokens")
+        if not isinstance(segment_tokens, int):
+            return ConfigFacts()
+        return ConfigFacts(
+            DataFacts(max_length=2 * segment_tokens),
+            options={"max_length": f"data.segment_tokens={segment_tokens}"},
+            within={"max_length": lambda bound: f"data.segment_tokens <= {bound // 2}"},
+        )
+
     @property
     def mask_id(self) -> int:
         return self.tokenizer.token_id(MASK)
@@ -431,6 +453,28 @@ class SpanCorruptionDataModule(_SegmentDataModule):
     def max_length(self) -> int:
         """Positions the model needs: the source, and the target less one (teacher forcing reads tgt[:, :-1])."""
         return max(self.source_length, self.target_length - 1)
+
+    @classmethod
+    def facts_from_config(cls, init_args: Mapping[str, Any]) -> ConfigFacts:
+        """The positions the sources and targets take, which ``segment_tokens``, ``noise_density`` and
+        ``mean_span_length`` decide; within a bound: the largest ``segment_tokens`` that fits."""
+        try:
+            segment_tokens = init_args["segment_tokens"]
+            spans = (init_args["noise_density"], init_args["mean_span_length"])
+            max_length = span_corruption_max_length(segment_tokens, *spans)
+        except (ValueError, TypeError, KeyError):
+            return ConfigFacts()  # values the module refuses when it is built, with its own message
+
+        def within(bound: int) -> str:
+            fewer = (n for n in range(segment_tokens - 1, 1, -1) if span_corruption_max_length(n, *spans) <= bound)
+            largest = next(fewer, None)
+            return f"data.segment_tokens <= {largest}" if largest is not None else "lower data.segment_tokens"
+
+        return ConfigFacts(
+            DataFacts(max_length=max_length),
+            options={"max_length": f"data.segment_tokens={segment_tokens}"},
+            within={"max_length": within},
+        )
 
     def _make_dataset(self, split: str) -> SpanCorruptionDataset:
         dataset = SpanCorruptionDataset(
