@@ -219,3 +219,19 @@ def test_no_module_names_a_task_class_by_a_string():
         found += [f"{path}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
                   if isinstance(node, ast.Constant) and node.value in names and id(node) not in exports]  # fmt: skip
     assert len(names) > 8 and not found, "\n".join(found)
+
+
+def test_a_hugging_face_model_type_is_read_by_one_reader():
+    from lightformer.registry import HFReader, Layout, hf_readers, register
+
+    spec = built_in()["LanguageModelTask"]
+    gpt2 = hf_readers()["gpt2"]
+
+    class Other:
+        pass
+
+    other_reader = HFReader(gpt2.net, gpt2.net_fields, lambda weights, config: weights)
+    with pytest.raises(ValueError, match="the Hugging Face model type 'gpt2' of Other's layouts is read by "
+                                         "LanguageModelTask's already"):  # fmt: skip
+        register(Other, data=spec.data, layouts={"hf": Layout(print, "others", reads={"gpt2": other_reader})})
+    assert "Other" not in TASKS and hf_readers()["gpt2"] is gpt2
