@@ -42,14 +42,15 @@ FROM_HF_ACTIVATIONS = {**{hf: ours for ours, hf in HF_ACTIVATIONS.items()}, "gel
 
 
 class ExportedTask(Protocol):
-    """What an export reads of a task (a ``lightformer.tasks.base.Task``, which this module, below the tasks, does not
-    import): its model, its hyperparameters and its data's facts."""
+    """What every export reads of a task (a ``lightformer.tasks.base.Task``, which this module, below the tasks, does
+    not import): its model and its hyperparameters; a family's layout reads what its task has besides (tokenizer,
+    class names, data facts)."""
 
     model: nn.Module
     hparams: Mapping[str, Any]
 
 
-def fits(config: Any, needs: dict[str, tuple]) -> list[str]:
+def misfits(config: Any, needs: dict[str, tuple]) -> list[str]:
     """The fields of ``config`` whose values ``needs`` does not allow, as "field=value"."""
     return [f"{name}={getattr(config, name)!r}" for name, ok in needs.items() if getattr(config, name) not in ok]
 
@@ -62,9 +63,9 @@ def _describe(needs: dict[str, tuple]) -> str:
 def refuse_shape(kind: str, config: Any, layouts: dict[str, dict[str, tuple]], hf_classes: Mapping[str, str]) -> None:
     """``ConfigError`` for a ``kind`` model whose shape no layout of ``layouts`` fits: the fields to change for the
     nearest one, and what each layout needs (``hf_classes``: a layout's name → its ``transformers`` class)."""
-    misfits = {name: fits(config, needs) for name, needs in layouts.items()}
-    nearest = min(misfits, key=lambda name: len(misfits[name]))
-    change = ", ".join(f"model.net.{m.split('=')[0]} (now {m.split('=', 1)[1]})" for m in misfits[nearest])
+    wrong = {name: misfits(config, needs) for name, needs in layouts.items()}
+    nearest = min(wrong, key=lambda name: len(wrong[name]))
+    change = ", ".join(f"model.net.{m.split('=')[0]} (now {m.split('=', 1)[1]})" for m in wrong[nearest])
     fit = "; ".join(f"{hf_classes.get(name, name)}: {_describe(needs)}" for name, needs in layouts.items())
     raise ConfigError(
         f"--layout hf: this {kind}'s shape fits no Hugging Face layout. Change {change} for the "

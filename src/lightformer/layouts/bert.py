@@ -16,9 +16,9 @@ from lightformer.hf_layouts import (
     HF_ACTIVATIONS,
     HFModel,
     fast_tokenizer,
-    fits,
     hf_activation,
     hf_layout,
+    misfits,
     refuse_shape,
 )
 from lightformer.models.bert import BertConfig, bert_state_dict_to_lightformer
@@ -42,7 +42,7 @@ def bert_hf_config(config: Any, num_labels: int | None = None, class_names: list
 
     c = config
     for name, needs in BERT_LAYOUTS.items():
-        if fits(c, needs):
+        if misfits(c, needs):
             refuse_shape("BERT", c, {name: needs}, HF_CLASSES)
     names = list(class_names or [])
     labels = {"id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)}}

@@ -20,8 +20,8 @@ from lightformer.hf_layouts import (
     HFModel,
     config_ids,
     fast_tokenizer,
-    fits,
     hf_layout,
+    misfits,
     refuse_shape,
     special_ids,
 )
@@ -44,7 +44,7 @@ HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 def gpt_layout(config: GPTConfig) -> str:
     """ "gpt2" or "llama": the layout ``config``'s shape fits; ``ConfigError`` naming the fields otherwise."""
     for name, needs in GPT_LAYOUTS.items():
-        if not fits(config, needs):
+        if not misfits(config, needs):
             return name
     refuse_shape("GPT", config, GPT_LAYOUTS, HF_CLASSES)
     raise AssertionError  # refuse_shape raises

@@ -19,8 +19,8 @@ from lightformer.hf_layouts import (
     HFModel,
     config_ids,
     fast_tokenizer,
-    fits,
     hf_layout,
+    misfits,
     refuse_shape,
     special_ids,
 )
@@ -43,7 +43,7 @@ def marian_hf_config(config: Any, special: dict[str, int]) -> Any:
     from transformers import MarianConfig
 
     c = config
-    if fits(c, MARIAN_LAYOUTS["marian"]):
+    if misfits(c, MARIAN_LAYOUTS["marian"]):
         refuse_shape("translator", c, MARIAN_LAYOUTS, HF_CLASSES)
     return MarianConfig(
         vocab_size=c.src_vocab_size, decoder_vocab_size=c.tgt_vocab_size, d_model=c.d_model,

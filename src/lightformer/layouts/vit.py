@@ -15,10 +15,10 @@ from lightformer.hf_layouts import (
     FROM_HF_ACTIVATIONS,
     HF_ACTIVATIONS,
     HFModel,
-    fits,
     give_usual_mode,
     hf_activation,
     hf_layout,
+    misfits,
     refuse_shape,
     safetensors_metadata,
 )
@@ -49,7 +49,7 @@ def vit_hf_config(config: Any, class_names: list[str] | None) -> Any:
     if not c.num_classes:
         raise ConfigError("--layout hf: a ViT without a head (model.net.num_classes=0) has no "
                           "ViTForImageClassification layout")  # fmt: skip
-    if fits(c, VIT_LAYOUTS["vit"]):
+    if misfits(c, VIT_LAYOUTS["vit"]):
         refuse_shape("ViT", c, VIT_LAYOUTS, HF_CLASSES)
     names = class_names or [f"LABEL_{i}" for i in range(c.num_classes)]
     image, patch = as_pair(c.image_size), as_pair(c.patch_size)
