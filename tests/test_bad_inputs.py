@@ -210,6 +210,11 @@ def test_a_one_class_image_folder_is_refused(tmp_path):
         ("lm", ["generate", "--max_new_tokens=0"], "--max_new_tokens=0 must be at least 1"),
         ("vision", ["classify", "--images=x.png", "--top_k=0"], "--top_k=0 must be at least 1"),
         ("lm", ["export", "--output=x.safetensors", "--layout=timm"], "--layout timm applies to image classification"),
+        (
+            "lm",
+            ["export", "--output=x.safetensors", "--layout=onnx"],
+            "--layout onnx: no task has this layout; a LanguageModelTask checkpoint's: lightformer, hf",
+        ),
         ("lm", ["average", "--output=x.ckpt", "--last=0"], "--last=0 must be at least 1"),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else None,

@@ -414,3 +414,40 @@ def test_an_hf_export_writes_only_a_new_or_empty_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     export(ckpt_path=path, output=str(tmp_path / "empty"), layout="hf")
     assert (tmp_path / "empty" / "model.safetensors").is_file() and not (tmp_path / "empty.partial").exists()
+
+
+def test_exported_weights_have_the_mode_of_the_folders_other_files(tmp_path):
+    """``safetensors`` writes its files 0600 whatever the umask: the weights of an export (an HF folder's and a plain
+    file) take the mode every other file gets under the process's umask, so whoever reads the folder reads them."""
+    import os
+
+    path, _ = lm_checkpoint(tmp_path)
+    previous = os.umask(0o022)
+    try:
+        export(ckpt_path=path, output=str(tmp_path / "hf"), layout="hf")
+        export(ckpt_path=path, output=str(tmp_path / "plain" / "model.safetensors"))
+    finally:
+        os.umask(previous)
+    modes = {file.name: oct(file.stat().st_mode & 0o777) for file in (tmp_path / "hf").iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"] == "0o644", modes
+    assert set(modes.values()) == {"0o644"}, modes
+    assert oct((tmp_path / "plain" / "model.safetensors").stat().st_mode & 0o777) == "0o644"
+
+
+def test_the_layouts_and_the_checkpoints_sit_below_the_tasks(monkeypatch):
+    """The tasks import the layouts they declare; no layout, nor the checkpoint code that reads a Hugging Face folder,
+    reaches a task by any import, ``TYPE_CHECKING`` ones included (the circle checkpoints → hf_layouts → tasks.base →
+    … → checkpoints is gone)."""
+    import test_imports
+
+    monkeypatch.setattr(test_imports, "_is_type_checking", lambda test: False)
+    graph = test_imports.import_graph(test_imports.PACKAGE)
+    layouts = [name for name in graph if name.startswith("lightformer.layouts.")]
+    assert len(layouts) == 4
+    for start in ["lightformer.hf_layouts", "lightformer.checkpoints", "lightformer.registry", *layouts]:
+        reached, stack = set(), [start]
+        while stack:
+            for target in graph[stack.pop()] - reached:
+                reached.add(target)
+                stack.append(target)
+        assert not {name for name in reached if name.startswith("lightformer.tasks")}, start

@@ -1,13 +1,15 @@
 """One place per task: a task registers itself once, beside its class (``lightformer.registry.register``), and the
 command line reads the registry. A task written outside lightformer (a module and a config in a folder of their own)
-trains, tests and runs its checkpoint command with no other file touched."""
+trains, tests, runs its checkpoint command and exports in a layout of its own with no other file touched."""
 
 from __future__ import annotations
 
+import ast
 import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,13 +22,14 @@ TOY_TASK = '''
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lightformer.commands import load_task, require
 from lightformer.data import TextDataModule
-from lightformer.registry import register
+from lightformer.registry import Layout, register
 from lightformer.tasks.base import TextTask
 
 
@@ -96,7 +99,16 @@ def likeliest(*, ckpt_path: str, after: str = "e") -> None:
     print(f"after {after!r}: {task.tokenizer.decode([best])!r}")
 
 
-register(BigramTask, data=TextDataModule, commands={"likeliest": likeliest})
+def write_table(task, ckpt_path, checkpoint, output):
+    """``export --layout numpy``: the bigram table as a NumPy array."""
+    table = task.model.logits.weight.detach().numpy()
+    with open(output, "wb") as file:
+        np.save(file, table)
+    return f"wrote {output} (a {table.shape[0]}x{table.shape[1]} bigram table, step {checkpoint['global_step']})"
+
+
+register(BigramTask, data=TextDataModule, commands={"likeliest": likeliest},
+         layouts={"numpy": Layout(write_table, "bigram tables")})
 '''
 
 TOY_CONFIG = """
@@ -154,6 +166,15 @@ def test_a_task_of_ones_own_fits_tests_and_runs_its_checkpoint_command(toy_folde
     main(["likeliest", f"--ckpt_path={checkpoint}", "--after=t"])
     assert capsys.readouterr().out.strip() == "after 't': 'h'"  # "the", "that", "hat": a bigram learns "th"
 
+    table = tmp_path / "exported" / "table.npy"  # its own layout, by the generic command; the folder made first
+    main(["export", f"--ckpt_path={checkpoint}", "--layout=numpy", f"--output={table}"])
+    assert capsys.readouterr().out.strip().endswith("bigram table, step 40)")
+    np.testing.assert_array_equal(np.load(table), saved["state_dict"]["model.logits.weight"].numpy())
+    lm = tmp_path / "lm.ckpt"  # another task's checkpoint is refused by the layout's own words
+    torch.save({"hyper_parameters": {"_class_path": "lightformer.tasks.LanguageModelTask"}}, lm)
+    with pytest.raises(SystemExit, match="--layout numpy applies to bigram tables, not to a LanguageModelTask"):
+        main(["export", f"--ckpt_path={lm}", "--layout=numpy", f"--output={tmp_path / 'lm.npy'}"])
+
 
 def test_the_command_line_lists_every_registered_command_and_refuses_the_wrong_data():
     assert {"generate", "translate", "classify", "fill-mask", "sample-images", "probe"} <= set(checkpoint_commands())
@@ -180,3 +201,37 @@ def test_a_command_name_is_one_tasks():
 
 def test_repo_root_is_the_working_directory():
     assert Path("configs/lm/austen_char.yaml").is_file()
+
+
+def registered_task_names() -> set[str]:
+    return {spec.task.__name__ for spec in built_in().values()} | {"Task", "TextTask"}
+
+
+def test_no_module_names_a_task_class_by_a_string():
+    """Which task has a layout, a command or an old checkpoint's keys is its registration's to say: no string of
+    ``src/`` is a task class's name (``__all__`` lists, which name what a package exports, aside)."""
+    names, found = registered_task_names(), []
+    for path in sorted(Path("src/lightformer").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        exports = {id(node) for assign in ast.walk(tree) if isinstance(assign, ast.Assign)
+                   and any(isinstance(t, ast.Name) and t.id == "__all__" for t in assign.targets)
+                   for node in ast.walk(assign.value)}  # fmt: skip
+        found += [f"{path}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and node.value in names and id(node) not in exports]  # fmt: skip
+    assert len(names) > 8 and not found, "\n".join(found)
+
+
+def test_a_hugging_face_model_type_is_read_by_one_reader():
+    from lightformer.registry import HFReader, Layout, hf_readers, register
+
+    spec = built_in()["LanguageModelTask"]
+    gpt2 = hf_readers()["gpt2"]
+
+    class Other:
+        pass
+
+    other_reader = HFReader(gpt2.net, gpt2.net_fields, lambda weights, config: weights)
+    with pytest.raises(ValueError, match="the Hugging Face model type 'gpt2' of Other's layouts is read by "
+                                         "LanguageModelTask's already"):  # fmt: skip
+        register(Other, data=spec.data, layouts={"hf": Layout(print, "others", reads={"gpt2": other_reader})})
+    assert "Other" not in TASKS and hf_readers()["gpt2"] is gpt2

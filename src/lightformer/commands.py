@@ -10,24 +10,20 @@ and docstrings), so it runs the same from Python; a bad option raises ``ConfigEr
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from lightformer import checkpoints
 from lightformer.checkpoints import CheckpointError, read_checkpoint
 from lightformer.errors import ConfigError
-from lightformer.files import atomic_write_bytes, expand_patterns
+from lightformer.files import expand_patterns
 from lightformer.generation import check_sampling
-from lightformer.registry import built_in, spec_of
+from lightformer.hf_layouts import give_usual_mode, safetensors_metadata
+from lightformer.registry import built_in, layout_holders, spec_of
 
 if TYPE_CHECKING:
     from lightformer.tasks.base import Task
-
-# Checkpoints written through the Python API before every checkpoint named its task: what they carry names it.
-CARRIED_BY = {"tokenizer": "LanguageModelTask", "src_tokenizer": "TranslationTask",
-              "image_classification": "ImageClassificationTask"}  # fmt: skip
 
 
 def task_class_of(checkpoint: dict) -> type[Task] | None:
@@ -35,9 +31,8 @@ def task_class_of(checkpoint: dict) -> type[Task] | None:
     or None if it was not written by a registered task."""
     class_path = str(checkpoint.get("hyper_parameters", {}).get("_class_path", ""))
     spec = spec_of(class_path) if class_path else None
-    if spec is None:
-        name = next((task for key, task in CARRIED_BY.items() if key in checkpoint), None)
-        spec = built_in().get(name) if name else None
+    if spec is None:  # written through the Python API before every checkpoint named its task: what it carries does
+        spec = next((spec for spec in built_in().values() if any(key in checkpoint for key in spec.carried)), None)
     return spec.task if spec is not None else None
 
 
@@ -89,54 +84,53 @@ def output_file(path: str, example: str) -> Path:
     return output
 
 
-def export(*, ckpt_path: str, output: str, layout: Literal["lightformer", "timm", "hf"] = "lightformer") -> None:
+def export(*, ckpt_path: str, output: str, layout: str = "lightformer") -> None:
     """A model's weights to safetensors (also in timm's layout), or a Hugging Face model folder.
 
     Write a checkpoint's model weights to a safetensors file (no pickle: safe to share and to load).
 
     The file's metadata holds the task, its hyperparameters (JSON) and what travels with the model (tokenizer
     JSON, image preprocessing), so the model can be rebuilt; ``safetensors.torch.load_model(task.model, path)``
-    loads the weights back (tied weights are stored once). ``layout="timm"`` writes a vision model under timm's
-    ``VisionTransformer`` names instead, for ``timm.create_model(...).load_state_dict(load_file(path))``.
-    ``layout="hf"`` writes a folder that ``transformers``' ``from_pretrained`` loads (``lightformer.hf_layouts``:
-    GPT-2 or Llama for a language model, BERT, ViT, Marian), with the tokenizer and a model card.
+    loads the weights back (tied weights are stored once). Each task declares the other layouts of its model with
+    its registration (``lightformer.registry.Layout``): ``layout="timm"`` writes a vision model under timm's
+    ``VisionTransformer`` names, for ``timm.create_model(...).load_state_dict(load_file(path))``; ``layout="hf"``
+    writes a folder that ``transformers``' ``from_pretrained`` loads (``lightformer.layouts``: GPT-2 or Llama for a
+    language model, BERT, ViT, Marian), with the tokenizer and a model card.
 
     Args:
         ckpt_path: a checkpoint written by ``fit`` with any lightformer task.
         output: the ``.safetensors`` file to write (atomically); for ``hf``, a new or empty folder.
-        layout: "lightformer" (our parameter names), "timm" (image classification only) or "hf" (Hugging Face).
+        layout: "lightformer" (our parameter names), or one the checkpoint's task declares: "timm" (image
+            classification), "hf" (Hugging Face).
     """
-    from safetensors.torch import save, save_model
+    from safetensors.torch import save_model
 
-    from lightformer.models.vit import lightformer_to_timm
-
-    if layout != "hf":
+    holders = layout_holders(layout) if layout != "lightformer" else []
+    if not any(held.folder for _, held in holders):
         output_file(output, "model.safetensors")
     checkpoint = read_checkpoint(ckpt_path)
     task_class = task_class_of(checkpoint)
     if task_class is None:
         raise CheckpointError(f"{ckpt_path} was not written by a lightformer task (tasks: {', '.join(built_in())})")
     name = task_class.__name__
-    if layout == "timm" and name != "ImageClassificationTask":
-        raise CheckpointError(f"--layout timm applies to image classification, not to a {name} checkpoint")
+    spec = next(spec for spec in built_in().values() if spec.task is task_class)
+    if layout != "lightformer" and layout not in spec.layouts:
+        own = ", ".join(["lightformer", *spec.layouts])
+        if not holders:
+            raise ConfigError(f"--layout {layout}: no task has this layout; a {name} checkpoint's: {own}")
+        fits = ", ".join(dict.fromkeys(held.applies_to for _, held in holders))
+        raise CheckpointError(f"--layout {layout} applies to {fits}, not to a {name} checkpoint (its layouts: {own})")
     task = load_task(ckpt_path, task_class, "export")
-    if layout == "hf":
-        from lightformer.hf_layouts import export_hf
-
-        print(export_hf(task, ckpt_path, checkpoint, output))
+    if layout != "lightformer":
+        print(spec.layouts[layout].write(task, ckpt_path, checkpoint, output))
         return
-    hparams = {k: v for k, v in task.hparams.items() if not k.startswith("_")}  # data_facts: an old one's too
-    metadata = {"format": "pt", "lightformer.task": name, "lightformer.hyper_parameters": json.dumps(hparams)}
-    if layout == "timm":
-        tensors = {k: v.contiguous() for k, v in lightformer_to_timm(task.model.state_dict()).items()}
-        atomic_write_bytes(output, save(tensors, metadata))
-    else:
-        staging = Path(f"{output}.partial")
-        try:
-            save_model(task.model, str(staging), metadata)  # stores tied weights once
-            staging.replace(output)
-        finally:
-            staging.unlink(missing_ok=True)
+    staging = Path(f"{output}.partial")
+    try:
+        save_model(task.model, str(staging), safetensors_metadata(task))  # stores tied weights once
+        give_usual_mode(staging)
+        staging.replace(output)
+    finally:
+        staging.unlink(missing_ok=True)
     print(f"wrote {output} ({name}, {sum(p.numel() for p in task.model.parameters()):,} parameters)")
 
 

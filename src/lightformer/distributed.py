@@ -2,8 +2,10 @@
 
 ``configs/trainer/fsdp.yaml`` selects ``FSDP2Strategy``; every task's ``configure_model`` then calls
 ``shard_model``, which makes each transformer layer one FSDP unit and the rest of the model (embeddings, heads)
-another. FSDP2 (``torch.distributed.fsdp.fully_shard``) shards each parameter as a DTensor, so what the optimizer,
-gradient clipping and checkpoints see is ordinary tensors' API: the code path of single-device training.
+another. A model names the stacks whose layers are its units once, beside its class (``layer_stacks``): sharding and
+activation checkpointing both read them. FSDP2 (``torch.distributed.fsdp.fully_shard``) shards each parameter as a
+DTensor, so what the optimizer, gradient clipping and checkpoints see is ordinary tensors' API: the code path of
+single-device training.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from lightformer.nn import DecoderLayer, EncoderLayer
+from lightformer.nn import Decoder, Encoder
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -50,8 +52,14 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().setup_environment()
 
 
+def layer_stacks(model: nn.Module) -> list[Encoder | Decoder]:
+    """The layer stacks of ``model``: the submodules its class's ``layer_stacks`` names (e.g. ``("encoder",
+    "decoder")``); none for a model that names none (it is then one unit)."""
+    return [model.get_submodule(path) for path in getattr(type(model), "layer_stacks", ())]
+
+
 def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str) -> None:
-    """Shard each ``EncoderLayer`` / ``DecoderLayer`` of ``model``, then ``model`` itself, over ``mesh`` (FSDP2).
+    """Shard each layer of ``model``'s stacks (``layer_stacks``), then ``model`` itself, over ``mesh`` (FSDP2).
 
     Under "bf16-mixed" the sharded parameters are gathered in bfloat16 and gradients reduced in float32 (half the
     communication of float32, the numerics of mixed precision). "16-mixed" would need a sharded gradient scaler
@@ -70,9 +78,9 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str) -> None:
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
         policy = MixedPrecisionPolicy()
-    for module in model.modules():
-        if isinstance(module, EncoderLayer | DecoderLayer):
-            fully_shard(module, mesh=mesh, mp_policy=policy)
+    for stack in layer_stacks(model):
+        for layer in stack.layers:
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 

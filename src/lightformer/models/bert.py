@@ -222,6 +222,8 @@ class BertForPreTraining(nn.Module):
     strict=False)`` (the heads it lacks come back as unexpected keys, its new classifier as missing keys).
     """
 
+    layer_stacks = ("bert.encoder",)  # its units' stacks: lightformer.distributed
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.config = config
@@ -259,6 +261,8 @@ class BertForSequenceClassification(nn.Module):
     checkpoint by name: ``model.load_state_dict(pretrained, strict=False)``), then ``classifier.*`` (new), with
     ``config.num_classes`` outputs.
     """
+
+    layer_stacks = ("bert.encoder",)  # its units' stacks: lightformer.distributed
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()

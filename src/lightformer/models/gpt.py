@@ -81,6 +81,8 @@ class GPT(nn.Module):
     residual stream.
     """
 
+    layer_stacks = ("decoder",)  # its units' stacks: lightformer.distributed
+
     def __init__(self, config: GPTConfig, cross_attention: bool = False) -> None:
         super().__init__()
         check_set(config, "vocab_size")

@@ -115,6 +115,8 @@ class EncoderDecoder(nn.Module):
     is masked out of attention.
     """
 
+    layer_stacks = ("encoder", "decoder")  # its units' stacks: lightformer.distributed
+
     def __init__(self, config: EncoderDecoderConfig) -> None:
         super().__init__()
         c = config

@@ -115,6 +115,8 @@ class ViTConfig:
 class VisionTransformer(nn.Module):
     """ViT image classifier: ``(batch, in_channels, image_size, image_size)`` → logits ``(batch, num_classes)``."""
 
+    layer_stacks = ("encoder",)  # its units' stacks: lightformer.distributed
+
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         c = config

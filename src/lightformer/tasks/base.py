@@ -44,13 +44,12 @@ from lightformer.checkpoints import (
 from lightformer.config_groups import as_config
 from lightformer.data.modules.base import DataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
-from lightformer.distributed import set_gathered, shard_model
+from lightformer.distributed import layer_stacks, set_gathered, shard_model
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts, check_start_tokenizer, facts_of_checkpoint
 from lightformer.flops import FlopCounter
 from lightformer.internals import attached_trainer, hand_over_loader_states, should_update_logs, step_unscales_gradients
 from lightformer.models.vit import resample_positions
-from lightformer.nn import Decoder, Encoder
 from lightformer.progress import max_time_timer
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw, steps_within
 from lightformer.tensorboard import (
@@ -294,9 +293,8 @@ class Task(L.LightningModule):
 
     def configure_model(self) -> None:
         """Turn on activation checkpointing; under ``FSDP2Strategy`` shard each layer, then the model."""
-        for module in self.model.modules():
-            if isinstance(module, Encoder | Decoder):
-                module.activation_checkpointing = self.activation_checkpointing
+        for stack in layer_stacks(self.model):
+            stack.activation_checkpointing = self.activation_checkpointing
         if self.device_mesh is not None:
             shard_model(self.model, self.device_mesh["data_parallel"], str(self.trainer.precision))
 

@@ -23,6 +23,7 @@ from lightformer.commands import load_task, paths_of, require
 from lightformer.data.modules.images import ImageDataModule
 from lightformer.data.raw.image_files import read_images
 from lightformer.errors import ConfigError, DataError
+from lightformer.layouts import vit
 from lightformer.models.vit import VisionTransformer, ViTConfig, attention_rollout
 from lightformer.registry import register
 from lightformer.tasks.base import Task
@@ -267,4 +268,6 @@ register(
     data=ImageDataModule,
     commands={"classify": classify},
     list_options={"classify": "--images"},
+    layouts={"hf": vit.HF, "timm": vit.TIMM},
+    carried=("image_classification",),
 )

@@ -14,6 +14,7 @@ from lightformer.callbacks import raise_if_non_finite
 from lightformer.commands import check_sampling_options, load_task, require
 from lightformer.data.modules.text import TextDataModule
 from lightformer.generation import generate as generate_tokens
+from lightformer.layouts import gpt
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.registry import register
 from lightformer.tasks.base import TextTask
@@ -182,4 +183,5 @@ def generate(
         print(prompt + text)
 
 
-register(LanguageModelTask, data=TextDataModule, commands={"generate": generate})
+register(LanguageModelTask, data=TextDataModule, commands={"generate": generate}, layouts={"hf": gpt.HF},
+         carried=("tokenizer",))  # fmt: skip

@@ -23,6 +23,7 @@ from lightformer.data.objectives.masking import IGNORE_INDEX
 from lightformer.data.preparation.tokenizers import MASK, Tokenizer
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
+from lightformer.layouts import bert
 from lightformer.models.bert import BertConfig, BertForPreTraining
 from lightformer.registry import register
 from lightformer.tasks.base import TextTask, net_config_values
@@ -282,4 +283,5 @@ def fill_mask(*, ckpt_path: str, text: str, top_k: int = 5, device: str = "cpu")
         print(f"mask {number}: " + ", ".join(f"{token!r} ({probability:.1%})" for token, probability in tokens))
 
 
-register(MaskedLanguageModelTask, data=MaskedLMDataModule, commands={"fill-mask": fill_mask})
+register(MaskedLanguageModelTask, data=MaskedLMDataModule, commands={"fill-mask": fill_mask},
+         layouts={"hf": bert.PRETRAINING_HF})  # fmt: skip

@@ -22,6 +22,7 @@ from lightformer.data.modules.base import ConfigFacts
 from lightformer.data.modules.classification import TextClassificationDataModule
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
+from lightformer.layouts import bert
 from lightformer.models.bert import BertConfig, BertForSequenceClassification
 from lightformer.registry import register
 from lightformer.tasks.base import TextTask, net_config_values
@@ -186,4 +187,4 @@ def check_texts_fit(max_len: int, max_tokens: int) -> None:
         )
 
 
-register(TextClassificationTask, data=TextClassificationDataModule)
+register(TextClassificationTask, data=TextClassificationDataModule, layouts={"hf": bert.CLASSIFIER_HF})

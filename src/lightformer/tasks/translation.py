@@ -21,6 +21,7 @@ from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.files import read_lines
 from lightformer.generation import beam_search
+from lightformer.layouts import marian
 from lightformer.models.seq2seq import EncoderDecoder, EncoderDecoderConfig
 from lightformer.nn import record_attention
 from lightformer.registry import register
@@ -292,4 +293,5 @@ def translate(
     print("\n" * (len(lines) - printed), end="")
 
 
-register(TranslationTask, data=TranslationDataModule, commands={"translate": translate})
+register(TranslationTask, data=TranslationDataModule, commands={"translate": translate},
+         layouts={"hf": marian.HF}, carried=("src_tokenizer",))  # fmt: skip
