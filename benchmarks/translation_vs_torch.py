@@ -24,7 +24,8 @@ from torch import nn
 from torchmetrics.text import SacreBLEUScore
 
 from lightformer.data import TranslationDataModule
-from lightformer.data.modules.translation import PairBatches, PairSource, PairTokenizer
+from lightformer.data.modules.translation import PairBatches, PairSource
+from lightformer.data.preparation.prepare import TokenizerConfig
 from lightformer.generation import generate
 from lightformer.models import EncoderDecoder, EncoderDecoderConfig
 from lightformer.nn import SinusoidalPositionalEmbedding, TokenEmbedding, causal_mask
@@ -168,7 +169,7 @@ def main() -> None:
 
     data = TranslationDataModule(
         PairSource(corpus="ding", ding_phrases=args.phrases, sentence_repeats=args.sentence_repeats),
-        PairTokenizer(vocab_size=4000),
+        TokenizerConfig(kind="bpe", vocab_size=4000),
         PairBatches(max_tokens=args.max_tokens),
     )
     data.setup()

@@ -82,6 +82,20 @@ CLASSIFY = ["fit", "--config=configs/classify/austen_scratch.yaml"]
             r"net.max_len >= 58 or data.segment_tokens <= 17$",
         ),
         (
+            [*CLASSIFY, "--data.tokenizer.kind=char"],
+            r"data.tokenizer.kind='char': TextClassificationDataModule prepares its text with kind 'bpe' \(or a data",
+        ),
+        ([*LM, "--data.tokenizer.bpe_dropout=0.1"], r"data.tokenizer.bpe_dropout=0.1 applies to sentence pairs"),
+        ([*LM, "--data.tokenizer.joint_vocab=false"], r"data.tokenizer.joint_vocab=false applies to sentence pairs"),
+        (
+            [
+                "fit",
+                "--config=configs/translation/ding_de_en.yaml",
+                "--data.tokenizer.file=configs/lm/austen_bpe_gpu.yaml",
+            ],
+            r"data.tokenizer.file='configs/lm/austen_bpe_gpu.yaml': TranslationDataModule trains its own tokenizers",
+        ),
+        (
             [*CLASSIFY, "--model.net.max_len=16", "--data.max_tokens=64"],
             r"data.max_tokens=64 is larger than model.net"
             r".max_len=16, .*; set data.max_tokens <= 16 "

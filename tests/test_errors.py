@@ -9,8 +9,8 @@ from PIL import Image
 from lightformer.cli import cli_main, main
 from lightformer.data import ImageDataModule, TextDataModule, TranslationDataModule
 from lightformer.data.modules.images import ImageSource
-from lightformer.data.modules.translation import PairBatches, PairSource, PairTokenizer
-from lightformer.data.preparation.prepare import PrepareConfig
+from lightformer.data.modules.translation import PairBatches, PairSource
+from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
 from lightformer.data.preparation.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer
 from lightformer.data.raw.image_files import load_image
 from lightformer.data.raw.sources import TextSource
@@ -44,7 +44,7 @@ def translation_data(tmp_path, tsv=None, batches: PairBatches = PairBatches(), *
     """A translation module of the TSV file ``tsv`` (or of the ``source`` fields) with the smallest BPE."""
     return TranslationDataModule(
         PairSource(**({"tsv_files": [str(tsv)]} if tsv is not None else source)),
-        PairTokenizer(vocab_size=MIN_BPE_VOCAB_SIZE),
+        TokenizerConfig(kind="bpe", vocab_size=MIN_BPE_VOCAB_SIZE),
         batches,
         PrepareConfig(dir=str(tmp_path / "prepared")),
     )

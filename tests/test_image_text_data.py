@@ -21,7 +21,6 @@ from lightformer.data.loading.streaming import Records
 from lightformer.data.modules.image_text import (
     ImageTextDataModule,
     ImageTextSource,
-    ImageTextTokenizer,
     LineDrawer,
     RenderConfig,
     check_glyphs,
@@ -36,6 +35,7 @@ from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, Tokenizer
 from lightformer.data.raw.corpora import DING_FILE, CorpusUnavailableError, austen_text, split_of
 from lightformer.data.raw.rendering import LineStyle, LineTooWide, discover_fonts, render_line
 from lightformer.data.raw.sources import TextSource
+from lightformer.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_ROOT = str(REPO / "data")
@@ -184,11 +184,14 @@ def test_the_default_tokenizer_is_the_austen_char_lms(data, tmp_path):
 
 def test_a_tokenizer_file_is_used(data, tmp_path):
     path = data.tokenizer.save(tmp_path / "tokenizer.json")
-    module = ImageTextDataModule(ImageTextSource(**TINY), RENDER, ImageTextTokenizer(file=str(path)),
+    module = ImageTextDataModule(ImageTextSource(**TINY), RENDER, TokenizerConfig(file=str(path)),
                                  prepare=replace(data.prepare_config), seed=3)  # fmt: skip
     assert module.data_facts() == data.data_facts()
     with pytest.raises(FileNotFoundError, match="data.tokenizer.file"):
-        ImageTextTokenizer(file=str(tmp_path / "missing.json"))
+        TokenizerConfig(file=str(tmp_path / "missing.json"))
+    with pytest.raises(ConfigError, match="data.tokenizer.kind='bpe': ImageTextDataModule prepares its text with kind "
+                                          "'char' \\(or a data.tokenizer.file\\)"):  # fmt: skip
+        ImageTextDataModule(ImageTextSource(**TINY), RENDER, {"kind": "bpe"})
 
 
 # --- German: Ding's sentences ---------------------------------------------------------------------------------
@@ -217,7 +220,7 @@ def test_german_lines_are_ding_sentences_of_their_split_in_their_own_characters(
     assert tokenizer.decode_batch(batch["tgt"].tolist()) == batch["text"]
     assert data.data_facts().vocab_size == tokenizer.vocab_size
     english = Tokenizer.train_char([string.printable]).save(tmp_path / "english.json")
-    other = ImageTextDataModule(source, RENDER, ImageTextTokenizer(file=str(english)),
+    other = ImageTextDataModule(source, RENDER, TokenizerConfig(file=str(english)),
                                 prepare=PrepareConfig(dir=str(tmp_path)), seed=1)  # fmt: skip
     assert other.prepared == data.prepared  # the tokenizer is not part of what is rendered
     with pytest.raises(ValueError, match=r"data\.tokenizer\.file: .*english\.json has no token for '.*ä.*'"):

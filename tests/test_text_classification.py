@@ -25,14 +25,13 @@ from lightformer.data.modules.classification import (
     MIN_VOCAB_SIZE,
     SPLITS,
     PassageSource,
-    PassageTokenizer,
     TextClassificationDataModule,
     austen_passages,
     novel_sentences,
     read_labelled_tsv,
     split_sentences,
 )
-from lightformer.data.preparation.prepare import MANIFEST, PrepareConfig
+from lightformer.data.preparation.prepare import MANIFEST, PrepareConfig, TokenizerConfig
 from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
 from lightformer.data.raw.corpora import (
     AUSTEN_NOVELS,
@@ -184,7 +183,7 @@ def toy_module(
             val_tsv_files=[str(files["val"])],
             test_tsv_files=[str(files["test"])],
         ),
-        PassageTokenizer(vocab_size=MIN_VOCAB_SIZE + 20),
+        TokenizerConfig(kind="bpe", vocab_size=MIN_VOCAB_SIZE + 20),
         LoaderConfig(batch_size=batch_size),
         max_tokens,
         PrepareConfig(dir=str(prepared)),
@@ -196,7 +195,7 @@ def tsv_module(train: Path, prepared: Path, vocab_size: int = 8192) -> TextClass
     """A module of one training TSV file, val and test cut from it by hash."""
     return TextClassificationDataModule(
         PassageSource(corpus=None, tsv_files=[str(train)]),
-        PassageTokenizer(vocab_size=vocab_size),
+        TokenizerConfig(kind="bpe", vocab_size=vocab_size),
         prepare=PrepareConfig(dir=str(prepared)),
     )
 
@@ -290,7 +289,7 @@ def test_unknown_val_label_is_refused_before_anything_is_encoded(tmp_path, monke
     files = write_toy(tmp_path / "toy")
     files["val"].write_text("some fruit\tfruit\n\nsome text\tvegetable\n", encoding="utf-8")
     encoded = []
-    monkeypatch.setattr(classification, "write_records", lambda *args: encoded.append(args))
+    monkeypatch.setattr(classification, "prepare_records", lambda *args: encoded.append(args))
     with pytest.raises(ValueError, match=r"val_tsv_files: .*val.tsv, line 3: the label 'vegetable' is not one of"):
         toy_module(files, tmp_path / "prepared").prepare_data()
     assert not encoded and not list((tmp_path / "prepared").glob(f"*/{MANIFEST}"))
@@ -346,8 +345,22 @@ def test_preparing_twice_does_nothing_the_second_time(tmp_path, monkeypatch):
         (PassageSource, {"corpus": None}, r"data.source needs exactly one source of labelled texts.*got neither"),
         (PassageSource, {"corpus": None, "tsv_files": []}, r"data.source.tsv_files is an empty list"),
         (PassageSource, {"val_tsv_files": ["v.tsv"]}, r"corpus='austen' has its own val/test split.*val_tsv_files"),
-        (PassageTokenizer, {"vocab_size": 300}, rf"data.tokenizer.vocab_size=300 is too small.*least {MIN_VOCAB_SIZE}"),
-        (PassageTokenizer, {"file": "missing.json"}, r"data.tokenizer.file: 'missing.json' does not exist"),
+        (
+            TextClassificationDataModule,
+            {"tokenizer": {"vocab_size": 300}},
+            rf"data.tokenizer.vocab_size=300 is too small.*least {MIN_VOCAB_SIZE}",
+        ),
+        (TokenizerConfig, {"file": "missing.json"}, r"data.tokenizer.file: the tokenizer file 'missing.json' does not"),
+        (
+            TextClassificationDataModule,
+            {"tokenizer": TokenizerConfig(kind="char")},
+            r"data.tokenizer.kind='char': TextClassificationDataModule prepares its text with kind 'bpe'",
+        ),
+        (
+            TextClassificationDataModule,
+            {"tokenizer": TokenizerConfig(kind="bpe", bpe_dropout=0.1)},
+            r"data.tokenizer.bpe_dropout=0.1 applies to sentence pairs",
+        ),
         (TextClassificationDataModule, {"max_tokens": 2}, r"data.max_tokens=2 must be at least 3"),
         (TextClassificationDataModule, {"loader": LoaderConfig(val_windows=4)}, r"data.loader.val_windows is for"),
         (

@@ -5,6 +5,7 @@ installed dictionary and are skipped without it."""
 from __future__ import annotations
 
 import itertools
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +19,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 from lightformer.data.loading.sampling import TokenBudgetBatchSampler
 from lightformer.data.loading.sequences import collate_pairs
-from lightformer.data.modules import translation
-from lightformer.data.modules.translation import PairBatches, PairSource, PairTokenizer, TranslationDataModule
-from lightformer.data.preparation.prepare import PrepareConfig
+from lightformer.data.modules.translation import PairBatches, PairSource, TranslationDataModule
+from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
 from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from lightformer.data.raw import sources
 from lightformer.data.raw.corpora import (
@@ -78,7 +78,7 @@ def make_module(
     """A module of the source fields ``source`` with a small vocabulary and budget, prepared under tmp_path."""
     return TranslationDataModule(
         source=PairSource(**source),
-        tokenizer=PairTokenizer(**{"vocab_size": 300, **(tokenizer or {})}),
+        tokenizer=TokenizerConfig(**{"kind": "bpe", "vocab_size": 300, **(tokenizer or {})}),
         batches=PairBatches(**{"max_tokens": 256, "max_sentence_tokens": 64, **(batches or {})}),
         prepare=PrepareConfig(dir=str(tmp_path / "prepared")),
     )
@@ -237,7 +237,7 @@ def ding(tmp_path_factory) -> TranslationDataModule:
         pytest.skip(f"the Ding dictionary {DING_FILE} is absent (apt-get install trans-de-en)")
     module = TranslationDataModule(
         PairSource(corpus="ding"),
-        PairTokenizer(vocab_size=1000),
+        TokenizerConfig(kind="bpe", vocab_size=1000),
         prepare=PrepareConfig(dir=str(tmp_path_factory.mktemp("ding-prepared"))),
     )
     module.setup()
@@ -271,7 +271,9 @@ def test_ding_splits_follow_the_md5_buckets_of_the_german_sentence(ding):
 @needs_ding
 def test_ding_en_de_swaps_sides(ding):
     reverse = TranslationDataModule(
-        PairSource(corpus="ding", direction="en-de"), PairTokenizer(vocab_size=1000), prepare=ding.prepare_config
+        PairSource(corpus="ding", direction="en-de"),
+        TokenizerConfig(kind="bpe", vocab_size=1000),
+        prepare=ding.prepare_config,
     )  # the same folder: the pairs and the joint tokenizer serve both directions
     reverse.setup("test")
     assert reverse.prepared == ding.prepared
@@ -641,9 +643,8 @@ def test_tokenizers_train_on_a_bounded_sample_of_large_files(tmp_path, tsv, monk
         return train_bpe(cls, texts, *args, **kwargs)
 
     monkeypatch.setattr(Tokenizer, "train_bpe", classmethod(recording))
-    monkeypatch.setattr(translation, "SAMPLE_BYTES", 4096)
     monkeypatch.setattr(sources, "PIECE_BYTES", 2048)
-    module = make_module(tmp_path, tsv_files=[str(tsv)])
+    module = make_module(tmp_path, tokenizer={"sample_bytes": 4096}, tsv_files=[str(tsv)])
     assert sum(map(len, pairs_of(module).values())) == 300  # every pair prepared
     assert 0 < sampled[0] <= 4096 < tsv.stat().st_size
 
@@ -731,13 +732,12 @@ def test_a_bad_line_only_a_preparation_worker_reads_is_the_same_error(tmp_path, 
     """Pieces of about 200 bytes (5 lines), a tokenizer sample of 60 bytes of each: only a LitData worker reads line
     28, the last of its piece."""
     monkeypatch.setattr(sources, "PIECE_BYTES", 200)
-    monkeypatch.setattr(translation, "SAMPLE_BYTES", 300)
     train = tmp_path / "train.tsv"
     more = "".join(f"Satz {i} ist gut.\tSentence {i} is good.\n" for i in range(20, 27))
     train.write_text(GOOD_LINES + more + "Nur eine Spalte hier\n", encoding="utf-8")
     message = r"data.source.tsv_files: \S*train\.tsv, line 28: no tab; each line must be 'source<TAB>target'"
     with pytest.raises(ValueError, match=message):
-        make_module(tmp_path, tsv_files=[str(train)]).setup()
+        make_module(tmp_path, tokenizer={"sample_bytes": 300}, tsv_files=[str(train)]).setup()
     assert not list(tmp_path.glob("prepared/*/prepared.json"))
     assert not list(tmp_path.glob("prepared/**/.*-errors"))  # the worker's saved error goes with it
 
@@ -755,9 +755,19 @@ def test_a_bad_line_only_a_preparation_worker_reads_is_the_same_error(tmp_path, 
         (PairSource, {"corpus": "ding", "val_tsv_files": ["v.tsv"]}, r"remove val_tsv_files"),
         (PairSource, {"tsv_files": ["x.tsv"], "ding_phrases": True}, r"ding_phrases=True applies to corpus='ding'"),
         (PairSource, {"corpus": "ding", "sentence_repeats": 0}, r"data.source.sentence_repeats=0 must be at least 1"),
-        (PairTokenizer, {"vocab_size": 100}, r"data.tokenizer.vocab_size=100 is too small"),
-        (PairTokenizer, {"bpe_dropout": 1.0}, r"data.tokenizer.bpe_dropout=1.0 must be in \[0, 1\)"),
-        (PairTokenizer, {"bpe_dropout_segmentations": 0}, r"bpe_dropout_segmentations=0 must be at least 1"),
+        (TokenizerConfig, {"kind": "bpe", "vocab_size": 100}, r"data.tokenizer.vocab_size=100 is too small"),
+        (TokenizerConfig, {"bpe_dropout": 1.0}, r"data.tokenizer.bpe_dropout=1.0 must be in \[0, 1\)"),
+        (TokenizerConfig, {"bpe_dropout_segmentations": 0}, r"bpe_dropout_segmentations=0 must be at least 1"),
+        (
+            partial(TranslationDataModule, PairSource(tsv_files=["x.tsv"])),
+            {"tokenizer": TokenizerConfig(kind="char")},
+            r"data.tokenizer.kind='char': TranslationDataModule prepares its text with kind 'bpe'$",
+        ),
+        (
+            partial(TranslationDataModule, PairSource(tsv_files=["x.tsv"])),
+            {"tokenizer": {"file": __file__}},
+            r"data.tokenizer.file='.*': TranslationDataModule trains its own tokenizers on its train split",
+        ),
         (PairBatches, {"max_sentence_tokens": 2}, r"data.batches.max_sentence_tokens=2 must be at least 3"),
         (PairBatches, {"max_tokens": 100}, r"data.batches.max_tokens=100 is smaller than max_sentence_tokens=128"),
         (PairBatches, {"num_workers": -1}, r"data.batches.num_workers=-1 must be at least 0"),

@@ -40,8 +40,8 @@ whole: a first pass reads every file piece by piece, checks each line (errors na
 the labels of each split; then the pieces are encoded on every core, each split's records filtered from them.
 
 **Tokenizer**: `tokenizer.file` (e.g. the `tokenizer.json` a masked-LM pretraining run wrote), or a byte-level BPE
-of `tokenizer.vocab_size` tokens trained on the train texts (a sample of at most ``SAMPLE_BYTES`` of them, taken evenly
-from the files' pieces; the `train_examples` chosen, when set) with the same extra special tokens as the
+of `tokenizer.vocab_size` tokens trained on the train texts (a sample of at most `tokenizer.sample_bytes` of them,
+taken evenly from the files' pieces; the `train_examples` chosen, when set) with the same extra special tokens as the
 pretraining data (MASK, then 100 T5 sentinels), so that a classifier from scratch and one fine-tuned from a
 pretraining run have the same vocabulary size and special ids.
 """
@@ -67,20 +67,21 @@ from lightformer.data.loading.streaming import LoaderConfig, Records
 from lightformer.data.modules.base import ConfigFacts, PreparedRecords
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
-    SAMPLE_BYTES,
     TOKENIZER,
     PrepareConfig,
+    TokenizerConfig,
+    as_tokenizer_config,
     pieces,
     sample_limit,
     split_location,
     stem_of,
     worker_tokenizer,
-    write_records,
 )
-from lightformer.data.preparation.tokenizers import EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
+from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
+from lightformer.data.preparation.tokenizers import EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, sentinel
 from lightformer.data.raw.corpora import AUSTEN_NOVELS, austen_text, split_austen_text, split_of_line
 from lightformer.data.raw.sources import SPLIT_PREFIX, SPLITS, Piece, line_pieces, piece_lines, stage_splits
-from lightformer.errors import DataError
+from lightformer.errors import ConfigError, DataError
 from lightformer.facts import DataFacts
 from lightformer.files import as_list, expand_patterns, read_utf8, sha256_of
 from lightformer.nn.checks import check_at_least
@@ -340,33 +341,6 @@ class PassageSource:
         }
 
 
-@dataclass(frozen=True)
-class PassageTokenizer:
-    """The tokenizer of the texts: a file's, or a byte-level BPE trained on the train texts.
-
-    Args:
-        file: use this tokenizer JSON (``Tokenizer.save``; e.g. `runs/<pretraining run>/version_0/tokenizer.json`)
-            instead of training one: needed to fine-tune from a run that was trained with it.
-        vocab_size: size of the byte-level BPE trained on the train texts (when no `file`), with the special tokens
-            of masked-LM / T5 pretraining (at least 361: 256 bytes and 105 special tokens).
-    """
-
-    file: str | None = None
-    vocab_size: int = 8192
-
-    def __post_init__(self) -> None:
-        if self.file is None and self.vocab_size < MIN_VOCAB_SIZE:
-            raise ValueError(
-                f"data.tokenizer.vocab_size={self.vocab_size} is too small: the byte-level BPE holds 256 bytes and "
-                f"{len(EXTRA_SPECIAL_TOKENS) + 4} special tokens; use at least {MIN_VOCAB_SIZE}"
-            )
-        if self.file is not None and not Path(self.file).is_file():
-            raise FileNotFoundError(
-                f"data.tokenizer.file: {self.file!r} does not exist (a pretraining run writes its tokenizer.json "
-                "beside its checkpoints/ folder: run it first, or point data.tokenizer.file at the run you have)"
-            )
-
-
 class TextClassificationDataModule(PreparedRecords):
     """Labelled texts for a BERT classifier: batches {"ids": (B, T), "labels": (B,)}.
 
@@ -380,7 +354,8 @@ class TextClassificationDataModule(PreparedRecords):
 
     Args:
         source: the labelled texts and their splits (``PassageSource``).
-        tokenizer: the tokenizer file, or the size of the BPE to train (``PassageTokenizer``).
+        tokenizer: the tokenizer file, or the size of the BPE to train (``TokenizerConfig``; kind "bpe", the
+            default here, or a file).
         loader: texts per batch and loader workers (``LoaderConfig``; `val_windows` is for windows of text and
             must stay unset).
         max_tokens: longest sequence in tokens, [CLS] and [SEP] included; longer texts are cut as they are read (at
@@ -392,7 +367,7 @@ class TextClassificationDataModule(PreparedRecords):
     def __init__(
         self,
         source: PassageSource = PassageSource(),
-        tokenizer: PassageTokenizer = PassageTokenizer(),
+        tokenizer: TokenizerConfig = TokenizerConfig(kind="bpe"),
         loader: LoaderConfig = LoaderConfig(batch_size=32),
         max_tokens: int = 128,
         prepare: PrepareConfig = PrepareConfig(),
@@ -403,7 +378,13 @@ class TextClassificationDataModule(PreparedRecords):
             raise ValueError(f"data.max_tokens={max_tokens} must be at least 3 ([CLS], a token, [SEP])")
         self.save_hyperparameters()
         self.source = as_config(PassageSource, source)
-        self.tokenizer_config = as_config(PassageTokenizer, tokenizer)
+        self.tokenizer_config = as_tokenizer_config(tokenizer, TokenizerConfig(kind="bpe"))
+        self.tokenizer_config.check_used_by("TextClassificationDataModule", kinds=("bpe",))
+        if self.tokenizer_config.file is None and self.tokenizer_config.vocab_size < MIN_VOCAB_SIZE:
+            raise ConfigError(
+                f"data.tokenizer.vocab_size={self.tokenizer_config.vocab_size} is too small: the byte-level BPE holds "
+                f"256 bytes and {len(EXTRA_SPECIAL_TOKENS) + 4} special tokens; use at least {MIN_VOCAB_SIZE}"
+            )
         self.loader = as_config(LoaderConfig, loader)
         if self.loader.val_windows is not None:
             raise ValueError("data.loader.val_windows is for windows of text; a classifier validates on every text")
@@ -523,7 +504,7 @@ class TextClassificationDataModule(PreparedRecords):
             tokenizer = {
                 "bpe_vocab_size": self.tokenizer_config.vocab_size,
                 "special": list(EXTRA_SPECIAL_TOKENS),
-                "sample_bytes": SAMPLE_BYTES,
+                "sample_bytes": self.tokenizer_config.sample_bytes,
                 "train_examples": self.source.train_examples,  # the texts it is trained on
             }
         if self.source.corpus == "austen":
@@ -536,8 +517,8 @@ class TextClassificationDataModule(PreparedRecords):
         return {"format": FORMAT_VERSION, **source, "tokenizer": tokenizer}
 
     def _build(self, folder: Path) -> dict:
-        """Build the prepared folder (``prepared_folder`` calls it once per job): tokenizer, records, class names and
-        counts (what it returns goes into the manifest)."""
+        """Build the prepared folder (``prepared_folder`` calls it once per job) through ``prepare_records``:
+        tokenizer, records, class names and counts (what it returns goes into the manifest)."""
         if self.source.corpus == "austen":
             with preparing(f"cutting {self._describe_source()}"):
                 text = read_utf8(austen_text(Path(self.source.data_root) / "austen"))
@@ -548,51 +529,56 @@ class TextClassificationDataModule(PreparedRecords):
                 split: np.bincount([label for _, label in examples[split]], minlength=len(class_names)).tolist()
                 for split in SPLITS
             }
-            tokenizer = self._train_tokenizer(lambda: [text for text, _ in examples["train"]], counts)
-            tokenizer_json = tokenizer.to_str()
+
+            def train_texts() -> list[str]:
+                return [text for text, _ in examples["train"]]
+
             inputs = {split: pieces(examples[split], EXAMPLES_PER_INPUT) for split in SPLITS}
-            records_of = {split: partial(example_records, tokenizer_json=tokenizer_json) for split in SPLITS}
+
+            def records_of(split: str, tokenizer_json: str) -> partial:
+                return partial(example_records, tokenizer_json=tokenizer_json)
+
         else:
             with preparing(f"checking and counting the labelled lines of {self._describe_source()}"):
                 class_names, counts = scan_tsv(self.files)
             held_out = frozenset(split for split in ("val", "test") if not self.files[split])
             files = {split: [p for path in paths for p in line_pieces(path)] for split, paths in self.files.items()}
-            tokenizer = self._train_tokenizer(lambda: self._tsv_sample(files["train"], held_out, class_names), counts)
-            tokenizer_json = tokenizer.to_str()
+
+            def train_texts() -> Iterator[str]:
+                return self._tsv_sample(files["train"], held_out, class_names)
+
             inputs = {split: files["train" if split in held_out else split] for split in SPLITS}
-            records_of = {
-                split: partial(
-                    tsv_records, split=split, held_out=held_out, class_names=class_names, tokenizer_json=tokenizer_json
-                )
-                for split in SPLITS
-            }
-        tokenizer.save(folder / TOKENIZER)
-        for split in SPLITS:
-            if sum(counts[split]):
-                write_records(folder / split, records_of[split], inputs[split], self.prepare_config.num_workers,
-                              ("ids",), expected=sum(counts[split]))  # fmt: skip
+
+            def records_of(split: str, tokenizer_json: str) -> partial:
+                return partial(tsv_records, split=split, held_out=held_out, class_names=class_names,
+                               tokenizer_json=tokenizer_json)  # fmt: skip
+
+        def splits(tokenizers: dict[str, str]) -> list[RecordSplit]:
+            return [RecordSplit(split, inputs[split], records_of(split, tokenizers[TOKENIZER]), sum(counts[split]))
+                    for split in SPLITS if sum(counts[split])]  # fmt: skip
+
+        config = self.tokenizer_config
+        what = f"training a byte-level BPE of {config.vocab_size} tokens on the train texts"
+        job = TokenizerJob(TOKENIZER, config, lambda splits: self._chosen_texts(train_texts(), counts),
+                           EXTRA_SPECIAL_TOKENS, needed=(), what=what)  # fmt: skip
+        tokenizers, _ = prepare_records(folder, [job], splits, ("ids",), self.prepare_config.num_workers)
+        tokenizer = tokenizers[TOKENIZER]
         rank_zero_info(f"prepared data: {folder} ({', '.join(f'{s} {sum(counts[s]):,} texts' for s in SPLITS)})")
         return {"class_names": class_names, "counts": counts, "vocab_size": tokenizer.vocab_size}
 
-    def _train_tokenizer(self, train_texts, counts: dict[str, list[int]]) -> Tokenizer:
-        """`tokenizer.file`'s tokenizer, or a BPE trained on ``train_texts()`` (an iterable of the train texts) or
-        on the `train_examples` chosen of them."""
-        if self.tokenizer_config.file is not None:
-            return Tokenizer.from_file(self.tokenizer_config.file)
-        texts: Iterable[str] = train_texts()
+    def _chosen_texts(self, texts: Iterable[str], counts: dict[str, list[int]]) -> Iterable[str]:
+        """The train texts a BPE trains on: ``texts``, or the `train_examples` chosen of them."""
         chosen = chosen_examples(sum(counts["train"]), self.source.train_examples)
-        if chosen is not None:
-            kept = set(chosen.tolist())
-            texts = [text for i, text in enumerate(texts) if i in kept]
-        with preparing(f"training a byte-level BPE of {self.tokenizer_config.vocab_size} tokens on the train texts"):
-            return Tokenizer.train_bpe(
-                texts, self.tokenizer_config.vocab_size, extra_special_tokens=EXTRA_SPECIAL_TOKENS
-            )
+        if chosen is None:
+            return texts
+        kept = set(chosen.tolist())
+        return [text for i, text in enumerate(texts) if i in kept]
 
     def _tsv_sample(self, pieces: list[Piece], held_out: frozenset[str], class_names: list[str]) -> Iterator[str]:
         """The train texts of the train files' pieces, in order: all of them when the files hold at most
-        ``SAMPLE_BYTES`` (or `train_examples` is set: its texts are drawn from all of them), else the same share of
-        the start of every piece."""
-        limit = sample_limit(pieces, SAMPLE_BYTES) if self.source.train_examples is None else None
+        `tokenizer.sample_bytes` (or `train_examples` is set: its texts are drawn from all of them), else the same
+        share of the start of every piece."""
+        sample_bytes = self.tokenizer_config.sample_bytes
+        limit = sample_limit(pieces, sample_bytes) if self.source.train_examples is None else None
         for piece in pieces:
             yield from (text for text, _ in tsv_examples(piece, "train", held_out, class_names, limit))

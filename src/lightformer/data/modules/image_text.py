@@ -73,12 +73,13 @@ from lightformer.data.preparation.prepare import (
     PrepareConfig,
     TokenizerConfig,
     _tokenizer,
+    as_tokenizer_config,
     piece_size,
     pieces,
     split_location,
     worker_tokenizer,
-    write_records,
 )
+from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
 from lightformer.data.preparation.tokenizers import PAD_ID, Tokenizer
 from lightformer.data.raw.corpora import (
     DING_FILE,
@@ -230,26 +231,6 @@ class RenderConfig:
             raise ValueError(f"data.render.rotation={self.rotation} must be in [0, 15] degrees")
         if not 0.0 <= self.shear <= 1.0:
             raise ValueError(f"data.render.shear={self.shear} must be in [0, 1]")
-
-
-@dataclass(frozen=True)
-class ImageTextTokenizer:
-    """The tokenizer of the lines' text (``data.tokenizer``).
-
-    Args:
-        file: a tokenizer JSON (``Tokenizer.save``; a run's ``tokenizer.json``); None: for Austen, the character
-            tokenizer of the Austen language model (``configs/lm/austen_char.yaml``), whose GPT can warm-start the
-            decoder; for Ding, a character tokenizer of all its German sentences, made in preparation.
-    """
-
-    file: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.file is not None and not Path(self.file).is_file():
-            raise FileNotFoundError(
-                f"data.tokenizer.file: {self.file!r} does not exist (a run writes its tokenizer.json beside its "
-                "checkpoints/ folder)"
-            )
 
 
 # --- text and fonts --------------------------------------------------------------------------------------------
@@ -550,7 +531,10 @@ class ImageTextDataModule(ImageTextRecords):
     Args:
         source: the lines, their counts, the held-out typefaces (``ImageTextSource``).
         render: the image size and the ranges of every style draw (``RenderConfig``).
-        tokenizer: a tokenizer file, or the corpus's characters (``ImageTextTokenizer``).
+        tokenizer: ``file``: a tokenizer JSON (``Tokenizer.save``; a run's ``tokenizer.json``); unset: for Austen,
+            the character tokenizer of the Austen language model (``configs/lm/austen_char.yaml``), whose GPT can
+            warm-start the decoder; for Ding, a character tokenizer of all its German sentences, made in preparation
+            (``TokenizerConfig``; kind "char").
         loader: lines per batch, loader workers, pinned memory (``ImageLoaderConfig``).
         prepare: where and with how many processes the lines are rendered (``PrepareConfig``).
         augment: jitter training lines (brightness, contrast, a shift of a pixel or two); never val or test.
@@ -561,7 +545,7 @@ class ImageTextDataModule(ImageTextRecords):
         self,
         source: ImageTextSource = ImageTextSource(),
         render: RenderConfig = RenderConfig(),
-        tokenizer: ImageTextTokenizer = ImageTextTokenizer(),
+        tokenizer: TokenizerConfig = TokenizerConfig(),
         loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=64),
         prepare: PrepareConfig = PrepareConfig(),
         augment: bool = True,
@@ -570,7 +554,8 @@ class ImageTextDataModule(ImageTextRecords):
         super().__init__(loader, prepare, augment, seed)
         self.save_hyperparameters()
         self.source, self.render = as_config(ImageTextSource, source), as_config(RenderConfig, render)
-        self.tokenizer_config = as_config(ImageTextTokenizer, tokenizer)
+        self.tokenizer_config = as_tokenizer_config(tokenizer, TokenizerConfig())
+        self.tokenizer_config.check_used_by("ImageTextDataModule", kinds=("char",))
         self.families = split_families(self.source)  # refuses families that are not installed, before any work
 
     # --- what the model needs to know ---
@@ -633,35 +618,32 @@ class ImageTextDataModule(ImageTextRecords):
                 "render": asdict(self.render), "seed": self.seed}  # fmt: skip
 
     def _build(self, folder: Path) -> dict:
-        """``prepared_folder``'s build: each split's records, rendered in pieces on every core; what it returns goes
-        into the manifest."""
+        """``prepared_folder``'s build through ``prepare_records``: each split's records, rendered in pieces on every
+        core; what it returns goes into the manifest."""
         drawer = self._drawer()
         corpus = self.source.corpus
         with preparing(f"cutting {'Ding' if corpus == 'ding' else 'Austen'}'s text into sentences"):
             sentences = split_sentences(corpus, drawer.text_path)  # read once here: forked processes inherit it
         characters = "".join(sorted({c for split in sentences.values() for text in split for c in text}))
         check_glyphs({family: paths for split in PREPARED_SPLITS for family, paths in drawer.fonts(split)}, characters)
-        if corpus == "ding":  # the default tokenizer (``tokenizer.file``, if set, is used instead)
-            Tokenizer.train_char([characters]).save(folder / TOKENIZER)
+        # Ding's default tokenizer, its characters (``tokenizer.file``, if set, is used instead); Austen's is the LM's
+        what = f"a character tokenizer of the {len(characters)} characters of Ding's sentences"
+        jobs = [TokenizerJob(TOKENIZER, TokenizerConfig(kind="char"), lambda splits: [characters], what=what)]
         workers = self.prepare_config.num_workers
-        lines, redraws, families, longest = self._lines(), {}, {}, {"chars": 0, "bytes": 0}
-        for split in PREPARED_SPLITS:
-            if not lines[split]:
-                continue
-            size = piece_size(lines[split], PIECE_LINES, workers)
-            ranges = [(piece.start, piece.stop) for piece in pieces(range(lines[split]), size)]
-            records_of = partial(line_records, drawer=drawer, split=split)
-            parts: list[dict] = []
-            write_records(
-                folder / split, records_of, ranges, workers, ("text",), expected=lines[split], summaries=parts
-            )
-            counts: Counter = Counter()
-            used: Counter = Counter()
-            for part in parts:
-                counts.update(part["counts"])
-                used.update(part["families"])
-                longest = {key: max(longest[key], part["longest"][key]) for key in longest}
-            redraws[split], families[split] = dict(counts), dict(sorted(used.items()))
+        lines = self._lines()
+
+        def splits(tokenizers: dict[str, str]) -> list[RecordSplit]:
+            ranges = {split: [(piece.start, piece.stop) for piece in
+                              pieces(range(lines[split]), piece_size(lines[split], PIECE_LINES, workers))]
+                      for split in PREPARED_SPLITS}  # fmt: skip
+            return [RecordSplit(split, ranges[split], partial(line_records, drawer=drawer, split=split), lines[split])
+                    for split in PREPARED_SPLITS if lines[split]]  # fmt: skip
+
+        _, parts = prepare_records(folder, jobs if corpus == "ding" else [], splits, ("text",), workers,
+                                   maxima=("longest",))  # fmt: skip
+        redraws = {split: dict(part["counts"]) for split, part in parts.items()}
+        families = {split: dict(sorted(part["families"].items())) for split, part in parts.items()}
+        longest = {key: max([0, *(part["longest"][key] for part in parts.values())]) for key in ("chars", "bytes")}
         (mean,), (std,) = pixel_statistics(folder / "train", lines["train"])
         rank_zero_info(f"prepared image-text lines: {folder} ({', '.join(f'{s} {n:,}' for s, n in lines.items())})")
         return {"lines": lines, "families": families, "redraws": redraws, "longest": longest, "mean": mean,

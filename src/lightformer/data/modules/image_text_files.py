@@ -50,14 +50,15 @@ from lightformer.data.preparation.prepare import (
     TOKENIZER,
     PrepareConfig,
     TokenizerConfig,
-    _tokenizer,
     _tokenizer_key,
+    as_tokenizer_config,
+    piece_sample,
     piece_size,
     pieces,
     split_location,
     stem_of,
-    write_records,
 )
+from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
 from lightformer.data.raw.image_files import fit_image, load_image
 from lightformer.data.raw.rendering import jpeg_bytes, png_bytes
 from lightformer.data.raw.sources import SPLITS, line_pieces
@@ -279,7 +280,9 @@ class ImageTextFilesDataModule(ImageTextRecords):
     ) -> None:
         super().__init__(loader, prepare, augment, seed)
         self.save_hyperparameters()
-        self.source, self.tokenizer_config = as_config(ImageTextFiles, source), as_config(TokenizerConfig, tokenizer)
+        self.source = as_config(ImageTextFiles, source)
+        self.tokenizer_config = as_tokenizer_config(tokenizer, TokenizerConfig())
+        self.tokenizer_config.check_used_by("ImageTextFilesDataModule")
 
     def data_facts(self) -> DataFacts:
         tokenizer, manifest = self.tokenizer, self.manifest
@@ -322,35 +325,40 @@ class ImageTextFilesDataModule(ImageTextRecords):
                 "source": asdict(self.source), "tokenizer": _tokenizer_key(self.tokenizer_config, ())}  # fmt: skip
 
     def _build(self, folder: Path) -> dict:
-        """``prepared_folder``'s build: the tokenizer, each split's records in pieces on every core, the train
-        pixels' statistics, the longest text; what it returns goes into the manifest."""
+        """``prepared_folder``'s build through ``prepare_records``: the tokenizer, each split's records in pieces on
+        every core; then the train pixels' statistics, the longest text; what it returns goes into the manifest."""
         splits = self._entries
         texts = {split: folder / f".texts-{split}.jsonl" for split in SPLITS}
         for split, path in texts.items():
             with open(path, "w", encoding="utf-8") as f:
                 f.writelines(json.dumps({"text": t}) + "\n" for entry in splits[split] for t in entry.texts)
         text_pieces = {split: line_pieces(path) if splits[split] else [] for split, path in texts.items()}
-        tokenizer = _tokenizer(self.tokenizer_config, text_pieces, "text", ())
-        tokenizer.save(folder / TOKENIZER)
+        workers = self.prepare_config.num_workers
+
+        def record_splits(tokenizers: dict[str, str]) -> list[RecordSplit]:
+            return [RecordSplit(split, pieces(entries, piece_size(len(entries), PIECE_IMAGES, workers)),
+                                partial(image_records, source=self.source, annotation=self._annotation(split)),
+                                expected=len(entries)) for split, entries in splits.items() if entries]  # fmt: skip
+
+        job = TokenizerJob(TOKENIZER, self.tokenizer_config,
+                           piece_sample(text_pieces, "text", self.tokenizer_config.sample_bytes))  # fmt: skip
+        tokenizers, _ = prepare_records(folder, [job], record_splits, ("texts",), workers)
         for path in texts.values():
             path.unlink()
-        workers = self.prepare_config.num_workers
         longest = 0
-        for split, entries in splits.items():
-            if not entries:
-                continue
-            chunks = pieces(entries, piece_size(len(entries), PIECE_IMAGES, workers))
-            annotation = f"data.source.{split}: {getattr(self.source, split) or self.source.train}"  # val: carved?
-            records_of = partial(image_records, source=self.source, annotation=annotation)
-            write_records(folder / split, records_of, chunks, workers, ("texts",), expected=len(entries))
+        for entries in splits.values():
             for batch_entries in pieces(entries, 1024):
                 batch = [text for entry in batch_entries for text in entry.texts]
-                longest = max(longest, *map(len, tokenizer.encode_batch(batch)))
+                longest = max(longest, *map(len, tokenizers[TOKENIZER].encode_batch(batch)))
         counts = {split: len(entries) for split, entries in splits.items()}
         mean, std = pixel_statistics(folder / "train", counts["train"])
         rank_zero_info(f"prepared image-text files: {folder} ({', '.join(f'{s} {n:,}' for s, n in counts.items())})")
         return {"images": counts, "texts": {split: sum(len(e.texts) for e in entries) for split, entries in
                 splits.items()}, "mean": mean, "std": std, "longest": longest}  # fmt: skip
+
+    def _annotation(self, split: str) -> str:
+        """The option and annotation file a split's images come from (val's: train's, when carved), for errors."""
+        return f"data.source.{split}: {getattr(self.source, split) or self.source.train}"
 
     def dataset(self, split: str) -> CaptionedImages:
         """A prepared split's images, its shards checked."""

@@ -53,6 +53,7 @@ class TokenShards(DataModule):
         super().__init__()
         self.source = as_config(TextSource, source)
         self.tokenizer_config = as_config(TokenizerConfig, tokenizer)
+        self.tokenizer_config.check_used_by(type(self).__name__)
         self.loader = as_config(LoaderConfig, loader)
         self.prepare_config = as_config(PrepareConfig, prepare)
         self.seed = seed

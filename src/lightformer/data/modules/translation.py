@@ -15,7 +15,7 @@ only when batches are made, so de-en and en-de share the prepared folder. With B
 
 The Ding dictionary's extraction and the split of sentence pairs are described in ``lightformer.data.raw.corpora``.
 
-Its options are config groups (``PairSource``, ``PairTokenizer``, ``PairBatches``, ``PrepareConfig``), each of
+Its options are config groups (``PairSource``, ``TokenizerConfig``, ``PairBatches``, ``PrepareConfig``), each of
 which checks its own fields when it is built, naming the option as it is written (``data.source.src_file``).
 """
 
@@ -38,16 +38,17 @@ from lightformer.data.loading.streaming import Records
 from lightformer.data.modules.base import STAGE_OF, PreparedRecords
 from lightformer.data.preparation.caching import file_stamp, preparing
 from lightformer.data.preparation.prepare import (
-    SAMPLE_BYTES,
     PrepareConfig,
+    TokenizerConfig,
+    as_tokenizer_config,
     pieces,
     sample_limit,
     split_location,
     stem_of,
     worker_tokenizer,
-    write_records,
 )
-from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer
+from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
+from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from lightformer.data.raw.corpora import (
     DING_FILE,
     Pair,
@@ -197,53 +198,6 @@ class PairSource:
 
 
 @dataclass(frozen=True)
-class PairTokenizer:
-    """The byte-level BPE tokenizers of the pairs, trained on the train split.
-
-    Args:
-        joint_vocab: one BPE trained on both sides of the train split (needed to share embeddings); False trains
-            one BPE per side. The BPEs train on all the train pairs, or on a sample of about `SAMPLE_BYTES` (64 MB)
-            taken evenly from the training files when these are larger.
-        vocab_size: size of each trained BPE vocabulary (the model's `src_vocab_size` / `tgt_vocab_size` are the
-            tokenizers' actual sizes, from the data's facts).
-        bpe_dropout: BPE-dropout (Provilkov et al. 2020; 0.1 in the paper) on the train split: each merge is skipped
-            with this probability, so the model sees each train sentence split into subwords in several ways
-            (`Tokenizer.encode_batch_with_dropout`). Validation and test keep the one segmentation of plain BPE.
-            0 turns it off.
-        bpe_dropout_segmentations: with bpe_dropout, how many segmentations of each train sentence are drawn (from
-            the data's `seed`, prepared under `prepare.dir`); epoch e trains on the (e mod this)-th of each, so runs
-            repeat exactly on resume and on every rank.
-    """
-
-    joint_vocab: bool = True
-    vocab_size: int = 8000
-    bpe_dropout: float = 0.0
-    bpe_dropout_segmentations: int = 8
-
-    def __post_init__(self) -> None:
-        if self.vocab_size < MIN_BPE_VOCAB_SIZE:
-            raise ValueError(
-                f"data.tokenizer.vocab_size={self.vocab_size} is too small for byte-level BPE: use at least "
-                f"{MIN_BPE_VOCAB_SIZE}"
-            )
-        if not 0.0 <= self.bpe_dropout < 1.0:
-            raise ValueError(
-                f"data.tokenizer.bpe_dropout={self.bpe_dropout} must be in [0, 1) (0.1 in the paper; 0 turns it off)"
-            )
-        check_at_least("data.tokenizer.bpe_dropout_segmentations", self.bpe_dropout_segmentations, 1)
-
-    @property
-    def names(self) -> tuple[str, str]:
-        """The tokenizer of each stored side, by its file's name (``tokenizer-<name>.json``)."""
-        return ("joint", "joint") if self.joint_vocab else ("first", "second")
-
-    @property
-    def segmentations(self) -> int:
-        """The train split's BPE-dropout segmentations, each a record split (0 without BPE-dropout)."""
-        return self.bpe_dropout_segmentations if self.bpe_dropout else 0
-
-
-@dataclass(frozen=True)
 class PairBatches:
     """How the pairs are cut and batched.
 
@@ -288,7 +242,9 @@ class TranslationDataModule(PreparedRecords):
 
     Args:
         source: where the pairs come from, which direction they are translated (``PairSource``).
-        tokenizer: the BPE tokenizers and BPE-dropout (``PairTokenizer``).
+        tokenizer: the BPE tokenizers and BPE-dropout (``TokenizerConfig``: kind "bpe", 8,000 tokens by default;
+            ``joint_vocab``, ``bpe_dropout``, ``bpe_dropout_segmentations``; the BPEs train on all the train pairs,
+            or on a sample of about ``sample_bytes`` taken evenly from the training files when these are larger).
         batches: sentence length, token budget, loader workers (``PairBatches``).
         prepare: where and with how many processes the pairs are prepared (tokenizers and records, one folder per
             source and options, reused while they are unchanged; see the module docstring) (``PrepareConfig``).
@@ -298,7 +254,7 @@ class TranslationDataModule(PreparedRecords):
     def __init__(
         self,
         source: PairSource,
-        tokenizer: PairTokenizer = PairTokenizer(),
+        tokenizer: TokenizerConfig = TokenizerConfig(kind="bpe", vocab_size=8000),
         batches: PairBatches = PairBatches(),
         prepare: PrepareConfig = PrepareConfig(),
         seed: int = 0,
@@ -306,7 +262,8 @@ class TranslationDataModule(PreparedRecords):
         super().__init__()
         self.save_hyperparameters()
         self.source = as_config(PairSource, source)
-        self.tokenizer_config = as_config(PairTokenizer, tokenizer)
+        self.tokenizer_config = as_tokenizer_config(tokenizer, TokenizerConfig(kind="bpe", vocab_size=8000))
+        self.tokenizer_config.check_used_by("TranslationDataModule", kinds=("bpe",), file=False, pairs=True)
         self.batches = as_config(PairBatches, batches)
         self.prepare_config = as_config(PrepareConfig, prepare)
         self.seed = seed
@@ -399,7 +356,7 @@ class TranslationDataModule(PreparedRecords):
 
     def _side_tokenizer(self, side: int) -> Tokenizer:
         """The tokenizer of stored side 0 or 1 (both the joint one), from the prepared folder."""
-        return self._tokenizer_file(f"tokenizer-{self.tokenizer_config.names[side]}.json")
+        return self._tokenizer_file(f"tokenizer-{_names(self.tokenizer_config)[side]}.json")
 
     def _stem(self) -> str:
         if self.source.corpus == "ding":
@@ -427,23 +384,56 @@ class TranslationDataModule(PreparedRecords):
             "sources": sources,
             "joint_vocab": config.joint_vocab,
             "bpe_vocab_size": config.vocab_size,
-            "sample_bytes": SAMPLE_BYTES,
+            "sample_bytes": config.sample_bytes,
             "bpe_dropout": dropout if config.bpe_dropout else None,
         }
 
     def _build(self, folder: Path) -> dict:
-        """Prepare `folder`: the tokenizers, then the record splits; returns the manifest's additions."""
+        """Prepare `folder` through ``prepare_records``: the tokenizers, then the record splits; returns the
+        manifest's additions."""
         if self.source.corpus == "ding":
             inputs, stats = self._ding_inputs()
-            tokenizers = self._train_tokenizers(inputs["train"], folder)
-            stats.update(self._write_splits(folder, tokenizers, inputs, wanted={}, held_out=()))
+            train, wanted, held_out = inputs["train"], {}, ()
+        else:
+            inputs, stats = {split: self._pieces(split) for split in SPLITS}, {}
+            held_out = tuple(split for split in ("val", "test") if not inputs[split])  # taken from the buckets
+            wanted = {split: split for split in held_out} | {"train": "train"}
+            inputs.update({split: inputs["train"] for split in held_out})
+            train = self._sampled_train_pairs(inputs["train"], held_out)
+        count = sum(map(len, train))
+        if not count:
+            raise ValueError(f"the train split has no sentence pairs ({self._describe_source('train')})")
+        config, names = self.tokenizer_config, _names(self.tokenizer_config)
+        jobs = []
+        for name in dict.fromkeys(names):
+            sides = (0, 1) if config.joint_vocab else (("first", "second").index(name),)
+            texts = partial(_side_texts, train, sides)
+            what = f"training a {name} byte-level BPE of {config.vocab_size} tokens on {count:,} pairs"
+            jobs.append(TokenizerJob(f"tokenizer-{name}.json", config, texts, what=what))
+        written = [(split, split, None) for split in SPLITS]  # (record split, pairs of split, BPE-dropout draws)
+        written += [
+            (_dropout_split(k), "train", (config.bpe_dropout, self.seed, k)) for k in range(config.segmentations)
+        ]
+
+        def splits(tokenizers: dict[str, str]) -> list[RecordSplit]:
+            sides = tuple(tokenizers[f"tokenizer-{name}.json"] for name in names)
+            return [
+                RecordSplit(name, list(enumerate(inputs[split])), partial(
+                    _pair_records, wanted=wanted.get(split), held_out=held_out, tokenizers=sides,
+                    options=f"data.source.{'' if split in held_out else SPLIT_PREFIX[split]}", dropout=dropout))
+                for name, split, dropout in written
+            ]  # fmt: skip
+
+        _, counts = prepare_records(folder, jobs, splits, LENGTH_FIELDS, self.prepare_config.num_workers)
+        if self.source.corpus == "ding":
             return {"stats": stats}
-        inputs = {split: self._pieces(split) for split in SPLITS}
-        held_out = tuple(split for split in ("val", "test") if not inputs[split])  # taken from the buckets
-        wanted = {split: split for split in held_out} | {"train": "train"}
-        inputs.update({split: inputs["train"] for split in held_out})
-        tokenizers = self._train_tokenizers(self._sampled_train_pairs(inputs["train"], held_out), folder)
-        return {"stats": self._write_splits(folder, tokenizers, inputs, wanted, held_out)}
+        for split in SPLITS:
+            stats.update(_summed_statistics(split, counts[split], ("first", "second")))
+            if split != "train" and split in wanted:  # a bucket split: its skipped lines are train's
+                stats[f"{split}_skipped_empty"] = 0
+            elif stats[f"{split}_pairs"] == 0:
+                raise self._no_pairs(split, stats[f"{split}_skipped_empty"])
+        return {"stats": stats}
 
     def _ding_inputs(self) -> tuple[dict[str, list], dict[str, object]]:
         """Each split's Ding pairs (in memory: the dictionary is ~40 MB), as lists of up to `_DING_INPUT_PAIRS`,
@@ -455,7 +445,7 @@ class TranslationDataModule(PreparedRecords):
             pairs[split_of(pair[0])].append(pair)
         stats["train_skipped_empty"] = 0
         for split in SPLITS:
-            stats.update(_summed_statistics(split, [_pair_counts(pairs[split])], ("german", "english"), skipped=False))
+            stats.update(_summed_statistics(split, _pair_counts(pairs[split]), ("german", "english"), skipped=False))
         if self.source.ding_phrases:
             held_out = {pair[0] for split in ("val", "test") for pair in pairs[split]}
             added = [pair for pair in phrases if pair[0] not in held_out]
@@ -463,56 +453,6 @@ class TranslationDataModule(PreparedRecords):
             stats["phrase_pairs_held_out"] = len(phrases) - len(added)
             pairs["train"] = pairs["train"] * self.source.sentence_repeats + added
         return {split: pieces(found, _DING_INPUT_PAIRS) for split, found in pairs.items()}, stats
-
-    def _train_tokenizers(self, train: list[list[Pair]], folder: Path) -> tuple[str, str]:
-        """Train the tokenizers on the train pairs `train` (lists of pairs), save them into `folder`; returns
-        their JSON for each stored side (the workers' copies)."""
-        count = sum(map(len, train))
-        if not count:
-            raise ValueError(f"the train split has no sentence pairs ({self._describe_source('train')})")
-        trained = {}
-        for name in dict.fromkeys(self.tokenizer_config.names):
-            sides = (0, 1) if self.tokenizer_config.joint_vocab else (("first", "second").index(name),)
-            texts = (pair[side] for side in sides for pairs in train for pair in pairs)
-            with preparing(
-                f"training a {name} byte-level BPE of {self.tokenizer_config.vocab_size} tokens on {count:,} pairs"
-            ):
-                trained[name] = Tokenizer.train_bpe(texts, self.tokenizer_config.vocab_size)
-            trained[name].save(folder / f"tokenizer-{name}.json")
-        return tuple(trained[name].to_str() for name in self.tokenizer_config.names)
-
-    def _write_splits(
-        self,
-        folder: Path,
-        tokenizers: tuple[str, str],
-        inputs: dict[str, list],
-        wanted: dict[str, str],
-        held_out: tuple[str, ...],
-    ) -> dict[str, object]:
-        """Write each split's records (and BPE-dropout's train segmentations) from its inputs, every input read
-        by a worker that keeps the pairs of `wanted[split]` (all of them for a split not in `wanted`); returns
-        each split's statistics."""
-        stats: dict[str, object] = {}
-        ding, config = self.source.corpus == "ding", self.tokenizer_config
-        written = [(split, split, None) for split in SPLITS]  # (record split, pairs of split, BPE-dropout draws)
-        written += [
-            (_dropout_split(k), "train", (config.bpe_dropout, self.seed, k)) for k in range(config.segmentations)
-        ]
-        for name, split, dropout in written:
-            options = f"data.source.{'' if split in held_out else SPLIT_PREFIX[split]}"
-            records_of = partial(_pair_records, wanted=wanted.get(split), held_out=held_out, tokenizers=tokenizers,
-                                 options=options, dropout=dropout)  # fmt: skip
-            counts: list[dict] = []
-            inputs_of = list(enumerate(inputs[split]))
-            write_records(folder / name, records_of, inputs_of, self.prepare_config.num_workers, LENGTH_FIELDS,
-                          summaries=counts)  # fmt: skip
-            if not ding and not dropout:
-                stats.update(_summed_statistics(split, counts, ("first", "second")))
-                if split != "train" and split in wanted:  # a bucket split: its skipped lines are train's
-                    stats[f"{split}_skipped_empty"] = 0
-                elif stats[f"{split}_pairs"] == 0:
-                    raise self._no_pairs(split, stats[f"{split}_skipped_empty"])
-        return stats
 
     def _no_pairs(self, split: str, skipped: int) -> ValueError:
         """The error for a split's files that hold no pair, `skipped` lines with an empty side."""
@@ -534,9 +474,9 @@ class TranslationDataModule(PreparedRecords):
         return []
 
     def _sampled_train_pairs(self, pieces: list[Piece | AlignedPiece], held_out: tuple[str, ...]) -> list[list[Pair]]:
-        """The train pairs of the training files, or a sample of them of about `SAMPLE_BYTES` taken evenly from
-        every piece when the files are larger (what the tokenizers train on)."""
-        limit = sample_limit(pieces, SAMPLE_BYTES)
+        """The train pairs of the training files, or a sample of them of about `tokenizer.sample_bytes` taken evenly
+        from every piece when the files are larger (what the tokenizers train on)."""
+        limit = sample_limit(pieces, self.tokenizer_config.sample_bytes)
         sampled, read, skipped = [], 0, 0
         with preparing(f"reading {'a sample of ' if limit else ''}the train pairs of {self._describe_source('train')}"):
             for piece in pieces:
@@ -685,18 +625,27 @@ def _pair_counts(pairs: list[Pair], skipped: int = 0) -> dict:
     return {"pairs": len(pairs), "words": words, "skipped_empty": skipped}
 
 
-def _summed_statistics(
-    split: str, counts: list[dict], languages: tuple[str, str], skipped: bool = True
-) -> dict[str, object]:
-    """A split's statistics from its inputs' counts: pairs, words per sentence of each side, lines skipped."""
-    pairs = sum(count["pairs"] for count in counts)
+def _summed_statistics(split: str, counts: dict, languages: tuple[str, str], skipped: bool = True) -> dict[str, object]:
+    """A split's statistics from its inputs' counts added up (``summed``): pairs, words per sentence of each side,
+    lines skipped."""
+    pairs = counts.get("pairs", 0)
     stats: dict[str, object] = {f"{split}_pairs": pairs}
     for side, language in enumerate(languages):
-        words = sum(count["words"][side] for count in counts)
+        words = counts["words"][side] if pairs else 0
         stats[f"{split}_{language}_words_per_sentence"] = round(words / max(pairs, 1), 3)
     if skipped:
-        stats[f"{split}_skipped_empty"] = sum(count["skipped_empty"] for count in counts)
+        stats[f"{split}_skipped_empty"] = counts.get("skipped_empty", 0)
     return stats
+
+
+def _side_texts(train: list[list[Pair]], sides: tuple[int, ...], splits: tuple[str, ...]):
+    """The texts of ``sides`` of the sampled train pairs: a BPE's sample (``splits``: train alone)."""
+    return (pair[side] for side in sides for pairs in train for pair in pairs)
+
+
+def _names(config: TokenizerConfig) -> tuple[str, str]:
+    """The tokenizer of each stored side, by its file's name (``tokenizer-<name>.json``)."""
+    return ("joint", "joint") if config.joint_vocab else ("first", "second")
 
 
 def _dropout_split(k: int) -> str:

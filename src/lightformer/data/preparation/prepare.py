@@ -35,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache, partial
 from pathlib import Path
 from typing import Any, Literal
@@ -52,7 +52,7 @@ from lightformer.data.preparation.caching import MANIFEST, content_hash, file_st
 from lightformer.data.preparation.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer, token_dtype
 from lightformer.data.raw.corpora import source_files
 from lightformer.data.raw.sources import SPLITS, Piece, TextSource, read_piece
-from lightformer.errors import DataError
+from lightformer.errors import ConfigError, DataError
 from lightformer.files import atomic_open, atomic_write_bytes, sha256_of
 from lightformer.nn.checks import check_at_least
 
@@ -95,7 +95,10 @@ class PrepareConfig:
 
 @dataclass(frozen=True)
 class TokenizerConfig:
-    """The tokenizer a text corpus is prepared with.
+    """The tokenizer text is prepared with (``data.tokenizer``): one config for every data module that tokenizes
+    (language model, pretraining, classification, translation, image to text), each taking the fields it uses, with
+    its own defaults (its ``tokenizer`` argument's default value; ``as_tokenizer_config``), and refusing the others
+    (``check_used_by``).
 
     Args:
         kind: "char" (one id per character of the sample, every split's text included, so that no validation
@@ -106,12 +109,24 @@ class TokenizerConfig:
             overrides ``kind`` and ``vocab_size``.
         sample_bytes: train the tokenizer on at most this many bytes of text, taken evenly from every piece of the
             corpus (a corpus up to this size is read whole).
+        joint_vocab: translation: one BPE trained on both sides of the train pairs (needed to share embeddings);
+            False trains one BPE per side.
+        bpe_dropout: translation: BPE-dropout (Provilkov et al. 2020; 0.1 in the paper) on the train split: each merge
+            is skipped with this probability, so the model sees each train sentence split into subwords in several
+            ways (``Tokenizer.encode_batch_with_dropout``). Validation and test keep the one segmentation of plain
+            BPE. 0 turns it off.
+        bpe_dropout_segmentations: translation, with bpe_dropout: how many segmentations of each train sentence are
+            drawn (from the data's ``seed``, prepared under ``prepare.dir``); epoch e trains on the (e mod this)-th of
+            each, so runs repeat exactly on resume and on every rank.
     """
 
     kind: Literal["char", "bpe"] = "char"
     vocab_size: int = 8192
     file: str | None = None
     sample_bytes: int = SAMPLE_BYTES
+    joint_vocab: bool = True
+    bpe_dropout: float = 0.0
+    bpe_dropout_segmentations: int = 8
 
     def __post_init__(self) -> None:
         if self.kind not in ("char", "bpe"):
@@ -122,8 +137,51 @@ class TokenizerConfig:
                 f"{MIN_BPE_VOCAB_SIZE}"
             )
         check_at_least("data.tokenizer.sample_bytes", self.sample_bytes, 1)
+        if not 0.0 <= self.bpe_dropout < 1.0:
+            raise ValueError(
+                f"data.tokenizer.bpe_dropout={self.bpe_dropout} must be in [0, 1) (0.1 in the paper; 0 turns it off)"
+            )
+        check_at_least("data.tokenizer.bpe_dropout_segmentations", self.bpe_dropout_segmentations, 1)
         if self.file is not None and not Path(self.file).is_file():
-            raise FileNotFoundError(f"data.tokenizer.file: the tokenizer file {self.file!r} does not exist")
+            raise FileNotFoundError(
+                f"data.tokenizer.file: the tokenizer file {self.file!r} does not exist (a run writes its "
+                "tokenizer.json beside its checkpoints/ folder: run it first, or point data.tokenizer.file at the run "
+                "you have)"
+            )
+
+    def check_used_by(
+        self, data_module: str, kinds: tuple[str, ...] = ("char", "bpe"), file: bool = True, pairs: bool = False
+    ) -> None:
+        """ConfigError naming a field ``data_module`` does not use, set to what it cannot do: a ``kind`` not among
+        ``kinds`` (without a ``file``, which overrides it), a ``file`` where it trains its own (``file=False``), the
+        sentence pairs' fields (``joint_vocab``, ``bpe_dropout``) where it has no pairs (``pairs=False``)."""
+        refused = None
+        if self.kind not in kinds and self.file is None:
+            valid = " or ".join(repr(kind) for kind in kinds)
+            also = " (or a data.tokenizer.file)" if file else ""
+            refused = f"data.tokenizer.kind={self.kind!r}: {data_module} prepares its text with kind {valid}{also}"
+        elif self.file is not None and not file:
+            refused = (f"data.tokenizer.file={self.file!r}: {data_module} trains its own tokenizers on its train "
+                       "split; leave data.tokenizer.file unset")  # fmt: skip
+        elif not pairs and not self.joint_vocab:
+            refused = (f"data.tokenizer.joint_vocab=false applies to sentence pairs (TranslationDataModule); "
+                       f"{data_module} has one text: leave it unset")  # fmt: skip
+        elif not pairs and self.bpe_dropout:
+            refused = (f"data.tokenizer.bpe_dropout={self.bpe_dropout} applies to sentence pairs "
+                       f"(TranslationDataModule); {data_module} draws no segmentations: set it to 0")  # fmt: skip
+        if refused is not None:
+            raise ConfigError(refused)
+
+    @property
+    def segmentations(self) -> int:
+        """Translation's BPE-dropout segmentations of the train split, each a record split (0 without BPE-dropout)."""
+        return self.bpe_dropout_segmentations if self.bpe_dropout else 0
+
+
+def as_tokenizer_config(value: TokenizerConfig | dict, default: TokenizerConfig) -> TokenizerConfig:
+    """A data module's tokenizer config from itself, or from the plain dict a checkpoint's hyperparameters store (its
+    fields over the module's ``default``: a translation checkpoint's has no ``kind``, and means "bpe")."""
+    return value if isinstance(value, TokenizerConfig) else replace(default, **value)
 
 
 class PreparedText:
@@ -513,10 +571,39 @@ def _prepare_text(
 def _tokenizer(
     config: TokenizerConfig, pieces: dict[str, list[Piece]], text_field: str, extra_special_tokens: tuple[str, ...]
 ) -> Tokenizer:
+    """``load_or_train_tokenizer`` on a sample of the pieces (``piece_sample``)."""
+    return load_or_train_tokenizer(config, piece_sample(pieces, text_field, config.sample_bytes), extra_special_tokens)
+
+
+def piece_sample(
+    pieces: dict[str, list[Piece]], text_field: str, sample_bytes: int
+) -> Callable[[tuple[str, ...]], Iterator[str]]:
+    """A tokenizer's sample of each split's pieces: ``sample(splits)`` reads at most ``sample_bytes`` of those
+    splits' text, taken evenly from every piece (the first part of each), one piece at a time."""
+
+    def sample(splits: tuple[str, ...]) -> Iterator[str]:
+        sampled = [piece for split in splits for piece in pieces[split]]
+        limit = sample_limit(sampled, sample_bytes)
+        return (text for piece in sampled for text in read_piece(piece, text_field, limit))
+
+    return sample
+
+
+def load_or_train_tokenizer(
+    config: TokenizerConfig,
+    sample: Callable[[tuple[str, ...]], Iterable[str]],
+    extra_special_tokens: tuple[str, ...] = (),
+    needed: tuple[str, ...] | None = None,
+    what: str | None = None,
+) -> Tokenizer:
+    """``config.file``'s tokenizer (refused when it lacks a special token of ``needed``, by default the
+    ``extra_special_tokens``), or one trained with ``extra_special_tokens`` on ``sample(splits)``, a bounded sample of
+    the text of those splits: every split's for "char" (no validation character unknown), train's for "bpe". ``what``:
+    how the training is announced (``preparing``)."""
     if config.file is not None:
         tokenizer = Tokenizer.from_file(config.file)
         specials = {tokenizer.decode([i], skip_special=False) for i in tokenizer.special_ids}
-        missing = [token for token in extra_special_tokens if token not in specials]
+        missing = [token for token in (extra_special_tokens if needed is None else needed) if token not in specials]
         if missing:
             raise ValueError(
                 f"data.tokenizer.file: the tokenizer {config.file} lacks the special tokens {missing[:3]}"
@@ -524,14 +611,11 @@ def _tokenizer(
                 "(data.tokenizer.file=null)"
             )
         return tokenizer
-    sampled = pieces["train"] if config.kind == "bpe" else [p for split in SPLITS for p in pieces[split]]
-    limit = sample_limit(sampled, config.sample_bytes)
-    sample = (text for piece in sampled for text in read_piece(piece, text_field, limit))
-    what = f"a {config.kind} tokenizer on a sample of at most {config.sample_bytes:,} bytes"
-    with preparing(what):
+    texts = sample(SPLITS if config.kind == "char" else ("train",))
+    with preparing(what or f"a {config.kind} tokenizer on a sample of at most {config.sample_bytes:,} bytes"):
         if config.kind == "char":
-            return Tokenizer.train_char(sample, extra_special_tokens)
-        return Tokenizer.train_bpe(sample, config.vocab_size, extra_special_tokens=extra_special_tokens)
+            return Tokenizer.train_char(texts, extra_special_tokens)
+        return Tokenizer.train_bpe(texts, config.vocab_size, extra_special_tokens=extra_special_tokens)
 
 
 @lru_cache(maxsize=4)
