@@ -5,6 +5,8 @@ import dataclasses
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -899,3 +901,92 @@ def test_what_a_class_refuses_as_it_is_built_is_named_with_its_section(tmp_path)
     assert refused(["fit", *task_args("lm", tmp_path), "--data.block_size=0"]) == (
         "lightformer: data: data.block_size=0 must be at least 1"
     )
+
+
+# --- issue 73: nothing silent, nothing called our bug that is not -----------------------------------------------
+
+OLD = Path(__file__).parent / "data" / "old_checkpoints"  # small checkpoints of each task, committed
+
+
+def run_lightformer(*args: str | bytes, stdin: bytes = b"") -> subprocess.CompletedProcess:
+    """``python -m lightformer ARGS`` as a user runs it (bytes arguments as a shell passes them)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "lightformer", *args], input=stdin, capture_output=True, env=env,
+                          timeout=300, check=False)  # fmt: skip
+
+
+def test_read_where_no_image_could_be_read_fails_naming_each(tmp_path, monkeypatch, capsys):
+    """Before: two empty lines and exit status 0, the reasons only on standard error."""
+    from test_image_text import synthetic_line, synthetic_task
+
+    from lightformer.tasks import image_text
+
+    monkeypatch.setattr(image_text, "load_task", lambda *args: synthetic_task(16, 128, []))
+    Image.new("L", (300, 32), 255).save(tmp_path / "empty.png")
+    (tmp_path / "notimage.png").write_text("not pixels")
+    images = [f"{tmp_path}/empty.png", f"{tmp_path}/notimage.png"]
+    for batch_size in (1, 2):
+        message = refused(["read", "--ckpt_path=any.ckpt", "--images", *images, f"--batch_size={batch_size}"])
+        assert message.startswith(
+            f"lightformer: --images: none of the 2 images could be read: {tmp_path}/empty.png is blank (every pixel "
+            f"has one value): it holds nothing to read; {tmp_path}/notimage.png is not a readable image file"
+        ), message
+        assert capsys.readouterr().out == ""
+    synthetic_line("abc").save(tmp_path / "good.png")  # one good image among them: read, the others empty lines
+    main(["read", "--ckpt_path=any.ckpt", "--images", *images, f"{tmp_path}/good.png", "--batch_size=1"])
+    captured = capsys.readouterr()
+    assert captured.out == "\n\nabc\n"
+    assert f"read: {tmp_path}/empty.png: " in captured.err and f"read: {tmp_path}/notimage.png: " in captured.err
+
+
+def test_classify_answers_the_readable_images_in_order_and_names_the_others(trained, tmp_path, capsys):
+    """Before: one unreadable image refused the whole call, where read answered the others."""
+    good = tmp_path / "good.png"
+    Image.new("L", (8, 8), 100).save(good)
+    bad = tmp_path / "bad.png"
+    bad.write_text("not pixels")
+    main(["classify", f"--ckpt_path={trained['vision']}", "--images", str(good), str(bad), str(good)])
+    captured = capsys.readouterr()
+    assert [line.partition(":")[0] for line in captured.out.splitlines()] == [str(good), str(good)]
+    assert captured.err.strip() == (
+        f"classify: {bad}: {bad} is not a readable image file (cannot identify image file '{bad}'): give PNG, JPEG or "
+        "another image file that PIL reads"
+    )
+    message = refused(["classify", f"--ckpt_path={trained['vision']}", "--images", str(bad), str(bad)])
+    assert message.startswith(f"lightformer: --images: none of the 2 images could be read: {bad} is not a readable")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA has a CUDA device")
+def test_a_device_this_machine_lacks_is_refused_naming_the_ones_it_has(capsys):
+    """Before: read --device cuda printed torch's "Attempting to deserialize object on a CUDA device" traceback."""
+    for command in (["generate", f"--ckpt_path={OLD / 'lm.ckpt'}"], ["classify", f"--ckpt_path={OLD / 'vision.ckpt'}",
+                    f"--images={OLD / 'corpus.txt'}"]):  # fmt: skip
+        message = refused([*command, "--device=cuda"])
+        assert message == "lightformer: --device=cuda: no CUDA device is available on this machine; the devices here: cpu"
+    assert refused(["generate", f"--ckpt_path={OLD / 'lm.ckpt'}", "--device=gpu"]).startswith(
+        "lightformer: --device='gpu' is not a device: give cpu, cuda, cuda:1, mps, ... (here: cpu"
+    )
+    assert_one_line("lightformer: ", capsys)
+
+
+def test_text_that_is_not_utf8_on_the_command_line_or_standard_input_is_named_with_its_byte():
+    """Before: `TypeError: TextInputSequence must be str` and "a bug in lightformer" for each of these."""
+    latin1 = "caf\xe9 au lait".encode("latin-1")
+    for args, stdin, option in (
+        (["generate", f"--ckpt_path={OLD / 'lm.ckpt'}", b"--prompt=" + latin1], b"", "--prompt"),
+        (["fill-mask", f"--ckpt_path={OLD / 'mlm.ckpt'}", b"--text=" + latin1 + b" [MASK]"], b"", "--text"),
+        (["translate", f"--ckpt_path={OLD / 'translation.ckpt'}"], b"gut\n" + latin1 + b"\n", "standard input"),
+    ):
+        done = run_lightformer(*args, stdin=stdin)
+        where = "at byte offset 3 (line 1" if stdin == b"" else "at byte offset 7 (line 2"
+        assert done.returncode == 1 and done.stderr.decode().strip() == (
+            f"lightformer: {option} is not UTF-8 text: byte 0xe9 {where}: invalid continuation byte); convert it, "
+            "e.g. `iconv -f latin1 -t utf-8`"
+        ), done.stderr.decode()
+
+
+def test_fill_mask_never_offers_a_special_token_for_a_word(capsys):
+    """Before: `<extra_id_93>`, ... were among the candidates for a word."""
+    main(["fill-mask", f"--ckpt_path={OLD / 'mlm.ckpt'}", "--text=It is a truth universally [MASK].", "--top_k=10000"])
+    offered = capsys.readouterr().out.splitlines()[-1]
+    assert "'e'" in offered and not re.search(r"'(<extra_id_\d+>|<pad>|<bos>|<eos>|<unk>|<mask>|\[MASK\])'", offered)

@@ -150,8 +150,10 @@ def synthetic_task(height: int, width: int, canvases: list) -> SimpleNamespace:
     line, and the synthetic reader."""
     config = SimpleNamespace(in_channels=1, image_size=(height, width))
     facts = DataFacts(normalize_mean=(0.5,), normalize_std=(0.5,), image_fit="line")
-    return SimpleNamespace(model=SimpleNamespace(config=config), data_facts=facts, device="cpu",
+    task = SimpleNamespace(model=SimpleNamespace(config=config), data_facts=facts, device="cpu",
                            read_images=synthetic_reader(canvases))  # fmt: skip
+    task.read_files = lambda *args, **kwargs: ImageToTextTask.read_files(task, *args, **kwargs)
+    return task
 
 
 def test_windows_of_a_long_line_overlap_and_are_cut_between_letters():
@@ -159,7 +161,7 @@ def test_windows_of_a_long_line_overlap_and_are_cut_between_letters():
     ink = ink_columns(line)
     spans = window_spans(ink, 128, 32)
     assert spans[0][0] == 0 and spans[-1][1] == line.width and len(spans) >= 3
-    for (start, end), (next_start, next_end) in zip(spans, spans[1:], strict=False):
+    for (start, end), (next_start, _) in zip(spans, spans[1:], strict=False):
         assert end - start <= 128 and 16 <= end - next_start <= 48  # about the overlap asked for
         assert not ink[end - 1] and not ink[next_start]  # no window starts or ends inside a letter
 
