@@ -917,9 +917,8 @@ def run_lightformer(*args: str | bytes, stdin: bytes = b"") -> subprocess.Comple
 
 def test_read_where_no_image_could_be_read_fails_naming_each(tmp_path, monkeypatch, capsys):
     """Before: two empty lines and exit status 0, the reasons only on standard error."""
-    from test_image_text import synthetic_line, synthetic_task
-
     from lightformer.tasks import image_text
+    from test_image_text import synthetic_line, synthetic_task
 
     monkeypatch.setattr(image_text, "load_task", lambda *args: synthetic_task(16, 128, []))
     Image.new("L", (300, 32), 255).save(tmp_path / "empty.png")
@@ -962,7 +961,9 @@ def test_a_device_this_machine_lacks_is_refused_naming_the_ones_it_has(capsys):
     for command in (["generate", f"--ckpt_path={OLD / 'lm.ckpt'}"], ["classify", f"--ckpt_path={OLD / 'vision.ckpt'}",
                     f"--images={OLD / 'corpus.txt'}"]):  # fmt: skip
         message = refused([*command, "--device=cuda"])
-        assert message == "lightformer: --device=cuda: no CUDA device is available on this machine; the devices here: cpu"
+        assert message == (
+            "lightformer: --device=cuda: no CUDA device is available on this machine; the devices here: cpu"
+        )
     assert refused(["generate", f"--ckpt_path={OLD / 'lm.ckpt'}", "--device=gpu"]).startswith(
         "lightformer: --device='gpu' is not a device: give cpu, cuda, cuda:1, mps, ... (here: cpu"
     )

@@ -204,6 +204,8 @@ def test_read_warns_of_an_image_distorted_beyond_what_training_saw(tmp_path):
         "cropped to its height"
     ]
     stretched = line_canvases(Image.new("L", (800, 20)), 32, 384, "resize")[2]
-    assert stretched == "800×20 pixels is narrowed 3× to the model's 384×32 canvas: crop it nearer to that shape " \
+    assert (
+        stretched == "800×20 pixels is narrowed 3× to the model's 384×32 canvas: crop it nearer to that shape "
         "for a reading the model was trained for"
+    )
     assert line_canvases(Image.new("L", (300, 20)), 32, 384, "resize")[2] is None

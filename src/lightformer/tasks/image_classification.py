@@ -272,6 +272,7 @@ def classify(
         if isinstance(image, Tensor):
             print(f"{path}: " + ", ".join(f"{name} ({probability:.1%})" for name, probability in next(ranked)))
 
+
 register(
     ImageClassificationTask,
     data=ImageDataModule,

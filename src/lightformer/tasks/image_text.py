@@ -480,6 +480,7 @@ def read(
     if held:
         unreadable_images(*zip(*held, strict=True), "read")  # none could be read: refused, not empty readings
 
+
 register(
     ImageToTextTask,
     data=(ImageTextDataModule, ImageTextFilesDataModule),

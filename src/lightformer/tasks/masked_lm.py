@@ -128,8 +128,9 @@ class MaskedLanguageModelTask(TextTask):
     @torch.no_grad()
     def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
         """The ``top_k`` most likely tokens (text, probability) at each mask marker ("[MASK]" or "<mask>") of
-        ``text``, in order; special tokens are never candidates (their probability goes to the others). As RoBERTa's <mask>, a marker takes the space before it: "a [MASK] day" asks for
-        one token after "a", spaces included (" fine").
+        ``text``, in order; special tokens are never candidates (their probability goes to the others). As
+        RoBERTa's <mask>, a marker takes the space before it: "a [MASK] day" asks for one token after "a", spaces
+        included (" fine").
         """
         if self.tokenizer is None:
             raise RuntimeError("this model has no tokenizer: train it with a text data module or load a checkpoint")
