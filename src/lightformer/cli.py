@@ -29,6 +29,7 @@ from lightformer.callbacks import (
     NonFiniteLossGuard,
     RandomStateCheckpoint,
     ResumeAfterEpochEnd,
+    SameDataOnResumeCheck,
     Throughput,
 )
 from lightformer.checkpoints import CheckpointError
@@ -258,7 +259,9 @@ def cli_main(args: list[str] | None = None, run: bool = True, data_only: bool = 
         subclass_mode_data=True,
         save_config_callback=SaveRunConfig,
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={"callbacks": [RandomStateCheckpoint(), ResumeAfterEpochEnd(), Summary()]},
+        trainer_defaults={
+            "callbacks": [RandomStateCheckpoint(), ResumeAfterEpochEnd(), Summary(), SameDataOnResumeCheck()]
+        },
         auto_configure_optimizers=False,  # every task configures its own (model.optimizer)
         parser_kwargs={"prog": "lightformer"},
         args=args,

@@ -33,6 +33,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 from filelock import FileLock
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from litdata import File, TokensLoader, optimize
 from litdata.streaming.resolver import Dir
 
@@ -106,12 +107,15 @@ class TokenizerConfig:
             overrides ``kind`` and ``vocab_size``.
         sample_bytes: train the tokenizer on at most this many bytes of text, taken evenly from every piece of the
             corpus (a corpus up to this size is read whole).
+        max_unknown: the share of the data's characters (in that sample) that a character tokenizer loaded from
+            ``file`` may lack, encoding them as UNK: above it preparation is refused, naming them; below it, warned.
     """
 
     kind: Literal["char", "bpe"] = "char"
     vocab_size: int = 8192
     file: str | None = None
     sample_bytes: int = SAMPLE_BYTES
+    max_unknown: float = 0.001
 
     def __post_init__(self) -> None:
         if self.kind not in ("char", "bpe"):
@@ -122,6 +126,8 @@ class TokenizerConfig:
                 f"{MIN_BPE_VOCAB_SIZE}"
             )
         check_at_least("data.tokenizer.sample_bytes", self.sample_bytes, 1)
+        if not 0 <= self.max_unknown <= 1:
+            raise ValueError(f"data.tokenizer.max_unknown={self.max_unknown} must be a share, in [0, 1]")
         if self.file is not None and not Path(self.file).is_file():
             raise FileNotFoundError(f"data.tokenizer.file: the tokenizer file {self.file!r} does not exist")
 
@@ -523,6 +529,7 @@ def _tokenizer(
                 f"{' ...' if len(missing) > 3 else ''} ({len(missing)} of them) that this data needs; train one here "
                 "(data.tokenizer.file=null)"
             )
+        check_unknown_characters(tokenizer, config, pieces, text_field)
         return tokenizer
     sampled = pieces["train"] if config.kind == "bpe" else [p for split in SPLITS for p in pieces[split]]
     limit = sample_limit(sampled, config.sample_bytes)
@@ -532,6 +539,36 @@ def _tokenizer(
         if config.kind == "char":
             return Tokenizer.train_char(sample, extra_special_tokens)
         return Tokenizer.train_bpe(sample, config.vocab_size, extra_special_tokens=extra_special_tokens)
+
+
+def check_unknown_characters(
+    tokenizer: Tokenizer, config: TokenizerConfig, pieces: dict[str, list[Piece]], text_field: str
+) -> None:
+    """Count the characters of the data (the sample a tokenizer would train on) that a character tokenizer loaded
+    from ``data.tokenizer.file`` lacks, and so encodes as UNK: refused (``DataError``) above
+    ``data.tokenizer.max_unknown`` of them, warned below, naming each with its count."""
+    if tokenizer.kind != "char":
+        return  # byte-level BPE encodes anything
+    sampled = [piece for split in SPLITS for piece in pieces[split]]
+    limit = sample_limit(sampled, config.sample_bytes)
+    counts: Counter[str] = Counter()
+    for piece in sampled:
+        for text in read_piece(piece, text_field, limit):
+            counts.update(text)
+    unknown = sorted(((counts[c], c) for c in tokenizer.unknown_characters("".join(counts))), reverse=True)
+    if not unknown:
+        return
+    missing, total = sum(n for n, _ in unknown), sum(counts.values())
+    named = ", ".join(f"{c!r} ({n:,} times)" for n, c in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+    found = (f"data.tokenizer.file: the tokenizer {config.file} lacks {len(unknown)} of the data's characters, which "
+             f"it encodes as <unk>: {named}; {missing / total:.2%} of the {total:,} characters read")  # fmt: skip
+    if missing / total > config.max_unknown:
+        raise DataError(
+            f"{found}, more than data.tokenizer.max_unknown={config.max_unknown:g} allows. Give a tokenizer that has "
+            "them, or train one on this data (data.tokenizer.file=null), or raise data.tokenizer.max_unknown to train "
+            "with them as <unk>"
+        )
+    rank_zero_warn(f"{found} (data.tokenizer.max_unknown={config.max_unknown:g} allows it)")
 
 
 @lru_cache(maxsize=4)
