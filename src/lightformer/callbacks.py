@@ -301,15 +301,19 @@ def _plain(value):
 
 
 class SameDataOnResumeCheck(Callback):
-    """Before the task compares the data's facts with its checkpoint's, on resuming a fit: the data module's
-    prepared data against the checkpoint's (``SameDataOnResume``, which Lightning checks only after), so that a
-    change of the source files that also changes the tokenizer is refused naming the files that changed."""
+    """Before the task compares the data's facts with its checkpoint's, on resuming a fit from ``ckpt_path``: the
+    data module's prepared data against the checkpoint's (``SameDataOnResume``, which Lightning checks only after),
+    so that a change of the source files that also changes the tokenizer is refused naming the files that changed.
+    ``lightformer fit --ckpt_path`` adds it."""
+
+    def __init__(self, ckpt_path: str) -> None:
+        self.ckpt_path = ckpt_path  # the fit's --ckpt_path: the trainer knows it only after set-up
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         from lightformer.checkpoints import read_checkpoint
         from lightformer.data.preparation.caching import SameDataOnResume, check_same_data, prepared_identity
 
-        datamodule, path = trainer.datamodule, trainer.ckpt_path
+        datamodule, path = trainer.datamodule, self.ckpt_path
         if stage != "fit" or not isinstance(datamodule, SameDataOnResume) or not path or not is_local(path):
             return
         if not Path(path).is_file():

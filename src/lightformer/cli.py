@@ -179,6 +179,8 @@ class LightformerCLI(LightningCLI):
         lock = next((c for c in self.trainer.callbacks if isinstance(c, RunFolderLock)), None)
         if lock is not None and self.trainer.logger is not None and rank_zero_only.rank == 0:
             lock.take(self.trainer.log_dir)
+        if self.config.fit.get("ckpt_path"):  # the resumed data named before the task compares its facts
+            self.trainer.callbacks.append(SameDataOnResumeCheck(str(self.config.fit.ckpt_path)))
 
     def after_fit(self) -> None:
         """A fit that had no training batch is refused (Lightning ends it with a warning and success); a run that
@@ -259,9 +261,7 @@ def cli_main(args: list[str] | None = None, run: bool = True, data_only: bool = 
         subclass_mode_data=True,
         save_config_callback=SaveRunConfig,
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={
-            "callbacks": [RandomStateCheckpoint(), ResumeAfterEpochEnd(), Summary(), SameDataOnResumeCheck()]
-        },
+        trainer_defaults={"callbacks": [RandomStateCheckpoint(), ResumeAfterEpochEnd(), Summary()]},
         auto_configure_optimizers=False,  # every task configures its own (model.optimizer)
         parser_kwargs={"prog": "lightformer"},
         args=args,
