@@ -209,3 +209,18 @@ def test_read_warns_of_an_image_distorted_beyond_what_training_saw(tmp_path):
         "for a reading the model was trained for"
     )
     assert line_canvases(Image.new("L", (300, 20)), 32, 384, "resize")[2] is None
+
+
+def test_the_blank_margins_of_a_long_line_are_not_read(tmp_path):
+    """A printed line at the left of a wide page strip: no window of blank paper (which a model reads as something)."""
+    text = "abc defg hij abcd efghij abc defgh"
+    line = synthetic_line(text)
+    strip = Image.new("L", (2000, line.height), 255)
+    strip.paste(line, (700, 0))
+    strip.save(tmp_path / "strip.png")
+    canvases, read = [], []
+    task = synthetic_task(16, 128, canvases)
+    task.read_images = lambda images, beam_size=None: read.extend(images) or synthetic_reader(canvases)(images)
+    assert task.read_files([str(tmp_path / "strip.png")]) == [text]
+    assert all((image < 1).any() for image in read)  # every window holds ink
+    assert len(read) == len(window_spans(ink_columns(line), 128, 32))

@@ -97,9 +97,10 @@ def line_canvases(
     image: Image.Image, height: int, width: int, fit: str | None, overlap: float = WINDOW_OVERLAP
 ) -> tuple[list[Image.Image], list[tuple[int, int]], str | None]:
     """``image`` on the model's ``height`` × ``width`` canvas as ``read`` reads it: a text line (``fit`` "line")
-    wider than the canvas at the canvas's height is cut into overlapping windows at that height (``window_spans``),
-    each on a canvas as in training; otherwise one canvas (``fit_image``). Returns the canvases, their spans of the
-    line (columns at the canvas's height) and a warning when the image is distorted beyond what training saw."""
+    wider than the canvas at the canvas's height is cut into overlapping windows at that height (``window_spans``) of
+    its inked stretch (blank margins left out), each on a canvas as in training; otherwise one canvas
+    (``fit_image``). Returns the canvases, their spans of the line (columns at the canvas's height) and a warning
+    when the image is distorted beyond what training saw."""
     aspect = image.width / image.height
     if fit != "line":
         stretch = aspect / (width / height)
@@ -119,7 +120,13 @@ def line_canvases(
     if scaled_width <= width:
         return [fit_line(image, height, width)], [(0, scaled_width)], None
     line = image.resize((scaled_width, height), Image.Resampling.LANCZOS)
-    spans = window_spans(ink_columns(line), width, round(overlap * width))
+    ink = ink_columns(line)
+    inked = np.flatnonzero(ink)  # blank margins are left out: a window of nothing would be read as something
+    first, last = max(0, int(inked[0]) - height // 4), min(scaled_width, int(inked[-1]) + 1 + height // 4)
+    if last - first <= width:
+        return [fit_line(line.crop((first, 0, last, height)), height, width)], [(first, last)], None
+    line, ink = line.crop((first, 0, last, height)), ink[first:last]
+    spans = window_spans(ink, width, round(overlap * width))
     return [fit_line(line.crop((start, 0, end, height)), height, width) for start, end in spans], spans, None
 
 
