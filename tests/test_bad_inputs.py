@@ -5,6 +5,8 @@ import dataclasses
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -918,3 +920,232 @@ def test_what_a_class_refuses_as_it_is_built_is_named_with_its_section(tmp_path)
     assert refused(["fit", *task_args("lm", tmp_path), "--data.block_size=0"]) == (
         "lightformer: data: data.block_size=0 must be at least 1"
     )
+
+
+# --- issue 73: nothing silent, nothing called our bug that is not -----------------------------------------------
+
+OLD = Path(__file__).parent / "data" / "old_checkpoints"  # small checkpoints of each task, committed
+
+
+def run_lightformer(*args: str | bytes, stdin: bytes = b"") -> subprocess.CompletedProcess:
+    """``python -m lightformer ARGS`` as a user runs it (bytes arguments as a shell passes them)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "lightformer", *args], input=stdin, capture_output=True, env=env,
+                          timeout=300, check=False)  # fmt: skip
+
+
+def test_read_where_no_image_could_be_read_fails_naming_each(tmp_path, monkeypatch, capsys):
+    """Before: two empty lines and exit status 0, the reasons only on standard error."""
+    from lightformer.tasks import image_text
+    from test_image_text import synthetic_line, synthetic_task
+
+    monkeypatch.setattr(image_text, "load_task", lambda *args: synthetic_task(16, 128, []))
+    Image.new("L", (300, 32), 255).save(tmp_path / "empty.png")
+    (tmp_path / "notimage.png").write_text("not pixels")
+    images = [f"{tmp_path}/empty.png", f"{tmp_path}/notimage.png"]
+    for batch_size in (1, 2):
+        message = refused(["read", "--ckpt_path=any.ckpt", "--images", *images, f"--batch_size={batch_size}"])
+        assert message.startswith(
+            f"lightformer: --images: none of the 2 images could be read: {tmp_path}/empty.png is blank (every pixel "
+            f"has one value): it holds nothing to read; {tmp_path}/notimage.png is not a readable image file"
+        ), message
+        assert capsys.readouterr().out == ""
+    synthetic_line("abc").save(tmp_path / "good.png")  # one good image among them: read, the others empty lines
+    main(["read", "--ckpt_path=any.ckpt", "--images", *images, f"{tmp_path}/good.png", "--batch_size=1"])
+    captured = capsys.readouterr()
+    assert captured.out == "\n\nabc\n"
+    assert f"read: {tmp_path}/empty.png: " in captured.err and f"read: {tmp_path}/notimage.png: " in captured.err
+
+
+def test_classify_answers_the_readable_images_in_order_and_names_the_others(trained, tmp_path, capsys):
+    """Before: one unreadable image refused the whole call, where read answered the others."""
+    good = tmp_path / "good.png"
+    Image.new("L", (8, 8), 100).save(good)
+    bad = tmp_path / "bad.png"
+    bad.write_text("not pixels")
+    main(["classify", f"--ckpt_path={trained['vision']}", "--images", str(good), str(bad), str(good)])
+    captured = capsys.readouterr()
+    assert [line.partition(":")[0] for line in captured.out.splitlines()] == [str(good), str(good)]
+    assert captured.err.strip() == (
+        f"classify: {bad}: {bad} is not a readable image file (cannot identify image file '{bad}'): give PNG, JPEG or "
+        "another image file that PIL reads"
+    )
+    message = refused(["classify", f"--ckpt_path={trained['vision']}", "--images", str(bad), str(bad)])
+    assert message.startswith(f"lightformer: --images: none of the 2 images could be read: {bad} is not a readable")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA has a CUDA device")
+def test_a_device_this_machine_lacks_is_refused_naming_the_ones_it_has(capsys):
+    """Before: read --device cuda printed torch's "Attempting to deserialize object on a CUDA device" traceback."""
+    for command in (["generate", f"--ckpt_path={OLD / 'lm.ckpt'}"], ["classify", f"--ckpt_path={OLD / 'vision.ckpt'}",
+                    f"--images={OLD / 'corpus.txt'}"]):  # fmt: skip
+        message = refused([*command, "--device=cuda"])
+        assert message == (
+            "lightformer: --device=cuda: no CUDA device is available on this machine; the devices here: cpu"
+        )
+    assert refused(["generate", f"--ckpt_path={OLD / 'lm.ckpt'}", "--device=gpu"]).startswith(
+        "lightformer: --device='gpu' is not a device: give cpu, cuda, cuda:1, mps, ... (here: cpu"
+    )
+    assert_one_line("lightformer: ", capsys)
+
+
+def test_text_that_is_not_utf8_on_the_command_line_or_standard_input_is_named_with_its_byte():
+    """Before: `TypeError: TextInputSequence must be str` and "a bug in lightformer" for each of these."""
+    latin1 = "caf\xe9 au lait".encode("latin-1")
+    for args, stdin, option in (
+        (["generate", f"--ckpt_path={OLD / 'lm.ckpt'}", b"--prompt=" + latin1], b"", "--prompt"),
+        (["fill-mask", f"--ckpt_path={OLD / 'mlm.ckpt'}", b"--text=" + latin1 + b" [MASK]"], b"", "--text"),
+        (["translate", f"--ckpt_path={OLD / 'translation.ckpt'}"], b"gut\n" + latin1 + b"\n", "standard input"),
+    ):
+        done = run_lightformer(*args, stdin=stdin)
+        where = "at byte offset 3 (line 1" if stdin == b"" else "at byte offset 7 (line 2"
+        assert done.returncode == 1 and done.stderr.decode().strip() == (
+            f"lightformer: {option} is not UTF-8 text: byte 0xe9 {where}: invalid continuation byte); convert it, "
+            "e.g. `iconv -f latin1 -t utf-8`"
+        ), done.stderr.decode()
+
+
+def test_fill_mask_never_offers_a_special_token_for_a_word(capsys):
+    """Before: `<extra_id_93>`, ... were among the candidates for a word."""
+    main(["fill-mask", f"--ckpt_path={OLD / 'mlm.ckpt'}", "--text=It is a truth universally [MASK].", "--top_k=10000"])
+    offered = capsys.readouterr().out.splitlines()[-1]
+    assert "'e'" in offered and not re.search(r"'(<extra_id_\d+>|<pad>|<bos>|<eos>|<unk>|<mask>|\[MASK\])'", offered)
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory) -> Path:
+    """A language model exported as a Hugging Face folder (the committed tiny checkpoint's)."""
+    folder = tmp_path_factory.mktemp("hf") / "gpt2"
+    main(["export", f"--ckpt_path={OLD / 'lm.ckpt'}", "--layout=hf", f"--output={folder}"])
+    return folder
+
+
+def test_a_start_folder_that_cannot_be_loaded_says_what_it_lacks_and_a_cut_short_file_is_named(hf_folder, tmp_path):
+    """Before: a folder without config.json was "the file ... is a folder"; a cut-short model.safetensors ended in
+    `SafetensorError: ... incomplete metadata` and "a bug in lightformer"; config.json's vocab_size 92 against
+    weights of 85 rows was accepted without a word."""
+    args = task_args("lm", tmp_path / "run")
+    no_config = tmp_path / "no_config"
+    no_config.mkdir()
+    shutil.copy(hf_folder / "model.safetensors", no_config)
+    assert refused(["fit", *args, f"--model.init.checkpoint={no_config}"]) == (
+        f"lightformer: model.init.checkpoint: the folder '{no_config}' has no config.json, so it cannot be loaded: a "
+        "Hugging Face model folder holds config.json and its weights (model.safetensors, or "
+        "model.safetensors.index.json with its shards, or pytorch_model.bin); or give a checkpoint file (.ckpt, "
+        ".safetensors)"
+    )
+    start = [f"--data.tokenizer.file={hf_folder / 'tokenizer.json'}", "--trainer.max_steps=1"]
+    cut = tmp_path / "cut"
+    shutil.copytree(hf_folder, cut)
+    size = (hf_folder / "model.safetensors").stat().st_size
+    for kept in (size - 100, 20, 4):
+        (cut / "model.safetensors").write_bytes((hf_folder / "model.safetensors").read_bytes()[:kept])
+        message = refused(["fit", *args, f"--model.init.checkpoint={cut}", *start])
+        assert re.fullmatch(
+            rf"lightformer: model.init.checkpoint: {cut}/model.safetensors is cut short: .*; download or copy it again",
+            message,
+        ), message
+    (tmp_path / "cut.safetensors").write_bytes((hf_folder / "model.safetensors").read_bytes()[: size // 2])
+    assert "cut.safetensors is cut short" in refused(
+        ["fit", *args, f"--model.init.checkpoint={tmp_path}/cut.safetensors"]
+    )
+
+    vocab = tmp_path / "vocab"
+    shutil.copytree(hf_folder, vocab)
+    config = (vocab / "config.json").read_text()
+    (vocab / "config.json").write_text(re.sub(r'"vocab_size": \d+', '"vocab_size": 92', config))
+    assert refused(["fit", *args, f"--model.init.checkpoint={vocab}", *start]) == (
+        f"lightformer: model.init.checkpoint: {vocab}: config.json says vocab_size=92, but its weights' embedding "
+        "table transformer.wte.weight has 30 rows: the folder's config and weights do not belong together; set "
+        "vocab_size to 30 in config.json if these weights are the ones meant, or give the folder its own weights"
+    )
+
+
+def test_a_checkpoint_write_stopped_by_a_file_size_limit_says_so(tmp_path):
+    """Before: `ulimit -f` at the first save ended in `RuntimeError: [enforce fail at inline_container.cc:672]
+    unexpected pos ...` and "a bug in lightformer"."""
+    path = tmp_path / "last.ckpt"
+    script = (
+        "import resource, sys, torch\n"
+        "from lightformer.callbacks import AtomicCheckpointIO\n"
+        "from lightformer.errors import raise_as_bug\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))\n"
+        "try:\n"
+        f"    AtomicCheckpointIO().save_checkpoint({{'w': torch.zeros(100_000)}}, {str(path)!r})\n"
+        "except OSError as error:\n"
+        "    sys.exit(error.strerror)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 1 and done.stderr.startswith(
+        f"the checkpoint {path} could not be written: the file system stopped the write, as this process may write "
+        "files of at most 100,000 bytes (`ulimit -f`; "
+    ), done.stderr
+    assert "no half-written file is left" in done.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_the_advice_on_a_non_finite_loss_follows_the_runs_settings(tmp_path):
+    """Before: it advised gradient_clip_val when set, leaving 16-mixed in a bf16-mixed run, and resuming with
+    --ckpt_path when no checkpoint existed."""
+
+    def trainer(clip, precision, last=None):
+        checkpoint = SimpleNamespace(last_model_path=last, best_model_path="", best_k_models={})
+        return SimpleNamespace(gradient_clip_val=clip, precision=precision, checkpoint_callbacks=[checkpoint])
+
+    advice = callbacks.non_finite_advice(trainer(1.0, "bf16-mixed"))
+    assert advice == (
+        "No checkpoint was written before this step, so there is nothing to resume: start the run again and lower "
+        "trainer.gradient_clip_val (now 1.0), or train in 32-true instead of bf16-mixed, or lower "
+        "model.optimizer.lr (or lengthen its warmup_steps)."
+    )
+    last = tmp_path / "last.ckpt"
+    last.write_bytes(b"x")
+    advice = callbacks.non_finite_advice(trainer(None, "16-mixed", str(last)))
+    assert advice == (
+        f"The last good checkpoint is {last}. To continue, resume with --ckpt_path {last} and set "
+        "trainer.gradient_clip_val (e.g. 1.0) or train in bf16-mixed or 32-true instead of 16-mixed; for a lower "
+        "model.optimizer.lr, start a new run from that checkpoint's weights (--model.init.checkpoint)."
+    )
+    assert "precision" not in callbacks.non_finite_advice(trainer(0.5, "32-true")) and "32-true" not in (
+        callbacks.non_finite_advice(trainer(0.5, "32-true"))
+    )
+
+
+def test_a_loaded_tokenizer_that_lacks_the_datas_characters_is_refused_or_warned_with_counts(tmp_path):
+    """Before: a start's 81-token tokenizer encoded `_` (2,868 times), `X`, `Z` and `£` of Austen as <unk> silently."""
+    from lightformer.data.preparation.tokenizers import Tokenizer
+    from tiny_runs import CORPUS
+
+    file = Tokenizer.train_char([CORPUS.replace("e", "").replace(",", "")]).save(tmp_path / "tokenizer.json")
+    args = [*task_args("lm", tmp_path), f"--data.tokenizer.file={file}"]
+    message = refused(["prepare", *args])
+    assert message == (
+        f"lightformer: data.tokenizer.file: the tokenizer {file} lacks 2 of the data's characters, which it encodes "
+        "as <unk>: 'e' (180 times), ',' (30 times); 7.69% of the 2,730 characters read, more than "
+        "data.tokenizer.max_unknown=0.001 allows. Give a tokenizer that has them, or train one on this data "
+        "(data.tokenizer.file=null), or raise data.tokenizer.max_unknown to train with them as <unk>"
+    )
+    assert not list((tmp_path / "prepared").glob("corpus-*/train"))
+    with pytest.warns(UserWarning) as warned:
+        main(["prepare", *args, "--data.tokenizer.max_unknown=0.1"])
+    assert any(
+        str(warning.message).endswith(
+            "lacks 2 of the data's characters, which it encodes as <unk>: 'e' (180 times), ',' (30 times); 7.69% of "
+            "the 2,730 characters read (data.tokenizer.max_unknown=0.1 allows it)"
+        )
+        for warning in warned
+    )
+
+
+def test_resuming_on_data_whose_change_changes_the_tokenizer_names_the_file(tmp_path):
+    """Before: "the data differs from what the checkpoint's model was trained with (... 81 tokens vs 94 ...)",
+    without the file that changed."""
+    args = task_args("lm", tmp_path)
+    main(["fit", *args, "--trainer.max_steps=2"])
+    checkpoint = last_checkpoint(tmp_path)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(corpus.read_text(encoding="utf-8").replace("fortune", "FORTUNE"), encoding="utf-8")
+    message = refused(["fit", *args, "--trainer.max_steps=4", f"--ckpt_path={checkpoint}"])
+    assert message.startswith(
+        f"lightformer: data: the data changed since the checkpoint was written ({corpus} changed (size or "
+    ), message

@@ -4,10 +4,12 @@ real code path, no timing assertions."""
 import importlib
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 PEERS = Path(__file__).resolve().parents[1] / "benchmarks" / "peers.py"
@@ -97,3 +99,18 @@ def test_record_reads_benchmark_prints_both_layouts_and_their_ratio():
     assert len(rows) == 2 and all(float(row.split("|")[4].replace(",", "")) > 0 for row in rows)
     ratio = float(out.split("ratio lightformer/default reads/s: ")[1].split()[0])
     assert math.isfinite(ratio) and ratio > 0
+
+
+@pytest.mark.slow
+def test_long_lines_benchmark_prints_the_cer_of_the_whole_line_and_of_its_pieces(tmp_path):
+    """benchmarks/long_lines.py on a tiny image-to-text run (one step: its readings are noise): both ways read."""
+    from tiny_runs import build, last_checkpoint, task_args
+
+    cli = build([*task_args("image_text", tmp_path), "--trainer.max_steps=1", "--trainer.limit_val_batches=1"])
+    cli.trainer.fit(cli.model, cli.datamodule)
+    script = PEERS.parent / "long_lines.py"
+    command = [sys.executable, str(script), f"--ckpt_path={last_checkpoint(tmp_path)}", "--lines=2", "--chars=30"]
+    out = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True).stdout
+    rows = dict(re.findall(r"^\| (the whole line \(windows\)|canvas-sized pieces) \| ([\d.]+)% \|$", out, re.M))
+    assert len(rows) == 2 and all(math.isfinite(float(cer)) for cer in rows.values())
+    assert re.search(r"^difference: [+-][\d.]+ points \((within|NOT within) the bar of 2 points\)$", out, re.M)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,7 +13,14 @@ from PIL import Image
 from lightformer.cli import cli_main, main
 from lightformer.data.raw.image_files import fit_line
 from lightformer.data.raw.rendering import discover_fonts
-from lightformer.tasks.image_text import ImageToTextTask
+from lightformer.facts import DataFacts
+from lightformer.tasks.image_text import (
+    ImageToTextTask,
+    ink_columns,
+    join_readings,
+    line_canvases,
+    window_spans,
+)
 from tiny_runs import last_checkpoint, run_cli, task_args
 
 pytestmark = pytest.mark.skipif(not discover_fonts(), reason="no fonts under /usr/share/fonts")
@@ -93,3 +101,126 @@ def test_predict_writes_a_tsv_of_every_test_lines_reading_and_reference_in_order
     assert rows[1:] == [[str(i), reading, text] for i, (reading, text) in
                         enumerate(zip(task.read_images(batch["images"]), batch["text"], strict=True))]  # fmt: skip
     assert f"wrote {path}: 8 readings" in caplog.text
+
+
+# --- a line longer than the canvas: read in overlapping windows at the trained height ----------------------------
+
+GREYS = {letter: 10 * (k + 1) for k, letter in enumerate("abcdefghij")}  # a synthetic typeface: one grey per letter
+
+
+def synthetic_line(text: str, height: int = 16) -> Image.Image:
+    """``text`` (letters a-j and spaces) as a line image of ``height``: each letter a 5-pixel block of its own grey,
+    2 pixels between letters, 8 for a space, on white."""
+    width = 4 + sum(8 if char == " " else 7 for char in text)
+    pixels = np.full((height, width), 255, dtype=np.uint8)
+    x = 2
+    for char in text:
+        if char != " ":
+            pixels[3 : height - 3, x : x + 5] = GREYS[char]
+        x += 8 if char == " " else 7
+    return Image.fromarray(pixels)
+
+
+def read_synthetic(canvas: np.ndarray) -> str:
+    """What a perfect reader of the synthetic typeface reads on one canvas (its pixels, 0-255): every block whole or
+    cut, in order; a gap of 6 pixels or more is a space."""
+    row = canvas[canvas.shape[0] // 2]
+    text, last_end = "", None
+    for start in np.flatnonzero((row < 200) & ~np.r_[False, row[:-1] < 200]):
+        end = start + int(np.argmax(np.r_[row[start:], 255] >= 200))
+        text += " " * bool(last_end is not None and start - last_end >= 6)
+        text += {v: k for k, v in GREYS.items()}[int(round(np.median(row[start:end]) / 10) * 10)]
+        last_end = end
+    return text
+
+
+def synthetic_reader(canvases: list[tuple[int, int]]):
+    """A stand-in for ``ImageToTextTask.read_images`` that reads the synthetic typeface, recording each batch's
+    canvas shape."""
+
+    def read_images(images, beam_size=None):
+        canvases.append(tuple(images.shape[1:]))
+        return [read_synthetic(np.rint((image[0].numpy() * 0.5 + 0.5) * 255)) for image in images]
+
+    return read_images
+
+
+def synthetic_task(height: int, width: int, canvases: list) -> SimpleNamespace:
+    """The parts of an image-to-text task that ``read_files`` uses: a grey ``height`` × ``width`` canvas fitted as a
+    line, and the synthetic reader."""
+    config = SimpleNamespace(in_channels=1, image_size=(height, width))
+    facts = DataFacts(normalize_mean=(0.5,), normalize_std=(0.5,), image_fit="line")
+    task = SimpleNamespace(model=SimpleNamespace(config=config), data_facts=facts, device="cpu",
+                           read_images=synthetic_reader(canvases))  # fmt: skip
+    task.read_files = lambda *args, **kwargs: ImageToTextTask.read_files(task, *args, **kwargs)
+    return task
+
+
+def test_windows_of_a_long_line_overlap_and_are_cut_between_letters():
+    line = synthetic_line("abc defg hij abcd efghij abc defgh ij abcdef ghij")
+    ink = ink_columns(line)
+    spans = window_spans(ink, 128, 32)
+    assert spans[0][0] == 0 and spans[-1][1] == line.width and len(spans) >= 3
+    for (start, end), (next_start, _) in zip(spans, spans[1:], strict=False):
+        assert end - start <= 128 and 16 <= end - next_start <= 48  # about the overlap asked for
+        assert not ink[end - 1] and not ink[next_start]  # no window starts or ends inside a letter
+
+
+def test_join_readings_writes_what_both_windows_read_once():
+    assert join_readings("the quick brown fo", "brown fox jumps", 6) == "the quick brown fox jumps"
+    assert join_readings("aaa bbb", "bbb ccc", 3) == "aaa bbb ccc"
+    assert join_readings("abc", "xyzdef", 3) == "abcdef"  # no agreement: the shared characters of the right go
+
+
+@pytest.mark.parametrize("scale", [1, 3])
+def test_read_reads_a_line_longer_than_the_canvas_in_windows_at_the_trained_height_without_repeats(tmp_path, scale):
+    """Before: a line 10× the canvas's width was squeezed into it (and read as `memmmmm`)."""
+    text = "abc defg hij abcd efghij abc defgh ij abcdef ghij jihgf edcba"
+    line = synthetic_line(text)
+    line.resize((line.width * scale, line.height * scale), Image.Resampling.NEAREST).save(tmp_path / "line.png")
+    canvases: list = []
+    task = synthetic_task(16, 128, canvases)
+    warnings_: list[str] = []
+    (reading,) = ImageToTextTask.read_files(task, [str(tmp_path / "line.png")], warn=warnings_.append)
+    assert canvases == [(1, 16, 128)] and warnings_ == []  # windows on the trained canvas, its height kept
+    n_windows = len(window_spans(ink_columns(line), 128, 32))
+    assert n_windows >= 4
+    assert reading == text
+
+
+def test_read_warns_of_an_image_distorted_beyond_what_training_saw(tmp_path):
+    """Before: a 60×2000 image read as `I own` with no word that it shrank 62×."""
+    column = Image.new("L", (60, 2000), 255)
+    column.paste(0, (10, 100, 50, 1900))
+    column.save(tmp_path / "column.png")
+    synthetic_line("abc").save(tmp_path / "line.png")
+    canvases: list = []
+    told: list[str] = []
+    task = synthetic_task(16, 128, canvases)
+    ImageToTextTask.read_files(task, [str(tmp_path / "column.png"), str(tmp_path / "line.png")], warn=told.append)
+    assert told == [
+        f"{tmp_path / 'column.png'}: 60×2000 pixels is taller than a line of text: it shrinks 125× to the model's "
+        "line height of 16 pixels (and a page or column of lines is not read as such): give one line per image, "
+        "cropped to its height"
+    ]
+    stretched = line_canvases(Image.new("L", (800, 20)), 32, 384, "resize")[2]
+    assert (
+        stretched == "800×20 pixels is narrowed 3× to the model's 384×32 canvas: crop it nearer to that shape "
+        "for a reading the model was trained for"
+    )
+    assert line_canvases(Image.new("L", (300, 20)), 32, 384, "resize")[2] is None
+
+
+def test_the_blank_margins_of_a_long_line_are_not_read(tmp_path):
+    """A printed line at the left of a wide page strip: no window of blank paper (which a model reads as something)."""
+    text = "abc defg hij abcd efghij abc defgh"
+    line = synthetic_line(text)
+    strip = Image.new("L", (2000, line.height), 255)
+    strip.paste(line, (700, 0))
+    strip.save(tmp_path / "strip.png")
+    canvases, read = [], []
+    task = synthetic_task(16, 128, canvases)
+    task.read_images = lambda images, beam_size=None: read.extend(images) or synthetic_reader(canvases)(images)
+    assert task.read_files([str(tmp_path / "strip.png")]) == [text]
+    assert all((image < 1).any() for image in read)  # every window holds ink
+    assert len(read) == len(window_spans(ink_columns(line), 128, 32))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import resource
 import shutil
 import warnings
 from pathlib import Path
@@ -53,16 +54,27 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             with atomic_open(path) as f:
                 torch.save(checkpoint, f)
         except (OSError, RuntimeError) as error:  # torch's zip writer reports a full disk as a RuntimeError
+            folder = Path(path).parent
             full = getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error)
-            if not full and shutil.disk_usage(Path(path).parent).free > 16 * MIB:
+            free = shutil.disk_usage(folder).free / MIB
+            if not full and not write_refused(error) and free > 16:
                 raise
-            free = shutil.disk_usage(Path(path).parent).free / MIB
+            limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+            if full or free <= 16:
+                cause = f"disk full: the checkpoint {path} could not be written ({free:.0f} MiB free in {folder})"
+            elif limit != resource.RLIM_INFINITY:
+                cause = (f"the checkpoint {path} could not be written: the file system stopped the write, as this "
+                         f"process may write files of at most {limit:,} bytes (`ulimit -f`; {free:.0f} MiB free in "
+                         f"{folder})")  # fmt: skip
+            else:
+                cause = (f"the checkpoint {path} could not be written: the file system stopped the write with "
+                         f"{free:.0f} MiB free in {folder} (a disk quota, or a limit on a file's size)")  # fmt: skip
             raise OSError(
                 errno.ENOSPC,
-                f"disk full: the checkpoint {path} could not be written ({free:.0f} MiB free in {Path(path).parent}); "
-                "the previous checkpoint there is intact. Free some space, or write checkpoints elsewhere "
-                "(trainer.logger.init_args.save_dir, or the checkpoint callback's dirpath), then resume with "
-                "--ckpt_path <the last checkpoint>",
+                f"{cause}; no half-written file is left, and any previous checkpoint there is intact. Free some space "
+                "(or raise the limit), or write "
+                "checkpoints elsewhere (trainer.logger.init_args.save_dir, or the checkpoint callback's dirpath), then "
+                "resume with --ckpt_path <the last checkpoint>",
             ) from None
         directory = os.open(Path(path).parent, os.O_RDONLY)  # make the rename itself durable
         try:
@@ -122,6 +134,14 @@ class ModelCheckpoint(callbacks.ModelCheckpoint):
         if not self.save_last or internals.skips_saving(self, trainer):
             return
         internals.save_last_checkpoint(self, trainer)
+
+
+def write_refused(error: BaseException) -> bool:
+    """Whether ``error``, raised while a checkpoint was written, says that the file system wrote less than asked: a
+    full disk, a quota or a file-size limit (torch's zip writer says "unexpected pos" or "failed writing file")."""
+    codes = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+    text = str(error)
+    return getattr(error, "errno", None) in codes or "unexpected pos" in text or "failed writing file" in text
 
 
 def is_local(path: str | Path) -> bool:
@@ -212,13 +232,28 @@ class NonFiniteLossGuard(Callback):
 
 
 def non_finite_advice(trainer: L.Trainer) -> str:
-    """Which checkpoint to resume from, and what usually helps."""
+    """Which checkpoint to resume from, and what usually helps, from the run's own settings: gradient clipping where
+    it is off (a lower clip where it is on), another precision than the run's 16- or bf16-bit one, a lower learning
+    rate; resuming only where a checkpoint was written."""
     last = last_good_checkpoint(trainer)
-    where = f"The last good checkpoint is {last}" if last else "No checkpoint was written before this step"
+    clip = trainer.gradient_clip_val
+    remedies = [
+        "set trainer.gradient_clip_val (e.g. 1.0)" if not clip else f"lower trainer.gradient_clip_val (now {clip})"
+    ]
+    precision = str(trainer.precision)
+    if precision.startswith("16"):
+        remedies.append(f"train in bf16-mixed or 32-true instead of {precision}")
+    elif precision.startswith("bf16"):
+        remedies.append(f"train in 32-true instead of {precision}")
+    if last:
+        return (
+            f"The last good checkpoint is {last}. To continue, resume with --ckpt_path {last} and "
+            f"{' or '.join(remedies)}; for a lower model.optimizer.lr, start a new run from that checkpoint's weights "
+            "(--model.init.checkpoint)."
+        )
     return (
-        f"{where}. To continue, resume with --ckpt_path and set trainer.gradient_clip_val (e.g. 1.0), or train in "
-        "bf16-mixed or 32-true instead of 16-mixed; for a lower model.optimizer.lr, start a new run from that "
-        "checkpoint's weights (--model.init.checkpoint)."
+        "No checkpoint was written before this step, so there is nothing to resume: start the run again and "
+        f"{', or '.join([*remedies, 'lower model.optimizer.lr (or lengthen its warmup_steps)'])}."
     )
 
 
@@ -263,6 +298,29 @@ def set_random_state(state: dict[str, Any]) -> None:
 
 def _plain(value):
     return [_plain(v) for v in value] if isinstance(value, tuple) else value
+
+
+class SameDataOnResumeCheck(Callback):
+    """Before the task compares the data's facts with its checkpoint's, on resuming a fit from ``ckpt_path``: the
+    data module's prepared data against the checkpoint's (``SameDataOnResume``, which Lightning checks only after),
+    so that a change of the source files that also changes the tokenizer is refused naming the files that changed.
+    ``lightformer fit --ckpt_path`` adds it."""
+
+    def __init__(self, ckpt_path: str) -> None:
+        self.ckpt_path = ckpt_path  # the fit's --ckpt_path: the trainer knows it only after set-up
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        from lightformer.checkpoints import read_checkpoint
+        from lightformer.data.preparation.caching import SameDataOnResume, check_same_data, prepared_identity
+
+        datamodule, path = trainer.datamodule, self.ckpt_path
+        if stage != "fit" or not isinstance(datamodule, SameDataOnResume) or not path or not is_local(path):
+            return
+        if not Path(path).is_file():
+            return  # Lightning names a missing checkpoint
+        state = read_checkpoint(str(path)).get(type(datamodule).__qualname__)
+        if isinstance(state, dict) and "prepared" in state:
+            check_same_data(state["prepared"], prepared_identity(datamodule.prepared))
 
 
 class RandomStateCheckpoint(Callback):

@@ -9,6 +9,7 @@ with its shape), and what its data module taught it (tokenizers, class names, im
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,12 +27,90 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, unreadable, or of another task than the command needs; the message says which."""
 
 
+HF_FOLDER = (
+    "a Hugging Face model folder holds config.json and its weights (model.safetensors, or "
+    "model.safetensors.index.json with its shards, or pytorch_model.bin)"
+)
+
+
 def require_file(path: str, what: str) -> None:
-    """Raise ``CheckpointError`` naming the option and the path when a local file is missing."""
+    """Raise ``CheckpointError`` naming the option and the path when a local file is missing; a folder given to
+    ``model.init`` is told what a folder it loads holds, and which of it is missing."""
     if "://" in path:  # a remote checkpoint (s3://, https://...): Lightning's fsspec reports its own errors
         return
+    if Path(path).is_dir() and what.startswith("model.init"):
+        from lightformer.hf_layouts import WEIGHT_FILES
+
+        missing = (
+            "config.json"
+            if not (Path(path) / "config.json").is_file()
+            else f"a weights file ({', '.join(WEIGHT_FILES)})"
+        )
+        raise CheckpointError(
+            f"{what.partition(':')[0]}: the folder {path!r} has no {missing}, so it cannot be loaded: {HF_FOLDER}; "
+            "or give a checkpoint file (.ckpt, .safetensors)"
+        )
     if not Path(path).is_file():
         raise CheckpointError(f"{what} {path!r} {'is a folder' if Path(path).is_dir() else 'does not exist'}")
+
+
+def safetensors_header(path: str | Path, option: str) -> dict:
+    """The header of the safetensors file ``path`` (its tensors' dtypes, shapes and offsets), after checking that the
+    file holds every byte the header promises; ``CheckpointError`` naming ``option`` and the file when it is cut
+    short (a download or copy that stopped early) or no safetensors file at all."""
+    size = Path(path).stat().st_size
+    again = "download or copy it again"
+    with open(path, "rb") as f:
+        head = f.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else None
+        if length is None or 8 + length > size:
+            if length is not None and length > 100_000_000:  # no header is that long: not safetensors
+                raise CheckpointError(f"{option}: {path} is not a safetensors file (its first 8 bytes are no header)")
+            raise CheckpointError(
+                f"{option}: {path} is cut short: {size} bytes, less than its header alone "
+                f"({'8 + ' + str(length) if length is not None else 8} bytes); {again}"
+            )
+        try:
+            header = json.loads(f.read(length))
+            end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise CheckpointError(f"{option}: {path} is not a safetensors file (its header is not one)") from None
+    if 8 + length + end > size:
+        raise CheckpointError(
+            f"{option}: {path} is cut short: {size:,} bytes of the {8 + length + end:,} its header promises (a "
+            f"download or copy that stopped early?); {again}"
+        )
+    return header
+
+
+# The embedding tables of the Hugging Face models lightformer loads: their rows are the vocabulary.
+HF_EMBEDDINGS = ("wte.weight", "embed_tokens.weight", "word_embeddings.weight", "shared.weight")
+
+
+def check_hf_folder(path: str, option: str) -> None:
+    """Refuse a Hugging Face model folder whose safetensors weights are cut short (``safetensors_header``), or
+    whose config.json's ``vocab_size`` is not the number of rows of its weights' embedding table."""
+    folder = Path(path)
+    index = folder / "model.safetensors.index.json"
+    if (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    elif index.is_file():
+        files = [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    else:
+        return  # pytorch_model.bin: read_checkpoint's errors name it
+    shapes = {}
+    for file in files:
+        require_file(str(file), f"{option}: the weights file")
+        shapes.update({k: v.get("shape") for k, v in safetensors_header(file, option).items() if k != "__metadata__"})
+    config = json.loads((folder / "config.json").read_text())
+    rows = {name: shape[0] for name, shape in shapes.items() if name.endswith(HF_EMBEDDINGS) and shape}
+    name = next(iter(sorted(rows)), None)
+    if name is not None and isinstance(config.get("vocab_size"), int) and config["vocab_size"] != rows[name]:
+        raise CheckpointError(
+            f"{option}: {path}: config.json says vocab_size={config['vocab_size']}, but its weights' embedding table "
+            f"{name} has {rows[name]} rows: the folder's config and weights do not belong together; set vocab_size "
+            f"to {rows[name]} in config.json if these weights are the ones meant, or give the folder its own weights"
+        )
 
 
 def read_checkpoint(path: str, option: str = "--ckpt_path") -> dict:
@@ -100,11 +179,13 @@ def pretrained_weights(path: str, option: str = "model.init.checkpoint") -> dict
     from lightformer.hf_layouts import hf_folder_to_lightformer, is_hf_folder
 
     if is_hf_folder(path):
+        check_hf_folder(path, option)
         return hf_folder_to_lightformer(path, option)
     require_file(path, f"{option}: the file")
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
 
+        safetensors_header(path, option)
         weights = load_file(path)
     else:
         checkpoint = read_checkpoint(path, option)

@@ -29,6 +29,7 @@ from lightformer.callbacks import (
     NonFiniteLossGuard,
     RandomStateCheckpoint,
     ResumeAfterEpochEnd,
+    SameDataOnResumeCheck,
     Throughput,
 )
 from lightformer.checkpoints import CheckpointError
@@ -186,6 +187,8 @@ class LightformerCLI(LightningCLI):
         lock = next((c for c in self.trainer.callbacks if isinstance(c, RunFolderLock)), None)
         if lock is not None and self.trainer.logger is not None and rank_zero_only.rank == 0:
             lock.take(self.trainer.log_dir)
+        if self.config.fit.get("ckpt_path"):  # the resumed data named before the task compares its facts
+            self.trainer.callbacks.append(SameDataOnResumeCheck(str(self.config.fit.ckpt_path)))
 
     def after_fit(self) -> None:
         """A fit that had no training batch is refused (Lightning ends it with a warning and success); a run that

@@ -19,10 +19,10 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.commands import load_task, paths_of, require
+from lightformer.commands import load_task, paths_of, require, unreadable_images
 from lightformer.data.modules.images import ImageDataModule
 from lightformer.data.raw.image_files import read_images
-from lightformer.errors import ConfigError, DataError
+from lightformer.errors import ConfigError
 from lightformer.layouts import vit
 from lightformer.models.vit import VisionTransformer, ViTConfig, attention_rollout
 from lightformer.registry import register
@@ -218,9 +218,14 @@ class ImageClassificationTask(Task):
     @torch.no_grad()
     def classify_files(self, paths: list[str | Path], top_k: int = 3) -> list[list[tuple[str, float]]]:
         """The ``top_k`` most likely (class name, probability) pairs of each image file, best first."""
+        return self.classify_images(self.preprocess_files(paths), top_k)
+
+    @torch.no_grad()
+    def classify_images(self, images: Tensor, top_k: int = 3) -> list[list[tuple[str, float]]]:
+        """The ``top_k`` most likely (class name, probability) pairs of each preprocessed image, best first."""
         was_training = self.training
         self.eval()
-        probabilities = self.predict_step(self.preprocess_files(paths).to(self.device))["probabilities"]
+        probabilities = self.predict_step(images.to(self.device))["probabilities"]
         self.train(was_training)
         names = self.class_names or [str(i) for i in range(self.model.num_classes)]
         values, indices = probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1)
@@ -247,7 +252,8 @@ def classify(
         ckpt_path: a checkpoint written by ``fit`` with the image-classification task (its class names and
             preprocessing travel inside).
         images: image files (PNG, JPEG, ...) or glob patterns; each image is resized and normalised as in
-            training.
+            training. One that cannot be read is named on standard error and the others are classified, in
+            order; when none can be read, the command fails.
         top_k: how many classes to print per image, most likely first.
         device: "cpu", "cuda", "cuda:1", ...
     """
@@ -255,12 +261,17 @@ def classify(
     require(top_k >= 1, f"--top_k={top_k} must be at least 1")
     task = load_task(ckpt_path, ImageClassificationTask, "classify", device)
     paths = paths_of(images, "--images", "image file", ".png")
-    try:
-        classified = task.classify_files(paths, top_k)
-    except DataError as error:  # a file that is not a readable image, named
-        raise DataError(f"--images: {error}") from None
-    for path, ranked in zip(paths, classified, strict=True):
-        print(f"{path}: " + ", ".join(f"{name} ({probability:.1%})" for name, probability in ranked))
+    loaded: list[Tensor | Exception] = []
+    for path in paths:
+        try:
+            loaded.append(task.preprocess_files([path]))
+        except (OSError, ValueError) as error:  # not a readable image: named, the others classified
+            loaded.append(error)
+    unreadable_images(paths, loaded, "classify")
+    ranked = iter(task.classify_images(torch.cat([x for x in loaded if isinstance(x, Tensor)]), top_k))
+    for path, image in zip(paths, loaded, strict=True):
+        if isinstance(image, Tensor):
+            print(f"{path}: " + ", ".join(f"{name} ({probability:.1%})" for name, probability in next(ranked)))
 
 
 register(

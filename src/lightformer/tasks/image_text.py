@@ -4,25 +4,29 @@ forcing; evaluated by the character and word error rates and the exact lines of 
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
+from PIL import Image
 from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import CharErrorRate, SacreBLEUScore, WordErrorRate
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.commands import load_task, paths_of, require
+from lightformer.commands import load_task, paths_of, require, unreadable_images
 from lightformer.data.modules.image_text import ImageTextDataModule
 from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
-from lightformer.data.raw.image_files import read_line_image
-from lightformer.errors import ConfigError
+from lightformer.data.raw.image_files import fit_image, fit_line, load_image, to_normalised_tensor
+from lightformer.errors import ConfigError, DataError
 from lightformer.facts import DataFacts
 from lightformer.files import atomic_open
 from lightformer.generation import beam_search
@@ -39,6 +43,100 @@ from lightformer.tensorboard import (
 )
 
 Batch = dict[str, Tensor | list[str]]
+
+WINDOW_OVERLAP = 0.25  # the share of the canvas's width that consecutive windows of a long line have in common
+NARROWEST_LINE = 0.5  # width / height below which an image is no text line (training's lines are wider)
+MOST_STRETCH = 2.0  # how far "resize" may change an image's aspect before ``read`` warns
+
+
+def ink_columns(image: Image.Image) -> np.ndarray:
+    """Which columns of a line image hold ink: a pixel that differs from the background (the median of the border)
+    by more than a quarter of the image's largest difference from it."""
+    pixels = np.asarray(image.convert("L"), dtype=np.float32)
+    border = np.concatenate([pixels[0], pixels[-1], pixels[:, 0], pixels[:, -1]])
+    difference = np.abs(pixels - np.median(border))
+    return (difference > 0.25 * max(float(difference.max()), 1.0)).any(axis=0)
+
+
+def window_spans(ink: np.ndarray, width: int, overlap: int) -> list[tuple[int, int]]:
+    """The columns ``[start, end)`` of the windows, at most ``width`` wide, that read a line whose columns ``ink``
+    marks: consecutive windows share about ``overlap`` columns, and each cut falls where no ink is (between letters
+    or words) when there is such a column near it, so that no window starts or ends inside a letter."""
+    total, spans, start = len(ink), [], 0
+    while total - start > width:
+        lo = start + width - overlap // 2
+        gaps = np.flatnonzero(~ink[lo : start + width])
+        end = lo + int(gaps[-1]) + 1 if len(gaps) else start + width
+        target = end - overlap
+        lo = max(start + 1, target - overlap // 2)
+        gaps = lo + np.flatnonzero(~ink[lo : max(lo, end - overlap // 2)])
+        spans.append((start, end))
+        start = int(gaps[np.argmin(np.abs(gaps - target))]) if len(gaps) else max(start + 1, target)
+    return [*spans, (start, total)]
+
+
+def join_readings(left: str, right: str, shared: int) -> str:
+    """``left`` and ``right``, the readings of two windows of a line whose ``shared`` characters (about) both
+    windows hold, as one reading, what both read written once: the end of ``left`` is laid over the start of
+    ``right`` as far as agrees best (each character that agrees counts one, each that does not one against), and the
+    two are joined in the middle of that stretch, away from either window's edge. Where they agree on nothing, the
+    first ``shared`` characters of ``right`` go."""
+    best, overlap = 0, 0
+    for k in range(1, min(len(left), len(right), 2 * shared + 2) + 1):
+        blocks = difflib.SequenceMatcher(None, left[-k:], right[:k], autojunk=False).get_matching_blocks()
+        score = 2 * sum(block.size for block in blocks) - k
+        if score > best:
+            best, overlap = score, k
+    if best < min(3, max(1, shared // 2)):
+        return left + right[shared:]
+    half = overlap // 2
+    return left[: len(left) - overlap + half] + right[half:]
+
+
+def line_canvases(
+    image: Image.Image, height: int, width: int, fit: str | None, overlap: float = WINDOW_OVERLAP
+) -> tuple[list[Image.Image], list[tuple[int, int]], str | None]:
+    """``image`` on the model's ``height`` × ``width`` canvas as ``read`` reads it: a text line (``fit`` "line")
+    wider than the canvas at the canvas's height is cut into overlapping windows at that height (``window_spans``) of
+    its inked stretch (blank margins left out), each on a canvas as in training; otherwise one canvas
+    (``fit_image``). Returns the canvases, their spans of the line (columns at the canvas's height) and a warning
+    when the image is distorted beyond what training saw."""
+    aspect = image.width / image.height
+    if fit != "line":
+        stretch = aspect / (width / height)
+        warning = None
+        if max(stretch, 1 / stretch) > MOST_STRETCH:
+            way = "narrowed" if stretch > 1 else "widened"
+            warning = (f"{image.width}×{image.height} pixels is {way} {max(stretch, 1 / stretch):.0f}× to the model's "
+                       f"{width}×{height} canvas: crop it nearer to that shape for a reading the model was trained "
+                       "for")  # fmt: skip
+        return [fit_image(image, height, width, fit)], [(0, width)], warning
+    if aspect < NARROWEST_LINE:
+        warning = (f"{image.width}×{image.height} pixels is taller than a line of text: it shrinks "
+                   f"{image.height / height:.0f}× to the model's line height of {height} pixels (and a page or "
+                   "column of lines is not read as such): give one line per image, cropped to its height")  # fmt: skip
+        return [fit_line(image, height, width)], [(0, width)], warning
+    scaled_width = max(1, round(image.width * height / image.height))
+    if scaled_width <= width:
+        return [fit_line(image, height, width)], [(0, scaled_width)], None
+    line = image.resize((scaled_width, height), Image.Resampling.LANCZOS)
+    ink = ink_columns(line)
+    inked = np.flatnonzero(ink)  # blank margins are left out: a window of nothing would be read as something
+    first, last = max(0, int(inked[0]) - height // 4), min(scaled_width, int(inked[-1]) + 1 + height // 4)
+    if last - first <= width:
+        return [fit_line(line.crop((first, 0, last, height)), height, width)], [(first, last)], None
+    line, ink = line.crop((first, 0, last, height)), ink[first:last]
+    spans = window_spans(ink, width, round(overlap * width))
+    return [fit_line(line.crop((start, 0, end, height)), height, width) for start, end in spans], spans, None
+
+
+def read_line_windows(readings: list[str], spans: list[tuple[int, int]]) -> str:
+    """One line's reading from the readings of its windows (``line_canvases``' spans), joined at each overlap."""
+    joined = readings[0]
+    for (_, end), (start, next_end), reading in zip(spans, spans[1:], readings[1:], strict=False):
+        shared = round(len(reading) * max(0, end - start) / max(1, next_end - start))
+        joined = join_readings(joined, reading, shared)
+    return joined
 
 
 def image_text_loss(
@@ -278,20 +376,36 @@ class ImageToTextTask(Task):
         self.model.train(was_training)
         return self.tokenizer.decode_batch(hypotheses)
 
-    def read_files(self, paths: list[str], beam_size: int | None = None) -> list[str | Exception]:
+    def read_files(
+        self, paths: list[str], beam_size: int | None = None, warn: Callable[[str], None] | None = None
+    ) -> list[str | Exception]:
         """The text of each image file, in order; an image that cannot be read is its error instead, and the others
-        are read all the same."""
+        are read all the same. A line wider than the canvas at its height is read in overlapping windows at that
+        height, joined (``line_canvases``); ``warn`` (default: standard error) is told of an image distorted beyond
+        what training saw."""
         c, facts = self.model.config, self.data_facts
-        loaded = []
+        normalise = to_normalised_tensor(facts.normalize_mean, facts.normalize_std)
+        warn = warn or (lambda text: print(f"warning: {text}", file=sys.stderr))
+        loaded: list[tuple[list[Tensor], list[tuple[int, int]]] | Exception] = []
         for path in paths:
             try:
-                loaded.append(read_line_image(path, c.in_channels, c.image_size, facts.normalize_mean,
-                                              facts.normalize_std, facts.image_fit or "line"))  # fmt: skip
+                image = load_image(path, c.in_channels)
+                pixels = np.asarray(image)
+                if pixels.min() == pixels.max():
+                    raise DataError(f"{path} is blank (every pixel has one value): it holds nothing to read")
+                canvases, spans, warning = line_canvases(image, *c.image_size, facts.image_fit or "line")
             except (OSError, ValueError) as error:  # missing, not an image, blank: named, the batch goes on
                 loaded.append(error)
-        images = [image for image in loaded if isinstance(image, Tensor)]
+                continue
+            if warning is not None:
+                warn(f"{path}: {warning}")
+            loaded.append(([normalise(canvas) for canvas in canvases], spans))
+        images = [canvas for item in loaded if not isinstance(item, Exception) for canvas in item[0]]
         readings = iter(self.read_images(torch.stack(images).to(self.device), beam_size) if images else [])
-        return [next(readings) if isinstance(image, Tensor) else image for image in loaded]
+        return [
+            item if isinstance(item, Exception) else read_line_windows([next(readings) for _ in item[0]], item[1])
+            for item in loaded
+        ]
 
     @torch.no_grad()
     def reading_attention(self, image: Tensor, reading: str) -> tuple[list[str], Tensor]:
@@ -338,9 +452,11 @@ def read(
     """The text of line images.
 
     Print the text of each image, one line per image in the order given, with an image-to-text checkpoint alone.
-    An image of any size and aspect is scaled to the model's canvas as in training (its height, then at most its
-    width). A file that is not a readable image, or a blank image, prints an empty line (and its reason on standard
-    error), and the other images are read all the same.
+    A line image is scaled to the model's canvas height as in training; a line wider than the canvas at that height
+    is read in overlapping windows of the canvas's width, whose readings are joined. An image distorted beyond what
+    training saw (a page or column scaled to one line's height, a photo stretched 2× or more) is read with a warning.
+    A file that is not a readable image, or a blank image, prints an empty line (and its reason on standard error),
+    and the other images are read all the same; when no image could be read, the command fails (exit status 1).
 
     Example: ``read --ckpt_path best.ckpt --images "scans/*.png" --beam_size 4``.
 
@@ -357,13 +473,19 @@ def read(
     require(batch_size >= 1, f"--batch_size={batch_size} must be at least 1")
     task = load_task(ckpt_path, ImageToTextTask, "read", device)
     paths = paths_of(images, "--images", "image file", ".png")
+    held: list[tuple[str, Exception]] = []  # the unreadable images before the first one read: none may be read
     for start in range(0, len(paths), batch_size):
         batch = paths[start : start + batch_size]
-        for path, reading in zip(batch, task.read_files(batch, beam_size), strict=True):
-            if isinstance(reading, Exception):
-                print(f"read: {path}: {reading}", file=sys.stderr)
-                reading = ""
-            print(reading, flush=True)
+        readings = held + list(zip(batch, task.read_files(batch, beam_size), strict=True))
+        if all(isinstance(reading, Exception) for _, reading in readings):
+            held = readings
+            continue
+        held = []
+        unreadable_images(*zip(*readings, strict=True), "read")
+        for _, reading in readings:
+            print("" if isinstance(reading, Exception) else reading, flush=True)
+    if held:
+        unreadable_images(*zip(*held, strict=True), "read")  # none could be read: refused, not empty readings
 
 
 register(

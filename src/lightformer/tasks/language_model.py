@@ -11,7 +11,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.commands import check_sampling_options, load_task, require
+from lightformer.commands import check_sampling_options, load_task, require, utf8_text
 from lightformer.data.modules.text import TextDataModule
 from lightformer.generation import generate as generate_tokens
 from lightformer.layouts import gpt
@@ -168,6 +168,7 @@ def generate(
     check_sampling_options(temperature, top_k, top_p)
     require(max_new_tokens >= 1, f"--max_new_tokens={max_new_tokens} must be at least 1")
     require(num_samples >= 1, f"--num_samples={num_samples} must be at least 1")
+    prompt = utf8_text(prompt, "--prompt")
     task = load_task(ckpt_path, LanguageModelTask, "generate", device)
     unknown = task.tokenizer.unknown_characters(prompt)
     if unknown:

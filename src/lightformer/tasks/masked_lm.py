@@ -16,7 +16,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.commands import load_task
+from lightformer.commands import load_task, utf8_text
 from lightformer.data.modules.base import ConfigFacts
 from lightformer.data.modules.pretraining import MaskedLMDataModule
 from lightformer.data.objectives.masking import IGNORE_INDEX
@@ -130,8 +130,9 @@ class MaskedLanguageModelTask(TextTask):
     @torch.no_grad()
     def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
         """The ``top_k`` most likely tokens (text, probability) at each mask marker ("[MASK]" or "<mask>") of
-        ``text``, in order. As RoBERTa's <mask>, a marker takes the space before it: "a [MASK] day" asks for
-        one token after "a", spaces included (" fine").
+        ``text``, in order; special tokens are never candidates (their probability goes to the others). As
+        RoBERTa's <mask>, a marker takes the space before it: "a [MASK] day" asks for one token after "a", spaces
+        included (" fine").
         """
         if self.tokenizer is None:
             raise RuntimeError("this model has no tokenizer: train it with a text data module or load a checkpoint")
@@ -156,8 +157,11 @@ class MaskedLanguageModelTask(TextTask):
         tensor = torch.tensor([ids], device=self.device)
         logits, _ = self.model(tensor, torch.zeros_like(tensor))
         self.model.train(was_training)
-        probabilities = logits[0, tensor[0] == mask_id].float().softmax(-1)
-        top = probabilities.topk(min(top_k, probabilities.shape[-1]), dim=-1)
+        logits = logits[0, tensor[0] == mask_id].float()
+        special = [i for i in self.tokenizer.special_ids if i < logits.shape[-1]]
+        logits[:, special] = float("-inf")  # a word is asked for: never a special token (<extra_id_93>, [MASK], ...)
+        probabilities = logits.softmax(-1)
+        top = probabilities.topk(min(top_k, probabilities.shape[-1] - len(special)), dim=-1)
         return [
             [(self.tokenizer.decode([i], skip_special=False), p) for i, p in zip(row_ids, row_p, strict=True)]
             for row_ids, row_p in zip(top.indices.tolist(), top.values.tolist(), strict=True)
@@ -264,6 +268,7 @@ def fill_mask(*, ckpt_path: str, text: str, top_k: int = 5, device: str = "cpu")
     """
     if top_k < 1:
         raise ConfigError(f"--top_k={top_k} must be at least 1")
+    text = utf8_text(text, "--text")
     if not MASK_MARKERS.search(text):
         raise ConfigError(f"--text={text!r} has no mask marker: put [MASK] (or {MASK}) where a token is to be filled")
     task = load_task(ckpt_path, MaskedLanguageModelTask, "fill-mask", device)

@@ -14,7 +14,7 @@ from torchmetrics.text import SacreBLEUScore
 
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import require_file
-from lightformer.commands import load_task, require
+from lightformer.commands import load_task, read_stdin, require
 from lightformer.data.modules.translation import TranslationDataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.errors import ConfigError
@@ -264,7 +264,7 @@ def translate(
         require_file(input, "--input: the file")
     task = load_task(ckpt_path, TranslationTask, "translate", device)
     try:
-        lines = read_lines(input, "--input") if input != "-" else sys.stdin.read().splitlines()
+        lines = read_lines(input, "--input") if input != "-" else read_stdin().splitlines()
     except ValueError as error:  # not UTF-8: the message names the file, the byte and its line
         raise ConfigError(str(error)) from None
     for number, length in task.too_long(lines):

@@ -11,10 +11,11 @@ purpose, with that commit's code (same dependencies):
 
 (51eef69's set: ``git worktree add /tmp/old 51eef69`` and no ``--out``; that commit has no image-text task.)
 
-For each task it writes the task's data file here (text corpus, TSV; with ``--out``, in ``DATA_FOLDER``), runs ``python -m lightformer fit`` with the
-task's shipped config of that checkout and the tiny overrides of ``ARGS`` in a scratch folder (the data under the
-relative names below, so no machine's paths are stored in the checkpoints), and copies the run's ``last.ckpt`` to
-``<task>.ckpt``. Vision and Image GPT train on scikit-learn's 8×8 digits (shipped with scikit-learn).
+For each task it writes the task's data file here (text corpus, TSV; with ``--out``, in ``DATA_FOLDER``), runs
+``python -m lightformer fit`` with the task's shipped config of that checkout and the tiny overrides of ``ARGS`` in a
+scratch folder (the data under the relative names below, so no machine's paths are stored in the model's
+hyperparameters), and copies the run's ``last.ckpt`` to ``<task>.ckpt``. Vision and Image GPT train on
+scikit-learn's 8×8 digits (shipped with scikit-learn).
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
@@ -44,7 +45,7 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 from filelock import FileLock
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from litdata import File, TokensLoader, optimize
 from litdata.streaming.resolver import Dir
 
@@ -118,6 +119,8 @@ class TokenizerConfig:
         bpe_dropout_segmentations: translation, with bpe_dropout: how many segmentations of each train sentence are
             drawn (from the data's ``seed``, prepared under ``prepare.dir``); epoch e trains on the (e mod this)-th of
             each, so runs repeat exactly on resume and on every rank.
+        max_unknown: the share of the data's characters (in that sample) that a character tokenizer loaded from
+            ``file`` may lack, encoding them as UNK: above it preparation is refused, naming them; below it, warned.
     """
 
     kind: Literal["char", "bpe"] = "char"
@@ -127,6 +130,7 @@ class TokenizerConfig:
     joint_vocab: bool = True
     bpe_dropout: float = 0.0
     bpe_dropout_segmentations: int = 8
+    max_unknown: float = 0.001
 
     def __post_init__(self) -> None:
         if self.kind not in ("char", "bpe"):
@@ -142,6 +146,8 @@ class TokenizerConfig:
                 f"data.tokenizer.bpe_dropout={self.bpe_dropout} must be in [0, 1) (0.1 in the paper; 0 turns it off)"
             )
         check_at_least("data.tokenizer.bpe_dropout_segmentations", self.bpe_dropout_segmentations, 1)
+        if not 0 <= self.max_unknown <= 1:
+            raise ValueError(f"data.tokenizer.max_unknown={self.max_unknown} must be a share, in [0, 1]")
         if self.file is not None and not Path(self.file).is_file():
             raise FileNotFoundError(
                 f"data.tokenizer.file: the tokenizer file {self.file!r} does not exist (a run writes its "
@@ -610,12 +616,38 @@ def load_or_train_tokenizer(
                 f"{' ...' if len(missing) > 3 else ''} ({len(missing)} of them) that this data needs; train one here "
                 "(data.tokenizer.file=null)"
             )
+        check_unknown_characters(tokenizer, config, sample(SPLITS))
         return tokenizer
     texts = sample(SPLITS if config.kind == "char" else ("train",))
     with preparing(what or f"a {config.kind} tokenizer on a sample of at most {config.sample_bytes:,} bytes"):
         if config.kind == "char":
             return Tokenizer.train_char(texts, extra_special_tokens)
         return Tokenizer.train_bpe(texts, config.vocab_size, extra_special_tokens=extra_special_tokens)
+
+
+def check_unknown_characters(tokenizer: Tokenizer, config: TokenizerConfig, texts: Iterable[str]) -> None:
+    """Count the characters of the data's ``texts`` (the sample a tokenizer would train on) that a character tokenizer
+    loaded from ``data.tokenizer.file`` lacks, and so encodes as UNK: refused (``DataError``) above
+    ``data.tokenizer.max_unknown`` of them, warned below, naming each with its count."""
+    if tokenizer.kind != "char":
+        return  # byte-level BPE encodes anything
+    counts: Counter[str] = Counter()
+    for text in texts:
+        counts.update(text)
+    unknown = sorted(((counts[c], c) for c in tokenizer.unknown_characters("".join(counts))), reverse=True)
+    if not unknown:
+        return
+    missing, total = sum(n for n, _ in unknown), sum(counts.values())
+    named = ", ".join(f"{c!r} ({n:,} times)" for n, c in unknown[:10]) + (" ..." if len(unknown) > 10 else "")
+    found = (f"data.tokenizer.file: the tokenizer {config.file} lacks {len(unknown)} of the data's characters, which "
+             f"it encodes as <unk>: {named}; {missing / total:.2%} of the {total:,} characters read")  # fmt: skip
+    if missing / total > config.max_unknown:
+        raise DataError(
+            f"{found}, more than data.tokenizer.max_unknown={config.max_unknown:g} allows. Give a tokenizer that has "
+            "them, or train one on this data (data.tokenizer.file=null), or raise data.tokenizer.max_unknown to train "
+            "with them as <unk>"
+        )
+    rank_zero_warn(f"{found} (data.tokenizer.max_unknown={config.max_unknown:g} allows it)")
 
 
 @lru_cache(maxsize=4)
