@@ -39,6 +39,7 @@ from lightformer.config_checks import (
     check_init_before_data,
     check_lengths_before_data,
     check_model_config,
+    check_renamed_net_fields,
     check_trainer_limits,
     config_files,
     model_options_given,
@@ -350,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         if command in TRAINER_COMMANDS:  # a syntax error named with its file (jsonargparse: "<unicode string>")
             for path in config_files(args):
                 read_config_file(path)
+            check_renamed_net_fields(args)
         if command == "prepare":
             prepare_main(args[1:])
         elif found is not None:
