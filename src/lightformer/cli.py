@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 import warnings
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -46,6 +47,7 @@ from lightformer.config_checks import (
     net_fields_given,
     read_config_file,
     take_shape_from_init_checkpoint,
+    upgraded_net,
 )
 from lightformer.data.modules.base import DataModule
 from lightformer.data.raw.corpora import CorpusUnavailableError
@@ -142,6 +144,28 @@ class LightformerCLI(LightningCLI):
         self.args = sys.argv[1:] if args is None else list(args)
         self.command_line_model_options = model_options_given(self.args)
         self.parsed_config = self.config.clone()
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI's (the model config becomes a --ckpt_path checkpoint's hyperparameters), with the checkpoint's
+        ``net`` read as today's config has its fields (``config_checks.upgraded_net``: an image-to-text checkpoint of
+        b1bd12e's flat fields)."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        hparams = dict(torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        if not hparams:
+            return
+        if "net" in hparams:
+            hparams["net"] = upgraded_net(str(hparams.get("_class_path", "")), hparams["net"])
+        if "_class_path" in hparams:
+            hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+        try:
+            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+        except SystemExit:
+            sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
+            raise
 
     def keep_command_line_model_options(self) -> None:
         """With --ckpt_path, LightningCLI replaces the model config by the checkpoint's hyperparameters after

@@ -76,6 +76,14 @@ def _leaves(values: dict, prefix: str = "") -> dict[str, Any]:
     return leaves
 
 
+def upgraded_net(class_path: str, saved: dict) -> dict:
+    """A checkpoint's ``hyper_parameters["net"]`` as today's config of its task's model (``class_path``) has its
+    fields: a config whose fields moved reads its older checkpoints' (``VisionEncoderDecoderConfig.from_saved``)."""
+    task_class = class_of(class_path) if class_path else None
+    net_class = typing.get_type_hints(task_class.__init__).get("net") if isinstance(task_class, type) else None
+    return getattr(net_class, "from_saved", dict)(saved or {})
+
+
 def check_renamed_net_fields(args: list[str]) -> None:
     """Refuse, before the command line is parsed, the ``model.net`` fields a model config has renamed or moved (its
     ``RENAMED``: the image-to-text config's flat fields of b1bd12e, now in its towers), naming each and its new
@@ -291,8 +299,7 @@ def take_shape_from_init_checkpoint(model: Namespace, given: set[str]) -> None:
         saved = net_from_hf_folder(path, net_class)
     elif path.endswith(".ckpt"):
         saved = read_checkpoint(path, "model.init.checkpoint").get("hyper_parameters", {}).get("net") or {}
-        # a config whose fields moved reads its older checkpoints' (``VisionEncoderDecoderConfig.from_saved``)
-        saved = getattr(net_class, "from_saved", dict)(saved)
+        saved = upgraded_net(model.class_path, saved)
     else:
         return
     net = model.init_args.get("net")

@@ -287,7 +287,7 @@ class ImageToTextTask(Task):
     def read_files(self, paths: list[str], beam_size: int | None = None) -> list[str | Exception]:
         """The text of each image file, in order; an image that cannot be read is its error instead, and the others
         are read all the same."""
-        c, facts = self.model.config, self.data_facts
+        c, facts = self.model.config.encoder, self.data_facts
         loaded = []
         for path in paths:
             try:
