@@ -102,16 +102,16 @@ def gpt_hf_config(config: GPTConfig, special_ids: dict[str, int]) -> PretrainedC
         return GPT2Config(
             vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.d_model, n_layer=c.n_layers,
             n_head=c.n_heads, n_inner=c.d_ff, activation_function=HF_ACTIVATIONS[c.activation],
-            resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.dropout, layer_norm_epsilon=c.norm_eps,
-            tie_word_embeddings=c.tie_weights, architectures=["GPT2LMHeadModel"], **ids,
+            resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.attention_dropout,
+            layer_norm_epsilon=c.norm_eps, tie_word_embeddings=c.tie_weights, architectures=["GPT2LMHeadModel"], **ids,
         )  # fmt: skip
     return LlamaConfig(
         vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff or 4 * c.d_model,
         num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_heads,
         head_dim=c.d_model // c.n_heads, hidden_act="silu", max_position_embeddings=c.block_size,
         rms_norm_eps=c.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": ROPE_BASE},
-        attention_bias=c.bias, mlp_bias=c.bias, attention_dropout=c.dropout, tie_word_embeddings=c.tie_weights,
-        architectures=["LlamaForCausalLM"], **ids,
+        attention_bias=c.bias, mlp_bias=c.bias, attention_dropout=c.attention_dropout,
+        tie_word_embeddings=c.tie_weights, architectures=["LlamaForCausalLM"], **ids,
     )  # fmt: skip
 
 
@@ -250,7 +250,8 @@ def bert_hf_config(config: Any, num_labels: int | None = None, class_names: list
     return BertConfig(
         vocab_size=c.vocab_size, hidden_size=c.d_model, num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
         intermediate_size=c.d_ff or 4 * c.d_model, hidden_act=HF_ACTIVATIONS[c.activation],
-        hidden_dropout_prob=c.dropout, attention_probs_dropout_prob=c.attn_dropout, max_position_embeddings=c.max_len,
+        hidden_dropout_prob=c.dropout, attention_probs_dropout_prob=c.attention_dropout,
+        max_position_embeddings=c.max_len,
         type_vocab_size=c.type_vocab_size, layer_norm_eps=c.norm_eps, pad_token_id=c.pad_id,
         classifier_dropout=c.classifier_dropout, tie_word_embeddings=True,
         **(labels if class_names else {"num_labels": num_labels or 2}),
@@ -343,7 +344,8 @@ def vit_hf_config(config: Any, class_names: list[str] | None) -> Any:
     return ViTConfig(
         hidden_size=c.d_model, num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
         intermediate_size=c.d_ff or 4 * c.d_model, hidden_act=HF_ACTIVATIONS[c.activation],
-        hidden_dropout_prob=c.dropout, attention_probs_dropout_prob=c.attn_dropout, layer_norm_eps=c.norm_eps,
+        hidden_dropout_prob=c.dropout, attention_probs_dropout_prob=c.attention_dropout,
+        layer_norm_eps=c.norm_eps,
         image_size=image[0], patch_size=patch[0], num_channels=3, qkv_bias=c.qkv_bias,
         id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
     )  # fmt: skip
@@ -453,7 +455,8 @@ def marian_hf_config(config: Any, special_ids: dict[str, int]) -> Any:
         encoder_layers=c.n_encoder_layers, decoder_layers=c.n_decoder_layers, encoder_attention_heads=c.n_heads,
         decoder_attention_heads=c.n_heads, encoder_ffn_dim=c.d_ff or 4 * c.d_model,
         decoder_ffn_dim=c.d_ff or 4 * c.d_model, activation_function=HF_ACTIVATIONS[c.activation],
-        dropout=c.dropout, attention_dropout=c.attn_dropout, activation_dropout=0.0, max_position_embeddings=c.max_len,
+        dropout=c.dropout, attention_dropout=c.attention_dropout, activation_dropout=0.0,
+        max_position_embeddings=c.max_len,
         scale_embedding=True, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
         pad_token_id=c.pad_id, bos_token_id=special_ids["bos"], eos_token_id=special_ids["eos"],
         decoder_start_token_id=special_ids["bos"], forced_eos_token_id=None,

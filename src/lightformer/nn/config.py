@@ -72,13 +72,16 @@ class LayerConfig:
         defaulted.__module__ = __name__
         return defaulted
 
+    @property
+    def attention_dropout(self) -> float:
+        """The dropout rate on the attention weights: ``attn_dropout``, or where it is None ``dropout``."""
+        return self.dropout if self.attn_dropout is None else self.attn_dropout
+
     def layer_args(self) -> dict[str, Any]:
         """The arguments of an ``EncoderLayer`` or ``DecoderLayer`` that this config decides: every field of
-        ``LayerConfig`` (``attn_dropout`` None: ``dropout``'s rate)."""
+        ``LayerConfig`` (``attn_dropout`` as ``attention_dropout``)."""
         args = {f.name: getattr(self, f.name) for f in fields(LayerConfig)}
-        if args["attn_dropout"] is None:
-            args["attn_dropout"] = self.dropout
-        return args
+        return args | {"attn_dropout": self.attention_dropout}
 
     def refuse_unsupported(self, model: str, **supported: tuple[Any, ...]) -> None:
         """Raise ValueError naming each layer field whose value ``model`` cannot build: ``supported`` maps a field to
