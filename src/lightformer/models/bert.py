@@ -8,8 +8,9 @@ classifier fine-tunes from a pre-training checkpoint by loading the names that m
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -82,12 +83,15 @@ class BertConfig(
     pad_id: int = 0
     num_classes: int = 2
     classifier_dropout: float | None = None
+    supported: ClassVar[Mapping[str, tuple]] = {
+        "activation": get_args(PointwiseActivation),
+        "norm": ("layernorm",),
+        "bias": (True,),
+        "qkv_bias": (None,),
+    }
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.refuse_unsupported(
-            "BERT", activation=get_args(PointwiseActivation), norm=("layernorm",), bias=(True,), qkv_bias=(None,)
-        )
         check_at_least("vocab_size", self.vocab_size, 1)
         check_at_least("max_len", self.max_len, 1)
         check_at_least("type_vocab_size", self.type_vocab_size, 1)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import get_args
+from typing import ClassVar, get_args
 
 import torch
 from torch import Tensor, nn
@@ -47,10 +48,10 @@ class GPTConfig(LayerConfig.with_defaults(d_model=384, n_heads=6, dropout=0.0, a
     n_layers: int = 6
     position: PositionKind = "learned"
     tie_weights: bool = True
+    supported: ClassVar[Mapping[str, tuple]] = {"norm_first": (True,), "qkv_bias": (None,)}
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.refuse_unsupported("GPT", norm_first=(True,), qkv_bias=(None,))
         check_at_least("vocab_size", self.vocab_size, 1)
         check_at_least("block_size", self.block_size, 1)
         check_at_least("n_layers", self.n_layers, 1)

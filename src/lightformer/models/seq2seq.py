@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import InitVar, dataclass
-from typing import get_args
+from typing import ClassVar, get_args
 
 import torch
 from torch import Tensor, nn
@@ -64,6 +65,7 @@ class EncoderDecoderConfig(LayerConfig.with_defaults(d_model=512, n_heads=8, d_f
     share_embeddings: bool = True
     tie_weights: bool = True
     tie_output: InitVar[bool | None] = None
+    supported: ClassVar[Mapping[str, tuple]] = {"bias": (True,), "qkv_bias": (None,)}
 
     def __post_init__(self, tie_output: bool | None) -> None:
         if tie_output is not None and tie_output != self.tie_weights:
@@ -74,7 +76,6 @@ class EncoderDecoderConfig(LayerConfig.with_defaults(d_model=512, n_heads=8, d_f
                 )
             object.__setattr__(self, "tie_weights", tie_output)
         super().__post_init__()
-        self.refuse_unsupported("translator", bias=(True,), qkv_bias=(None,))
         check_at_least("src_vocab_size", self.src_vocab_size, 1)
         check_at_least("tgt_vocab_size", self.tgt_vocab_size, 1)
         check_at_least("pad_id", self.pad_id, 0)

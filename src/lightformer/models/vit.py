@@ -8,8 +8,9 @@ Parameter layout and initialisation follow timm's ``VisionTransformer``, so weig
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 import torch
 from timm.layers import build_sincos2d_pos_embed, resample_abs_pos_embed, trunc_normal_
@@ -76,11 +77,11 @@ class ViTConfig(
     drop_path: float = 0.0
     pool: Pool = "cls"
     position: ViTPosition = "learned"
+    supported: ClassVar[Mapping[str, tuple]] = {"norm_first": (True,)}
 
     def __post_init__(self) -> None:
         lists_as_pairs(self, "image_size", "patch_size")
         super().__post_init__()
-        self.refuse_unsupported("ViT", norm_first=(True,))
         check_choice("in_channels", self.in_channels, (1, 3))
         check_at_least("num_classes", self.num_classes, 0)
         for side in as_pair(self.patch_size):

@@ -2,15 +2,16 @@
 
 A model config declares no layer field of its own. It takes the fields whole, with its own defaults
 (``LayerConfig.with_defaults``), so its YAML stays flat (``model.net.d_model``), and refuses in its ``__post_init__``
-the values its model cannot build (``refuse_unsupported``). Its model builds each layer from ``layer_args()``.
+the values its model cannot build (its ``supported`` values). Its model builds each layer from ``layer_args()``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, get_args
+from typing import Any, ClassVar, get_args
 
 from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_heads
 from lightformer.nn.feedforward import Activation
@@ -47,6 +48,9 @@ class LayerConfig:
     norm_eps: float = 1e-5
     bias: bool = True
     qkv_bias: bool | None = None
+    # The values of the fields a model can build where they are fewer than a layer's (a BERT's norm is a LayerNorm):
+    # any other is refused, naming the field, the model and the valid values.
+    supported: ClassVar[Mapping[str, tuple[Any, ...]]] = {}
 
     def __post_init__(self) -> None:
         check_heads(self.d_model, self.n_heads)
@@ -56,13 +60,19 @@ class LayerConfig:
             check_fraction("attn_dropout", self.attn_dropout)
         check_choice("activation", self.activation, get_args(Activation))
         check_choice("norm", self.norm, get_args(NormKind))
+        for name, values in self.supported.items():  # what this model's layers can build of what a layer can
+            if getattr(self, name) not in values:
+                valid = ", ".join(map(repr, values))
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is not valid for {type(self).__name__}; valid: {valid}"
+                )
 
     @classmethod
     def with_defaults(cls, **defaults: Any) -> type[LayerConfig]:
         """``LayerConfig`` with other defaults, for a model config to extend
         (``class GPTConfig(LayerConfig.with_defaults(dropout=0.0, ...))``): a model's own defaults of the layer's
         fields, declared without declaring the fields again."""
-        hints = typing.get_type_hints(LayerConfig)
+        hints = {f.name: typing.get_type_hints(LayerConfig)[f.name] for f in fields(LayerConfig)}
         unknown = sorted(set(defaults) - set(hints))
         if unknown:
             raise TypeError(f"{unknown} are not fields of LayerConfig")
@@ -82,12 +92,3 @@ class LayerConfig:
         ``LayerConfig`` (``attn_dropout`` as ``attention_dropout``)."""
         args = {f.name: getattr(self, f.name) for f in fields(LayerConfig)}
         return args | {"attn_dropout": self.attention_dropout}
-
-    def refuse_unsupported(self, model: str, **supported: tuple[Any, ...]) -> None:
-        """Raise ValueError naming each layer field whose value ``model`` cannot build: ``supported`` maps a field to
-        the values it can."""
-        for name, values in supported.items():
-            value = getattr(self, name)
-            if value not in values:
-                valid = ", ".join(repr(v) for v in values)
-                raise ValueError(f"{name}={value!r} is not valid for a {model}; valid: {valid}")
