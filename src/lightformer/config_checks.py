@@ -22,7 +22,7 @@ from lightformer.checkpoints import CheckpointError, read_checkpoint, require_fi
 from lightformer.errors import ConfigError
 from lightformer.hf_layouts import is_hf_folder, net_from_hf_folder
 from lightformer.registry import spec_of
-from lightformer.tasks.base import Task, class_of
+from lightformer.tasks.base import Task, class_of, config_defaults
 
 
 def check_model_config(config) -> None:
@@ -41,7 +41,7 @@ def check_model_config(config) -> None:
         if values is None or not dataclasses.is_dataclass(config_class):
             continue
         values = values.as_dict() if isinstance(values, Namespace) else dict(values)
-        defaults = dataclasses.asdict(config_class())
+        defaults = config_defaults(config_class)
         for name in task_class.net_from_data if group == "net" else ():  # a dotted path into a nested config
             owner, default, leaf = _holder(values, name), _holder(defaults, name), name.rpartition(".")[2]
             if leaf in owner and owner[leaf] != default.get(leaf):

@@ -52,18 +52,18 @@ FLAT_FIELDS = {
 }
 
 
-def _tower(config_class: type, given: Any, defaults: dict[str, Any], name: str) -> Any:
+def _tower(config_class: type, given: Any, defaults: dict[str, Any]) -> Any:
     """A tower's config: ``given`` as it is, or a mapping of fields (a checkpoint's, a config file's) over
-    ``defaults``; ValueError naming the tower otherwise."""
+    ``defaults``; ValueError otherwise."""
     if isinstance(given, config_class):
         return given
     values = vars(given) if isinstance(given, Namespace) else given
     if not isinstance(values, Mapping):
-        raise ValueError(f"{name} is a {config_class.__name__} or a mapping of its fields, not {given!r}")
+        raise ValueError(f"give a {config_class.__name__} or a mapping of its fields, not {given!r}")
     try:
         return config_class(**{**defaults, **values})
     except TypeError as error:  # a field the tower does not have
-        raise ValueError(f"{name}: {error}") from None
+        raise ValueError(str(error)) from None
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class VisionEncoderDecoderConfig:
             ("decoder", GPTConfig, DECODER_DEFAULTS),
         ):
             try:
-                tower = _tower(config_class, getattr(self, name), defaults, name)
+                tower = _tower(config_class, getattr(self, name), defaults)
             except ValueError as error:
                 raise ValueError(f"the {name}: {error}") from None
             object.__setattr__(self, name, tower)

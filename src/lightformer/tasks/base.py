@@ -102,6 +102,17 @@ def net_config_values(net: Mapping | None, config_class: type) -> dict[str, Any]
     return {**defaults, **given}
 
 
+def config_defaults(config_class: type) -> dict[str, Any]:
+    """The defaults of a config dataclass's fields (``dataclasses.MISSING`` where it has none), a nested config's
+    (a tower's) as the dict of its own."""
+    defaults = {}
+    for field in dataclasses.fields(config_class):
+        has_factory = field.default_factory is not dataclasses.MISSING
+        value = field.default_factory() if has_factory else field.default
+        defaults[field.name] = asdict(value) if is_dataclass(value) else value
+    return defaults
+
+
 class Task(L.LightningModule):
     """A LightningModule around ``self.model``, with the shared optimizer and set-up.
 
@@ -173,7 +184,7 @@ class Task(L.LightningModule):
         refused: the data decides it."""
         config_class = typing.get_type_hints(type(self).__init__)["net"]
         given = asdict(net) if is_dataclass(net) else dict(net or {})
-        defaults = asdict(config_class())
+        defaults = config_defaults(config_class)
         for path, value in self.sizes_from_data(self.data_facts).items():  # a dotted path into a nested config
             *towers, name = path.split(".")
             owner, default = given, defaults

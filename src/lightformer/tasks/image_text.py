@@ -102,9 +102,8 @@ class ImageToTextTask(Task):
         num_logged_samples: int = 4,
         **common: Any,
     ) -> None:
-        if isinstance(net, dict):  # a checkpoint's hyperparameters: those of b1bd12e and before are flat
-            net = VisionEncoderDecoderConfig.from_saved(net)
-        super().__init__(net, **common)
+        # a dict is a checkpoint's hyperparameters: those of b1bd12e and before are flat
+        super().__init__(VisionEncoderDecoderConfig.from_saved(net) if isinstance(net, dict) else net, **common)
         if ctc_weight < 0 or (ctc_weight > 0 and self.model.ctc_head is None):
             raise ConfigError(
                 f"model.ctc_weight={ctc_weight} must be at least 0, and above 0 only with model.net.ctc_head=true"
