@@ -103,7 +103,11 @@ def check_renamed_net_fields(args: list[str]) -> None:
     given += [key.removeprefix(prefix).split(".")[0] for key in model_options_given(args) if key.startswith(prefix)]
     old = [name for name in dict.fromkeys(given) if name in renamed]
     if old:
-        moves = "; ".join(f"model.net.{name} is now model.net.{renamed[name]}" for name in old)
+        moves = []
+        for name in old:
+            *others, last = [f"model.net.{path}" for path in renamed[name]]
+            moves.append(f"model.net.{name} is now {', '.join(others)}{' and ' if others else ''}{last}")
+        moves = "; ".join(moves)
         raise ConfigError(f"{task_class.__name__}'s model.net holds its towers whole (encoder, decoder): {moves}")
 
 

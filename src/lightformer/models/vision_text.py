@@ -29,26 +29,26 @@ ENCODER_DEFAULTS = dict(
 )
 DECODER_DEFAULTS = dict(block_size=64, d_model=192, n_layers=4, n_heads=4)
 
-# The flat fields of this config up to commit b1bd12e → their place in the towers (``from_saved``).
+# The flat fields of this config up to commit b1bd12e → their places in the towers (``from_saved``).
 FLAT_FIELDS = {
-    "image_size": "encoder.image_size",
-    "in_channels": "encoder.in_channels",
-    "patch_size": "encoder.patch_size",
-    "encoder_layers": "encoder.n_layers",
-    "encoder_d_model": "encoder.d_model",
-    "encoder_heads": "encoder.n_heads",
-    "encoder_position": "encoder.position",
-    "vocab_size": "decoder.vocab_size",
-    "max_len": "decoder.block_size",
-    "decoder_layers": "decoder.n_layers",
-    "d_model": "decoder.d_model (and encoder.d_model)",
-    "n_heads": "decoder.n_heads (and encoder.n_heads)",
-    "d_ff": "encoder.d_ff and model.net.decoder.d_ff",
-    "dropout": "encoder.dropout, model.net.encoder.attn_dropout and model.net.decoder.dropout",
-    "position": "decoder.position",
-    "activation": "encoder.activation and model.net.decoder.activation",
-    "norm": "encoder.norm and model.net.decoder.norm",
-    "tie_weights": "decoder.tie_weights",
+    "image_size": ("encoder.image_size",),
+    "in_channels": ("encoder.in_channels",),
+    "patch_size": ("encoder.patch_size",),
+    "encoder_layers": ("encoder.n_layers",),
+    "encoder_d_model": ("encoder.d_model",),
+    "encoder_heads": ("encoder.n_heads",),
+    "encoder_position": ("encoder.position",),
+    "vocab_size": ("decoder.vocab_size",),
+    "max_len": ("decoder.block_size",),
+    "decoder_layers": ("decoder.n_layers",),
+    "d_model": ("decoder.d_model", "encoder.d_model"),
+    "n_heads": ("decoder.n_heads", "encoder.n_heads"),
+    "d_ff": ("encoder.d_ff", "decoder.d_ff"),
+    "dropout": ("encoder.dropout", "encoder.attn_dropout", "decoder.dropout"),
+    "position": ("decoder.position",),
+    "activation": ("encoder.activation", "decoder.activation"),
+    "norm": ("encoder.norm", "decoder.norm"),
+    "tie_weights": ("decoder.tie_weights",),
 }
 
 
@@ -89,7 +89,7 @@ class VisionEncoderDecoderConfig:
     decoder: GPTConfig = field(default_factory=lambda: GPTConfig(**DECODER_DEFAULTS))
     ctc_head: bool = False
     # The fields it had up to commit b1bd12e (flat) → their places now: a config that gives one is refused, naming it.
-    RENAMED: ClassVar[dict[str, str]] = FLAT_FIELDS
+    RENAMED: ClassVar[dict[str, tuple[str, ...]]] = FLAT_FIELDS
 
     def __post_init__(self) -> None:
         for name, config_class, defaults in (
