@@ -214,3 +214,22 @@ def test_the_attention_shown_for_each_written_token_is_the_one_it_was_generated_
         with record_attention(task.model) as weights:
             decoder(torch.tensor([[token_id]]), cache)
         torch.testing.assert_close(weights[last][0, :, -1].mean(0), maps[step].flatten(), atol=1e-5, rtol=1e-5)
+
+
+def test_the_command_line_parses_the_towers_from_yaml_and_from_dotted_options(capsys):
+    """jsonargparse reads the nested frozen dataclasses: a config file's ``net.encoder`` and ``net.decoder``, an option
+    ``--model.net.encoder.n_layers`` over them, and the joined model's default towers for the fields neither gives."""
+    import yaml
+
+    from lightformer.cli import main
+
+    args = ["fit", "--config=configs/image_text/printed_lines.yaml", "--model.net.encoder.n_layers=2",
+            "--model.net.decoder.dropout=0.2", "--print_config"]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code in (None, 0)
+    net = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]["net"]
+    assert (net["encoder"]["n_layers"], net["encoder"]["d_model"], net["encoder"]["patch_size"]) == (2, 128, [32, 4])
+    assert (net["encoder"]["pool"], net["encoder"]["num_classes"], net["encoder"]["in_channels"]) == ("mean", 0, 1)
+    assert (net["decoder"]["n_layers"], net["decoder"]["dropout"], net["decoder"]["block_size"]) == (3, 0.2, 64)
+    assert net["ctc_head"] is True
