@@ -259,8 +259,9 @@ def dry_run_options(work: Path) -> dict[str, list[str]]:
               "--data.loader.batch_size=32"],
         IMAGE_TEXT: [*cpu, "--data.source.train_lines=64", "--data.source.val_lines=8", "--data.source.test_lines=8",
                      prepared, "--data.loader.batch_size=8", "--data.loader.num_workers=0",
-                     "--data.loader.pin_memory=false", "--model.net.encoder_layers=1", "--model.net.decoder_layers=1",
-                     "--model.net.d_model=32", "--model.net.n_heads=2", "--model.net.d_ff=64",
+                     "--data.loader.pin_memory=false",
+                     *[f"--model.net.{tower}.{field}" for tower in ("encoder", "decoder")
+                       for field in ("n_layers=1", "d_model=32", "n_heads=2", "d_ff=64")],
                      "--trainer.log_every_n_steps=10", "--trainer.val_check_interval=20"],
     }  # fmt: skip
 

@@ -60,7 +60,8 @@ from lightformer.tasks.optim import OptimizerConfig, configure_adamw
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "image_text" / "printed_lines.yaml"
 NAMES = ("lightformer", "huggingface")
-QUICK_NET = {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "n_heads": 2, "d_ff": 64}
+QUICK_TOWER = {"n_layers": 1, "d_model": 32, "n_heads": 2, "d_ff": 64}
+QUICK_NET = {"encoder": QUICK_TOWER, "decoder": QUICK_TOWER}
 Batch = dict[str, Tensor | list[str]]
 
 
@@ -80,33 +81,34 @@ def build_models(
     from transformers import GPT2Config, VisionEncoderDecoderModel, ViTConfig
     from transformers import VisionEncoderDecoderConfig as HFConfig
 
-    net = replace(net, ctc_head=ctc, dropout=0.0)
-    if net.norm != "layernorm" or net.position != "learned" or net.encoder_position != "learned":
+    e = replace(net.encoder, dropout=0.0, attn_dropout=0.0)
+    d = replace(net.decoder, dropout=0.0, attn_dropout=None)
+    net = replace(net, ctc_head=ctc, encoder=e, decoder=d)
+    if {e.norm, d.norm} != {"layernorm"} or {e.position, d.position} != {"learned"}:
         raise ValueError("HF's ViT and GPT-2 have LayerNorm and learned positions only")
-    if not net.tie_weights:
+    if not d.tie_weights:
         raise ValueError("GPT-2 ties its output layer to its token embedding: build ours with tie_weights=true")
-    activation = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[net.activation]
-    d_ff = net.d_ff or 4 * net.d_model
+    activations = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
     encoder = ViTConfig(
-        image_size=net.image_size,
-        patch_size=net.patch_size,
-        num_channels=net.in_channels,
-        hidden_size=net.encoder_d_model or net.d_model,
-        num_hidden_layers=net.encoder_layers,
-        num_attention_heads=net.encoder_heads or net.n_heads,
-        intermediate_size=d_ff,
-        hidden_act=activation,
+        image_size=e.image_size,
+        patch_size=e.patch_size,
+        num_channels=e.in_channels,
+        hidden_size=e.d_model,
+        num_hidden_layers=e.n_layers,
+        num_attention_heads=e.n_heads,
+        intermediate_size=e.d_ff or 4 * e.d_model,
+        hidden_act=activations[e.activation],
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
     decoder = GPT2Config(
-        vocab_size=net.vocab_size,
-        n_positions=net.max_len,
-        n_embd=net.d_model,
-        n_layer=net.decoder_layers,
-        n_head=net.n_heads,
-        n_inner=d_ff,
-        activation_function=activation,
+        vocab_size=d.vocab_size,
+        n_positions=d.block_size,
+        n_embd=d.d_model,
+        n_layer=d.n_layers,
+        n_head=d.n_heads,
+        n_inner=d.d_ff or 4 * d.d_model,
+        activation_function=activations[d.activation],
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
@@ -123,7 +125,7 @@ def build_models(
     torch.manual_seed(seed)
     hf = VisionEncoderDecoderModel(config=config)
     if ctc:
-        hf.ctc_head = nn.Linear(encoder.hidden_size, net.vocab_size)
+        hf.ctc_head = nn.Linear(encoder.hidden_size, d.vocab_size)
     # What timm never decays (configure_adamw reads it): position tables and the class token.
     hf.no_weight_decay = lambda: {
         "encoder.embeddings.position_embeddings",
@@ -356,12 +358,17 @@ def main(argv: list[str] | None = None) -> None:
     data = make_data(args, data_args)
     facts = data.data_facts()
     tokenizer = data.tokenizer
-    shape = dict(hp["net"]) | (QUICK_NET if args.quick else {})
-    net = VisionEncoderDecoderConfig(
-        **shape, image_size=facts.image_size, in_channels=facts.in_channels, vocab_size=facts.vocab_size
-    )
-    if facts.max_length > net.max_len:
-        raise ValueError(f"the data's longest line has {facts.max_length} tokens, more than max_len={net.max_len}")
+    shape = dict(hp["net"])
+    from_data = {
+        "encoder": {"image_size": facts.image_size, "in_channels": facts.in_channels},
+        "decoder": {"vocab_size": facts.vocab_size},
+    }
+    for tower, values in from_data.items():
+        shape[tower] = {**shape.get(tower, {}), **(QUICK_NET[tower] if args.quick else {}), **values}
+    net = VisionEncoderDecoderConfig(**shape)
+    if facts.max_length > net.decoder.block_size:
+        longest, size = facts.max_length, net.decoder.block_size
+        raise ValueError(f"the data's longest line has {longest} tokens, more than decoder.block_size={size}")
     total = args.steps
     optimizer = hp.get("optimizer", {})
     warmup = min(optimizer.get("warmup_steps", 0), total // 5) if args.warmup_steps is None else args.warmup_steps
@@ -401,7 +408,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"logits {shapes['lightformer']} from both; parameters " + ", ".join(f"{n} {p:,}" for n, p in params.items()))
     print(
         f"  HF has {params['huggingface'] - params['lightformer']:+,}: its ViT's pooler ({pooler:,}, never trained), "
-        f"class token and its position ({2 * net.d_model:,})"
+        f"class token and its position ({2 * net.encoder.d_model:,})"
     )
     print(
         "training FLOPs (forward + backward, fp32) of the first batch: "
@@ -425,7 +432,7 @@ def main(argv: list[str] | None = None) -> None:
         bf16 = cer_precision == "bf16"
         print(f"training each {args.steps} steps ({cer_precision}, warm-up {warmup}), then reading the val lines")
         pair = trainees(args.steps)
-        results = train_and_read(data, pair, bf16, args, net.max_len)
+        results = train_and_read(data, pair, bf16, args, net.decoder.block_size)
         for name, trainee in pair.items():
             results[name]["train_steps_s"] = trainee.steps / trainee.seconds
             results[name]["loss"] = trainee.last_loss

@@ -48,6 +48,7 @@ VISION = ["fit", "--config=configs/vision/vit_digits.yaml", "--trainer.logger=fa
 MLM = ["fit", "--config=configs/mlm/austen.yaml"]  # the sequence lengths: known from the config, before data work
 T5 = ["fit", "--config=configs/t5/austen.yaml", "--trainer.logger=false"]
 CLASSIFY = ["fit", "--config=configs/classify/austen_scratch.yaml"]
+IMAGE_TEXT = ["fit", "--config=configs/image_text/printed_lines.yaml", "--trainer.logger=false"]
 
 
 @pytest.mark.parametrize(
@@ -60,6 +61,18 @@ CLASSIFY = ["fit", "--config=configs/classify/austen_scratch.yaml"]
         ([*LM, "--model.net.d_model=0"], "model.net: d_model=0 must be at least 1"),
         ([*LM, "--model.net.dropout=1.5"], r"model.net: dropout=1.5 must be in \[0, 1\)"),
         ([*VISION, "--model.net.patch_size=3"], "model.net: image_size=8 is not a multiple of patch_size=3"),
+        ([*LM, "--model.net.norm_first=false"], "model.net: norm_first=False is not valid for GPTConfig; valid: True$"),
+        ([*VISION, "--model.net.norm_first=false"], "norm_first=False is not valid for ViTConfig; valid: True"),
+        ([*MLM, "--model.net.norm=rmsnorm"], "norm='rmsnorm' is not valid for BertConfig; valid: 'layernorm'$"),
+        ([*MLM, "--model.net.activation=swiglu"], "activation='swiglu' is not valid for BertConfig; valid: 're"),
+        ([*T5, "--model.net.bias=false"], "model.net: bias=False is not valid for EncoderDecoderConfig; valid: True$"),
+        (
+            [*IMAGE_TEXT, "--model.net.encoder.image_size=[32, 64]"],
+            r"model.net.encoder.image_size=\(32, 64\) is set, but it comes from the data",
+        ),
+        ([*IMAGE_TEXT, "--model.net.decoder.vocab_size=50"], "model.net.decoder.vocab_size=50 is set, but it comes"),
+        ([*IMAGE_TEXT, "--model.net.encoder.num_classes=3"], "encoder.num_classes=3: the encoder of an image-to-text"),
+        ([*IMAGE_TEXT, "--model.net.decoder.n_heads=3"], "the decoder: d_model=128 is not divisible by n_heads=3"),
         ([*LM, "--model.optimizer.lr=-1"], "model.optimizer: lr=-1.0 must be positive"),
         ([*LM, "--model.optimizer.warmup_steps=-5"], "model.optimizer: warmup_steps=-5 must be at least 0"),
         ([*VISION, "--data.loader.batch_size=0"], "data.loader.batch_size=0 must be at least 1"),
@@ -109,6 +122,28 @@ CLASSIFY = ["fit", "--config=configs/classify/austen_scratch.yaml"]
 def test_invalid_config_values_are_refused_naming_the_field(argv, message):
     found = refused(argv)
     assert "\n" not in found and re.search(message, found), found
+
+
+def test_the_flat_image_text_fields_of_b1bd12e_are_refused_naming_their_new_places(tmp_path):
+    """The image-to-text config holds its towers whole since b1bd12e: a config file or a command line that gives
+    its former flat fields is refused before anything is parsed, each field named with its new place."""
+    old = tmp_path / "old.yaml"
+    old.write_text(
+        "model:\n  class_path: lightformer.tasks.ImageToTextTask\n  init_args:\n    net:\n      encoder_layers: 3\n"
+        "      encoder_d_model: 64\n      max_len: 64\n      ctc_head: true\n",
+        encoding="utf-8",
+    )
+    found = refused(["fit", f"--config={old}"])
+    assert found == (
+        "lightformer: ImageToTextTask's model.net holds its towers whole (encoder, decoder): "
+        "model.net.encoder_layers is now model.net.encoder.n_layers; model.net.encoder_d_model is now "
+        "model.net.encoder.d_model; model.net.max_len is now model.net.decoder.block_size"
+    )
+    found = refused([*IMAGE_TEXT, "--model.net.decoder_layers=2", "--model.net.dropout", "0.1"])
+    assert found.endswith(
+        "model.net.decoder_layers is now model.net.decoder.n_layers; model.net.dropout is now "
+        "model.net.encoder.dropout, model.net.encoder.attn_dropout and model.net.decoder.dropout"
+    )
 
 
 def test_model_options_on_the_command_line_apply_over_the_checkpoints_hyperparameters(trained, tmp_path):

@@ -23,7 +23,7 @@ from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.raw.image_files import read_line_image
 from lightformer.errors import DataError
-from tiny_runs import events_of, quiet_run_args
+from tiny_runs import events_of, quiet_run_args, tower_options
 
 WORDS = ["red", "blue", "green", "sun", "moon", "star", "tree", "fish"]
 IMAGES = 24
@@ -288,13 +288,9 @@ def test_fit_and_test_on_a_folder_of_ones_own_log_bleu(tmp_path, capsys):
         "--data.loader.num_workers=0",
         "--data.loader.pin_memory=false",
         f"--data.prepare.dir={tmp_path / 'prepared'}",
-        "--model.net.patch_size=8",
-        "--model.net.encoder_layers=1",
-        "--model.net.decoder_layers=1",
-        "--model.net.d_model=32",
-        "--model.net.n_heads=2",
-        "--model.net.d_ff=64",
-        "--model.net.max_len=24",
+        "--model.net.encoder.patch_size=8",
+        *tower_options("n_layers=1", "d_model=32", "n_heads=2", "d_ff=64"),
+        "--model.net.decoder.block_size=24",
         "--model.beam_size=1",
         "--model.num_logged_samples=1",
         "--model.optimizer.warmup_steps=2",

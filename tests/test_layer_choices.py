@@ -37,8 +37,13 @@ def test_every_choice_field_is_checked_against_its_type_naming_field_value_and_v
     choices = literal_fields(config_class)
     assert {"activation", "position"} <= set(choices)
     for name, valid in choices.items():
-        for value in valid:  # every value of the type is accepted
-            config_class(**{name: value})
+        supported = config_class.supported.get(name, valid)
+        for value in valid:  # every value of the type is accepted, but those a model refuses by name
+            if value in supported:
+                config_class(**{name: value})
+            else:
+                with pytest.raises(ValueError, match=f"{name}={value!r} is not valid for {config_class.__name__}"):
+                    config_class(**{name: value})
         with pytest.raises(ValueError) as error:
             config_class(**{name: "nonsense"})
         message = str(error.value)
@@ -52,9 +57,10 @@ def test_the_configs_use_the_types_declared_in_nn():
     assert typing.get_type_hints(GPTConfig)["position"] is PositionKind
     assert typing.get_type_hints(EncoderDecoderConfig)["position"] is PositionKind
     assert typing.get_type_hints(ViTConfig)["activation"] is Activation
-    assert typing.get_type_hints(BertConfig)["activation"] is PointwiseActivation
-    # a model that offers fewer values offers a subset of the layer's
+    assert typing.get_type_hints(BertConfig)["activation"] is Activation  # LayerConfig's field
+    # a model that offers fewer values offers a subset of the layer's (its type's, or the values it supports)
     assert set(literal_fields(BertConfig)["position"]) < set(typing.get_args(PositionKind))
+    assert BertConfig.supported["activation"] == typing.get_args(PointwiseActivation)
     assert set(typing.get_args(PointwiseActivation)) < set(typing.get_args(Activation))
 
 

@@ -14,13 +14,19 @@ from lightformer.nn import record_attention
 from lightformer.tasks import ImageToTextTask
 
 VOCAB = 20
-SHAPE = dict(image_size=(16, 48), in_channels=1, patch_size=(16, 4), vocab_size=VOCAB, max_len=12, d_model=32,
-             n_heads=2, encoder_layers=2, decoder_layers=2)  # fmt: skip
+ENCODER = dict(image_size=(16, 48), in_channels=1, patch_size=(16, 4), d_model=32, n_heads=2, n_layers=2)
+DECODER = dict(vocab_size=VOCAB, block_size=12, d_model=32, n_heads=2, n_layers=2)
+
+
+def config(encoder: dict | None = None, decoder: dict | None = None, **changes) -> VisionEncoderDecoderConfig:
+    """The test shape, each tower's fields changed by ``encoder`` and ``decoder``."""
+    towers = dict(encoder={**ENCODER, **(encoder or {})}, decoder={**DECODER, **(decoder or {})})
+    return VisionEncoderDecoderConfig(**towers, **changes)
 
 
 def model(**changes) -> VisionEncoderDecoder:
     torch.manual_seed(0)
-    return VisionEncoderDecoder(VisionEncoderDecoderConfig(**{**SHAPE, **changes})).eval()
+    return VisionEncoderDecoder(config(**changes)).eval()
 
 
 def test_the_decoder_reads_every_patch_of_a_rectangular_image_in_tall_narrow_patches():
@@ -34,9 +40,9 @@ def test_the_decoder_reads_every_patch_of_a_rectangular_image_in_tall_narrow_pat
     assert difference[1] > 1e-4 and difference[0] == 0 and difference[2] == 0
 
 
-@pytest.mark.parametrize("encoder_d_model", [None, 48])
-def test_incremental_decoding_with_the_kv_cache_gives_the_full_forward_passs_logits(encoder_d_model):
-    m = model(encoder_d_model=encoder_d_model, encoder_heads=3 if encoder_d_model else None)
+@pytest.mark.parametrize("encoder", [{}, {"d_model": 48, "n_heads": 3}])
+def test_incremental_decoding_with_the_kv_cache_gives_the_full_forward_passs_logits(encoder):
+    m = model(encoder=encoder)
     images, ids = torch.randn(2, 1, 16, 48), torch.randint(0, VOCAB, (2, 6))
     full = m(images, ids)
     decoder, cache = m.incremental_decoder(images), None
@@ -70,9 +76,37 @@ def test_a_gpts_weights_load_into_the_decoder_by_name_leaving_only_the_cross_att
 
 def test_a_shape_that_does_not_tile_or_divide_is_refused_naming_the_stack_and_the_field():
     with pytest.raises(ValueError, match="the encoder: the widths: image_size=50 is not a multiple of patch_size=4"):
-        VisionEncoderDecoderConfig(**{**SHAPE, "image_size": (16, 50)})
+        config(encoder={"image_size": (16, 50)})
     with pytest.raises(ValueError, match="the decoder: d_model=32 is not divisible by n_heads=3"):
-        VisionEncoderDecoderConfig(**{**SHAPE, "n_heads": 3, "encoder_heads": 2})
+        config(decoder={"n_heads": 3})
+    with pytest.raises(ValueError, match="the encoder: .*unexpected keyword argument 'encoder_layers'"):
+        config(encoder={"encoder_layers": 2})
+
+
+def test_each_tower_has_its_own_width_heads_norm_dropout_and_feed_forward_width():
+    encoder = dict(d_model=24, n_heads=3, d_ff=40, norm="rmsnorm", dropout=0.2, attn_dropout=0.05, norm_eps=1e-3)
+    decoder = dict(d_ff=72, norm="layernorm", dropout=0.1, activation="swiglu")
+    m = model(encoder=encoder, decoder=decoder)
+    vit_layer, gpt_layer = m.encoder.encoder.layers[0], m.decoder.decoder.layers[0]
+    assert isinstance(vit_layer.norm1, torch.nn.RMSNorm) and vit_layer.norm1.eps == 1e-3
+    assert isinstance(gpt_layer.norm1, torch.nn.LayerNorm) and gpt_layer.norm1.eps == 1e-5
+    assert vit_layer.ffn.fc1.out_features == 40 and gpt_layer.ffn.fc2.in_features == 72
+    assert vit_layer.self_attn.n_heads == 3 and gpt_layer.cross_attn.n_heads == 2
+    assert (vit_layer.dropout.p, vit_layer.self_attn.dropout) == (0.2, 0.05)
+    assert (gpt_layer.dropout.p, gpt_layer.self_attn.dropout) == (0.1, 0.1)  # a GPT's attention: its dropout
+    assert m.encoder_to_decoder.in_features == 24 and m.encoder_to_decoder.out_features == 32
+    assert m.encode(torch.randn(2, 1, 16, 48)).shape == (2, 12, 32)
+
+
+def test_the_encoder_is_a_headless_mean_pooled_vit_whatever_its_config_says_and_a_head_is_refused():
+    from lightformer.models.vit import ViTConfig
+
+    given = config(encoder={"pool": "cls", "num_classes": 0}).encoder
+    assert (given.pool, given.num_classes) == ("mean", 0)
+    whole = VisionEncoderDecoderConfig(encoder=ViTConfig(**ENCODER), decoder=DECODER)  # ViTConfig: num_classes None
+    assert (whole.encoder.pool, whole.encoder.num_classes) == ("mean", 0)
+    with pytest.raises(ValueError, match="encoder.num_classes=10: the encoder of an image-to-text model has no"):
+        config(encoder={"num_classes": 10})
 
 
 # --- the task: it learns to read --------------------------------------------------------------------------------
@@ -102,7 +136,8 @@ def digit_task(**options):
     facts = DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
                       image_size=(8, 32), in_channels=1, normalize_mean=(0.5,), normalize_std=(0.5,),
                       max_length=10)  # fmt: skip
-    net = dict(patch_size=(8, 4), d_model=48, n_heads=2, encoder_layers=2, decoder_layers=2, max_len=10)
+    shape = dict(d_model=48, n_heads=2, n_layers=2)
+    net = dict(encoder=dict(patch_size=(8, 4), **shape), decoder=dict(block_size=10, **shape))
     net |= options.pop("net", {})
     return ImageToTextTask(net=net, data_facts=facts, label_smoothing=0.0, **options), tokenizer
 
@@ -163,8 +198,8 @@ def test_the_attention_shown_for_each_written_token_is_the_one_it_was_generated_
     facts = dict(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
                  image_size=(16, 48), in_channels=1, normalize_mean=(0.5,), normalize_std=(0.25,))  # fmt: skip
     torch.manual_seed(0)
-    net = VisionEncoderDecoderConfig(patch_size=(16, 4), max_len=12, d_model=32, n_heads=2, encoder_layers=1,
-                                     decoder_layers=2)  # fmt: skip
+    net = VisionEncoderDecoderConfig(encoder=dict(patch_size=(16, 4), d_model=32, n_heads=2, n_layers=1),
+                                     decoder=dict(block_size=12, d_model=32, n_heads=2, n_layers=2))  # fmt: skip
     task = ImageToTextTask(net=net, data_facts=facts).eval()
     image = torch.randn(1, 16, 48)
     reading = "a truth"  # any text: the maps are of the model writing it
@@ -179,3 +214,22 @@ def test_the_attention_shown_for_each_written_token_is_the_one_it_was_generated_
         with record_attention(task.model) as weights:
             decoder(torch.tensor([[token_id]]), cache)
         torch.testing.assert_close(weights[last][0, :, -1].mean(0), maps[step].flatten(), atol=1e-5, rtol=1e-5)
+
+
+def test_the_command_line_parses_the_towers_from_yaml_and_from_dotted_options(capsys):
+    """jsonargparse reads the nested frozen dataclasses: a config file's ``net.encoder`` and ``net.decoder``, an option
+    ``--model.net.encoder.n_layers`` over them, and the joined model's default towers for the fields neither gives."""
+    import yaml
+
+    from lightformer.cli import main
+
+    args = ["fit", "--config=configs/image_text/printed_lines.yaml", "--model.net.encoder.n_layers=2",
+            "--model.net.decoder.dropout=0.2", "--print_config"]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code in (None, 0)
+    net = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]["net"]
+    assert (net["encoder"]["n_layers"], net["encoder"]["d_model"], net["encoder"]["patch_size"]) == (2, 128, [32, 4])
+    assert (net["encoder"]["pool"], net["encoder"]["num_classes"], net["encoder"]["in_channels"]) == ("mean", 0, 1)
+    assert (net["decoder"]["n_layers"], net["decoder"]["dropout"], net["decoder"]["block_size"]) == (3, 0.2, 64)
+    assert net["ctc_head"] is True

@@ -21,8 +21,9 @@ from tiny_runs import FactsOnly, with_data
 
 TEXT = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
 TOKENIZER = Tokenizer.train_char([TEXT])
-DECODER = dict(d_model=32, n_heads=2, decoder_layers=2, max_len=16)
-LINES = dict(image_size=(16, 64), patch_size=(16, 4), encoder_layers=2)
+DECODER = dict(d_model=32, n_heads=2, n_layers=2, block_size=16)
+LINES = dict(image_size=(16, 64), patch_size=(16, 4))
+ENCODER = dict(d_model=32, n_heads=2, n_layers=2, patch_size=LINES["patch_size"])
 
 
 def lm_checkpoint(tmp_path, tokenizer: Tokenizer = TOKENIZER) -> tuple[str, LanguageModelTask]:
@@ -36,14 +37,17 @@ def lm_checkpoint(tmp_path, tokenizer: Tokenizer = TOKENIZER) -> tuple[str, Lang
     return str(path), lm
 
 
-def reader(init: dict, image_size=LINES["image_size"], in_channels: int = 1, **net) -> ImageToTextTask:
-    """An image-to-text task starting as ``init`` says, on data of that image size and channels."""
+def reader(
+    init: dict, image_size=LINES["image_size"], in_channels: int = 1, encoder=None, decoder=None
+) -> ImageToTextTask:
+    """An image-to-text task starting as ``init`` says, on data of that image size and channels; its towers' fields
+    changed by ``encoder`` and ``decoder``."""
     torch.manual_seed(0)
     facts = dict(tokenizer=TOKENIZER.to_str(), vocab_size=TOKENIZER.vocab_size, pad_id=TOKENIZER.pad_id,
                  image_size=image_size, in_channels=in_channels, normalize_mean=(0.5,) * in_channels,
                  normalize_std=(0.25,) * in_channels, max_length=12)  # fmt: skip
-    net = {**DECODER, "patch_size": LINES["patch_size"], "encoder_layers": 2, **net}
-    task = ImageToTextTask(net=VisionEncoderDecoderConfig(**net), init=InitConfig(**init), data_facts=facts)
+    net = VisionEncoderDecoderConfig(encoder={**ENCODER, **(encoder or {})}, decoder={**DECODER, **(decoder or {})})
+    task = ImageToTextTask(net=net, init=InitConfig(**init), data_facts=facts)
     return with_data(task, FactsOnly(**facts))
 
 
@@ -85,7 +89,7 @@ def test_a_module_start_names_a_module_the_model_has_and_a_file_that_exists(tmp_
         check_checkpoint_files("fit", config)
     # A decoder of another shape than the language model's: refused (init.strict), naming a tensor and both sizes.
     with pytest.raises(ConfigError, match=r"model.init.modules.decoder .*have another shape.*\[64, 32\]"):
-        reader({"modules": {"decoder": path}}, d_ff=64).check_init(starting=True)
+        reader({"modules": {"decoder": path}}, decoder={"d_ff": 64}).check_init(starting=True)
 
 
 def test_the_encoder_starts_from_timm_vit_weights_of_another_image_size_its_positions_resampled(tmp_path):
@@ -95,8 +99,8 @@ def test_the_encoder_starts_from_timm_vit_weights_of_another_image_size_its_posi
         "vit_tiny_patch16_224", pretrained=False, img_size=32, embed_dim=32, depth=2, num_heads=2, num_classes=5
     )
     save_file({name: value.contiguous() for name, value in vit.state_dict().items()}, tmp_path / "vit.safetensors")
-    net = dict(image_size=(32, 96), patch_size=16, in_channels=3, encoder_layers=2)
-    task = reader({"modules": {"encoder": str(tmp_path / "vit.safetensors")}}, **net)
+    start = {"modules": {"encoder": str(tmp_path / "vit.safetensors")}}
+    task = reader(start, image_size=(32, 96), in_channels=3, encoder={"patch_size": 16})
     task.setup("fit")
     state, timm_state = task.model.state_dict(), vit.state_dict()
     assert torch.equal(state["encoder.patch_embed.proj.weight"], timm_state["patch_embed.proj.weight"])

@@ -30,6 +30,11 @@ IMAGE_TEXT_DATA = ["--data.source.train_lines=48", "--data.source.val_lines=8", 
 CORPUS = "It is a truth universally acknowledged, that a single man in possession of a good fortune.\n" * 30
 
 
+def tower_options(*fields: str) -> list[str]:
+    """The options that set ``fields`` ("n_layers=1") in both towers of an image-to-text model."""
+    return [f"--model.net.{tower}.{field}" for tower in ("encoder", "decoder") for field in fields]
+
+
 def quiet_run_args(tmp_path: Path) -> list[str]:
     """Trainer options of every tiny test run (after its --config): logs under tmp_path, fp32, no progress bar or
     model summary, no time limit and so no decay fitted to one."""
@@ -182,14 +187,10 @@ def task_args(task: str, tmp_path: Path) -> list[str]:
             *IMAGE_TEXT_DATA,
             f"--data.prepare.dir={tmp_path / 'prepared'}",
             "--data.loader.batch_size=8",
-            "--model.net.patch_size=[16, 8]",
-            "--model.net.encoder_layers=1",
-            "--model.net.decoder_layers=1",
-            "--model.net.d_model=32",
-            "--model.net.n_heads=2",
-            "--model.net.d_ff=64",
-            "--model.net.max_len=24",  # a reading of an untrained model is as long as this: keep it short
-            "--model.net.dropout=0.1",
+            "--model.net.encoder.patch_size=[16, 8]",
+            *tower_options("n_layers=1", "d_model=32", "n_heads=2", "d_ff=64", "dropout=0.1"),
+            "--model.net.encoder.attn_dropout=0.1",
+            "--model.net.decoder.block_size=24",  # a reading of an untrained model is as long as this: keep it short
             "--model.optimizer.warmup_steps=2",
             "--model.num_logged_samples=1",
             "--trainer.max_steps=-1",

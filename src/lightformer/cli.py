@@ -14,6 +14,7 @@ import json
 import logging
 import sys
 import warnings
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -41,12 +42,14 @@ from lightformer.config_checks import (
     check_init_before_data,
     check_lengths_before_data,
     check_model_config,
+    check_renamed_net_fields,
     check_trainer_limits,
     config_files,
     model_options_given,
     net_fields_given,
     read_config_file,
     take_shape_from_init_checkpoint,
+    upgraded_net,
 )
 from lightformer.data.modules.base import DataModule
 from lightformer.data.raw.corpora import CorpusUnavailableError
@@ -150,6 +153,28 @@ class LightformerCLI(LightningCLI):
         jsonargparse's parse of the same arguments with ``defaults=False``."""
         given = self.parser.parse_args(self.args, defaults=False)
         return given[self.subcommand] if self.subcommand else given
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI's (the model config becomes a --ckpt_path checkpoint's hyperparameters), with the checkpoint's
+        ``net`` read as today's config has its fields (``config_checks.upgraded_net``: an image-to-text checkpoint of
+        b1bd12e's flat fields)."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        hparams = dict(torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        if not hparams:
+            return
+        if "net" in hparams:
+            hparams["net"] = upgraded_net(str(hparams.get("_class_path", "")), hparams["net"])
+        if "_class_path" in hparams:
+            hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+        try:
+            self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+        except SystemExit:
+            sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
+            raise
 
     def keep_command_line_model_options(self) -> None:
         """With --ckpt_path, LightningCLI replaces the model config by the checkpoint's hyperparameters after
@@ -365,6 +390,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if command in TRAINER_COMMANDS:  # a syntax error named with its file (jsonargparse: "<unicode string>")
             check_config_files(args)
+            check_renamed_net_fields(args)
         if command == "prepare":
             prepare_main(args[1:])
         elif found is not None:

@@ -6,11 +6,13 @@ named with their file, line and column)."""
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import datetime
 import re
 import typing
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -22,7 +24,7 @@ from lightformer.data.modules.base import DataModule
 from lightformer.errors import ConfigError
 from lightformer.hf_layouts import is_hf_folder, net_from_hf_folder
 from lightformer.registry import spec_of
-from lightformer.tasks.base import Task, class_of
+from lightformer.tasks.base import Task, class_of, config_defaults
 
 
 def check_model_config(config) -> None:
@@ -40,18 +42,75 @@ def check_model_config(config) -> None:
         config_class, values = hints.get(group), init_args.get(group)
         if values is None or not dataclasses.is_dataclass(config_class):
             continue
-        values = dict(values)
-        defaults = {field.name: field.default for field in dataclasses.fields(config_class)}
-        for name in task_class.net_from_data if group == "net" else ():
-            if name in values and values.pop(name) != defaults.get(name):
+        values = values.as_dict() if isinstance(values, Namespace) else dict(values)
+        defaults = config_defaults(config_class)
+        for name in task_class.net_from_data if group == "net" else ():  # a dotted path into a nested config
+            owner, default, leaf = _holder(values, name), _holder(defaults, name), name.rpartition(".")[2]
+            if leaf in owner and owner[leaf] != default.get(leaf):
                 raise ConfigError(
-                    f"model.net.{name}={init_args[group][name]} is set, but it comes from the data (the data module's "
+                    f"model.net.{name}={owner[leaf]} is set, but it comes from the data (the data module's "
                     f"data_facts); remove model.net.{name} from the config files and the command line"
                 )
+            owner.pop(leaf, None)
         try:
             config_class(**values)
         except ValueError as error:
             raise ConfigError(f"model.{group}: {error}") from None
+
+
+def _holder(values: dict, path: str) -> dict:
+    """The dict of nested ``values`` that holds the last field of the dotted ``path`` (created where absent)."""
+    for name in path.split(".")[:-1]:
+        inner = values.get(name)
+        values[name] = inner = inner.as_dict() if isinstance(inner, Namespace) else dict(inner or {})
+        values = inner
+    return values
+
+
+def _leaves(values: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested ``values`` as {dotted path: value} of their leaves."""
+    leaves = {}
+    for name, value in values.items():
+        if isinstance(value, dict):
+            leaves |= _leaves(value, f"{prefix}{name}.")
+        else:
+            leaves[f"{prefix}{name}"] = value
+    return leaves
+
+
+def upgraded_net(class_path: str, saved: dict) -> dict:
+    """A checkpoint's ``hyper_parameters["net"]`` as today's config of its task's model (``class_path``) has its
+    fields: a config whose fields moved reads its older checkpoints' (``VisionEncoderDecoderConfig.from_saved``)."""
+    task_class = class_of(class_path) if class_path else None
+    net_class = typing.get_type_hints(task_class.__init__).get("net") if isinstance(task_class, type) else None
+    return getattr(net_class, "from_saved", dict)(saved or {})
+
+
+def check_renamed_net_fields(args: list[str]) -> None:
+    """Refuse, before the command line is parsed, the ``model.net`` fields a model config has renamed or moved (its
+    ``RENAMED``: the image-to-text config's flat fields of b1bd12e, now in its towers), naming each and its new
+    place."""
+    files = [read_config_file(path).get("model") for path in config_files(args)]
+    class_paths = [m.get("class_path") for m in files if isinstance(m, dict) and m.get("class_path")]
+    class_paths += [a.split("=", 1)[1] for a in args if a.startswith(("--model=", "--model.class_path="))]
+    task_class = class_of(str(class_paths[-1])) if class_paths else None
+    if task_class is None or not issubclass(task_class, Task):
+        return
+    renamed = getattr(typing.get_type_hints(task_class.__init__).get("net"), "RENAMED", {})
+    given = []
+    for model in files:
+        net = ((model.get("init_args") or model) if isinstance(model, dict) else {}).get("net")
+        given += list(net) if isinstance(net, dict) else []
+    prefix = "model.init_args.net."
+    given += [key.removeprefix(prefix).split(".")[0] for key in model_options_given(args) if key.startswith(prefix)]
+    old = [name for name in dict.fromkeys(given) if name in renamed]
+    if old:
+        moves = []
+        for name in old:
+            *others, last = [f"model.net.{path}" for path in renamed[name]]
+            moves.append(f"model.net.{name} is now {', '.join(others)}{' and ' if others else ''}{last}")
+        moves = "; ".join(moves)
+        raise ConfigError(f"{task_class.__name__}'s model.net holds its towers whole (encoder, decoder): {moves}")
 
 
 def check_data_family(config) -> None:
@@ -166,10 +225,12 @@ def task_for_names(task_class: type[Task], arguments: dict) -> Task | None:
     """``task_class`` built from ``arguments`` on the meta device, for the names of its tensors: the sizes its data
     would give (``net_from_data``), unknown before the data is prepared, are the first power of two the model's config
     accepts (parameter names do not depend on them). None: no build succeeds (instantiation says why)."""
-    net = dict(arguments.get("net") or {})
-    unset = [name for name in task_class.net_from_data if net.get(name) is None]
+    net = copy.deepcopy(dict(arguments.get("net") or {}))
+    unset = [name for name in task_class.net_from_data if _holder(net, name).get(name.rpartition(".")[2]) is None]
     for size in (None, *(2**k for k in range(1, 12))):
-        filled = {**net, **{name: size for name in unset if size is not None}}
+        filled = copy.deepcopy(net)
+        for name in unset if size is not None else ():
+            _holder(filled, name)[name.rpartition(".")[2]] = size
         try:
             with torch.device("meta"):
                 return task_class(**{**arguments, "net": filled})
@@ -235,10 +296,11 @@ def model_options_given(args: list[str]) -> list[str]:
 
 
 def net_fields_given(given: Namespace) -> set[str]:
-    """The fields of ``model.net`` that a command line gives, in its ``--config`` files or as options: ``given`` is
-    its config as jsonargparse parses it without defaults (``parse_args(args, defaults=False)``)."""
+    """The fields of ``model.net`` that a command line gives, in its ``--config`` files or as options, as dotted paths
+    to its leaves (``encoder.n_layers``): ``given`` is its config as jsonargparse parses it without defaults
+    (``parse_args(args, defaults=False)``)."""
     net = given.get("model.init_args.net") if isinstance(given.get("model"), Namespace) else None
-    return set(vars(net)) if isinstance(net, Namespace) else set()
+    return set(_leaves(net.as_dict())) if isinstance(net, Namespace) else set()
 
 
 def take_shape_from_init_checkpoint(model: Namespace, given: set[str]) -> None:
@@ -250,18 +312,21 @@ def take_shape_from_init_checkpoint(model: Namespace, given: set[str]) -> None:
     task_class = class_of(model.class_path)
     if not path or "://" in path or not issubclass(task_class or object, Task):
         return
+    net_class = typing.get_type_hints(task_class.__init__)["net"]
     if is_hf_folder(path):  # a Hugging Face model folder: the shape its config.json gives
-        saved = net_from_hf_folder(path, typing.get_type_hints(task_class.__init__)["net"])
+        saved = net_from_hf_folder(path, net_class)
     elif path.endswith(".ckpt"):
         saved = read_checkpoint(path, "model.init.checkpoint").get("hyper_parameters", {}).get("net") or {}
+        saved = upgraded_net(model.class_path, saved)
     else:
         return
     net = model.init_args.get("net")
     if net is None:
         return
     taken = []
-    for name, value in saved.items():
-        if name in net and name not in given and name not in task_class.net_from_data and net[name] != value:
+    for name, value in _leaves(saved).items():  # dotted paths into a nested config: "encoder.n_layers"
+        given_here = any(name == g or name.startswith(f"{g}.") or g.startswith(f"{name}.") for g in given)
+        if name in net and not given_here and name not in task_class.net_from_data and net[name] != value:
             net[name] = value
             taken.append(f"{name}={value}")
     if taken:

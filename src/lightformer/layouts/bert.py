@@ -49,7 +49,8 @@ def bert_hf_config(config: Any, num_labels: int | None = None, class_names: list
     return HFBertConfig(
         vocab_size=c.vocab_size, hidden_size=c.d_model, num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
         intermediate_size=c.d_ff or 4 * c.d_model, hidden_act=HF_ACTIVATIONS[c.activation],
-        hidden_dropout_prob=c.dropout, attention_probs_dropout_prob=c.attn_dropout, max_position_embeddings=c.max_len,
+        hidden_dropout_prob=c.dropout, attention_probs_dropout_prob=c.attention_dropout,
+        max_position_embeddings=c.max_len,
         type_vocab_size=c.type_vocab_size, layer_norm_eps=c.norm_eps, pad_token_id=c.pad_id,
         classifier_dropout=c.classifier_dropout, tie_word_embeddings=True,
         **(labels if class_names else {"num_labels": num_labels or 2}),

@@ -59,7 +59,7 @@ def gpt_hf_config(config: GPTConfig, special: dict[str, int]) -> PretrainedConfi
         return GPT2Config(
             vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.d_model, n_layer=c.n_layers,
             n_head=c.n_heads, n_inner=c.d_ff, activation_function=HF_ACTIVATIONS[c.activation],
-            resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.dropout, layer_norm_epsilon=c.norm_eps,
+            resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=c.attention_dropout, layer_norm_epsilon=c.norm_eps,
             tie_word_embeddings=c.tie_weights, architectures=["GPT2LMHeadModel"], **ids,
         )  # fmt: skip
     return LlamaConfig(
@@ -67,8 +67,8 @@ def gpt_hf_config(config: GPTConfig, special: dict[str, int]) -> PretrainedConfi
         num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_heads,
         head_dim=c.d_model // c.n_heads, hidden_act="silu", max_position_embeddings=c.block_size,
         rms_norm_eps=c.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": ROPE_BASE},
-        attention_bias=c.bias, mlp_bias=c.bias, attention_dropout=c.dropout, tie_word_embeddings=c.tie_weights,
-        architectures=["LlamaForCausalLM"], **ids,
+        attention_bias=c.bias, mlp_bias=c.bias, attention_dropout=c.attention_dropout,
+        tie_word_embeddings=c.tie_weights, architectures=["LlamaForCausalLM"], **ids,
     )  # fmt: skip
 
 

@@ -59,7 +59,7 @@ def vit_hf_config(config: Any, class_names: list[str] | None) -> Any:
     return HFViTConfig(
         hidden_size=c.d_model, num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
         intermediate_size=c.d_ff or 4 * c.d_model, hidden_act=HF_ACTIVATIONS[c.activation],
-        hidden_dropout_prob=c.dropout, attention_probs_dropout_prob=c.attn_dropout, layer_norm_eps=c.norm_eps,
+        hidden_dropout_prob=c.dropout, attention_probs_dropout_prob=c.attention_dropout, layer_norm_eps=c.norm_eps,
         image_size=image[0], patch_size=patch[0], num_channels=3, qkv_bias=c.qkv_bias,
         id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
     )  # fmt: skip

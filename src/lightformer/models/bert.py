@@ -8,8 +8,9 @@ classifier fine-tunes from a pre-training checkpoint by loading the names that m
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -18,6 +19,7 @@ from lightformer.nn import (
     Dropout,
     Encoder,
     EncoderLayer,
+    LayerConfig,
     LearnedPositionalEmbedding,
     PointwiseActivation,
     RotaryEmbedding,
@@ -25,7 +27,6 @@ from lightformer.nn import (
     pointwise_activation,
 )
 from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_set
-from lightformer.nn.layers import check_layer_args, layer_args
 
 # BERT's activations are the pointwise ones (``nn.PointwiseActivation``): each serves the feed-forward networks and
 # the masked-LM head's transform, which needs a pointwise function (so not SwiGLU). HF's "gelu" is the exact erf
@@ -34,30 +35,39 @@ BertPosition = Literal["learned", "rope"]  # the positions BERT offers, a subset
 
 
 @dataclass(frozen=True)
-class BertConfig:
+class BertConfig(
+    LayerConfig.with_defaults(
+        d_model=768,
+        n_heads=12,
+        d_ff=3072,
+        dropout=0.1,
+        attn_dropout=0.1,
+        activation="gelu",
+        norm_first=False,
+        norm_eps=1e-12,
+    )  # fmt: skip
+):
     """The shape of a BERT encoder: every hyperparameter and its default, declared once.
 
     Defaults are BERT-base: 12 post-norm layers, d_model 768, 12 heads, d_ff 3072, exact GELU, dropout 0.1,
     LayerNorm epsilon 1e-12, 512 learned positions, 2 segments.
+
+    The layer's fields are ``nn.LayerConfig``'s, with these defaults; in HF's names ``d_model`` is hidden_size,
+    ``d_ff`` intermediate_size, ``dropout`` hidden_dropout_prob (also on the normalised embeddings),
+    ``attn_dropout`` attention_probs_dropout_prob, ``norm_eps`` layer_norm_eps. ``activation`` is one of the
+    pointwise ones (``nn.PointwiseActivation``: "gelu" exact, HF's "gelu"; "gelu_tanh", HF's "gelu_new"; "relu"),
+    used by the feed-forward networks and by the masked-LM head's transform. ``norm_first`` true is pre-norm with a
+    final norm after the stack (the embedding sum is normalised either way). BERT's norms are LayerNorms and its
+    linear layers have biases (``norm``, ``bias`` and ``qkv_bias`` stay as they are).
 
     Args:
         vocab_size: token ids 0..vocab_size-1 (a task fills it from the data's tokenizer).
         max_len: the longest sequence, the size of the learned position table (HF's max_position_embeddings).
         type_vocab_size: segment ids 0..type_vocab_size-1 (0 = sentence A, 1 = sentence B; HF's type_vocab_size).
         n_layers: encoder layers.
-        n_heads: attention heads; must divide d_model.
-        d_model: width of the residual stream (HF's hidden_size).
-        d_ff: hidden width of the feed-forward networks (HF's intermediate_size); None: 4·d_model.
-        dropout: dropout on the normalised embeddings and on each sublayer's output (HF's hidden_dropout_prob).
-        attn_dropout: dropout on the attention weights (HF's attention_probs_dropout_prob).
-        activation: "gelu" (exact, HF's "gelu"), "gelu_tanh" (HF's "gelu_new") or "relu"; used by the feed-forward
-            networks and by the masked-LM head's transform.
-        norm_first: pre-norm (x + f(norm(x))) with a final norm after the stack; False is BERT's post-norm
-            (norm(x + f(x))). The embedding sum is normalised either way.
         position: "learned" absolute positions (BERT's table, HF's position_embeddings) or "rope" (rotary
             embeddings in every attention layer, RoFormer's: the score of two tokens depends on their distance,
             which a small model trained briefly learns much sooner than from a table).
-        norm_eps: epsilon of every LayerNorm (HF's layer_norm_eps).
         pad_id: the padding id: masked out of attention as a key, and its embedding row starts at zero and gets no
             gradient from the input side (as HF's padding_idx); filled from the data's facts.
         num_classes: outputs of ``BertForSequenceClassification``'s classifier (HF's num_labels); filled from the
@@ -69,25 +79,23 @@ class BertConfig:
     max_len: int = 512
     type_vocab_size: int = 2
     n_layers: int = 12
-    n_heads: int = 12
-    d_model: int = 768
-    d_ff: int | None = 3072
-    dropout: float = 0.1
-    attn_dropout: float = 0.1
-    activation: PointwiseActivation = "gelu"
-    norm_first: bool = False
     position: BertPosition = "learned"
-    norm_eps: float = 1e-12
     pad_id: int = 0
     num_classes: int = 2
     classifier_dropout: float | None = None
+    supported: ClassVar[Mapping[str, tuple]] = {
+        "activation": get_args(PointwiseActivation),
+        "norm": ("layernorm",),
+        "bias": (True,),
+        "qkv_bias": (None,),
+    }
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_at_least("vocab_size", self.vocab_size, 1)
         check_at_least("max_len", self.max_len, 1)
         check_at_least("type_vocab_size", self.type_vocab_size, 1)
         check_at_least("n_layers", self.n_layers, 1)
-        check_layer_args(self, PointwiseActivation)
         check_choice("position", self.position, get_args(BertPosition))
         check_at_least("pad_id", self.pad_id, 0)
         check_at_least("num_classes", self.num_classes, 1)
@@ -129,7 +137,7 @@ class BertEncoder(nn.Module):
         self.segment = nn.Embedding(c.type_vocab_size, c.d_model)
         self.embed_norm = nn.LayerNorm(c.d_model, eps=c.norm_eps)
         self.dropout = Dropout(c.dropout)
-        layers = [EncoderLayer(**layer_args(c, rotary=rotary)) for _ in range(c.n_layers)]
+        layers = [EncoderLayer(**c.layer_args(), rotary=rotary) for _ in range(c.n_layers)]
         self.encoder = Encoder(layers, nn.LayerNorm(c.d_model, eps=c.norm_eps) if c.norm_first else None)
         for module in self.modules():
             if isinstance(module, nn.Linear):

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import get_args
+from typing import ClassVar, get_args
 
 import torch
 from torch import Tensor, nn
 
 from lightformer.nn import (
-    Activation,
     Decoder,
     DecoderCache,
     DecoderLayer,
     Dropout,
-    NormKind,
+    LayerConfig,
     PositionKind,
     RotaryEmbedding,
     TokenEmbedding,
@@ -23,49 +23,38 @@ from lightformer.nn import (
     make_norm,
 )
 from lightformer.nn.checks import check_at_least, check_choice, check_set
-from lightformer.nn.layers import check_layer_args, layer_args
 
 
 @dataclass(frozen=True)
-class GPTConfig:
+class GPTConfig(LayerConfig.with_defaults(d_model=384, n_heads=6, dropout=0.0, attn_dropout=None, activation="gelu")):
     """The shape of a GPT: every hyperparameter and its default, declared once.
+
+    The layer's fields are ``nn.LayerConfig``'s (``d_model``, ``n_heads``, ``d_ff``, ``dropout``, ``attn_dropout``,
+    ``activation``, ``norm``, ``norm_eps``, ``bias``), with GPT's defaults: width 384, 6 heads, no dropout (on the
+    attention weights too: ``attn_dropout`` None takes ``dropout``'s rate), GELU. A GPT is pre-norm
+    (``norm_first`` true) with one switch for its biases (``qkv_bias`` unset); GPT-2's activation is "gelu_tanh".
 
     Args:
         vocab_size: token ids 0..vocab_size-1 (a task fills it from the data's tokenizer).
         block_size: the longest sequence, the size of the position table (a task fills it from the data's block_size).
         n_layers: decoder layers.
-        n_heads: attention heads; must divide d_model.
-        d_model: width of the residual stream.
-        d_ff: hidden width of the feed-forward networks; None: 4·d_model (SwiGLU: the same width per branch).
-        dropout: dropout on the embeddings, the attention weights and each sublayer's output.
         position: how positions are given (``nn.PositionKind``): "learned" absolute positions (GPT-2), "rope"
             rotary embeddings in every attention layer, fixed "sinusoidal" ones, or "none".
-        activation: feed-forward activation (``nn.Activation``); GPT-2's is "gelu_tanh".
-        norm: the norm layers (``nn.NormKind``).
-        norm_eps: epsilon of every norm.
-        bias: biases in the linear layers and norms (GPT-2: yes; LLaMA-style: no).
         tie_weights: the output layer shares the token embedding's weight.
     """
 
     vocab_size: int | None = None
     block_size: int = 256
     n_layers: int = 6
-    n_heads: int = 6
-    d_model: int = 384
-    d_ff: int | None = None
-    dropout: float = 0.0
     position: PositionKind = "learned"
-    activation: Activation = "gelu"
-    norm: NormKind = "layernorm"
-    norm_eps: float = 1e-5
-    bias: bool = True
     tie_weights: bool = True
+    supported: ClassVar[Mapping[str, tuple]] = {"norm_first": (True,), "qkv_bias": (None,)}
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_at_least("vocab_size", self.vocab_size, 1)
         check_at_least("block_size", self.block_size, 1)
         check_at_least("n_layers", self.n_layers, 1)
-        check_layer_args(self)
         check_choice("position", self.position, get_args(PositionKind))
 
 
@@ -94,8 +83,9 @@ class GPT(nn.Module):
         self.position = absolute_position(c.position, c.d_model, c.block_size)
         rotary = RotaryEmbedding(c.d_model // c.n_heads, c.block_size) if c.position == "rope" else None
         self.dropout = Dropout(c.dropout)
-        args = layer_args(c, attn_dropout=c.dropout, rotary=rotary, cross_attention=cross_attention)
-        layers = [DecoderLayer(**args) for _ in range(c.n_layers)]
+        layers = [
+            DecoderLayer(**c.layer_args(), rotary=rotary, cross_attention=cross_attention) for _ in range(c.n_layers)
+        ]
         self.decoder = Decoder(layers, make_norm(c.norm, c.d_model, c.norm_eps, c.bias))
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_weights:

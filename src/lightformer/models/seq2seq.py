@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import InitVar, dataclass
-from typing import get_args
+from typing import ClassVar, get_args
 
 import torch
 from torch import Tensor, nn
 
 from lightformer.generation import ConditionedDecoder
 from lightformer.nn import (
-    Activation,
     Decoder,
     DecoderCache,
     DecoderLayer,
     Dropout,
     Encoder,
     EncoderLayer,
-    NormKind,
+    LayerConfig,
     PositionKind,
     RotaryEmbedding,
     TokenDropout,
@@ -26,16 +26,17 @@ from lightformer.nn import (
     make_norm,
 )
 from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_set
-from lightformer.nn.layers import check_layer_args, layer_args
 
 
 @dataclass(frozen=True)
-class EncoderDecoderConfig:
+class EncoderDecoderConfig(LayerConfig.with_defaults(d_model=512, n_heads=8, d_ff=2048, dropout=0.1, norm_first=False)):
     """The shape of an encoder-decoder transformer: every hyperparameter and its default, declared once.
 
     Defaults follow the paper's base model: 6 + 6 post-norm layers, d_model 512, 8 heads, d_ff 2048, ReLU,
     dropout 0.1, sinusoidal positions, embeddings scaled by √d_model, one joint vocabulary whose embedding is
-    shared by the source, the target and the output layer.
+    shared by the source, the target and the output layer. The layer's fields are ``nn.LayerConfig``'s, with these
+    defaults (no dropout on the attention weights); ``norm_first`` true is pre-norm, more stable for deep or
+    short-warm-up training. Every linear layer has its bias (``bias`` and ``qkv_bias`` stay unset).
 
     Args:
         src_vocab_size: source token ids 0..src_vocab_size-1 (from the data's facts).
@@ -44,18 +45,8 @@ class EncoderDecoderConfig:
         max_len: the longest source or target sequence, the size of the position table.
         n_encoder_layers: encoder layers.
         n_decoder_layers: decoder layers.
-        d_model: width of the residual stream.
-        n_heads: attention heads; must divide d_model.
-        d_ff: hidden width of the feed-forward networks; None: 4·d_model.
-        dropout: dropout on the embeddings and on each sublayer's output.
-        attn_dropout: dropout on the attention weights.
         token_dropout: in training, the embedding of each source and target-input token is zeroed with this
             probability (word dropout, a regulariser for small corpora; ``nn.TokenDropout``).
-        activation: feed-forward activation (``nn.Activation``); the paper's is "relu".
-        norm: the norm layers (``nn.NormKind``).
-        norm_first: pre-norm (x + f(norm(x))), more stable for deep or short-warm-up training; False is the
-            paper's post-norm.
-        norm_eps: epsilon of every norm.
         position: how positions are given (``nn.PositionKind``); the paper's are "sinusoidal".
         share_embeddings: one embedding for source and target (needs a joint vocabulary).
         tie_weights: the output layer shares the target embedding's weight (as ``GPTConfig.tie_weights``).
@@ -69,20 +60,12 @@ class EncoderDecoderConfig:
     max_len: int = 256
     n_encoder_layers: int = 6
     n_decoder_layers: int = 6
-    d_model: int = 512
-    n_heads: int = 8
-    d_ff: int | None = 2048
-    dropout: float = 0.1
-    attn_dropout: float = 0.0
     token_dropout: float = 0.0
-    activation: Activation = "relu"
-    norm: NormKind = "layernorm"
-    norm_first: bool = False
-    norm_eps: float = 1e-5
     position: PositionKind = "sinusoidal"
     share_embeddings: bool = True
     tie_weights: bool = True
     tie_output: InitVar[bool | None] = None
+    supported: ClassVar[Mapping[str, tuple]] = {"bias": (True,), "qkv_bias": (None,)}
 
     def __post_init__(self, tie_output: bool | None) -> None:
         if tie_output is not None and tie_output != self.tie_weights:
@@ -92,13 +75,13 @@ class EncoderDecoderConfig:
                     "give tie_weights only"
                 )
             object.__setattr__(self, "tie_weights", tie_output)
+        super().__post_init__()
         check_at_least("src_vocab_size", self.src_vocab_size, 1)
         check_at_least("tgt_vocab_size", self.tgt_vocab_size, 1)
         check_at_least("pad_id", self.pad_id, 0)
         check_at_least("max_len", self.max_len, 2)
         check_at_least("n_encoder_layers", self.n_encoder_layers, 1)
         check_at_least("n_decoder_layers", self.n_decoder_layers, 1)
-        check_layer_args(self)
         check_fraction("token_dropout", self.token_dropout)
         check_choice("position", self.position, get_args(PositionKind))
         sizes = (self.src_vocab_size, self.tgt_vocab_size)
@@ -134,7 +117,7 @@ class EncoderDecoder(nn.Module):
         rotary = RotaryEmbedding(c.d_model // c.n_heads, c.max_len) if c.position == "rope" else None
         self.dropout = Dropout(c.dropout)
         self.token_dropout = TokenDropout(c.token_dropout)
-        args = layer_args(c, rotary=rotary)
+        args = dict(c.layer_args(), rotary=rotary)
         final_norm = (lambda: make_norm(c.norm, c.d_model, c.norm_eps)) if c.norm_first else (lambda: None)
         self.encoder = Encoder([EncoderLayer(**args) for _ in range(c.n_encoder_layers)], final_norm())
         self.decoder = Decoder([DecoderLayer(**args) for _ in range(c.n_decoder_layers)], final_norm())

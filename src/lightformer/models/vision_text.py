@@ -10,113 +10,142 @@ fresh.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from argparse import Namespace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
 from lightformer.generation import ConditionedDecoder
 from lightformer.models.gpt import GPT, GPTConfig
-from lightformer.models.vit import VisionTransformer, ViTConfig, ViTPosition
-from lightformer.nn import Activation, NormKind, PositionKind
-from lightformer.nn.checks import check_at_least, check_set, lists_as_pairs
+from lightformer.models.vit import VisionTransformer, ViTConfig
+from lightformer.nn.checks import check_at_least, check_set
+
+# The towers of ``VisionEncoderDecoderConfig()``: a ViT over grey text lines in patches a line high and 4 pixels
+# wide, and a GPT of the same width with a 64-token position table. A tower given as a dict changes these.
+ENCODER_DEFAULTS = dict(
+    in_channels=1, patch_size=(32, 4), d_model=192, n_layers=4, n_heads=4, num_classes=0, pool="mean"
+)
+DECODER_DEFAULTS = dict(block_size=64, d_model=192, n_layers=4, n_heads=4)
+
+# The flat fields of this config up to commit b1bd12e → their places in the towers (``from_saved``).
+FLAT_FIELDS = {
+    "image_size": ("encoder.image_size",),
+    "in_channels": ("encoder.in_channels",),
+    "patch_size": ("encoder.patch_size",),
+    "encoder_layers": ("encoder.n_layers",),
+    "encoder_d_model": ("encoder.d_model",),
+    "encoder_heads": ("encoder.n_heads",),
+    "encoder_position": ("encoder.position",),
+    "vocab_size": ("decoder.vocab_size",),
+    "max_len": ("decoder.block_size",),
+    "decoder_layers": ("decoder.n_layers",),
+    "d_model": ("decoder.d_model", "encoder.d_model"),
+    "n_heads": ("decoder.n_heads", "encoder.n_heads"),
+    "d_ff": ("encoder.d_ff", "decoder.d_ff"),
+    "dropout": ("encoder.dropout", "encoder.attn_dropout", "decoder.dropout"),
+    "position": ("decoder.position",),
+    "activation": ("encoder.activation", "decoder.activation"),
+    "norm": ("encoder.norm", "decoder.norm"),
+    "tie_weights": ("decoder.tie_weights",),
+}
+
+
+def _tower(config_class: type, given: Any, defaults: dict[str, Any]) -> Any:
+    """A tower's config: ``given`` as it is, or a mapping of fields (a checkpoint's, a config file's) over
+    ``defaults``; ValueError otherwise."""
+    if isinstance(given, config_class):
+        return given
+    values = vars(given) if isinstance(given, Namespace) else given
+    if not isinstance(values, Mapping):
+        raise ValueError(f"give a {config_class.__name__} or a mapping of its fields, not {given!r}")
+    try:
+        return config_class(**{**defaults, **values})
+    except TypeError as error:  # a field the tower does not have
+        raise ValueError(str(error)) from None
 
 
 @dataclass(frozen=True)
 class VisionEncoderDecoderConfig:
-    """The shape of an image-to-text model: the encoder's fields, then the decoder's, each default declared once.
+    """The shape of an image-to-text model: its two towers' configs whole, as Hugging Face's
+    ``VisionEncoderDecoderConfig`` holds them, each free in width, heads, layers, norm, dropout and feed-forward width.
 
     Args:
-        image_size: (height, width) of the images, or a square's side (from the data's facts).
-        in_channels: image channels, 1 grey or 3 colour (from the data's facts).
-        patch_size: (height, width) of the patches, or a square's side. A text line reads best in patches as tall
-            as the line and a few pixels wide: each patch is then a slice of a character or two.
-        encoder_layers: the ViT's layers.
-        encoder_d_model: the ViT's token width; None: ``d_model``. Where it differs from ``d_model``, a linear map
-            takes the patches to the decoder's width.
-        encoder_heads: the ViT's attention heads; None: ``n_heads``.
-        encoder_position: the patches' positions, "learned" or fixed 2-D "sincos" (``ViTConfig.position``).
-        vocab_size: the text tokenizer's size (from the data's facts).
-        max_len: the longest text in tokens, BOS and EOS included: the decoder's position table (from the data).
-        decoder_layers: the GPT's blocks.
-        d_model: the decoder's width.
-        n_heads: the decoder's attention heads (self and cross).
-        d_ff: hidden width of every feed-forward network; None: 4·width.
-        dropout: dropout on the embeddings, the attention weights and each sublayer's output, in both stacks.
-        position: the decoder's positions (``GPTConfig.position``).
-        activation: feed-forward activation of both stacks (``nn.Activation``).
-        norm: the norm layers of both stacks (``nn.NormKind``).
-        tie_weights: the decoder's output layer shares its token embedding's weight.
+        encoder: the ViT's shape (``ViTConfig``): its ``image_size`` and ``in_channels`` come from the data's facts.
+            A text line reads best in patches (``patch_size``) as tall as the line and a few pixels wide: each patch
+            is then a slice of a character or two. The joined model decides two fields: no head (``num_classes``
+            0) and no class token (``pool`` "mean": every patch is memory of the decoder); where the encoder's width
+            differs from the decoder's, a linear map takes the patches to the decoder's width.
+        decoder: the GPT's shape (``GPTConfig``), built with cross-attention to the patches: its ``vocab_size``
+            comes from the data's tokenizer; ``block_size`` is the longest text in tokens, BOS and EOS included.
         ctc_head: a linear layer from each patch to the vocabulary, for a CTC loss on the encoder beside the
             decoder's (joint CTC-attention training, Kim, Hori and Watanabe 2017): it teaches the encoder to tell
             the characters apart, in reading order, long before the decoder's cross-attention has learnt where to
             look. A line needs at least as many patches across as it has characters (and repeats).
     """
 
-    image_size: int | tuple[int, int] | None = None
-    in_channels: int = 1
-    patch_size: int | tuple[int, int] = (32, 4)
-    encoder_layers: int = 4
-    encoder_d_model: int | None = None
-    encoder_heads: int | None = None
-    encoder_position: ViTPosition = "learned"
-    vocab_size: int | None = None
-    max_len: int = 64
-    decoder_layers: int = 4
-    d_model: int = 192
-    n_heads: int = 4
-    d_ff: int | None = None
-    dropout: float = 0.0
-    position: PositionKind = "learned"
-    activation: Activation = "gelu"
-    norm: NormKind = "layernorm"
-    tie_weights: bool = True
+    encoder: ViTConfig = field(default_factory=lambda: ViTConfig(**ENCODER_DEFAULTS))
+    decoder: GPTConfig = field(default_factory=lambda: GPTConfig(**DECODER_DEFAULTS))
     ctc_head: bool = False
+    # The fields it had up to commit b1bd12e (flat) → their places now: a config that gives one is refused, naming it.
+    RENAMED: ClassVar[dict[str, tuple[str, ...]]] = FLAT_FIELDS
 
     def __post_init__(self) -> None:
-        lists_as_pairs(self, "image_size", "patch_size")
-        check_at_least("encoder_layers", self.encoder_layers, 1)
-        check_at_least("decoder_layers", self.decoder_layers, 1)
-        check_at_least("max_len", self.max_len, 2)
-        for stack, config in (("encoder", self.encoder_config), ("decoder", self.decoder_config)):
-            try:  # the rest of the checks, by the stacks' own configs
-                config()
+        for name, config_class, defaults in (
+            ("encoder", ViTConfig, ENCODER_DEFAULTS),
+            ("decoder", GPTConfig, DECODER_DEFAULTS),
+        ):
+            try:
+                tower = _tower(config_class, getattr(self, name), defaults)
             except ValueError as error:
-                raise ValueError(f"the {stack}: {error}") from None
+                raise ValueError(f"the {name}: {error}") from None
+            object.__setattr__(self, name, tower)
+        if self.encoder.num_classes not in (None, 0):
+            raise ValueError(
+                f"encoder.num_classes={self.encoder.num_classes}: the encoder of an image-to-text model has no "
+                "classifier head; leave encoder.num_classes out (or 0)"
+            )
+        object.__setattr__(self, "encoder", replace(self.encoder, num_classes=0, pool="mean"))
+        check_at_least("decoder.block_size", self.decoder.block_size, 2)
 
-    def encoder_config(self) -> ViTConfig:
-        """The ViT's shape: no head (``num_classes`` 0), no class token (``pool`` "mean": every patch is memory)."""
-        return ViTConfig(
-            image_size=self.image_size,
-            in_channels=self.in_channels,
-            num_classes=0,
-            patch_size=self.patch_size,
-            d_model=self.encoder_d_model or self.d_model,
-            n_layers=self.encoder_layers,
-            n_heads=self.encoder_heads or self.n_heads,
-            d_ff=self.d_ff,
-            dropout=self.dropout,
-            attn_dropout=self.dropout,
-            pool="mean",
-            position=self.encoder_position,
-            norm=self.norm,
-            activation=self.activation,
+    @classmethod
+    def from_saved(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields of this config from ``values`` saved by commit b1bd12e or before (a checkpoint's
+        ``hyper_parameters["net"]``), when the config was one flat list of both towers' fields (``FLAT_FIELDS``);
+        ``values`` as they are when they hold none of those."""
+        values = dict(values)
+        if not set(values) & set(FLAT_FIELDS) or "encoder" in values or "decoder" in values:
+            return values
+        get = values.get
+        encoder = dict(
+            image_size=get("image_size"),
+            in_channels=get("in_channels", 1),
+            patch_size=get("patch_size", (32, 4)),
+            n_layers=get("encoder_layers", 4),
+            d_model=get("encoder_d_model") or get("d_model", 192),
+            n_heads=get("encoder_heads") or get("n_heads", 4),
+            position=get("encoder_position", "learned"),
+            d_ff=get("d_ff"),
+            dropout=get("dropout", 0.0),
+            attn_dropout=get("dropout", 0.0),
+            activation=get("activation", "gelu"),
+            norm=get("norm", "layernorm"),
         )
-
-    def decoder_config(self) -> GPTConfig:
-        """The GPT's shape (built with cross-attention to the patches)."""
-        return GPTConfig(
-            vocab_size=self.vocab_size,
-            block_size=self.max_len,
-            n_layers=self.decoder_layers,
-            n_heads=self.n_heads,
-            d_model=self.d_model,
-            d_ff=self.d_ff,
-            dropout=self.dropout,
-            position=self.position,
-            activation=self.activation,
-            norm=self.norm,
-            tie_weights=self.tie_weights,
+        decoder = dict(
+            vocab_size=get("vocab_size"),
+            block_size=get("max_len", 64),
+            n_layers=get("decoder_layers", 4),
+            d_model=get("d_model", 192),
+            n_heads=get("n_heads", 4),
+            d_ff=get("d_ff"),
+            dropout=get("dropout", 0.0),
+            position=get("position", "learned"),
+            activation=get("activation", "gelu"),
+            norm=get("norm", "layernorm"),
+            tie_weights=get("tie_weights", True),
         )
+        return dict(encoder=encoder, decoder=decoder, ctc_head=get("ctc_head", False))
 
 
 class VisionEncoderDecoder(nn.Module):
@@ -126,14 +155,15 @@ class VisionEncoderDecoder(nn.Module):
 
     def __init__(self, config: VisionEncoderDecoderConfig) -> None:
         super().__init__()
-        check_set(config, "image_size", "vocab_size")
+        check_set(config.encoder, "image_size")
+        check_set(config.decoder, "vocab_size")
         self.config = config
-        self.encoder = VisionTransformer(config.encoder_config())
-        width = self.encoder.d_model
-        self.encoder_to_decoder = nn.Linear(width, config.d_model) if width != config.d_model else nn.Identity()
-        self.decoder = GPT(config.decoder_config(), cross_attention=True)
-        self.ctc_head = nn.Linear(config.d_model, config.vocab_size) if config.ctc_head else None
-        self.block_size = config.max_len
+        self.encoder = VisionTransformer(config.encoder)
+        width, d_model = config.encoder.d_model, config.decoder.d_model
+        self.encoder_to_decoder = nn.Linear(width, d_model) if width != d_model else nn.Identity()
+        self.decoder = GPT(config.decoder, cross_attention=True)
+        self.ctc_head = nn.Linear(d_model, config.decoder.vocab_size) if config.ctc_head else None
+        self.block_size = config.decoder.block_size
 
     def encode(self, images: Tensor) -> Tensor:
         """Images → memory ``(batch, patches, d_model)``: the encoder's patch tokens, normalised, at the decoder's

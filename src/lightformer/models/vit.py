@@ -8,20 +8,20 @@ Parameter layout and initialisation follow timm's ``VisionTransformer``, so weig
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 import torch
 from timm.layers import build_sincos2d_pos_embed, resample_abs_pos_embed, trunc_normal_
 from torch import Tensor, nn
 
 from lightformer.nn import (
-    Activation,
     Dropout,
     Encoder,
     EncoderLayer,
+    LayerConfig,
     LearnedPositionalEmbedding,
-    NormKind,
     PatchEmbedding,
     make_norm,
     record_attention,
@@ -35,15 +35,23 @@ from lightformer.nn.checks import (
     check_set,
     lists_as_pairs,
 )
-from lightformer.nn.layers import check_layer_args, layer_args
 
 Pool = Literal["cls", "mean"]
 ViTPosition = Literal["learned", "sincos"]
 
 
 @dataclass(frozen=True)
-class ViTConfig:
+class ViTConfig(
+    LayerConfig.with_defaults(d_model=192, n_heads=3, dropout=0.0, activation="gelu", norm_eps=1e-6, qkv_bias=True)
+):
     """The shape of a Vision Transformer: every hyperparameter and its default, declared once.
+
+    The layer's fields are ``nn.LayerConfig``'s, with the ViT's defaults: width 192, 3 heads, no dropout, GELU, norm
+    epsilon 1e-6 (timm's), biases in the query, key and value projection (timm's qkv_bias). ``d_ff`` is timm's
+    mlp_ratio · d_model; ``bias`` switches the other biases of the encoder layers: the attention output projection,
+    the feed-forward layers, the two norms of each layer (timm has no switch for its norms' biases: build its
+    counterpart with bias=true); the final norm and the head always have biases. A ViT is pre-norm (``norm_first``
+    true).
 
     Args:
         image_size: side of square input images, or (height, width); a multiple of patch_size (from the data's
@@ -52,48 +60,28 @@ class ViTConfig:
         num_classes: classifier outputs (from the data's facts); 0 gives no head (the model returns features).
         patch_size: side of square patches, or (height, width): the encoder sees (height / patch height) ·
             (width / patch width) tokens.
-        d_model: token width.
         n_layers: encoder layers.
-        n_heads: attention heads; must divide d_model.
-        d_ff: hidden width of the feed-forward networks (timm's mlp_ratio · d_model); None: 4·d_model.
-        dropout: dropout on the embeddings and on each sublayer's output.
-        attn_dropout: dropout on the attention weights.
         drop_path: stochastic depth rate of the last layer; layer i gets drop_path · i / (n_layers - 1).
         pool: "cls" classifies from a class token (final norm before pooling, timm's global_pool='token');
             "mean" averages the patch tokens, then normalises (timm's global_pool='avg' with fc_norm).
         position: "learned" absolute positions, or "sincos" fixed 2-D sin-cos positions (timm's
             ``build_sincos2d_pos_embed``: a quarter of the channels each for sin and cos of the patch's column and
             row; zero for the class token).
-        norm: the norm layers (``nn.NormKind``).
-        norm_eps: epsilon of every norm (timm uses 1e-6).
-        activation: feed-forward activation (``nn.Activation``).
-        qkv_bias: biases in the attention's query, key and value projection (timm's qkv_bias).
-        bias: biases in the encoder layers' other linear layers and norms: the attention output projection, the
-            feed-forward layers, the two norms of each layer (timm has no switch for its norms' biases: build its
-            counterpart with bias=true). The final norm and the head always have biases.
     """
 
     image_size: int | tuple[int, int] | None = None
     in_channels: int = 3
     num_classes: int | None = None
     patch_size: int | tuple[int, int] = 4
-    d_model: int = 192
     n_layers: int = 6
-    n_heads: int = 3
-    d_ff: int | None = None
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
     drop_path: float = 0.0
     pool: Pool = "cls"
     position: ViTPosition = "learned"
-    norm: NormKind = "layernorm"
-    norm_eps: float = 1e-6
-    activation: Activation = "gelu"
-    qkv_bias: bool = True
-    bias: bool = True
+    supported: ClassVar[Mapping[str, tuple]] = {"norm_first": (True,)}
 
     def __post_init__(self) -> None:
         lists_as_pairs(self, "image_size", "patch_size")
+        super().__post_init__()
         check_choice("in_channels", self.in_channels, (1, 3))
         check_at_least("num_classes", self.num_classes, 0)
         for side in as_pair(self.patch_size):
@@ -101,7 +89,6 @@ class ViTConfig:
         if self.image_size is not None:
             check_patch_size(self.image_size, self.patch_size)
         check_at_least("n_layers", self.n_layers, 1)
-        check_layer_args(self)
         check_fraction("drop_path", self.drop_path)
         check_choice("pool", self.pool, get_args(Pool))
         check_choice("position", self.position, get_args(ViTPosition))
@@ -140,7 +127,7 @@ class VisionTransformer(nn.Module):
         rates = (
             [c.drop_path * i / max(1, c.n_layers - 1) for i in range(c.n_layers)] if c.n_layers > 1 else [c.drop_path]
         )
-        layers = [EncoderLayer(**layer_args(c, drop_path=rate)) for rate in rates]
+        layers = [EncoderLayer(**c.layer_args(), drop_path=rate) for rate in rates]
         # timm normalises the tokens before class-token pooling, but the pooled mean after average pooling.
         self.encoder = Encoder(layers, make_norm(c.norm, c.d_model, c.norm_eps) if c.pool == "cls" else None)
         self.fc_norm = make_norm(c.norm, c.d_model, c.norm_eps) if c.pool == "mean" else nn.Identity()

@@ -12,6 +12,7 @@ from lightformer.nn.attention import (
     explicit_attention,
     record_attention,
 )
+from lightformer.nn.config import LayerConfig
 from lightformer.nn.dropout import Dropout, TokenDropout, dropout
 from lightformer.nn.embedding import PatchEmbedding, TokenEmbedding
 from lightformer.nn.feedforward import Activation, FeedForward, PointwiseActivation, pointwise_activation
@@ -37,6 +38,7 @@ __all__ = [
     "EncoderLayer",
     "FeedForward",
     "KVCache",
+    "LayerConfig",
     "LearnedPositionalEmbedding",
     "MultiHeadAttention",
     "NormKind",

@@ -9,58 +9,23 @@ Each sublayer (attention or feed-forward) sits in a residual connection, in one 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, get_args
+from typing import Any
 
 from timm.layers import DropPath
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from lightformer.nn.attention import KVCache, MultiHeadAttention
-from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_heads
 from lightformer.nn.dropout import Dropout
 from lightformer.nn.feedforward import Activation, FeedForward
 from lightformer.nn.norm import NormKind, make_norm
 from lightformer.nn.position import RotaryEmbedding
 
-# The fields of a model config that an encoder or decoder layer takes under the same names.
-_LAYER_FIELDS = (
-    "d_model",
-    "n_heads",
-    "d_ff",
-    "dropout",
-    "attn_dropout",
-    "activation",
-    "norm",
-    "norm_first",
-    "norm_eps",
-    "bias",
-    "qkv_bias",
-)
-
-
-def layer_args(config: object, **overrides: Any) -> dict[str, Any]:
-    """The arguments of an ``EncoderLayer`` or ``DecoderLayer`` from the fields of a model config with the same names
-    (a field the config lacks leaves the layer's default), and ``overrides``."""
-    return {name: getattr(config, name) for name in _LAYER_FIELDS if hasattr(config, name)} | overrides
-
-
-def check_layer_args(config: object, activations: object = Activation) -> None:
-    """Raise ValueError unless the layer fields of a model config (``layer_args``) are valid; its activation one of
-    the type ``activations``."""
-    check_heads(config.d_model, config.n_heads)
-    check_at_least("d_ff", config.d_ff, 1)
-    for name in ("dropout", "attn_dropout"):
-        if hasattr(config, name):
-            check_fraction(name, getattr(config, name))
-    check_choice("activation", config.activation, get_args(activations))
-    if hasattr(config, "norm"):
-        check_choice("norm", config.norm, get_args(NormKind))
-
 
 class _ResidualLayer(nn.Module):
     """What the encoder and decoder layers share: self-attention (and, with ``cross_attention``, attention to an
     encoder's output) then a feed-forward network, each in a residual connection with dropout and stochastic depth
-    on its output, pre- or post-norm.
+    on its output, pre- or post-norm. A model's config gives the arguments (``nn.LayerConfig.layer_args``).
 
     ``bias``: biases in every linear layer and LayerNorm of the layer; ``qkv_bias`` (default: ``bias``) overrides it
     for the attention's input projections alone.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import operator
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, is_dataclass
@@ -100,6 +101,17 @@ def net_config_values(net: Mapping | None, config_class: type) -> dict[str, Any]
     return {**defaults, **given}
 
 
+def config_defaults(config_class: type) -> dict[str, Any]:
+    """The defaults of a config dataclass's fields (``dataclasses.MISSING`` where it has none), a nested config's
+    (a tower's) as the dict of its own."""
+    defaults = {}
+    for field in dataclasses.fields(config_class):
+        has_factory = field.default_factory is not dataclasses.MISSING
+        value = field.default_factory() if has_factory else field.default
+        defaults[field.name] = asdict(value) if is_dataclass(value) else value
+    return defaults
+
+
 class Task(L.LightningModule):
     """A LightningModule around ``self.model``, with the shared optimizer and set-up.
 
@@ -122,7 +134,9 @@ class Task(L.LightningModule):
 
     model: nn.Module
     model_class: type[nn.Module]  # built as ``model_class(config)``
-    net_from_data: Mapping[str, str] = {}  # field of the model's config → the ``DataFacts`` field that fills it
+    # field of the model's config (a dotted path into a tower: "encoder.image_size") → the ``DataFacts`` field
+    # that fills it
+    net_from_data: Mapping[str, str] = {}
     # The metrics the HParams tab shows beside each run's hyperparameters (their latest values).
     hparam_metrics: tuple[str, ...] = ("val/loss", "test/loss")
     items_name = "items"  # what ``throughput_counts`` counts, in progress lines
@@ -169,15 +183,21 @@ class Task(L.LightningModule):
         refused: the data decides it."""
         config_class = typing.get_type_hints(type(self).__init__)["net"]
         given = asdict(net) if is_dataclass(net) else dict(net or {})
-        defaults = {field.name: field.default for field in dataclasses.fields(config_class)}
-        for name, value in self.sizes_from_data(self.data_facts).items():
-            if given.get(name, defaults[name]) not in (defaults[name], value):
+        defaults = config_defaults(config_class)
+        for path, value in self.sizes_from_data(self.data_facts).items():  # a dotted path into a nested config
+            *towers, name = path.split(".")
+            owner, default = given, defaults
+            for tower in towers:  # copied on the way down: the caller's dicts stay as they are
+                inner = owner.get(tower) or {}
+                owner[tower] = asdict(inner) if is_dataclass(inner) else dict(inner)
+                owner, default = owner[tower], default[tower]
+            if owner.get(name, default[name]) not in (default[name], value):
                 raise ConfigError(
-                    f"model.net.{name}={given[name]} is set, but it comes from the data, which gives {name}={value}: "
-                    f"remove model.net.{name} from the config files and the command line (for a checkpoint's model, "
+                    f"model.net.{path}={owner[name]} is set, but it comes from the data, which gives {name}={value}: "
+                    f"remove model.net.{path} from the config files and the command line (for a checkpoint's model, "
                     "use the data it was trained with)"
                 )
-            given[name] = value
+            owner[name] = value
         try:
             return config_class(**given)
         except ValueError as error:
@@ -365,9 +385,10 @@ class Task(L.LightningModule):
                 check_start_tokenizer(file, option, facts.tokenizer)
         config = self.model.config
         for name, value in self.sizes_from_data(facts).items():
-            built = getattr(config, name)
-            if value != built and not (name in CAPACITIES and value < built):
-                need = "at least" if name in CAPACITIES else "equal to"
+            built = operator.attrgetter(name)(config)
+            capacity = name.rpartition(".")[2] in CAPACITIES
+            if value != built and not (capacity and value < built):
+                need = "at least" if capacity else "equal to"
                 raise ConfigError(
                     f"the data gives {name}={value} but the model has model.net.{name}={built}, which must be {need} "
                     "it; use the data settings the model was built for"

@@ -181,7 +181,11 @@ class ImageToTextTask(Task):
     """
 
     model_class = VisionEncoderDecoder
-    net_from_data = {"vocab_size": "vocab_size", "image_size": "image_size", "in_channels": "in_channels"}
+    net_from_data = {
+        "encoder.image_size": "image_size",
+        "encoder.in_channels": "in_channels",
+        "decoder.vocab_size": "vocab_size",
+    }
     items_name = "images"
     variable_shapes = True  # texts padded to the batch's longest
     hparam_metrics = ("val/cer", "val/loss", "test/cer", "test/wer", "test/exact")
@@ -196,7 +200,8 @@ class ImageToTextTask(Task):
         num_logged_samples: int = 4,
         **common: Any,
     ) -> None:
-        super().__init__(net, **common)
+        # a dict is a checkpoint's hyperparameters: those of b1bd12e and before are flat
+        super().__init__(VisionEncoderDecoderConfig.from_saved(net) if isinstance(net, dict) else net, **common)
         if ctc_weight < 0 or (ctc_weight > 0 and self.model.ctc_head is None):
             raise ConfigError(
                 f"model.ctc_weight={ctc_weight} must be at least 0, and above 0 only with model.net.ctc_head=true"
@@ -230,9 +235,9 @@ class ImageToTextTask(Task):
         longest, max_len = facts.max_length, self.model.block_size
         if longest is not None and longest > max_len:
             raise ConfigError(
-                f"the data's longest text has {longest} tokens (BOS and EOS included) but model.net.max_len={max_len}, "
-                f"the length of the decoder's position table, which must hold them; set model.net.max_len >= "
-                f"{longest} or give the data shorter lines"
+                f"the data's longest text has {longest} tokens (BOS and EOS included) but "
+                f"model.net.decoder.block_size={max_len}, the length of the decoder's position table, which must hold "
+                f"them; set model.net.decoder.block_size >= {longest} or give the data shorter lines"
             )
 
     # --- training and evaluation ---------------------------------------------------------------------------
@@ -383,7 +388,7 @@ class ImageToTextTask(Task):
         are read all the same. A line wider than the canvas at its height is read in overlapping windows at that
         height, joined (``line_canvases``); ``warn`` (default: standard error) is told of an image distorted beyond
         what training saw."""
-        c, facts = self.model.config, self.data_facts
+        c, facts = self.model.config.encoder, self.data_facts
         normalise = to_normalised_tensor(facts.normalize_mean, facts.normalize_std)
         warn = warn or (lambda text: print(f"warning: {text}", file=sys.stderr))
         loaded: list[tuple[list[Tensor], list[tuple[int, int]]] | Exception] = []
