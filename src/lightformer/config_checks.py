@@ -20,7 +20,8 @@ from lightformer.checkpoints import CheckpointError, read_checkpoint, require_fi
 from lightformer.errors import ConfigError
 from lightformer.hf_layouts import is_hf_folder, net_from_hf_folder
 from lightformer.registry import spec_of
-from lightformer.tasks.base import Task, class_of
+from lightformer.tasks.base import Task
+from lightformer.tasks.config_values import class_of
 
 
 def check_model_config(config) -> None:

@@ -16,7 +16,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.commands import load_task
+from lightformer.command_support import load_task
 from lightformer.data.modules.pretraining import MaskedLMDataModule
 from lightformer.data.objectives.masking import IGNORE_INDEX
 from lightformer.data.preparation.tokenizers import MASK, Tokenizer
@@ -24,7 +24,8 @@ from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.models.bert import BertConfig, BertForPreTraining
 from lightformer.registry import register
-from lightformer.tasks.base import TextTask, data_config_values, net_config_values
+from lightformer.tasks.base import TextTask
+from lightformer.tasks.config_values import data_config_values, net_config_values
 from lightformer.tensorboard import logging_step, render_masked, tensorboard_writer
 
 Batch = dict[str, Tensor]

@@ -23,7 +23,8 @@ from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.models.bert import BertConfig, BertForSequenceClassification
 from lightformer.registry import register
-from lightformer.tasks.base import TextTask, data_config_values, net_config_values
+from lightformer.tasks.base import TextTask
+from lightformer.tasks.config_values import data_config_values, net_config_values
 
 Batch = dict[str, Tensor | list[str]]
 
