@@ -65,3 +65,15 @@ def test_a_task_without_arguments_and_a_copy_store_the_defaults():
     assert task.hparams["sample_tokens"] == LanguageModelTask(net=NET).hparams["sample_tokens"]
     ids = torch.randint(0, 11, (1, 8))
     torch.testing.assert_close(copied.eval()(ids), task.eval()(ids), rtol=0, atol=0)
+
+
+def test_the_command_line_reads_every_tasks_arguments_through_its_init():
+    """LightningCLI (jsonargparse) follows a task's ``**common`` to ``Task.__init__``: the constructor hook that keeps
+    the arguments (``KeptArguments.__new__``, on a base of ``Task``) hides no parameter from it."""
+    from jsonargparse import ArgumentParser
+
+    for task_class in (LanguageModelTask, Changing):
+        parser = ArgumentParser(exit_on_error=False)
+        parser.add_class_arguments(task_class, "model")
+        parsed = parser.parse_args(["--model.optimizer.lr=0.25", "--model.init.freeze=[blocks]"])
+        assert parsed.model.optimizer.lr == 0.25 and tuple(parsed.model.init.freeze) == ("blocks",)

@@ -42,7 +42,7 @@ from lightformer.nn import Decoder, Encoder
 from lightformer.tasks.batch_costs import BatchCosts
 from lightformer.tasks.compilation import CompiledForward
 from lightformer.tasks.data_contract import DataContract
-from lightformer.tasks.hyperparameters import arguments_given, plain
+from lightformer.tasks.hyperparameters import KeptArguments, arguments_given, plain
 from lightformer.tasks.optim import (
     OptimizerConfig,
     clip_gradients,
@@ -61,7 +61,7 @@ from lightformer.tensorboard import (
 )
 
 
-class Task(DataContract, WarmStart, CompiledForward, BatchCosts, L.LightningModule):
+class Task(DataContract, WarmStart, CompiledForward, BatchCosts, KeptArguments, L.LightningModule):
     """A LightningModule around ``self.model``, with the shared optimizer and set-up.
 
     A task says what is its own: the model it trains (``model_class``, built from its config ``net``), which fields
@@ -70,8 +70,9 @@ class Task(DataContract, WarmStart, CompiledForward, BatchCosts, L.LightningModu
 
     The hooks below say when each part's work runs; the parts say how: ``DataContract`` (``net_config``,
     ``check_data``, ``fact``), ``WarmStart`` (``initial_weights``, ``frozen_parameters``, ``check_init``),
-    ``CompiledForward`` (``forward``, ``compiled``) and ``BatchCosts`` (``model_inputs``, ``throughput_counts``,
-    ``batch_flops``), each in the ``lightformer.tasks`` module of its concern.
+    ``CompiledForward`` (``forward``, ``compiled``), ``BatchCosts`` (``model_inputs``, ``throughput_counts``,
+    ``batch_flops``) and ``KeptArguments`` (the arguments the task is built with, for its hyperparameters), each in
+    the ``lightformer.tasks`` module of its concern.
 
     Args:
         net: the model's shape (its config dataclass); the fields that come from the data (``net_from_data``) are
@@ -93,14 +94,6 @@ class Task(DataContract, WarmStart, CompiledForward, BatchCosts, L.LightningModu
     hparam_metrics: tuple[str, ...] = ("val/loss", "test/loss")
     items_name = "items"  # what ``throughput_counts`` counts, in progress lines
     variable_shapes = False  # do the batches' sizes or lengths vary from batch to batch (``forward``)
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Task:
-        """A new task, the arguments it is built with kept for its hyperparameters (``__init__`` reads them): a
-        class's ``__new__`` receives them before any ``__init__`` runs (``hyperparameters.arguments_given``)."""
-        task = super().__new__(cls)
-        if args or kwargs:  # none for a copy (deepcopy, a data-parallel replica): its state is copied, not built
-            task.__dict__["_given"] = (args, kwargs)
-        return task
 
     def __init__(
         self,
@@ -129,9 +122,8 @@ class Task(DataContract, WarmStart, CompiledForward, BatchCosts, L.LightningModu
         self._train_metrics: dict[str, Tensor] | None = None  # this training step's scalars (log_train)
         config = self.net_config(net)
         common = dict(optimizer=optimizer, compile=compile, init=init, data_facts=self.data_facts)
-        given = self.__dict__.pop("_given", ((), {}))  # (args, kwargs) of the constructor: ``__new__``
         common |= {"activation_checkpointing": activation_checkpointing}
-        self._init_arguments = arguments_given(type(self), Task, given, common)
+        self._init_arguments = arguments_given(type(self), Task, self.pop_given_arguments(), common)
         self._init_arguments["net"] = config  # stored as built: with the sizes the data gave
         self.save_hyperparameters()
         try:

@@ -2,8 +2,9 @@
 checkpoints load with ``torch.load(weights_only=True)``, TensorBoard lists each field and ``load_from_checkpoint``
 rebuilds the task with ``cls(**hyper_parameters)``.
 
-The arguments are read from the call that built the task, not from stack frames: ``Task.__new__`` receives them
-before any ``__init__`` runs, and ``arguments_given`` names them by the task class's ``__init__`` signature.
+The arguments are read from the call that built the task, not from stack frames: ``KeptArguments.__new__``
+receives them before any ``__init__`` runs, and ``arguments_given`` names them by the task class's ``__init__``
+signature.
 """
 
 from __future__ import annotations
@@ -13,6 +14,23 @@ from dataclasses import asdict, is_dataclass
 from typing import Any
 
 from lightformer.facts import DataFacts
+
+
+class KeptArguments:
+    """A base of ``Task`` that keeps the arguments a task is built with until ``Task.__init__`` takes them
+    (``pop_given_arguments``): a class's ``__new__`` receives them before any ``__init__`` runs. It is a base, not
+    ``Task`` itself, because jsonargparse (LightningCLI) reads the parameters of a class's own ``__new__`` in place
+    of its ``__init__``'s; an inherited one it leaves aside."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        task = super().__new__(cls)
+        if args or kwargs:  # none for a copy (deepcopy, a data-parallel replica): its state is copied, not built
+            task.__dict__["_given"] = (args, kwargs)
+        return task
+
+    def pop_given_arguments(self) -> tuple[tuple, dict]:
+        """The (positional, keyword) arguments the task was built with, taken once (``__init__`` takes them)."""
+        return self.__dict__.pop("_given", ((), {}))
 
 
 def arguments_given(task_class: type, base: type, given: tuple[tuple, dict], common: dict[str, Any]) -> dict[str, Any]:
