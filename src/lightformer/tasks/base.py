@@ -106,23 +106,28 @@ class Task(DataContract, WarmStart, CompiledForward, BatchCosts, KeptArguments, 
         _class_path: str | None = None,  # the task a checkpoint's hyperparameters name (``save_hyperparameters``)
     ) -> None:
         super().__init__()
+        # DataContract's
         self.data_facts = DataFacts.of(data_facts)
         self._parsed: dict[str, tuple[Any, Any]] = {}  # fact name → (its value, the tokenizer or palette read from it)
+        # configure_optimizers'
         self.optimizer_config = as_config(OptimizerConfig, optimizer)
+        # WarmStart's
         self.init_config = as_config(InitConfig, init)
         self.pretrained: set[str] = set()  # names of the parameters loaded by init (their learning rate is scaled)
-        self.unchecked_start = None  # what setup loaded from init.checkpoint, for on_fit_start's check_start
+        self.unchecked_start = None  # what setup loaded from init.checkpoint, for check_pending_start
+        # CompiledForward's
         self.compile = compile
-        self.activation_checkpointing = activation_checkpointing
         self._forward = None  # the model's __call__, compiled or not; a method, never a registered module
         self._compiled: dict[str, Callable] = {}  # the methods ``compiled`` compiled, by name
+        # BatchCosts' and the hooks'
         self._flop_counter: FlopCounter | None = None
         self.flops_per_batch: int | None = None  # of the current batch, read by lightformer.callbacks.Throughput
+        self.activation_checkpointing = activation_checkpointing
         self.tested_step = 0  # the step the weights under test were trained to (on_test_start)
         self._train_metrics: dict[str, Tensor] | None = None  # this training step's scalars (log_train)
         config = self.net_config(net)
-        common = dict(optimizer=optimizer, compile=compile, init=init, data_facts=self.data_facts)
-        common |= {"activation_checkpointing": activation_checkpointing}
+        common = dict(optimizer=optimizer, compile=compile, init=init, data_facts=self.data_facts,
+                      activation_checkpointing=activation_checkpointing)  # fmt: skip
         self._init_arguments = arguments_given(type(self), Task, self.pop_given_arguments(), common)
         self._init_arguments["net"] = config  # stored as built: with the sizes the data gave
         self.save_hyperparameters()
