@@ -54,7 +54,7 @@ from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.generation import beam_search
 from lightformer.models.vision_text import VisionEncoderDecoder, VisionEncoderDecoderConfig
 from lightformer.peaks import auto_precision
-from lightformer.tasks.base import DYNAMIC_COMPILE_OPTIONS
+from lightformer.tasks.compilation import DYNAMIC_COMPILE_OPTIONS
 from lightformer.tasks.image_text import image_text_loss
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw
 

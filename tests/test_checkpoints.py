@@ -255,24 +255,6 @@ def test_lightning_module_checkpoints_hold_only_safe_types(tmp_path):
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
 
 
-def test_lightning_collects_the_init_arguments_through_a_method_without_super():
-    """Task.save_hyperparameters relies on this Lightning behaviour: called from a method of the module that holds no
-    ``__class__`` (it calls Lightning's as ``L.LightningModule.save_hyperparameters``, not through ``super()``), it
-    still stores the arguments of the ``__init__`` that called the method. A Lightning upgrade that changes it fails
-    here."""
-    import lightning as L
-
-    class Module(L.LightningModule):
-        def __init__(self, width: int, name: str = "x") -> None:
-            super().__init__()
-            self.store()
-
-        def store(self) -> None:
-            L.LightningModule.save_hyperparameters(self)
-
-    assert dict(Module(3).hparams) == {"width": 3, "name": "x"}
-
-
 def test_a_task_built_in_python_stores_its_configs_as_plain_dicts_and_its_class_path(tmp_path):
     from dataclasses import asdict
 

@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from lightformer.models import EncoderDecoderConfig, GPTConfig, ViTConfig
 from lightformer.nn import DecoderLayer, EncoderLayer
 from lightformer.tasks import ImageClassificationTask, LanguageModelTask, TranslationTask
-from lightformer.tasks.base import clip_gradients
+from lightformer.tasks.optim import clip_gradients
 from tiny_runs import ShardProbe, build, finish, last_checkpoint, resolved_config, run_cli, start_cli, task_args
 
 TASK_CONFIGS = sorted(c for c in glob.glob("configs/*/*.yaml") if not c.startswith("configs/trainer/"))

@@ -24,7 +24,8 @@ from lightformer.data.modules.base import DataModule
 from lightformer.errors import ConfigError
 from lightformer.hf_layouts import is_hf_folder, net_from_hf_folder
 from lightformer.registry import spec_of
-from lightformer.tasks.base import Task, class_of, config_defaults
+from lightformer.tasks.base import Task
+from lightformer.tasks.config_values import class_of, config_defaults
 
 
 def check_model_config(config) -> None:

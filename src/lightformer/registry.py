@@ -110,8 +110,9 @@ def register(
 
 
 def built_in() -> dict[str, TaskSpec]:
-    """Every registered task, lightformer's own imported (``lightformer.tasks``) first."""
-    importlib.import_module("lightformer.tasks")
+    """Every registered task: lightformer's own once ``lightformer.tasks`` is imported (``lightformer.commands``
+    imports it, and so the command line), and those of the other modules imported since. The registry imports no
+    task itself: each task's module imports it."""
     return TASKS
 
 

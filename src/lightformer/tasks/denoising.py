@@ -24,7 +24,7 @@ from lightformer.facts import DataFacts
 from lightformer.models.seq2seq import EncoderDecoderConfig
 from lightformer.nn.checks import check_at_least
 from lightformer.registry import register
-from lightformer.tasks.base import net_config_values
+from lightformer.tasks.config_values import net_config_values
 from lightformer.tasks.translation import Batch, TranslationTask
 from lightformer.tensorboard import logging_step, markdown_text, tensorboard_writer
 

@@ -19,7 +19,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.commands import load_task, paths_of, require, unreadable_images
+from lightformer.command_support import load_task, paths_of, require, unreadable_images
 from lightformer.data.modules.images import ImageDataModule
 from lightformer.data.raw.image_files import read_images
 from lightformer.errors import ConfigError

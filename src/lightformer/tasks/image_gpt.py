@@ -25,7 +25,7 @@ from torch import Tensor
 
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import read_checkpoint
-from lightformer.commands import check_sampling_options, load_task, paths_of
+from lightformer.command_support import check_sampling_options, load_task, paths_of
 from lightformer.data.modules.image_tokens import ImageTokenDataModule
 from lightformer.data.objectives.pixels import PixelTokenizer, downsample
 from lightformer.errors import ConfigError, DataError

@@ -21,7 +21,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.text import CharErrorRate, SacreBLEUScore, WordErrorRate
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.commands import load_task, paths_of, require, unreadable_images
+from lightformer.command_support import load_task, paths_of, require, unreadable_images
 from lightformer.data.modules.image_text import ImageTextDataModule
 from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
 from lightformer.data.preparation.tokenizers import Tokenizer

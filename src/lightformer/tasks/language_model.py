@@ -11,7 +11,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.commands import check_sampling_options, load_task, require, utf8_text
+from lightformer.command_support import check_sampling_options, load_task, require, utf8_text
 from lightformer.data.modules.text import TextDataModule
 from lightformer.generation import generate as generate_tokens
 from lightformer.layouts import gpt

@@ -16,7 +16,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightformer.callbacks import raise_if_non_finite
-from lightformer.commands import load_task, utf8_text
+from lightformer.command_support import load_task, utf8_text
 from lightformer.data.modules.base import ConfigFacts
 from lightformer.data.modules.pretraining import MaskedLMDataModule
 from lightformer.data.objectives.masking import IGNORE_INDEX
@@ -26,7 +26,8 @@ from lightformer.facts import DataFacts
 from lightformer.layouts import bert
 from lightformer.models.bert import BertConfig, BertForPreTraining
 from lightformer.registry import register
-from lightformer.tasks.base import TextTask, net_config_values
+from lightformer.tasks.base import TextTask
+from lightformer.tasks.config_values import net_config_values
 from lightformer.tensorboard import logging_step, render_masked, tensorboard_writer
 
 Batch = dict[str, Tensor]

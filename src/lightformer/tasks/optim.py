@@ -1,4 +1,6 @@
-"""The optimizer every task uses: AdamW (fused, on every device) with a per-step learning-rate schedule."""
+"""The optimizer every task uses: AdamW (fused, on every device) with a per-step learning-rate schedule; gradient
+clipping that works with it under every precision and strategy (``clip_gradients``); the cosine decay fitted to
+``max_time`` (``fit_schedule_to_max_time``) and the warnings about a schedule a run does not follow."""
 
 from __future__ import annotations
 
@@ -6,13 +8,20 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import lightning as L
 import torch
+from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.utilities import rank_zero_warn
 from timm.optim import param_groups_weight_decay
 from torch import nn
+from torch.optim import Optimizer
 
+from lightformer.internals import step_unscales_gradients
 from lightformer.nn.checks import check_at_least, check_choice, check_fraction
+from lightformer.progress import max_time_timer
 
 Schedule = Literal["cosine", "inverse_sqrt", "constant"]
+FIT_TO_TIME_EVERY = 50  # optimizer steps between two plans of a schedule fitted to max_time
 
 
 @dataclass(frozen=True)
@@ -120,3 +129,73 @@ def configure_adamw(
     factor = WarmupSchedule(config.schedule, config.warmup_steps, total_steps, config.min_lr / config.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"}}
+
+
+def clip_gradients(trainer: L.Trainer, optimizer: Optimizer, value: float | None, algorithm: str | None) -> None:
+    """Clip the gradients of ``optimizer``'s parameters to norm (or per value) ``value``, in true units.
+
+    Under 16-mixed the gradients are still multiplied by the loss scale when a fused optimizer is used (Lightning
+    leaves unscaling to its step), so they are unscaled here first; the step then knows they are (PyTorch's
+    ``GradScaler`` tracks it) and still skips steps with infinite gradients.
+    """
+    if not value:
+        return
+    if isinstance(trainer.strategy, FSDPStrategy):
+        raise ValueError(
+            "gradient clipping is not supported with Lightning's FSDPStrategy (FSDP1) in lightformer: use "
+            "configs/trainer/fsdp.yaml (FSDP2 through ModelParallelStrategy), where it works like everywhere else"
+        )
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None and step_unscales_gradients(optimizer):
+        scaler.unscale_(optimizer)
+    parameters = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if algorithm == "value":
+        torch.nn.utils.clip_grad_value_(parameters, value)
+    else:
+        torch.nn.utils.clip_grad_norm_(parameters, value)
+
+
+def fit_schedule_to_max_time(task: L.LightningModule) -> None:
+    """Plan ``task``'s cosine decay to end when max_time stops the run (``OptimizerConfig.fit_to_max_time``): every
+    ``FIT_TO_TIME_EVERY`` steps after the warm-up, from the pace of the steps so far, as rank 0 measures it."""
+    trainer, step = task.trainer, task.trainer.global_step
+    if step % FIT_TO_TIME_EVERY:  # the usual case, on every training batch: nothing else looked up
+        return
+    schedule, timer = task.lr_schedulers().lr_lambdas[0], max_time_timer(trainer)
+    if timer is None or step <= schedule.warmup_steps:
+        return
+    reached = steps_within(step, timer.time_elapsed(), timer.time_remaining())
+    planned = min(reached, trainer.estimated_stepping_batches)
+    schedule.total_steps = trainer.strategy.broadcast(planned)  # rank 0's: the same rate on every rank
+
+
+def warn_if_no_max_time(trainer: L.Trainer, config: OptimizerConfig) -> None:
+    """Warn at a fit's start that ``fit_to_max_time`` has no max_time to fit to."""
+    if config.fit_to_max_time and max_time_timer(trainer) is None:
+        rank_zero_warn(
+            "model.optimizer.fit_to_max_time=true fits the learning-rate decay to trainer.max_time, which is not "
+            f"set: the decay ends at step {trainer.estimated_stepping_batches} (max_steps/max_epochs)"
+        )
+
+
+def warn_if_schedule_kept(trainer: L.Trainer, planned: int | None, config: OptimizerConfig) -> None:
+    """Warn at a resumed fit's start that the cosine schedule the checkpoint planned for ``planned`` steps is kept
+    although this run goes to another step, and say what that does to the steps that differ."""
+    total = trainer.estimated_stepping_batches
+    fitted = config.fit_to_max_time  # re-planned as it goes: a resumed plan differs by design
+    if planned is not None and planned != total and config.schedule == "cosine" and not fitted:
+        warmup = config.warmup_steps
+        if total <= planned:
+            effect = f"it stops at step {total}, before the decay ends"
+        elif planned >= warmup:
+            effect = f"steps {planned}..{total} run at min_lr={config.min_lr}"
+        elif total <= warmup:
+            effect = f"steps {planned}..{total} still warm up (to step {warmup}), with no decay after them"
+        else:
+            effect = (f"steps {planned}..{warmup} still warm up, then steps {warmup}..{total} run at "
+                      f"min_lr={config.min_lr} (no decay)")  # fmt: skip
+        rank_zero_warn(
+            f"the learning-rate schedule was planned for {planned} steps by the run this checkpoint comes from, "
+            f"and it is kept (resuming is exact); this run goes to {total} steps, so {effect}. To plan a new "
+            "schedule, start a new run from the checkpoint's weights instead of resuming."
+        )

@@ -25,7 +25,8 @@ from lightformer.facts import DataFacts
 from lightformer.layouts import bert
 from lightformer.models.bert import BertConfig, BertForSequenceClassification
 from lightformer.registry import register
-from lightformer.tasks.base import TextTask, net_config_values
+from lightformer.tasks.base import TextTask
+from lightformer.tasks.config_values import net_config_values
 
 Batch = dict[str, Tensor | list[str]]
 

@@ -14,7 +14,7 @@ from torchmetrics.text import SacreBLEUScore
 
 from lightformer.callbacks import raise_if_non_finite
 from lightformer.checkpoints import require_file
-from lightformer.commands import load_task, read_stdin, require
+from lightformer.command_support import load_task, read_stdin, require
 from lightformer.data.modules.translation import TranslationDataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.errors import ConfigError

@@ -1,0 +1,41 @@
+"""What a task's batch holds and costs, for the throughput lines and FLOP/s (``lightformer.callbacks.Throughput``):
+the tensors its model takes (``model_inputs``), the samples and items it counts (``throughput_counts``: each task says
+both) and the model's floating-point operations on it (``batch_flops``).
+
+``BatchCosts`` is a part of ``lightformer.tasks.Task`` (which sets ``_flop_counter`` up and calls ``batch_flops``
+before each training and validation batch), not a class of its own use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from lightformer.flops import FlopCounter
+
+
+class BatchCosts:
+    """The methods of a ``Task`` that count a batch (see the module's docstring)."""
+
+    model: nn.Module
+    _flop_counter: FlopCounter | None
+
+    def model_inputs(self, batch: Any) -> tuple[Tensor, ...]:
+        """The tensors of ``batch`` that ``forward`` takes, batch dimension first."""
+        raise NotImplementedError
+
+    def throughput_counts(self, batch: Any) -> tuple[int, int]:
+        """(samples, items) in ``batch``: items are what the task's throughput counts (tokens or images)."""
+        raise NotImplementedError
+
+    def batch_flops(self, batch: Any, backward: bool) -> int:
+        """Floating-point operations of the model on ``batch``: the forward pass, and the backward pass if
+        ``backward``. Counted by PyTorch's ``FlopCounterMode`` on a copy of the model on the meta device (no
+        compute) at a few shapes, then by a polynomial in the sequence lengths (``lightformer.flops``): a batch of a
+        new shape costs no count."""
+        if self._flop_counter is None:
+            model_class = next(c for c in type(self.model).__mro__ if "FSDP" not in c.__name__)  # FSDP2 subclasses
+            self._flop_counter = FlopCounter(lambda: model_class(self.model.config))
+        inputs = self.model_inputs(batch)
+        return self._flop_counter.per_example(inputs, backward) * len(inputs[0])

@@ -1,0 +1,133 @@
+"""The contract between the data and the model, as a task keeps it: the model's config filled from the data's facts
+(``net_config``, ``sizes_from_data``), the one check of the data module's facts against the task's at set-up
+(``take_data_facts``, ``check_data``) and against a checkpoint's (``take_checkpoint_facts``), and the facts read
+once for the task (``fact``: its tokenizers, classes, palette).
+
+``DataContract`` is a part of ``lightformer.tasks.Task`` (which sets ``data_facts`` and ``_parsed`` up and calls
+these from its hooks), not a class of its own use.
+"""
+
+from __future__ import annotations
+
+import operator
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+from lightformer.data.preparation.tokenizers import Tokenizer
+from lightformer.errors import ConfigError
+from lightformer.facts import DataFacts, check_start_tokenizer, facts_of_checkpoint
+from lightformer.tasks.config_values import config_defaults
+
+# The fields of a model's config that may be larger than the data's (``check_data``).
+CAPACITIES = frozenset({"vocab_size", "src_vocab_size", "tgt_vocab_size", "block_size"})
+
+
+class DataContract:
+    """The methods of a ``Task`` that hold its model to the data's facts (see the module's docstring)."""
+
+    net_from_data: Mapping[str, str]  # field of the model's config → the ``DataFacts`` field that fills it
+    data_facts: DataFacts | None  # the task's own: given (the command line, a checkpoint), or taken at set-up
+    _parsed: dict[str, tuple[Any, Any]]  # fact name → (its value, the tokenizer or palette read from it)
+
+    def net_config(self, net: Any) -> Any:
+        """The model's config: ``net`` (a config dataclass or its dict), its fields in ``net_from_data`` filled from
+        ``data_facts``. Such a field set to another value than the data's (in a config, or by an old checkpoint) is
+        refused: the data decides it."""
+        config_class = typing.get_type_hints(type(self).__init__)["net"]
+        given = asdict(net) if is_dataclass(net) else dict(net or {})
+        defaults = config_defaults(config_class)
+        for path, value in self.sizes_from_data(self.data_facts).items():  # a dotted path into a nested config
+            *towers, name = path.split(".")
+            owner, default = given, defaults
+            for tower in towers:  # copied on the way down: the caller's dicts stay as they are
+                inner = owner.get(tower) or {}
+                owner[tower] = asdict(inner) if is_dataclass(inner) else dict(inner)
+                owner, default = owner[tower], default[tower]
+            if owner.get(name, default[name]) not in (default[name], value):
+                raise ConfigError(
+                    f"model.net.{path}={owner[name]} is set, but it comes from the data, which gives {name}={value}: "
+                    f"remove model.net.{path} from the config files and the command line (for a checkpoint's model, "
+                    "use the data it was trained with)"
+                )
+            owner[name] = value
+        try:
+            return config_class(**given)
+        except ValueError as error:
+            raise ConfigError(f"model.net: {error}") from None
+
+    @classmethod
+    def sizes_from_data(cls, facts: DataFacts | None) -> dict[str, Any]:
+        """The fields of the model's config that ``facts`` fill (``net_from_data``), those the data has."""
+        if facts is None:
+            return {}
+        sizes = {name: getattr(facts, fact) for name, fact in cls.net_from_data.items()}
+        return {name: value for name, value in sizes.items() if value is not None}
+
+    def take_data_facts(self, facts: DataFacts, stage: str) -> None:
+        """The one check between the data and the model: ``facts`` (the data module's) must be the task's own, the
+        ones its model was built with (a checkpoint's, or given by the command line), each difference named; and the
+        model must hold what the data gives (``check_data``). A task built without facts takes these."""
+        if self.data_facts is not None:
+            self.data_facts.check_same(facts)
+        self.check_data(facts, stage)
+        if self.data_facts is None:
+            self.hold(facts)
+
+    def check_data(self, facts: DataFacts, stage: str) -> None:
+        """Refuse data the model cannot hold: its sizes (``net_from_data``) must be the model's, except that the
+        model's vocabularies and context may be larger than the data's; and a new fit's ``model.init`` checkpoints
+        must have been trained with the data's tokenizer, where they carry one. A task adds its own checks (the data's
+        ``max_length`` against the model's position table, a token its loss needs)."""
+        starting = stage == "fit" and self.init_config.sources() and self.trainer.ckpt_path is None
+        if starting and facts.tokenizer is not None:
+            for _, file, option in self.init_config.sources():
+                check_start_tokenizer(file, option, facts.tokenizer)
+        config = self.model.config
+        for name, value in self.sizes_from_data(facts).items():
+            built = operator.attrgetter(name)(config)
+            capacity = name.rpartition(".")[2] in CAPACITIES
+            if value != built and not (capacity and value < built):
+                need = "at least" if capacity else "equal to"
+                raise ConfigError(
+                    f"the data gives {name}={value} but the model has model.net.{name}={built}, which must be {need} "
+                    "it; use the data settings the model was built for"
+                )
+
+    def fact(self, name: str, read: Callable[[Any], Any]) -> Any:
+        """The fact ``name`` of ``data_facts`` read by ``read`` (a tokenizer from its JSON, a palette from its dict)
+        once per value; None where the task has no such fact (yet)."""
+        value = getattr(self.data_facts, name, None)
+        if value is None:
+            return None
+        cached = self._parsed.get(name)
+        if cached is None or cached[0] is not value:
+            cached = self._parsed[name] = (value, read(value))
+        return cached[1]
+
+    def fact_tokenizer(self, name: str) -> Tokenizer | None:
+        """The tokenizer of the fact ``name`` (``tokenizer``, ``src_tokenizer``, ``tgt_tokenizer``), read once."""
+        return self.fact(name, lambda text: Tokenizer.from_str(text, source=f"the model's {name}"))
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """The classes, in the order of a classifier's outputs (the data's facts, or the checkpoint's); None: none."""
+        return self.fact("class_names", list)
+
+    def hold(self, facts: DataFacts) -> None:
+        """Keep ``facts`` as the task's own, in its hyperparameters too (so in its checkpoints)."""
+        self.data_facts = facts
+        self.hparams["data_facts"] = facts.as_dict()
+
+    def take_checkpoint_facts(self, checkpoint: dict) -> None:
+        """The checkpoint's facts (``facts_of_checkpoint``: also of one written before its hyperparameters held
+        them, up to commit 51eef69), checked against the task's when it has some already (``fit``/``validate``/
+        ``test --ckpt_path`` set the data's up first), else taken."""
+        saved = facts_of_checkpoint(checkpoint)
+        if saved is None:
+            return
+        if self.data_facts is not None:
+            saved.check_same(self.data_facts)
+        else:
+            self.hold(saved)
