@@ -17,8 +17,6 @@ import ast
 import textwrap
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "lightformer"
 
 
@@ -137,11 +135,6 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="checkpoints → hf_layouts → tasks/base → ... → checkpoints (hf_layouts types its functions with Task): "
-    "the export layouts' change breaks it",
-)
 def test_lightformer_has_no_import_cycle():
     graph = import_graph(PACKAGE)
     assert len(graph) > 40 and graph["lightformer.cli"], "the graph was not read"
