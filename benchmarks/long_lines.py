@@ -69,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
 
     task = ImageToTextTask.load_from_checkpoint(args.ckpt_path, map_location="cpu", weights_only=True)
-    height, width = task.model.config.image_size
+    height, width = task.model.config.encoder.image_size
     font = discover_fonts()[args.family][0]
     style = LineStyle()
     texts = stretches(" ".join(split_sentences("austen", str(austen_text(args.corpus)))["test"]), args.chars,

@@ -434,13 +434,12 @@ def test_exported_weights_have_the_mode_of_the_folders_other_files(tmp_path):
     assert oct((tmp_path / "plain" / "model.safetensors").stat().st_mode & 0o777) == "0o644"
 
 
-def test_the_layouts_and_the_checkpoints_sit_below_the_tasks(monkeypatch):
+def test_the_layouts_and_the_checkpoints_sit_below_the_tasks():
     """The tasks import the layouts they declare; no layout, nor the checkpoint code that reads a Hugging Face folder,
     reaches a task by any import, ``TYPE_CHECKING`` ones included (the circle checkpoints → hf_layouts → tasks.base →
     … → checkpoints is gone)."""
     import test_imports
 
-    monkeypatch.setattr(test_imports, "_is_type_checking", lambda test: False)
     graph = test_imports.import_graph(test_imports.PACKAGE)
     layouts = [name for name in graph if name.startswith("lightformer.layouts.")]
     assert len(layouts) == 4

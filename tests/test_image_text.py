@@ -148,7 +148,7 @@ def synthetic_reader(canvases: list[tuple[int, int]]):
 def synthetic_task(height: int, width: int, canvases: list) -> SimpleNamespace:
     """The parts of an image-to-text task that ``read_files`` uses: a grey ``height`` × ``width`` canvas fitted as a
     line, and the synthetic reader."""
-    config = SimpleNamespace(in_channels=1, image_size=(height, width))
+    config = SimpleNamespace(encoder=SimpleNamespace(in_channels=1, image_size=(height, width)))
     facts = DataFacts(normalize_mean=(0.5,), normalize_std=(0.5,), image_fit="line")
     task = SimpleNamespace(model=SimpleNamespace(config=config), data_facts=facts, device="cpu",
                            read_images=synthetic_reader(canvases))  # fmt: skip

@@ -10,7 +10,7 @@ from torch import nn
 from lightformer import commands
 from lightformer.distributed import layer_stacks
 from lightformer.nn import Decoder, Encoder
-from test_old_checkpoints import TASK_CLASSES, fixture, task_class
+from test_old_checkpoints import FIXTURE_NAMES, fixture, task_class
 from tiny_runs import build, task_args
 
 
@@ -18,9 +18,9 @@ def stacks_found(model: nn.Module) -> list[nn.Module]:
     return [module for module in model.modules() if isinstance(module, Encoder | Decoder)]
 
 
-@pytest.mark.parametrize("task", list(TASK_CLASSES))
-def test_each_models_layer_stacks_are_every_stack_it_has(task):
-    model = commands.load_task(fixture(task), task_class(task), "test").model
+@pytest.mark.parametrize(("commit", "task"), FIXTURE_NAMES)
+def test_each_models_layer_stacks_are_every_stack_it_has(commit, task):
+    model = commands.load_task(fixture(task, commit), task_class(task), "test").model
     assert layer_stacks(model) and [id(m) for m in layer_stacks(model)] == [id(m) for m in stacks_found(model)]
 
 
