@@ -23,7 +23,7 @@ import torch
 import yaml
 from torch import Tensor
 
-from lightformer.commands import load_task
+from lightformer.tasks.command_support import load_task
 from lightformer.data import TextClassificationDataModule
 from lightformer.models.bert import BertEncoder
 from lightformer.tasks import MaskedLanguageModelTask
