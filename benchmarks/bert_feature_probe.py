@@ -23,10 +23,10 @@ import torch
 import yaml
 from torch import Tensor
 
-from lightformer.commands import load_task
 from lightformer.data import TextClassificationDataModule
 from lightformer.models.bert import BertEncoder
 from lightformer.tasks import MaskedLanguageModelTask
+from lightformer.tasks.command_support import load_task
 
 
 def layer_features(encoder: BertEncoder, loader) -> tuple[list[Tensor], Tensor]:

@@ -28,7 +28,7 @@ BASE = [
     f"--trainer.max_steps={STEPS}",
     "--trainer.enable_progress_bar=false",
     "--trainer.enable_model_summary=false",
-    '--trainer.callbacks=[{"class_path": "lightformer.callbacks.ModelCheckpoint", "init_args": '
+    '--trainer.callbacks=[{"class_path": "lightformer.training.callbacks.ModelCheckpoint", "init_args": '
     '{"every_n_train_steps": 20, "save_top_k": -1, "filename": "{step}", "save_last": true}}]',
 ]
 

@@ -32,8 +32,8 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from lightformer.callbacks import drop_rates
-from lightformer.cli import cli_main
+from lightformer.cli.main import cli_main
+from lightformer.training.callbacks import drop_rates
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_RECIPES = ["configs/lm/austen_char.yaml", "configs/vision/vit_fashion_mnist.yaml",

@@ -16,7 +16,8 @@ it measured.
   per machine), so that no later part times a data preparation;
 - lm: configs/lm/austen_bpe_gpu.yaml (GPT-2 small's shape) in ``fit``: tokens/s, FLOP/s and MFU after compilation,
   the medians of the run's throughput curves in TensorBoard (Lightning's ``ThroughputMonitor``), against the GPU's
-  spec dense peak (the bar: 50% in bf16) and a matrix-multiply peak measured at the start (``lightformer.peaks``);
+  spec dense peak (the bar: 50% in bf16) and a matrix-multiply peak measured at the start
+  (``lightformer.training.peaks``);
 - peers: benchmarks/peers.py at GPT-2 small's shape, bf16, compiled: our GPT's tokens/s against Hugging Face's
   GPT-2 (the bar: 1.3×);
 - ding: configs/translation/ding_de_en_gpu.yaml in ``fit``: steps/s after warm-up (the bar: 10× a CPU's);
@@ -79,7 +80,7 @@ LM, DING, VIT, IMAGE_TEXT = (
     "configs/image_text/printed_lines_gpu.yaml",
 )
 THROUGHPUT = "velocity/train/device/"  # ThroughputMonitor's curves, as lightformer's TensorBoardLogger names them
-THROUGHPUT_WINDOW = 20  # steps per throughput reading (lightformer.callbacks.Throughput's window)
+THROUGHPUT_WINDOW = 20  # steps per throughput reading (lightformer.training.callbacks.Throughput's window)
 VERSIONS = ("torch", "lightning", "timm", "litdata", "jsonargparse", "transformers", "tokenizers", "torchmetrics")
 TAIL_LINES = 40  # of a failed part's output, in the report
 
@@ -138,14 +139,17 @@ DRY_RUN = Sizes(
 
 @dataclass(frozen=True)
 class Peaks:
-    """Peak FLOP/s of the device at the check's dtype, from ``lightformer.peaks``."""
+    """Peak FLOP/s of the device at the check's dtype, from ``lightformer.training.peaks``."""
 
     spec: float | None  # dense, from the GPU's datasheet; None: not in the table (a CPU)
     measured: float  # the fastest of a few n × n matrix multiplies, at the start of the check
 
 
 def measure_peaks(device: torch.device, dtype: torch.dtype) -> Peaks:
-    from lightformer.peaks import measured_flops, spec_flops  # here: src/ is on the path once python_path() ran
+    from lightformer.training.peaks import (  # here: src/ is on the path once python_path() ran
+        measured_flops,
+        spec_flops,
+    )
 
     spec = spec_flops(torch.cuda.get_device_name(device), dtype) if device.type == "cuda" else None
     return Peaks(spec, measured_flops(device, dtype))
@@ -494,8 +498,8 @@ def machine_lines(device: torch.device, peaks: Peaks, dtype: torch.dtype, missin
         f"- date: {datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; commit {commit()}",
         f"- device: {name}",
         f"- versions: {', '.join(versions)}",
-        f"- peak {str(dtype).removeprefix('torch.')} FLOP/s (`lightformer.peaks`): spec dense {spec}, measured "
-        f"{peers.flop_rate(peaks.measured)} (the fastest of a few n × n matrix multiplies, at the start)",
+        f"- peak {str(dtype).removeprefix('torch.')} FLOP/s (`lightformer.training.peaks`): spec dense {spec}, "
+        f"measured {peers.flop_rate(peaks.measured)} (the fastest of a few n × n matrix multiplies, at the start)",
     ]
     if missing_wheels:
         lines.append("- jsonargparse or litdata is missing and there is no .whl/: run `bash benchmarks/gpu_wheels.sh`")

@@ -53,10 +53,10 @@ from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.generation import beam_search
 from lightformer.models.vision_text import VisionEncoderDecoder, VisionEncoderDecoderConfig
-from lightformer.peaks import auto_precision
 from lightformer.tasks.compilation import DYNAMIC_COMPILE_OPTIONS
 from lightformer.tasks.image_text import image_text_loss
 from lightformer.tasks.optim import OptimizerConfig, configure_adamw
+from lightformer.training.peaks import auto_precision
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "image_text" / "printed_lines.yaml"
 NAMES = ("lightformer", "huggingface")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from lightformer import commands
-from lightformer.cli import cli_main
+from lightformer.cli import commands
+from lightformer.cli.main import cli_main
 from lightformer.tasks import ImageToTextTask
 from test_old_checkpoints import AtTrainStart, assert_same_weights, quiet
 

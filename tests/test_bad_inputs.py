@@ -14,10 +14,10 @@ import pytest
 import torch
 from PIL import Image
 
-from lightformer import callbacks
-from lightformer.callbacks import NonFiniteLossError
-from lightformer.cli import cli_main, main
-from lightformer.files import atomic_open
+from lightformer.cli.main import cli_main, main
+from lightformer.io.files import atomic_open
+from lightformer.training import callbacks
+from lightformer.training.callbacks import NonFiniteLossError
 from tiny_runs import build, last_checkpoint, task_args
 
 
@@ -467,12 +467,12 @@ def test_a_resume_into_the_warm_up_says_which_steps_still_warm_up(tmp_path):
     ],
 )  # fmt: skip
 def test_an_error_of_ours_keeps_its_traceback_and_asks_for_a_report(monkeypatch, capsys, error, ours, message):
-    import lightformer.cli
+    import lightformer.cli.main
 
     def fail(args):
         raise error
 
-    monkeypatch.setattr(lightformer.cli, "cli_main", fail)
+    monkeypatch.setattr(lightformer.cli.main, "cli_main", fail)
     assert refused(["fit", "--config=configs/lm/austen_char.yaml"]).startswith(f"lightformer: {message}")
     assert ("Traceback" in capsys.readouterr().err) == ours
 
@@ -681,8 +681,8 @@ def test_a_start_that_leaves_tensors_fresh_for_their_shape_is_refused_unless_ask
     exit 0. Refused now, naming a tensor and both shapes; a head of another number of classes is fine when
     init.skip names it, and any start when init.strict is off. Tensors the model has no place for (a masked-LM
     head) and parameters the checkpoint lacks (a new classifier) are normal."""
-    from lightformer.checkpoints import InitConfig
     from lightformer.errors import ConfigError
+    from lightformer.io.checkpoints import InitConfig
     from lightformer.models.bert import BertConfig
     from lightformer.tasks import TextClassificationTask
 
@@ -1102,7 +1102,7 @@ def test_a_checkpoint_write_stopped_by_a_file_size_limit_says_so(tmp_path):
     path = tmp_path / "last.ckpt"
     script = (
         "import resource, sys, torch\n"
-        "from lightformer.callbacks import AtomicCheckpointIO\n"
+        "from lightformer.training.callbacks import AtomicCheckpointIO\n"
         "from lightformer.errors import raise_as_bug\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))\n"
         "try:\n"

@@ -15,8 +15,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lightformer.callbacks import AtomicCheckpointIO, NonFiniteLossError, RandomStateCheckpoint
-from lightformer.cli import cli_main, main
+from lightformer.cli.main import cli_main, main
+from lightformer.training.callbacks import AtomicCheckpointIO, NonFiniteLossError, RandomStateCheckpoint
 from tiny_runs import ALL_TASKS, build, last_checkpoint, start_cli, task_args
 
 
@@ -44,7 +44,10 @@ class StopAfterEpochs(Callback):
         ("translation", ["--data.tokenizer.bpe_dropout=0.1", "--data.tokenizer.bpe_dropout_segmentations=2"]),
         # late dropout that starts in epoch 3 (3 steps an epoch): the resumed run starts without dropout, as the
         # uninterrupted run was at that step, and turns it on at the same step
-        ("translation", ["--trainer.callbacks+=lightformer.callbacks.LateDropout", "--trainer.callbacks.start_step=8"]),
+        (
+            "translation",
+            ["--trainer.callbacks+=lightformer.training.callbacks.LateDropout", "--trainer.callbacks.start_step=8"],
+        ),
     ],
     ids=lambda value: value if isinstance(value, str) else "+".join(o.split(".")[-1] for o in value) or None,
 )
@@ -355,7 +358,7 @@ def test_a_model_starts_from_another_runs_weights_with_a_new_head_frozen_and_slo
     from safetensors.torch import save_file
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
-    from lightformer.checkpoints import InitConfig
+    from lightformer.io.checkpoints import InitConfig
     from lightformer.models import ViTConfig
     from lightformer.models.vit import lightformer_to_timm
     from lightformer.tasks import ImageClassificationTask

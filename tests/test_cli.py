@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lightformer.callbacks import NonFiniteLossGuard
-from lightformer.cli import TRAINER_COMMANDS, checkpoint_commands, cli_main, main
-from lightformer.progress import ProgressBar
+from lightformer.cli.main import TRAINER_COMMANDS, checkpoint_commands, cli_main, main
+from lightformer.training.callbacks import NonFiniteLossGuard
+from lightformer.training.progress import ProgressBar
 from tiny_runs import task_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +37,7 @@ def test_an_unknown_command_names_the_commands():
 
 
 def test_prepare_takes_fits_command_line_and_fit_then_prepares_nothing(tmp_path, capsys, monkeypatch):
-    from lightformer.cli import cli_main
+    from lightformer.cli.main import cli_main
     from lightformer.data.preparation import prepare
 
     corpus = tmp_path / "corpus.txt"
@@ -115,7 +115,7 @@ def test_lightning_puts_a_checkpoints_hyperparameters_into_the_config_between_pa
     changes it fails here."""
     import torch
 
-    from lightformer.cli import LightformerCLI, quiet_library_noise
+    from lightformer.cli.main import LightformerCLI, quiet_library_noise
 
     class Seen(Exception):
         pass
@@ -139,6 +139,6 @@ def test_a_configured_non_finite_guard_replaces_the_default_one(tmp_path):
     default = cli_main([*task_args("lm", tmp_path / "default")], run=False)
     assert [c.check_every_n_steps for c in default.trainer.callbacks if isinstance(c, NonFiniteLossGuard)] == [1]
     configured = cli_main([*task_args("lm", tmp_path / "configured"),
-                           "--trainer.callbacks+=lightformer.callbacks.NonFiniteLossGuard",
+                           "--trainer.callbacks+=lightformer.training.callbacks.NonFiniteLossGuard",
                            "--trainer.callbacks.check_every_n_steps=100"], run=False)  # fmt: skip
     assert [c.check_every_n_steps for c in configured.trainer.callbacks if isinstance(c, NonFiniteLossGuard)] == [100]

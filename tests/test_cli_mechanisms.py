@@ -11,8 +11,8 @@ import lightning as L
 import pytest
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, auto_cli
 
-from lightformer.cli import _gather_list_option, null_group_fields
-from lightformer.config_checks import check_config_files, config_files, model_options_given
+from lightformer.cli.checks import check_config_files, config_files, model_options_given
+from lightformer.cli.main import _gather_list_option, null_group_fields
 from lightformer.data import MaskedLMDataModule, SpanCorruptionDataModule, TextClassificationDataModule
 from lightformer.data.modules.base import ConfigFacts, DataModule
 from lightformer.errors import ConfigError, raised_by_jsonargparse, user_error

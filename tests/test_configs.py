@@ -4,7 +4,7 @@ import glob
 
 import pytest
 
-from lightformer.cli import cli_main
+from lightformer.cli.main import cli_main
 from tiny_runs import resolved_config
 
 CONFIGS = sorted(glob.glob("configs/*/*.yaml"))

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from lightformer import tasks
-from lightformer.checkpoints import CheckpointError
 from lightformer.data.modules.base import DataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
-from lightformer.errors import ConfigError
-from lightformer.facts import DataFacts, facts_of_checkpoint
+from lightformer.errors import CheckpointError, ConfigError
+from lightformer.facts import DataFacts
+from lightformer.io.checkpoints import facts_of_checkpoint
 from lightformer.models.gpt import GPTConfig
 from lightformer.tasks import LanguageModelTask
 
@@ -158,7 +158,7 @@ def test_a_fine_tuning_config_takes_the_shape_of_the_checkpoint_it_starts_from(t
     import lightning as L
     from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
-    from lightformer.config_checks import net_fields_given, take_shape_from_init_checkpoint
+    from lightformer.cli.checks import net_fields_given, take_shape_from_init_checkpoint
 
     path = tmp_path / "mlm.ckpt"
     saved = {"d_model": 256, "n_layers": 4, "dropout": 0.0, "vocab_size": 300, "max_len": 128}

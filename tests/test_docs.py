@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lightformer import cli
+from lightformer.cli import main as cli
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -59,7 +59,7 @@ def test_each_documented_command_still_parses(command, args, monkeypatch, capsys
     the checkpoint commands parse their options through the real dispatch, with the command itself not run."""
     assert command in {*cli.TRAINER_COMMANDS, *cli.checkpoint_commands()}, f"lightformer {command}: no such command"
     if command in cli.checkpoint_commands():
-        from lightformer.commands import COMMANDS
+        from lightformer.cli.commands import COMMANDS
         from lightformer.registry import built_in
 
         functions = next((spec.commands for spec in built_in().values() if command in spec.commands), COMMANDS)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lightformer.cli import cli_main, main
+from lightformer.cli.main import cli_main, main
 from lightformer.data import ImageDataModule, TextDataModule, TranslationDataModule
 from lightformer.data.modules.images import ImageSource
 from lightformer.data.modules.translation import PairBatches, PairSource

@@ -1,16 +1,16 @@
-"""FLOPs per example without a count per batch shape (``lightformer.flops``): the polynomial in the sequence lengths,
-fitted from a few short lengths, matches PyTorch's ``FlopCounterMode`` at the shapes training sees, for every model;
-and the number of counts does not grow with the number of distinct batch shapes."""
+"""FLOPs per example without a count per batch shape (``lightformer.training.flops``): the polynomial in the sequence
+lengths, fitted from a few short lengths, matches PyTorch's ``FlopCounterMode`` at the shapes training sees, for every
+model; and the number of counts does not grow with the number of distinct batch shapes."""
 
 import pytest
 import torch
 from lightning.fabric.utilities.throughput import measure_flops
 
-from lightformer.flops import FlopCounter, _outputs
 from lightformer.models.bert import BertConfig, BertForPreTraining, BertForSequenceClassification
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.models.seq2seq import EncoderDecoder, EncoderDecoderConfig
 from lightformer.models.vit import VisionTransformer, ViTConfig
+from lightformer.training.flops import FlopCounter, _outputs
 
 SMALL = dict(n_heads=2, d_model=32)
 MODELS = {

@@ -1,4 +1,4 @@
-"""Hugging Face layouts (``lightformer.hf_layouts``): a checkpoint exported with ``export --layout hf`` loads with
+"""Hugging Face layouts (``lightformer.io.hf_layouts``): a checkpoint exported with ``export --layout hf`` loads with
 ``from_pretrained`` (nothing missing or unexpected) and gives the same logits and greedy tokens as lightformer's
 model; a folder written by ``transformers`` starts a lightformer model with the same logits; a shape no layout fits is
 refused by the field to change. Tiny models built from configs, no download."""
@@ -17,13 +17,13 @@ import yaml
 from jsonargparse import Namespace
 from PIL import Image
 
-from lightformer.checkpoints import InitConfig, pretrained_weights
-from lightformer.cli import cli_main, main
-from lightformer.commands import export
-from lightformer.config_checks import take_shape_from_init_checkpoint
+from lightformer.cli.checks import take_shape_from_init_checkpoint
+from lightformer.cli.commands import export
+from lightformer.cli.main import cli_main, main
 from lightformer.data.preparation.tokenizers import MASK, Tokenizer
 from lightformer.errors import ConfigError
 from lightformer.generation import generate
+from lightformer.io.checkpoints import InitConfig, pretrained_weights
 from lightformer.models.bert import BertConfig
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.models.seq2seq import EncoderDecoderConfig
@@ -441,9 +441,9 @@ def test_the_layouts_and_the_checkpoints_sit_below_the_tasks():
     import test_imports
 
     graph = test_imports.import_graph(test_imports.PACKAGE)
-    layouts = [name for name in graph if name.startswith("lightformer.layouts.")]
+    layouts = [name for name in graph if name.startswith("lightformer.io.layouts.")]
     assert len(layouts) == 4
-    for start in ["lightformer.hf_layouts", "lightformer.checkpoints", "lightformer.registry", *layouts]:
+    for start in ["lightformer.io.hf_layouts", "lightformer.io.checkpoints", "lightformer.registry", *layouts]:
         reached, stack = set(), [start]
         while stack:
             for target in graph[stack.pop()] - reached:

@@ -11,18 +11,18 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from lightformer.checkpoints import CheckpointError
-from lightformer.cli import cli_main
+from lightformer.cli.main import cli_main
 from lightformer.data.modules import image_tokens
 from lightformer.data.modules.image_tokens import ImageTokenDataModule
 from lightformer.data.modules.images import CARVE, ImageLoaderConfig, ImageSource
 from lightformer.data.objectives.pixels import PaletteConfig, PixelTokenizer
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.raw.image_files import load_image
+from lightformer.errors import CheckpointError
 from lightformer.facts import DataFacts
 from lightformer.models.gpt import GPTConfig
 from lightformer.tasks.image_gpt import ImageGPTTask, bits_per_dim, completion_rows, probe, sample_images
-from lightformer.tensorboard import image_grid
+from lightformer.training.tensorboard import image_grid
 from tiny_runs import FactsOnly, with_data
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "igpt" / "digits.yaml"

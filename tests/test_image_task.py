@@ -11,13 +11,13 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lightformer.cli import cli_main, main
+from lightformer.cli.main import cli_main, main
 from lightformer.data import ImageDataModule
 from lightformer.data.modules.images import ImageLoaderConfig, ImageSource
 from lightformer.models import ViTConfig
 from lightformer.models.vit import attention_rollout
 from lightformer.tasks import ImageClassificationTask
-from lightformer.tensorboard import confusion_figure, rollout_figure
+from lightformer.training.tensorboard import confusion_figure, rollout_figure
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "vision" / "vit_digits.yaml"
 

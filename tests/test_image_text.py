@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lightformer.cli import cli_main, main
+from lightformer.cli.main import cli_main, main
 from lightformer.data.raw.image_files import fit_line
 from lightformer.data.raw.rendering import discover_fonts
 from lightformer.facts import DataFacts

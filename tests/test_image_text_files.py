@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from lightformer.cli import main
+from lightformer.cli.main import main
 from lightformer.data.loading.streaming import Records
 from lightformer.data.modules.image_text import jitter
 from lightformer.data.modules.image_text_files import ImageTextFiles, ImageTextFilesDataModule, carved

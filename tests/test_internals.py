@@ -1,5 +1,5 @@
-"""What ``lightformer.internals`` relies on in Lightning, torch and LitData, pinned on real objects: a test here fails,
-naming the function, when an upgrade renames or changes the private attribute or method that function uses.
+"""What ``lightformer.training.internals`` relies on in Lightning, torch and LitData, pinned on real objects: a test
+here fails, naming the function, when an upgrade renames or changes the private attribute or method that function uses.
 
 Most run on one tiny ``Trainer`` fit (Lightning's ``BoringModel``, four steps on CPU) that records what the functions
 return at the moments lightformer calls them, beside what Lightning then did (the steps it logged at, the checkpoint
@@ -24,8 +24,8 @@ from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from torch.utils.data import DataLoader
 
-from lightformer import internals
 from lightformer.data.preparation.prepare import REMOTE_SCHEMES, _random_state_kept, object_store
+from lightformer.training import internals
 
 
 class Recorder(Logger):
@@ -97,7 +97,8 @@ class Probe(Callback):
 
 
 class PeakFlops(ThroughputMonitor):
-    """ThroughputMonitor with its meters' peak set after its setup, as ``lightformer.callbacks.Throughput`` does."""
+    """ThroughputMonitor with its meters' peak set after its setup, as ``lightformer.training.callbacks.Throughput``
+    does."""
 
     def setup(self, trainer, pl_module, stage) -> None:
         super().setup(trainer, pl_module, stage)
@@ -338,7 +339,8 @@ def test_dataloader_iterators_draw_from_the_loaders_index_sampler():
 
 
 def test_rich_progress_bar_titles_the_training_bar_with_get_train_description():
-    """``lightformer.progress.ProgressBar`` overrides ``RichProgressBar._get_train_description(current_epoch)``."""
+    """``lightformer.training.progress.ProgressBar`` overrides
+    ``RichProgressBar._get_train_description(current_epoch)``."""
     from lightning.pytorch.callbacks import RichProgressBar
 
     assert list(inspect.signature(RichProgressBar._get_train_description).parameters) == ["self", "current_epoch"]

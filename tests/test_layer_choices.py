@@ -8,7 +8,7 @@ import typing
 import pytest
 import torch
 
-from lightformer.cli import cli_main
+from lightformer.cli.main import cli_main
 from lightformer.models import EncoderDecoderConfig, GPTConfig, ViTConfig
 from lightformer.models.bert import BertConfig, MaskedLMHead
 from lightformer.nn import (

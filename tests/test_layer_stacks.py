@@ -1,15 +1,15 @@
 """A model names its layer stacks once, beside its class (``layer_stacks``): FSDP2 shards each of their layers as one
-unit and activation checkpointing recomputes them (``lightformer.distributed``). Every model's names reach every
-stack it has, so the units are what walking the model for ``Encoder`` / ``Decoder`` stacks found before."""
+unit and activation checkpointing recomputes them (``lightformer.training.distributed``). Every model's names reach
+every stack it has, so the units are what walking the model for ``Encoder`` / ``Decoder`` stacks found before."""
 
 from __future__ import annotations
 
 import pytest
 from torch import nn
 
-from lightformer import commands
-from lightformer.distributed import layer_stacks
+from lightformer.cli import commands
 from lightformer.nn import Decoder, Encoder
+from lightformer.training.distributed import layer_stacks
 from test_old_checkpoints import FIXTURE_NAMES, fixture, task_class
 from tiny_runs import build, task_args
 

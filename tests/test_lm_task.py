@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lightformer.cli import cli_main, main
+from lightformer.cli.main import cli_main, main
 from lightformer.facts import DataFacts
 from lightformer.models import GPTConfig
 from lightformer.tasks import LanguageModelTask
@@ -79,7 +79,10 @@ def test_training_scalars_reach_the_logs_on_the_logging_steps_with_those_steps_v
 
 @pytest.mark.slow
 def test_fit_writes_tensorboard_scalars_and_samples_and_a_checkpoint_that_generates(tmp_path, capsys):
-    throughput = {"class_path": "lightformer.callbacks.Throughput", "init_args": {"window_size": 2, "peak_flops": 1e12}}
+    throughput = {
+        "class_path": "lightformer.training.callbacks.Throughput",
+        "init_args": {"window_size": 2, "peak_flops": 1e12},
+    }
     log_dir = fit_tiny(tmp_path, f"--trainer.callbacks+={json.dumps(throughput)}")
     events = EventAccumulator(log_dir)
     events.Reload()

@@ -17,8 +17,9 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lightformer import commands, tasks
-from lightformer.cli import cli_main, main
+from lightformer import tasks
+from lightformer.cli import commands
+from lightformer.cli.main import cli_main, main
 from lightformer.tasks import image_classification, image_gpt, image_text, language_model, translation
 from tiny_runs import IMAGE_TEXT_DATA
 

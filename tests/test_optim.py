@@ -7,10 +7,10 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lightformer.callbacks import LateDropout, drop_rates
-from lightformer.cli import cli_main
+from lightformer.cli.main import cli_main
 from lightformer.models import GPT, GPTConfig
 from lightformer.tasks.optim import OptimizerConfig, WarmupSchedule, configure_adamw
+from lightformer.training.callbacks import LateDropout, drop_rates
 from tiny_runs import events_of, last_checkpoint, task_args
 
 
@@ -132,7 +132,7 @@ def test_fit_to_max_time_without_max_time_says_the_decay_ends_at_max_steps(tmp_p
 
 
 LATE_DROPOUT_FROM_STEP_5 = [
-    "--trainer.callbacks+=lightformer.callbacks.LateDropout",
+    "--trainer.callbacks+=lightformer.training.callbacks.LateDropout",
     "--trainer.callbacks.start_step=5",
 ]
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 import yaml
 
-from lightformer import peaks
-from lightformer.cli import main
+from lightformer.cli.main import main
+from lightformer.training import peaks
 from tiny_runs import events_of, task_args
 
 TF = 1e12
@@ -121,7 +121,7 @@ def test_precision_auto_in_fit_is_said_stored_in_the_run_and_kept_on_resume(tmp_
     """A CPU whose bf16 is slower trains in 32-true; the run's config.yaml and checkpoint say so; a resume on a host
     that would choose otherwise resumes in the checkpoint's precision; MFU is logged against the measured peak."""
     fake_rates(monkeypatch, bf16=0.5 * TF, fp32=1 * TF)
-    throughput = {"class_path": "lightformer.callbacks.Throughput", "init_args": {"window_size": 2}}
+    throughput = {"class_path": "lightformer.training.callbacks.Throughput", "init_args": {"window_size": 2}}
     args = [*task_args("lm", tmp_path), "--trainer.precision=auto", "--trainer.log_every_n_steps=1"]
     args += [f"--trainer.callbacks+={json.dumps(throughput)}", "--trainer.limit_val_batches=0"]
     with caplog.at_level("INFO"):

@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lightformer.cli import cli_main
+from lightformer.cli.main import cli_main
 from lightformer.data.loading.sequences import collate_pairs
 from lightformer.data.modules.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
 from lightformer.data.objectives.masking import (

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightformer.cli import checkpoint_commands, main
+from lightformer.cli.main import checkpoint_commands, main
 from lightformer.registry import TASKS, built_in
 
 TOY_TASK = '''
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightformer.commands import load_task, require
+from lightformer.tasks.command_support import load_task, require
 from lightformer.data import TextDataModule
 from lightformer.registry import Layout, register
 from lightformer.tasks.base import TextTask
@@ -121,7 +121,7 @@ trainer:
   enable_progress_bar: false
   enable_model_summary: false
   logger:
-    class_path: lightformer.tensorboard.TensorBoardLogger
+    class_path: lightformer.training.tensorboard.TensorBoardLogger
     init_args: {save_dir: RUNS, name: bigram}
 model:
   class_path: toy_bigram.BigramTask

@@ -62,7 +62,7 @@ def test_multinode_adds_nodes_to_the_strategy_before_it(capsys):
     presets = ["configs/trainer/fsdp.yaml", "configs/trainer/multinode.yaml"]
     trainer = resolved_config(capsys, "configs/lm/austen_char.yaml", *presets)["trainer"]
     assert trainer["num_nodes"] == 2 and trainer["devices"] == 8
-    assert trainer["strategy"]["class_path"] == "lightformer.distributed.FSDP2Strategy"
+    assert trainer["strategy"]["class_path"] == "lightformer.training.distributed.FSDP2Strategy"
 
 
 @pytest.fixture
@@ -82,7 +82,7 @@ def test_fsdp2_makes_each_layer_and_the_model_a_unit_and_activation_checkpointin
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    from lightformer.distributed import shard_model
+    from lightformer.training.distributed import shard_model
 
     torch.manual_seed(0)
     build_task, inputs = {

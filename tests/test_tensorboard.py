@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lightformer.cli import main
+from lightformer.cli.main import main
 from tiny_runs import task_args
 
 
@@ -142,7 +142,7 @@ def test_tensorboard_opens_on_the_loss_shows_metrics_first_and_one_sample_per_st
 
     from tiny_runs import events_of
 
-    throughput = {"class_path": "lightformer.callbacks.Throughput", "init_args": {"window_size": 2}}
+    throughput = {"class_path": "lightformer.training.callbacks.Throughput", "init_args": {"window_size": 2}}
     args = [*task_args("lm", tmp_path), "--trainer.max_steps=6", "--trainer.val_check_interval=3"]
     args += [
         "--data.loader.val_windows=4",
@@ -182,7 +182,7 @@ def test_a_writer_reopened_after_finalize_is_read_after_the_first(tmp_path, monk
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.summary.writer import event_file_writer
 
-    from lightformer.tensorboard import TensorBoardLogger
+    from lightformer.training.tensorboard import TensorBoardLogger
 
     monkeypatch.setattr(event_file_writer, "_global_uid", event_file_writer.AtomicCounter(9))
     logger = TensorBoardLogger(str(tmp_path), name="run", version=0)

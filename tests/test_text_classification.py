@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import lightformer.data.modules.classification as classification
 import lightformer.data.raw.sources as sources
-from lightformer.cli import cli_main
+from lightformer.cli.main import cli_main
 from lightformer.data.loading.sampling import EpochShuffleSampler
 from lightformer.data.loading.streaming import LoaderConfig
 from lightformer.data.modules.classification import (

@@ -6,7 +6,7 @@ import random
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lightformer.cli import cli_main, main
+from lightformer.cli.main import cli_main, main
 
 SYMBOLS = "abcdefghij"
 

@@ -221,7 +221,7 @@ def test_the_command_line_parses_the_towers_from_yaml_and_from_dotted_options(ca
     ``--model.net.encoder.n_layers`` over them, and the joined model's default towers for the fields neither gives."""
     import yaml
 
-    from lightformer.cli import main
+    from lightformer.cli.main import main
 
     args = ["fit", "--config=configs/image_text/printed_lines.yaml", "--model.net.encoder.n_layers=2",
             "--model.net.decoder.dropout=0.2", "--print_config"]  # fmt: skip

@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 
-from lightformer.checkpoints import CheckpointError, InitConfig
-from lightformer.config_checks import check_checkpoint_files
+from lightformer.cli.checks import check_checkpoint_files
 from lightformer.data.preparation.tokenizers import Tokenizer
-from lightformer.errors import ConfigError
+from lightformer.errors import CheckpointError, ConfigError
+from lightformer.io.checkpoints import InitConfig
 from lightformer.models.gpt import GPTConfig
 from lightformer.models.vision_text import VisionEncoderDecoderConfig
 from lightformer.models.vit import VisionTransformer, ViTConfig, resample_positions

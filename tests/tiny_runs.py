@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import IterableDataset
 
-from lightformer.cli import cli_main
+from lightformer.cli.main import cli_main
 from lightformer.data.modules.base import DataModule
 from lightformer.facts import DataFacts
 

@@ -1,3 +1,48 @@
 """lightformer: one set of transformer blocks for text, translation and vision, trained with Lightning."""
 
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+
 __version__ = "0.1.0"
+
+# The modules that left the package root for a sub-package (commit after b1bd12e), by their old names: a config or a
+# script written before (``class_path: lightformer.callbacks.ModelCheckpoint``) still imports them, with a warning
+# that gives the new name.
+MOVED_MODULES = {
+    "lightformer.callbacks": "lightformer.training.callbacks",
+    "lightformer.distributed": "lightformer.training.distributed",
+    "lightformer.flops": "lightformer.training.flops",
+    "lightformer.internals": "lightformer.training.internals",
+    "lightformer.peaks": "lightformer.training.peaks",
+    "lightformer.progress": "lightformer.training.progress",
+    "lightformer.tensorboard": "lightformer.training.tensorboard",
+    "lightformer.trainer": "lightformer.training.trainer",
+    "lightformer.checkpoints": "lightformer.io.checkpoints",
+    "lightformer.files": "lightformer.io.files",
+    "lightformer.hf_layouts": "lightformer.io.hf_layouts",
+    "lightformer.config_checks": "lightformer.cli.checks",
+    "lightformer.runs": "lightformer.cli.runs",
+    "lightformer.commands": "lightformer.cli.commands",
+}
+
+
+class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a module of ``MOVED_MODULES`` by its old name as the module of its new name, warning once."""
+
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, self) if name in MOVED_MODULES else None
+
+    def create_module(self, spec):
+        new = MOVED_MODULES[spec.name]
+        warnings.warn(f"{spec.name} is now {new}: use that name (the old one will go)", FutureWarning, stacklevel=2)
+        return importlib.import_module(new)
+
+    def exec_module(self, module) -> None:
+        """The new module ran already, when it was imported under its own name."""
+
+
+if not any(isinstance(finder, MovedModuleFinder) for finder in sys.meta_path):
+    sys.meta_path.append(MovedModuleFinder())

@@ -1,4 +1,4 @@
-from lightformer.cli import main
+from lightformer.cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -10,6 +10,10 @@ class ConfigError(ValueError):
     """A value in the config files or on the command line is invalid; the message names it and what is valid."""
 
 
+class CheckpointError(ValueError):
+    """A checkpoint is missing, unreadable, or of another task than the command needs; the message says which."""
+
+
 class DataError(ConfigError):
     """The data a config names cannot be used as it is (a file, a folder, a column, a prepared shard, a bucket); the
     message names it and what would fix it."""

@@ -1,5 +1,5 @@
 """The tasks lightformer knows: each registers itself once, beside its class (``register``), with the data modules it
-trains on and the commands that take its checkpoints alone. The command line and ``lightformer.commands`` read this
+trains on and the commands that take its checkpoints alone. The command line and ``lightformer.cli.commands`` read this
 registry; adding a task is a task module (its class and its registration), a data module (or an existing one) and a
 config. A registration also declares the layouts its model exports in (``export --layout NAME``: ``Layout``) and
 the Hugging Face folders they read back (``HFReader``), so that no module keys anything by a task's class name.
@@ -110,7 +110,7 @@ def register(
 
 
 def built_in() -> dict[str, TaskSpec]:
-    """Every registered task: lightformer's own once ``lightformer.tasks`` is imported (``lightformer.commands``
+    """Every registered task: lightformer's own once ``lightformer.tasks`` is imported (``lightformer.cli.commands``
     imports it, and so the command line), and those of the other modules imported since. The registry imports no
     task itself: each task's module imports it."""
     return TASKS

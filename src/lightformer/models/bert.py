@@ -230,7 +230,7 @@ class BertForPreTraining(nn.Module):
     strict=False)`` (the heads it lacks come back as unexpected keys, its new classifier as missing keys).
     """
 
-    layer_stacks = ("bert.encoder",)  # its units' stacks: lightformer.distributed
+    layer_stacks = ("bert.encoder",)  # its units' stacks: lightformer.training.distributed
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -270,7 +270,7 @@ class BertForSequenceClassification(nn.Module):
     ``config.num_classes`` outputs.
     """
 
-    layer_stacks = ("bert.encoder",)  # its units' stacks: lightformer.distributed
+    layer_stacks = ("bert.encoder",)  # its units' stacks: lightformer.training.distributed
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()

@@ -70,7 +70,7 @@ class GPT(nn.Module):
     residual stream.
     """
 
-    layer_stacks = ("decoder",)  # its units' stacks: lightformer.distributed
+    layer_stacks = ("decoder",)  # its units' stacks: lightformer.training.distributed
 
     def __init__(self, config: GPTConfig, cross_attention: bool = False) -> None:
         super().__init__()

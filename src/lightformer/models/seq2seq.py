@@ -98,7 +98,7 @@ class EncoderDecoder(nn.Module):
     is masked out of attention.
     """
 
-    layer_stacks = ("encoder", "decoder")  # its units' stacks: lightformer.distributed
+    layer_stacks = ("encoder", "decoder")  # its units' stacks: lightformer.training.distributed
 
     def __init__(self, config: EncoderDecoderConfig) -> None:
         super().__init__()

@@ -151,7 +151,7 @@ class VisionEncoderDecoderConfig:
 class VisionEncoderDecoder(nn.Module):
     """Images ``(batch, C, H, W)`` and target ids ``(batch, T)`` → next-token logits ``(batch, T, vocab_size)``."""
 
-    layer_stacks = ("encoder.encoder", "decoder.decoder")  # its units' stacks: lightformer.distributed
+    layer_stacks = ("encoder.encoder", "decoder.decoder")  # its units' stacks: lightformer.training.distributed
 
     def __init__(self, config: VisionEncoderDecoderConfig) -> None:
         super().__init__()

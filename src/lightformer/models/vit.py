@@ -102,7 +102,7 @@ class ViTConfig(
 class VisionTransformer(nn.Module):
     """ViT image classifier: ``(batch, in_channels, image_size, image_size)`` → logits ``(batch, num_classes)``."""
 
-    layer_stacks = ("encoder",)  # its units' stacks: lightformer.distributed
+    layer_stacks = ("encoder",)  # its units' stacks: lightformer.training.distributed
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()

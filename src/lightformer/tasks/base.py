@@ -7,8 +7,8 @@ precision and strategy, so the CPU tests run what a GPU run does:
 - AdamW is fused everywhere (``tasks.optim``). Lightning's mixed-precision plugins refuse to clip gradients for
   a fused optimizer (it would unscale fp16 gradients inside its step, after the clipping); ``clip_gradients``
   unscales first and then clips, under 32-true, bf16-mixed and 16-mixed alike.
-- Under ``configs/trainer/fsdp.yaml`` (``lightformer.distributed.FSDP2Strategy``) each encoder/decoder layer and
-  then the whole model are sharded with FSDP2's ``fully_shard``; their gradients are DTensors, whose global norm
+- Under ``configs/trainer/fsdp.yaml`` (``lightformer.training.distributed.FSDP2Strategy``) each encoder/decoder layer
+  and then the whole model are sharded with FSDP2's ``fully_shard``; their gradients are DTensors, whose global norm
   ``torch.nn.utils.clip_grad_norm_`` computes across the shards, so clipping is the same code there too.
 
 ``Task`` holds the Lightning hooks; what they do lives in its parts, one concern each, every one a module of
@@ -29,15 +29,12 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torchmetrics import Metric
 
-from lightformer.checkpoints import InitConfig
 from lightformer.config_groups import as_config
 from lightformer.data.modules.base import DataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
-from lightformer.distributed import layer_stacks, set_gathered, shard_model
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
-from lightformer.flops import FlopCounter
-from lightformer.internals import attached_trainer, hand_over_loader_states, should_update_logs
+from lightformer.io.checkpoints import InitConfig
 from lightformer.tasks.batch_costs import BatchCosts
 from lightformer.tasks.compilation import CompiledForward
 from lightformer.tasks.data_contract import DataContract
@@ -51,7 +48,10 @@ from lightformer.tasks.optim import (
     warn_if_schedule_kept,
 )
 from lightformer.tasks.warm_start import WarmStart
-from lightformer.tensorboard import (
+from lightformer.training.distributed import layer_stacks, set_gathered, shard_model
+from lightformer.training.flops import FlopCounter
+from lightformer.training.internals import attached_trainer, hand_over_loader_states, should_update_logs
+from lightformer.training.tensorboard import (
     TensorBoardLogger,
     confusion_figure,
     set_logging_step,
@@ -122,7 +122,9 @@ class Task(DataContract, WarmStart, CompiledForward, BatchCosts, KeptArguments, 
         self._compiled: dict[str, Callable] = {}  # the methods ``compiled`` compiled, by name
         # BatchCosts' and the hooks'
         self._flop_counter: FlopCounter | None = None
-        self.flops_per_batch: int | None = None  # of the current batch, read by lightformer.callbacks.Throughput
+        self.flops_per_batch: int | None = (
+            None  # of the current batch, read by lightformer.training.callbacks.Throughput
+        )
         self.activation_checkpointing = activation_checkpointing
         self.tested_step = 0  # the step the weights under test were trained to (on_test_start)
         self._train_metrics: dict[str, Tensor] | None = None  # this training step's scalars (log_train)
@@ -240,7 +242,7 @@ class Task(DataContract, WarmStart, CompiledForward, BatchCosts, KeptArguments, 
         if self.optimizer_config.fit_to_max_time:
             fit_schedule_to_max_time(self)
 
-    # --- evaluation: on whole (gathered) parameters under FSDP2 (``lightformer.distributed.set_gathered``) ---
+    # --- evaluation: on whole (gathered) parameters under FSDP2 (``lightformer.training.distributed.set_gathered``) ---
 
     def on_validation_start(self) -> None:
         set_gathered(self.model, True)

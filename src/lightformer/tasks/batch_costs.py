@@ -1,6 +1,7 @@
-"""What a task's batch holds and costs, for the throughput lines and FLOP/s (``lightformer.callbacks.Throughput``):
-the tensors its model takes (``model_inputs``), the samples and items it counts (``throughput_counts``: each task says
-both) and the model's floating-point operations on it (``batch_flops``).
+"""What a task's batch holds and costs, for the throughput lines and FLOP/s
+(``lightformer.training.callbacks.Throughput``): the tensors its model takes (``model_inputs``), the samples and items
+it counts (``throughput_counts``: each task says both) and the model's floating-point operations on it
+(``batch_flops``).
 
 ``BatchCosts`` is a part of ``lightformer.tasks.Task`` (which sets ``_flop_counter`` up and calls ``batch_flops``
 before each training and validation batch), not a class of its own use.
@@ -12,7 +13,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from lightformer.flops import FlopCounter
+from lightformer.training.flops import FlopCounter
 
 
 class BatchCosts:
@@ -32,8 +33,8 @@ class BatchCosts:
     def batch_flops(self, batch: Any, backward: bool) -> int:
         """Floating-point operations of the model on ``batch``: the forward pass, and the backward pass if
         ``backward``. Counted by PyTorch's ``FlopCounterMode`` on a copy of the model on the meta device (no
-        compute) at a few shapes, then by a polynomial in the sequence lengths (``lightformer.flops``): a batch of a
-        new shape costs no count."""
+        compute) at a few shapes, then by a polynomial in the sequence lengths (``lightformer.training.flops``): a
+        batch of a new shape costs no count."""
         if self._flop_counter is None:
             model_class = next(c for c in type(self.model).__mro__ if "FSDP" not in c.__name__)  # FSDP2 subclasses
             self._flop_counter = FlopCounter(lambda: model_class(self.model.config))

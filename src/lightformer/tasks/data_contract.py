@@ -17,7 +17,8 @@ from typing import Any
 
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.errors import ConfigError
-from lightformer.facts import DataFacts, check_start_tokenizer, facts_of_checkpoint
+from lightformer.facts import DataFacts
+from lightformer.io.checkpoints import check_start_tokenizer, facts_of_checkpoint
 from lightformer.tasks.config_values import config_defaults
 
 # The fields of a model's config that may be larger than the data's (``check_data``).

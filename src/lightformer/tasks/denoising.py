@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lightformer.callbacks import raise_if_non_finite
 from lightformer.data.modules.base import ConfigFacts
 from lightformer.data.modules.pretraining import SpanCorruptionDataModule
 from lightformer.data.preparation.tokenizers import Tokenizer, sentinel
@@ -26,7 +25,8 @@ from lightformer.nn.checks import check_at_least
 from lightformer.registry import register
 from lightformer.tasks.config_values import net_config_values
 from lightformer.tasks.translation import Batch, TranslationTask
-from lightformer.tensorboard import logging_step, markdown_text, tensorboard_writer
+from lightformer.training.callbacks import raise_if_non_finite
+from lightformer.training.tensorboard import logging_step, markdown_text, tensorboard_writer
 
 
 class DenoisingTask(TranslationTask):

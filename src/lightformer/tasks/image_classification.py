@@ -18,16 +18,16 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from lightformer.callbacks import raise_if_non_finite
-from lightformer.command_support import load_task, paths_of, require, unreadable_images
 from lightformer.data.modules.images import ImageDataModule
 from lightformer.data.raw.image_files import read_images
 from lightformer.errors import ConfigError
-from lightformer.layouts import vit
+from lightformer.io.layouts import vit
 from lightformer.models.vit import VisionTransformer, ViTConfig, attention_rollout
 from lightformer.registry import register
 from lightformer.tasks.base import Task
-from lightformer.tensorboard import (
+from lightformer.tasks.command_support import load_task, paths_of, require, unreadable_images
+from lightformer.training.callbacks import raise_if_non_finite
+from lightformer.training.tensorboard import (
     logging_step,
     rollout_figure,
     tensorboard_logger,

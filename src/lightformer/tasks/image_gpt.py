@@ -23,18 +23,18 @@ import torch
 import yaml
 from torch import Tensor
 
-from lightformer.callbacks import raise_if_non_finite
-from lightformer.checkpoints import read_checkpoint
-from lightformer.command_support import check_sampling_options, load_task, paths_of
 from lightformer.data.modules.image_tokens import ImageTokenDataModule
 from lightformer.data.objectives.pixels import PixelTokenizer, downsample
 from lightformer.errors import ConfigError, DataError
-from lightformer.files import atomic_write_bytes
 from lightformer.generation import check_sampling, generate
+from lightformer.io.checkpoints import read_checkpoint
+from lightformer.io.files import atomic_write_bytes
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.registry import register
+from lightformer.tasks.command_support import check_sampling_options, load_task, paths_of
 from lightformer.tasks.language_model import LanguageModelTask
-from lightformer.tensorboard import image_grid, logging_step, tensorboard_logger, tensorboard_writer
+from lightformer.training.callbacks import raise_if_non_finite
+from lightformer.training.tensorboard import image_grid, logging_step, tensorboard_logger, tensorboard_writer
 
 MASK_GREY = 128  # the value shown for the pixels a completion is not given
 

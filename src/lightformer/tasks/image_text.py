@@ -20,21 +20,21 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import CharErrorRate, SacreBLEUScore, WordErrorRate
 
-from lightformer.callbacks import raise_if_non_finite
-from lightformer.command_support import load_task, paths_of, require, unreadable_images
 from lightformer.data.modules.image_text import ImageTextDataModule
 from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw.image_files import fit_image, fit_line, load_image, to_normalised_tensor
 from lightformer.errors import ConfigError, DataError
 from lightformer.facts import DataFacts
-from lightformer.files import atomic_open
 from lightformer.generation import beam_search
+from lightformer.io.files import atomic_open
 from lightformer.models.vision_text import VisionEncoderDecoder, VisionEncoderDecoderConfig
 from lightformer.nn import record_attention
 from lightformer.registry import register
 from lightformer.tasks.base import Task
-from lightformer.tensorboard import (
+from lightformer.tasks.command_support import load_task, paths_of, require, unreadable_images
+from lightformer.training.callbacks import raise_if_non_finite
+from lightformer.training.tensorboard import (
     attention_figure,
     logging_step,
     reading_figure,

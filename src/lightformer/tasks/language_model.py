@@ -10,15 +10,15 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lightformer.callbacks import raise_if_non_finite
-from lightformer.command_support import check_sampling_options, load_task, require, utf8_text
 from lightformer.data.modules.text import TextDataModule
 from lightformer.generation import generate as generate_tokens
-from lightformer.layouts import gpt
+from lightformer.io.layouts import gpt
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.registry import register
 from lightformer.tasks.base import TextTask
-from lightformer.tensorboard import logging_step, tensorboard_writer
+from lightformer.tasks.command_support import check_sampling_options, load_task, require, utf8_text
+from lightformer.training.callbacks import raise_if_non_finite
+from lightformer.training.tensorboard import logging_step, tensorboard_writer
 
 
 class LanguageModelTask(TextTask):

@@ -15,20 +15,20 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lightformer.callbacks import raise_if_non_finite
-from lightformer.command_support import load_task, utf8_text
 from lightformer.data.modules.base import ConfigFacts
 from lightformer.data.modules.pretraining import MaskedLMDataModule
 from lightformer.data.objectives.masking import IGNORE_INDEX
 from lightformer.data.preparation.tokenizers import MASK, Tokenizer
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
-from lightformer.layouts import bert
+from lightformer.io.layouts import bert
 from lightformer.models.bert import BertConfig, BertForPreTraining
 from lightformer.registry import register
 from lightformer.tasks.base import TextTask
+from lightformer.tasks.command_support import load_task, utf8_text
 from lightformer.tasks.config_values import net_config_values
-from lightformer.tensorboard import logging_step, render_masked, tensorboard_writer
+from lightformer.training.callbacks import raise_if_non_finite
+from lightformer.training.tensorboard import logging_step, render_masked, tensorboard_writer
 
 Batch = dict[str, Tensor]
 # What marks a masked position in the text given to ``fill_mask``: BERT's spelling or the tokenizer's own.

@@ -16,9 +16,9 @@ from timm.optim import param_groups_weight_decay
 from torch import nn
 from torch.optim import Optimizer
 
-from lightformer.internals import step_unscales_gradients
 from lightformer.nn.checks import check_at_least, check_choice, check_fraction
-from lightformer.progress import max_time_timer
+from lightformer.training.internals import step_unscales_gradients
+from lightformer.training.progress import max_time_timer
 
 Schedule = Literal["cosine", "inverse_sqrt", "constant"]
 FIT_TO_TIME_EVERY = 50  # optimizer steps between two plans of a schedule fitted to max_time

@@ -17,16 +17,16 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
-from lightformer.callbacks import raise_if_non_finite
 from lightformer.data.modules.base import ConfigFacts
 from lightformer.data.modules.classification import TextClassificationDataModule
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
-from lightformer.layouts import bert
+from lightformer.io.layouts import bert
 from lightformer.models.bert import BertConfig, BertForSequenceClassification
 from lightformer.registry import register
 from lightformer.tasks.base import TextTask
 from lightformer.tasks.config_values import net_config_values
+from lightformer.training.callbacks import raise_if_non_finite
 
 Batch = dict[str, Tensor | list[str]]
 

@@ -12,21 +12,21 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
-from lightformer.callbacks import raise_if_non_finite
-from lightformer.checkpoints import require_file
-from lightformer.command_support import load_task, read_stdin, require
 from lightformer.data.modules.translation import TranslationDataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
-from lightformer.files import read_lines
 from lightformer.generation import beam_search
-from lightformer.layouts import marian
+from lightformer.io.checkpoints import require_file
+from lightformer.io.files import read_lines
+from lightformer.io.layouts import marian
 from lightformer.models.seq2seq import EncoderDecoder, EncoderDecoderConfig
 from lightformer.nn import record_attention
 from lightformer.registry import register
 from lightformer.tasks.base import Task
-from lightformer.tensorboard import attention_figure, logging_step, tensorboard_logger, tensorboard_writer
+from lightformer.tasks.command_support import load_task, read_stdin, require
+from lightformer.training.callbacks import raise_if_non_finite
+from lightformer.training.tensorboard import attention_figure, logging_step, tensorboard_logger, tensorboard_writer
 
 Batch = dict[str, Tensor | list[str]]
 

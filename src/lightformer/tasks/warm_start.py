@@ -12,7 +12,8 @@ from __future__ import annotations
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
-from lightformer.checkpoints import (
+from lightformer.errors import ConfigError
+from lightformer.io.checkpoints import (
     InitConfig,
     check_start,
     describe_loading,
@@ -22,7 +23,6 @@ from lightformer.checkpoints import (
     pretrained_weights,
     under,
 )
-from lightformer.errors import ConfigError
 from lightformer.models.vit import resample_positions
 
 

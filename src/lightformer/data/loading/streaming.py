@@ -21,8 +21,8 @@ from litdata.streaming.resolver import Dir
 from torch.utils.data import Dataset, Subset
 
 from lightformer.data.preparation.prepare import LENGTHS
-from lightformer.internals import samples_yielded
 from lightformer.nn.checks import check_at_least
+from lightformer.training.internals import samples_yielded
 
 
 @dataclass(frozen=True)

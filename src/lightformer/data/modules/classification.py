@@ -83,7 +83,7 @@ from lightformer.data.raw.corpora import AUSTEN_NOVELS, austen_text, split_auste
 from lightformer.data.raw.sources import SPLIT_PREFIX, SPLITS, Piece, line_pieces, piece_lines, stage_splits
 from lightformer.errors import ConfigError, DataError
 from lightformer.facts import DataFacts
-from lightformer.files import as_list, expand_patterns, read_utf8, sha256_of
+from lightformer.io.files import as_list, expand_patterns, read_utf8, sha256_of
 from lightformer.nn.checks import check_at_least
 
 # The special tokens a BERT / T5 pretraining run's BPE is trained with (after PAD, BOS = [CLS], EOS = [SEP], UNK).

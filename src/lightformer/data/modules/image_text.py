@@ -100,7 +100,7 @@ from lightformer.data.raw.rendering import (
 )
 from lightformer.data.raw.sources import TextSource, stage_splits
 from lightformer.facts import DataFacts
-from lightformer.files import read_utf8, sha256_of
+from lightformer.io.files import read_utf8, sha256_of
 from lightformer.nn.checks import check_at_least
 
 CORPORA = ("austen", "ding")

@@ -64,7 +64,7 @@ from lightformer.data.raw.rendering import jpeg_bytes, png_bytes
 from lightformer.data.raw.sources import SPLITS, line_pieces
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
-from lightformer.files import sha256_of
+from lightformer.io.files import sha256_of
 
 FORMAT_VERSION = 2  # bump when what a prepared folder holds changes meaning (2: images as litdata File leaves)
 PIECE_IMAGES = 500  # images per piece a preparing process fits and writes before taking the next

@@ -71,7 +71,7 @@ from lightformer.data.raw.sources import (
 )
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
-from lightformer.files import as_list, expand_patterns, sha256_of
+from lightformer.io.files import as_list, expand_patterns, sha256_of
 from lightformer.nn.checks import check_at_least
 
 # Bump when what a prepared folder holds changes meaning (extraction rules, split rule, record fields), so that

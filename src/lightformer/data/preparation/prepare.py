@@ -54,7 +54,7 @@ from lightformer.data.preparation.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenize
 from lightformer.data.raw.corpora import source_files
 from lightformer.data.raw.sources import SPLITS, Piece, TextSource, read_piece
 from lightformer.errors import ConfigError, DataError
-from lightformer.files import atomic_open, atomic_write_bytes, sha256_of
+from lightformer.io.files import atomic_open, atomic_write_bytes, sha256_of
 from lightformer.nn.checks import check_at_least
 
 FORMAT_VERSION = 1  # bump when what a prepared folder holds changes meaning

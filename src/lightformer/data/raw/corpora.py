@@ -2,7 +2,7 @@
 dictionary (Debian packages), Fashion-MNIST's files (Debian package), sentence-pair files (TSV, line-aligned), and
 downloads with a checksum for machines with internet access.
 
-Everything written here is written atomically (``lightformer.files.atomic_open``), so several processes (DDP ranks,
+Everything written here is written atomically (``lightformer.io.files.atomic_open``), so several processes (DDP ranks,
 parallel tests) can prepare the same corpus at once.
 
 **Splits.** Unless val/test files are given, a pair's split depends only on its first side (German for Ding,
@@ -50,7 +50,7 @@ from pathlib import Path
 
 from lightformer.data.preparation.caching import preparing
 from lightformer.data.raw.sources import TextSource, resolve_files
-from lightformer.files import atomic_open, atomic_write_bytes, read_utf8, sha256_of
+from lightformer.io.files import atomic_open, atomic_write_bytes, read_utf8, sha256_of
 
 Pair = tuple[str, str]
 

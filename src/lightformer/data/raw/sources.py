@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from lightformer.errors import DataError
-from lightformer.files import expand_patterns, not_utf8
+from lightformer.io.files import expand_patterns, not_utf8
 
 Format = Literal["text", "jsonl", "parquet"]
 Split = Literal["end", "each_file"]

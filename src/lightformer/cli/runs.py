@@ -15,8 +15,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import SaveConfigCallback
 
 from lightformer.errors import ConfigError
-from lightformer.files import release_lock, take_lock
-from lightformer.peaks import resolve_precision
+from lightformer.io.files import release_lock, take_lock
+from lightformer.training.peaks import resolve_precision
 
 
 class SaveRunConfig(SaveConfigCallback):
@@ -113,9 +113,11 @@ def keep_last_checkpoint_current(trainer: Namespace) -> None:
         return
     for callback in configured:
         if callback.class_path in LIGHTNING_CHECKPOINT and callback.init_args.get("save_last"):
-            callback.class_path = "lightformer.callbacks.ModelCheckpoint"
+            callback.class_path = "lightformer.training.callbacks.ModelCheckpoint"
     if not configured and trainer.enable_checkpointing is not False:
-        default = Namespace(class_path="lightformer.callbacks.ModelCheckpoint", init_args=Namespace(save_last=True))
+        default = Namespace(
+            class_path="lightformer.training.callbacks.ModelCheckpoint", init_args=Namespace(save_last=True)
+        )
         trainer.callbacks = [*(trainer.callbacks or []), default]
 
 
@@ -126,16 +128,19 @@ def show_progress(trainer: Namespace) -> None:
     if configured & {"ProgressBar", "RichProgressBar", "TQDMProgressBar", "ProgressLog"}:
         return
     if trainer.enable_progress_bar is not False and sys.stderr.isatty():
-        added = Namespace(class_path="lightformer.progress.ProgressBar", init_args=Namespace())
+        added = Namespace(class_path="lightformer.training.progress.ProgressBar", init_args=Namespace())
     else:
         trainer.enable_progress_bar = False
-        added = Namespace(class_path="lightformer.progress.ProgressLog", init_args=Namespace(every_seconds=30.0))
+        added = Namespace(
+            class_path="lightformer.training.progress.ProgressLog", init_args=Namespace(every_seconds=30.0)
+        )
     trainer.callbacks = [*(trainer.callbacks or []), added]
 
 
 def resolve_auto_precision(trainer: Namespace, resumed: str | None) -> None:
-    """``precision: auto`` → the precision this run trains in (``lightformer.peaks.resolve_precision``), before the
-    trainer is built, so that the run's saved ``config.yaml`` names it; a resumed run keeps its checkpoint's."""
+    """``precision: auto`` → the precision this run trains in (``lightformer.training.peaks.resolve_precision``),
+    before the trainer is built, so that the run's saved ``config.yaml`` names it; a resumed run keeps its
+    checkpoint's."""
     if trainer.precision != "auto":
         return
     saved = None

@@ -1,6 +1,6 @@
 """The command line: ``python -m lightformer fit|validate|test|predict --config FILE`` through LightningCLI,
 plus the commands that need a checkpoint alone (``generate``, ``translate``, ``classify``, ``fill-mask``,
-``sample-images``, ``probe``, ``export``, ``average``: ``lightformer.commands``).
+``sample-images``, ``probe``, ``export``, ``average``: ``lightformer.cli.commands``).
 
 What the data tells the model travels one route: the data module's ``data_facts()`` (``lightformer.facts``) is
 linked into the task's ``data_facts`` argument when both are instantiated.
@@ -24,18 +24,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from lightformer.callbacks import (
-    AtomicCheckpointIO,
-    NonFiniteLossError,
-    NonFiniteLossGuard,
-    RandomStateCheckpoint,
-    ResumeAfterEpochEnd,
-    SameDataOnResumeCheck,
-    Throughput,
-)
-from lightformer.checkpoints import CheckpointError
-from lightformer.commands import checkpoint_commands, task_command
-from lightformer.config_checks import (
+from lightformer.cli.checks import (
     check_checkpoint_files,
     check_config_files,
     check_data_family,
@@ -51,12 +40,8 @@ from lightformer.config_checks import (
     take_shape_from_init_checkpoint,
     upgraded_net,
 )
-from lightformer.data.modules.base import DataModule
-from lightformer.data.raw.corpora import CorpusUnavailableError
-from lightformer.errors import ConfigError, raise_as_bug, user_error
-from lightformer.facts import DataFacts
-from lightformer.progress import Summary, validation_line
-from lightformer.runs import (
+from lightformer.cli.commands import checkpoint_commands, task_command
+from lightformer.cli.runs import (
     RunFolderLock,
     SaveRunConfig,
     continue_resumed_run,
@@ -66,12 +51,26 @@ from lightformer.runs import (
     resolve_auto_precision,
     show_progress,
 )
-from lightformer.tensorboard import samples_already_drawn
-from lightformer.trainer import Trainer
+from lightformer.data.modules.base import DataModule
+from lightformer.data.raw.corpora import CorpusUnavailableError
+from lightformer.errors import CheckpointError, ConfigError, raise_as_bug, user_error
+from lightformer.facts import DataFacts
+from lightformer.training.callbacks import (
+    AtomicCheckpointIO,
+    NonFiniteLossError,
+    NonFiniteLossGuard,
+    RandomStateCheckpoint,
+    ResumeAfterEpochEnd,
+    SameDataOnResumeCheck,
+    Throughput,
+)
+from lightformer.training.progress import Summary, validation_line
+from lightformer.training.tensorboard import samples_already_drawn
+from lightformer.training.trainer import Trainer
 
 
 class LightformerCLI(LightningCLI):
-    """LightningCLI with the data→model link, and every run protected by ``lightformer.callbacks``: atomic
+    """LightningCLI with the data→model link, and every run protected by ``lightformer.training.callbacks``: atomic
     checkpoint files loaded with ``weights_only=True``, random state saved for exact resume, and a stop at the
     first non-finite loss.
 

@@ -10,8 +10,8 @@ import torch
 from torch import Tensor
 
 from lightformer.errors import ConfigError
-from lightformer.files import atomic_write_bytes
-from lightformer.hf_layouts import (
+from lightformer.io.files import atomic_write_bytes
+from lightformer.io.hf_layouts import (
     FROM_HF_ACTIVATIONS,
     HF_ACTIVATIONS,
     HFModel,

@@ -3,7 +3,7 @@
 such a folder read back under lightformer's names (``model.init.checkpoint=DIR``).
 
 Each family's layout (its config mapping and weight renaming, both directions) lives beside the others in
-``lightformer.layouts`` (GPT-2 / Llama, BERT, ViT, Marian), and each task declares the layouts of its model with its
+``lightformer.io.layouts`` (GPT-2 / Llama, BERT, ViT, Marian), and each task declares the layouts of its model with its
 registration (``lightformer.registry``: ``Layout``, ``HFReader``); this module writes and reads the folder, whatever the
 family: a family gives ``hf_layout`` the function that builds its ``transformers`` model and converted weights, and
 a folder is read by the registered reader of its ``config.json``'s ``model_type``.
@@ -281,7 +281,7 @@ def read_hf_state_dict(path: str) -> dict[str, Tensor]:
 
 def hf_folder_to_lightformer(path: str, option: str = "model.init.checkpoint") -> dict[str, Tensor]:
     """The weights of a Hugging Face model folder under lightformer's names, by the reader that a registered task's
-    layout declares for its ``model_type`` (GPT-2, Llama, BERT, ViT, Marian: ``lightformer.layouts``)."""
+    layout declares for its ``model_type`` (GPT-2, Llama, BERT, ViT, Marian: ``lightformer.io.layouts``)."""
     config = read_hf_config(path)
     kind = config.get("model_type")
     readers = hf_readers()

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from lightformer.errors import ConfigError
-from lightformer.hf_layouts import (
+from lightformer.io.hf_layouts import (
     FROM_HF_ACTIVATIONS,
     HF_ACTIVATIONS,
     HFModel,

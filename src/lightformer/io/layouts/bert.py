@@ -11,7 +11,7 @@ from typing import Any
 from torch import Tensor
 
 from lightformer.errors import ConfigError
-from lightformer.hf_layouts import (
+from lightformer.io.hf_layouts import (
     FROM_HF_ACTIVATIONS,
     HF_ACTIVATIONS,
     HFModel,

@@ -1,6 +1,6 @@
 """What a run prints while it works: a short model summary, a progress bar in a terminal, and log lines elsewhere.
 
-The CLI installs them (``lightformer.cli``): in a terminal, ``ProgressBar`` (Lightning's rich bar, counting steps
+The CLI installs them (``lightformer.cli.main``): in a terminal, ``ProgressBar`` (Lightning's rich bar, counting steps
 to ``max_steps`` when the run is step-bound rather than "epoch 0/-2", without ``v_num``); when output goes to a file
 or the bar is off, ``ProgressLog``: a line at least every ``every_seconds`` and one per validation, with the step,
 the loss, the throughput and the time left, so a long run's log shows it is alive and how far it is.
@@ -33,7 +33,7 @@ def _duration(seconds: float) -> str:
 class Summary(ModelSummary):
     """The model's top-level parts and their parameters, in a few lines (Lightning's table also lists the task's
     metric objects as layers, and a FLOPs column that is 0 without an example input; FLOPs are logged live by
-    ``lightformer.callbacks.Throughput``)."""
+    ``lightformer.training.callbacks.Throughput``)."""
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         model = getattr(pl_module, "model", pl_module)

@@ -1,6 +1,7 @@
 """Checkpoint operations: read a checkpoint safely, start a model from another run's weights (fine-tuning), average
-checkpoints. This module knows checkpoints, not the tasks that write them: loading a task for a command, and
-exporting its model, are ``lightformer.commands``'.
+checkpoints, the data's facts and tokenizer a checkpoint carries (also one written before checkpoints stored its
+facts). This module knows checkpoints, not the tasks that write them: loading a task for a command, and
+exporting its model, are ``lightformer.cli.commands``'.
 
 A checkpoint written by ``fit`` is self-contained: the task's class and hyperparameters (so the model is rebuilt
 with its shape), and what its data module taught it (tokenizers, class names, image normalisation). Every load is
@@ -12,19 +13,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from lightformer.errors import ConfigError
-from lightformer.files import atomic_open
+from lightformer.errors import CheckpointError, ConfigError
+from lightformer.facts import DataFacts
+from lightformer.io.files import atomic_open
 from lightformer.nn.checks import check_at_least
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks", "loops")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is missing, unreadable, or of another task than the command needs; the message says which."""
 
 
 HF_FOLDER = (
@@ -39,7 +38,7 @@ def require_file(path: str, what: str) -> None:
     if "://" in path:  # a remote checkpoint (s3://, https://...): Lightning's fsspec reports its own errors
         return
     if Path(path).is_dir() and what.startswith("model.init"):
-        from lightformer.hf_layouts import WEIGHT_FILES
+        from lightformer.io.hf_layouts import WEIGHT_FILES
 
         missing = (
             "config.json"
@@ -175,8 +174,8 @@ def pretrained_weights(path: str, option: str = "model.init.checkpoint") -> dict
     """The model weights in ``path`` (the file ``option`` names), under lightformer's names: the model of a run's
     checkpoint (without the task's ``model.`` prefix), a lightformer export, Hugging Face BERT / GPT-2 or timm ViT
     weights, or a Hugging Face model folder (config.json and its weights: GPT-2, Llama, BERT, ViT, Marian;
-    ``lightformer.hf_layouts``)."""
-    from lightformer.hf_layouts import hf_folder_to_lightformer, is_hf_folder
+    ``lightformer.io.hf_layouts``)."""
+    from lightformer.io.hf_layouts import hf_folder_to_lightformer, is_hf_folder
 
     if is_hf_folder(path):
         check_hf_folder(path, option)
@@ -317,3 +316,93 @@ def average(paths: list[str], output: str, last: int | None = None) -> str:
         torch.save(averaged, f)
     steps = ", ".join(str(checkpoint.get("global_step", "?")) for _, checkpoint in checkpoints)
     return f"wrote {output}: the mean of {len(checkpoints)} checkpoints (global steps {steps})"
+
+
+def facts_of_checkpoint(checkpoint: dict[str, Any]) -> DataFacts | None:
+    """The facts a checkpoint's model was trained with: its hyperparameters' ``data_facts``, or for a checkpoint
+    written before they existed (up to commit 51eef69), the same facts read from the keys it stored them under
+    ("tokenizer", "src_tokenizer" and "tgt_tokenizer", "pixel_tokenizer", "image_classification",
+    "text_classification") and from its model's sizes (``hyper_parameters["net"]``). None: it holds none."""
+    hparams = checkpoint.get("hyper_parameters") or {}
+    if hparams.get("data_facts") is not None:
+        return DataFacts.of(hparams["data_facts"])
+    net = dict(hparams.get("net") or {})
+    facts: dict[str, Any] = {}
+    if isinstance(checkpoint.get("tokenizer"), str):
+        facts["tokenizer"] = checkpoint["tokenizer"]
+        facts["vocab_size"] = _vocab_size(checkpoint["tokenizer"])
+    for side in ("src", "tgt"):
+        if isinstance(checkpoint.get(f"{side}_tokenizer"), str):
+            facts[f"{side}_tokenizer"] = checkpoint[f"{side}_tokenizer"]
+            facts[f"{side}_vocab_size"] = _vocab_size(checkpoint[f"{side}_tokenizer"])
+    if isinstance(checkpoint.get("pixel_tokenizer"), dict):
+        from lightformer.data.objectives.pixels import PixelTokenizer
+
+        facts["palette"] = checkpoint["pixel_tokenizer"]
+        facts["vocab_size"] = PixelTokenizer.from_dict(checkpoint["pixel_tokenizer"]).vocab_size
+    images = checkpoint.get("image_classification") or {}
+    for name in ("class_names", "normalize_mean", "normalize_std", "image_size", "in_channels"):
+        if images.get(name) is not None:
+            facts[name] = images[name]
+    texts = checkpoint.get("text_classification") or {}
+    if texts.get("class_names"):
+        facts["class_names"] = texts["class_names"]
+    if texts.get("max_tokens"):
+        facts["max_length"] = texts["max_tokens"]
+    if "block_size" in net and ("tokenizer" in facts or "palette" in facts):
+        facts.setdefault("max_length", net["block_size"])
+    if net.get("pad_id") is not None and facts:
+        facts["pad_id"] = net["pad_id"]
+    return DataFacts(**facts) if facts else None
+
+
+def _vocab_size(tokenizer_json: str) -> int:
+    from lightformer.data.preparation.tokenizers import Tokenizer
+
+    return Tokenizer.from_str(tokenizer_json, source="the checkpoint's tokenizer").vocab_size
+
+
+def checkpoint_tokenizer(path: str, option: str = "model.init.checkpoint"):
+    """The tokenizer (a ``Tokenizer``) a run's checkpoint (``.ckpt``: its facts) or a lightformer export
+    (``.safetensors``: the hyperparameters in its metadata, or an older export's "lightformer.tokenizer") carries, or
+    None (no tokenizer there: Hugging Face weights, an image model)."""
+    from lightformer.data.preparation.tokenizers import Tokenizer
+
+    if Path(path).is_dir():  # a Hugging Face model folder (``export --layout hf``): its tokenizer.json, if ours
+        file = Path(path) / "tokenizer.json"
+        try:
+            return Tokenizer.from_file(file) if file.is_file() else None
+        except ValueError:  # another vocabulary layout (GPT-2's, BERT's WordPiece): nothing lightformer encodes with
+            return None
+    if path.endswith(".safetensors"):
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as weights:
+            metadata = weights.metadata() or {}
+        hparams = json.loads(metadata.get("lightformer.hyper_parameters", "{}"))
+        stored = (hparams.get("data_facts") or {}).get("tokenizer") or metadata.get("lightformer.tokenizer")
+    else:
+        facts = facts_of_checkpoint(read_checkpoint(path, option))
+        stored = facts.tokenizer if facts is not None else None
+    return Tokenizer.from_str(stored, source=f"the tokenizer of {path}") if isinstance(stored, str) else None
+
+
+def check_start_tokenizer(path: str, option: str, data_tokenizer: str) -> None:
+    """Refuse to start from the checkpoint ``path`` (the one ``option`` names) on data encoded with another tokenizer
+    (JSON) than the one it was trained with: the data's ids would stand for other tokens in its weights."""
+    if "://" in path:  # a remote checkpoint: not read twice
+        return
+    from lightformer.data.preparation.tokenizers import Tokenizer
+
+    saved = checkpoint_tokenizer(path, option)
+    difference = saved.difference(Tokenizer.from_str(data_tokenizer, source="the data's tokenizer")) if saved else None
+    if difference is None:
+        return
+    run_file = Path(path).parent.parent / "tokenizer.json"  # beside a run's checkpoints/ folder
+    in_a_run = Path(path).parent.name == "checkpoints" and run_file.is_file()
+    suggested = run_file if in_a_run else "<that run's tokenizer.json>"
+    raise CheckpointError(
+        f"{option} {path} was trained with another tokenizer than the data's (checkpoint vs data: {difference}), so "
+        f"the ids of this data would stand for other tokens in the loaded weights; encode the data with that run's "
+        f"tokenizer: data.init_args.tokenizer.file={suggested}"
+    )

@@ -1,5 +1,5 @@
 """Lightning's ``Trainer``, whose ``precision`` may also be ``"auto"``: the precision this device trains fastest in
-(``lightformer.peaks.auto_precision``), decided once at start and said in the log."""
+(``lightformer.training.peaks.auto_precision``), decided once at start and said in the log."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Literal
 import lightning as L
 from lightning.fabric.connector import _PRECISION_INPUT
 
-from lightformer.peaks import resolve_precision
+from lightformer.training.peaks import resolve_precision
 
 
 class Trainer(L.Trainer):

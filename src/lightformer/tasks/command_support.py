@@ -1,5 +1,5 @@
 """What the commands that take a checkpoint alone need, the tasks' own (``generate``, ``translate``, ``read``, ...)
-and ``lightformer.commands``' alike: the checkpoint's task rebuilt for the command on a device this machine has
+and ``lightformer.cli.commands``' alike: the checkpoint's task rebuilt for the command on a device this machine has
 (``load_task``: another task's checkpoint refused, naming the command that takes it), their options' checks
 (``paths_of``, ``require``, ``check_sampling_options``, ``utf8_text``, ``read_stdin``) and the one rule of the commands
 that take many images (``unreadable_images``). It imports none of the tasks' modules (only their base class, for
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from lightformer.checkpoints import CheckpointError, read_checkpoint
-from lightformer.errors import ConfigError, DataError
-from lightformer.files import expand_patterns, not_utf8
+from lightformer.errors import CheckpointError, ConfigError, DataError
 from lightformer.generation import check_sampling
+from lightformer.io.checkpoints import read_checkpoint
+from lightformer.io.files import expand_patterns, not_utf8
 from lightformer.registry import built_in, spec_of
 
 if TYPE_CHECKING:

@@ -19,10 +19,10 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightformer.checkpoints import CheckpointError, read_checkpoint, require_file
 from lightformer.data.modules.base import DataModule
-from lightformer.errors import ConfigError
-from lightformer.hf_layouts import is_hf_folder, net_from_hf_folder
+from lightformer.errors import CheckpointError, ConfigError
+from lightformer.io.checkpoints import read_checkpoint, require_file
+from lightformer.io.hf_layouts import is_hf_folder, net_from_hf_folder
 from lightformer.registry import spec_of
 from lightformer.tasks.base import Task
 from lightformer.tasks.config_values import class_of, config_defaults

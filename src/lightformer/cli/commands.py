@@ -14,18 +14,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lightformer.tasks  # noqa: F401  (registers lightformer's own tasks, whose commands are listed here)
-from lightformer import checkpoints
-from lightformer.checkpoints import CheckpointError, read_checkpoint
-from lightformer.command_support import (  # noqa: F401  (re-exported: a task of one's own may take them here)
+from lightformer.errors import CheckpointError, ConfigError
+from lightformer.io import checkpoints
+from lightformer.io.checkpoints import read_checkpoint
+from lightformer.io.hf_layouts import give_usual_mode, safetensors_metadata
+from lightformer.registry import built_in, layout_holders
+from lightformer.tasks.command_support import (  # noqa: F401  (re-exported: a task of one's own may take them here)
     check_sampling_options,
     load_task,
     paths_of,
     require,
     task_class_of,
 )
-from lightformer.errors import ConfigError
-from lightformer.hf_layouts import give_usual_mode, safetensors_metadata
-from lightformer.registry import built_in, layout_holders
 
 
 def output_file(path: str, example: str) -> Path:
@@ -51,7 +51,7 @@ def export(*, ckpt_path: str, output: str, layout: str = "lightformer") -> None:
     loads the weights back (tied weights are stored once). Each task declares the other layouts of its model with
     its registration (``lightformer.registry.Layout``): ``layout="timm"`` writes a vision model under timm's
     ``VisionTransformer`` names, for ``timm.create_model(...).load_state_dict(load_file(path))``; ``layout="hf"``
-    writes a folder that ``transformers``' ``from_pretrained`` loads (``lightformer.layouts``: GPT-2 or Llama for a
+    writes a folder that ``transformers``' ``from_pretrained`` loads (``lightformer.io.layouts``: GPT-2 or Llama for a
     language model, BERT, ViT, Marian), with the tokenizer and a model card.
 
     Args:

@@ -2,7 +2,7 @@
 exact resume of random state and of epoch-end checkpoints, a stop on non-finite values) and what shows its speed
 (throughput and MFU).
 
-``python -m lightformer fit`` installs them all (see ``lightformer.cli``); with the Python API, pass
+``python -m lightformer fit`` installs them all (see ``lightformer.cli.main``); with the Python API, pass
 ``plugins=[AtomicCheckpointIO()]`` and ``callbacks=[ModelCheckpoint(save_last=True), NonFiniteLossGuard(),
 RandomStateCheckpoint(), ResumeAfterEpochEnd(), Throughput()]`` to the ``Trainer``. ``LateDropout`` is a part of a
 recipe that a config adds to ``trainer.callbacks``.
@@ -30,9 +30,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from timm.layers import DropPath
 from torch import nn
 
-from lightformer import internals, peaks
-from lightformer.files import atomic_open, remove_orphaned_temporary_files
+from lightformer.io.files import atomic_open, remove_orphaned_temporary_files
 from lightformer.nn import Dropout, MultiHeadAttention, TokenDropout
+from lightformer.training import internals, peaks
 
 MIB = 2**20
 
@@ -189,11 +189,12 @@ class NonFiniteLossGuard(Callback):
 
     The loss is checked before every backward pass, so a NaN loss never reaches the weights (a host sync:
     negligible on CPU, a few percent or more on a fast GPU; raise ``check_every_n_steps`` there, with
-    ``--trainer.callbacks+=lightformer.callbacks.NonFiniteLossGuard --trainer.callbacks.check_every_n_steps=100`` or
-    the same in the config's ``trainer.callbacks``: it replaces the default guard). Parameters are checked
-    before every validation (a finite loss can still have overflowing gradients) and before every checkpoint is
-    written, so a good checkpoint is never overwritten by a broken model; tasks check their validation metrics with
-    ``raise_if_non_finite``. Every check raises ``NonFiniteLossError`` naming the step and the last good checkpoint.
+    ``--trainer.callbacks+=lightformer.training.callbacks.NonFiniteLossGuard
+    --trainer.callbacks.check_every_n_steps=100`` or the same in the config's ``trainer.callbacks``: it replaces the
+    default guard). Parameters are checked before every validation (a finite loss can still have overflowing gradients)
+    and before every checkpoint is written, so a good checkpoint is never overwritten by a broken model; tasks check
+    their validation metrics with ``raise_if_non_finite``. Every check raises ``NonFiniteLossError`` naming the step
+    and the last good checkpoint.
     """
 
     def __init__(self, check_every_n_steps: int = 1) -> None:
@@ -310,8 +311,8 @@ class SameDataOnResumeCheck(Callback):
         self.ckpt_path = ckpt_path  # the fit's --ckpt_path: the trainer knows it only after set-up
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        from lightformer.checkpoints import read_checkpoint
         from lightformer.data.preparation.caching import SameDataOnResume, check_same_data, prepared_identity
+        from lightformer.io.checkpoints import read_checkpoint
 
         datamodule, path = trainer.datamodule, self.ckpt_path
         if stage != "fit" or not isinstance(datamodule, SameDataOnResume) or not path or not is_local(path):
@@ -396,7 +397,7 @@ class LateDropout(Callback):
     ``trainer.global_step``, so a resumed run drops out exactly as the run it continues, and evaluation is
     untouched (dropout is off there anyway). Add it to a config's ``trainer.callbacks``::
 
-        - class_path: lightformer.callbacks.LateDropout
+        - class_path: lightformer.training.callbacks.LateDropout
           init_args:
             start_step: 600
     """
@@ -446,12 +447,12 @@ class Throughput(ThroughputMonitor):
 
     The task says what a batch holds (``Task.throughput_counts``) and what it costs (``Task.batch_flops``: counted by
     PyTorch on the model's own operations, backward included in training). MFU needs the device's peak at the run's
-    precision: ``lightformer.peaks.peak_flops`` takes it from a datasheet table (dense), Lightning's table, or, for a
-    CPU or a card in neither, a short matrix-multiply measurement; the log says once which, and what it is.
+    precision: ``lightformer.training.peaks.peak_flops`` takes it from a datasheet table (dense), Lightning's table,
+    or, for a CPU or a card in neither, a short matrix-multiply measurement; the log says once which, and what it is.
 
     Args:
         window_size: batches per throughput reading (a moving window).
-        peak_flops: peak FLOP/s of one device for MFU; None: ``lightformer.peaks.peak_flops``.
+        peak_flops: peak FLOP/s of one device for MFU; None: ``lightformer.training.peaks.peak_flops``.
     """
 
     def __init__(self, window_size: int = 20, peak_flops: float | None = None) -> None:
@@ -462,7 +463,7 @@ class Throughput(ThroughputMonitor):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._task = pl_module
-        with warnings.catch_warnings():  # "FLOPs not found for ...": the peak comes from lightformer.peaks
+        with warnings.catch_warnings():  # "FLOPs not found for ...": the peak comes from lightformer.training.peaks
             warnings.filterwarnings("ignore", message="FLOPs not found")
             super().setup(trainer, pl_module, stage)
         if self.peak_flops is None:  # once: a fit's later validate or test keeps it

@@ -11,7 +11,7 @@
   by BLEU or accuracy: its columns are the hyperparameters named in ``hparam_columns`` (the table shows its first
   five hyperparameter columns before any metric), and every hyperparameter (each field of ``model.net``,
   ``model.optimizer``, the data's options, flattened) is recorded with the run;
-- ``test`` run on a checkpoint of a run writes into that run's folder (see ``lightformer.cli``), and every task
+- ``test`` run on a checkpoint of a run writes into that run's folder (see ``lightformer.cli.main``), and every task
   logs test metrics at the step of the tested weights (``Task.on_test_start``), beside the training curves.
 
 Images and text are written at the step Lightning logs scalars at (``logging_step``), so a validation's metrics,
@@ -38,8 +38,8 @@ from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-from lightformer import internals
 from lightformer.data.objectives.masking import IGNORE_INDEX
+from lightformer.training import internals
 
 if TYPE_CHECKING:
     from lightformer.data.preparation.tokenizers import Tokenizer
