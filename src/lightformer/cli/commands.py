@@ -10,6 +10,7 @@ and docstrings), so it runs the same from Python; a bad option raises ``ConfigEr
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from pathlib import Path
 
@@ -129,10 +130,15 @@ def checkpoint_commands() -> dict[str, tuple[Callable, str | None]]:
 
 def task_command(name: str, args: list[str]) -> tuple[Callable, str | None] | None:
     """The command ``name`` of a task outside lightformer, registered by its module, which the ``_class_path`` of the
-    checkpoint that ``--ckpt_path`` names imports; None: no such command."""
-    ckpt_path = next((arg.partition("=")[2] for arg in args if arg.startswith("--ckpt_path=")), None)
-    if ckpt_path is None and "--ckpt_path" in args[:-1]:
-        ckpt_path = args[args.index("--ckpt_path") + 1]
+    checkpoint that ``--ckpt_path`` names imports; None: no such command. The command's function (whose signature
+    ``auto_cli`` parses the rest by) is known only from the checkpoint, so ``--ckpt_path`` alone is read first, as
+    argparse reads it."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    parser.add_argument("--ckpt_path")
+    try:
+        ckpt_path = parser.parse_known_args(args)[0].ckpt_path
+    except argparse.ArgumentError:  # the option without its value: auto_cli says so
+        return None
     if ckpt_path is None or not Path(ckpt_path).is_file():
         return None
     found = task_class_of(read_checkpoint(ckpt_path))
