@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 
 from lightformer.training.flops import FlopCounter
 
@@ -36,7 +37,8 @@ class BatchCosts:
         compute) at a few shapes, then by a polynomial in the sequence lengths (``lightformer.training.flops``): a
         batch of a new shape costs no count."""
         if self._flop_counter is None:
-            model_class = next(c for c in type(self.model).__mro__ if "FSDP" not in c.__name__)  # FSDP2 subclasses
+            # FSDP2's fully_shard makes the model an instance of a subclass of FSDPModule and the model's own class
+            model_class = next(c for c in type(self.model).__mro__ if not issubclass(c, FSDPModule))
             self._flop_counter = FlopCounter(lambda: model_class(self.model.config))
         inputs = self.model_inputs(batch)
         return self._flop_counter.per_example(inputs, backward) * len(inputs[0])

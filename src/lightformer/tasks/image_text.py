@@ -60,19 +60,36 @@ def ink_columns(image: Image.Image) -> np.ndarray:
 
 def window_spans(ink: np.ndarray, width: int, overlap: int) -> list[tuple[int, int]]:
     """The columns ``[start, end)`` of the windows, at most ``width`` wide, that read a line whose columns ``ink``
-    marks: consecutive windows share about ``overlap`` columns, and each cut falls where no ink is (between letters
-    or words) when there is such a column near it, so that no window starts or ends inside a letter."""
+    marks: consecutive windows share about ``overlap`` columns, and each cut falls in the widest stretch without ink
+    near it (between words where there is such a space, else between letters), so that no window starts or ends
+    inside a letter and, where it can, none inside a word: the model was trained on lines of whole words."""
     total, spans, start = len(ink), [], 0
     while total - start > width:
-        lo = start + width - overlap // 2
-        gaps = np.flatnonzero(~ink[lo : start + width])
-        end = lo + int(gaps[-1]) + 1 if len(gaps) else start + width
+        cut = widest_gap(ink, start + width - overlap // 2, start + width, start + width)
+        end = start + width if cut is None else cut
         target = end - overlap
-        lo = max(start + 1, target - overlap // 2)
-        gaps = lo + np.flatnonzero(~ink[lo : max(lo, end - overlap // 2)])
         spans.append((start, end))
-        start = int(gaps[np.argmin(np.abs(gaps - target))]) if len(gaps) else max(start + 1, target)
+        cut = widest_gap(ink, max(start + 1, target - overlap // 2), max(start + 2, end - overlap // 2), target)
+        start = max(start + 1, target) if cut is None else cut
     return [*spans, (start, total)]
+
+
+def widest_gap(ink: np.ndarray, lo: int, hi: int, target: int) -> int | None:
+    """The middle column of the widest run of columns without ink that lies in ``[lo, hi)`` (the one nearest
+    ``target`` of equal width), or None where every column there holds ink."""
+    runs, run_start = [], None
+    for column in range(lo, hi):
+        if not ink[column] and run_start is None:
+            run_start = column
+        elif ink[column] and run_start is not None:
+            runs.append((run_start, column))
+            run_start = None
+    if run_start is not None:
+        runs.append((run_start, hi))
+    if not runs:
+        return None
+    a, b = max(runs, key=lambda run: (run[1] - run[0], -abs((run[0] + run[1]) // 2 - target)))
+    return (a + b) // 2
 
 
 def join_readings(left: str, right: str, shared: int) -> str:
