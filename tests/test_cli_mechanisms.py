@@ -114,7 +114,7 @@ def test_jsonargparse_reports_what_a_class_raised_in_a_plain_value_error_of_its_
 
 
 def test_jsonargparse_names_no_config_file_in_its_syntax_errors(tmp_path):
-    # ``config_checks.check_config_files`` reads each --config file first to name it.
+    # ``cli.checks.check_config_files`` reads each --config file first to name it.
     config = tmp_path / "broken.yaml"
     config.write_text("model:\n  init_args: {a: 1\n", encoding="utf-8")
     parser = ArgumentParser(exit_on_error=False)
@@ -128,7 +128,7 @@ def test_jsonargparse_names_no_config_file_in_its_syntax_errors(tmp_path):
 
 def test_jsonargparse_keeps_no_source_of_a_parsed_value(tmp_path):
     # jsonargparse pull request #975 records where each value came from (``__provenance__``); until then
-    # ``config_checks.model_options_given`` reads the command line's words.
+    # ``cli.checks.model_options_given`` reads the command line's words.
     config = tmp_path / "config.yaml"
     config.write_text("size: 2\n", encoding="utf-8")
     parser = ArgumentParser(exit_on_error=False)

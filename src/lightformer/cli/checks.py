@@ -87,11 +87,11 @@ def upgraded_net(class_path: str, saved: dict) -> dict:
     return getattr(net_class, "from_saved", dict)(saved or {})
 
 
-def check_renamed_net_fields(args: list[str]) -> None:
+def check_renamed_net_fields(args: list[str], configs: list[dict]) -> None:
     """Refuse, before the command line is parsed, the ``model.net`` fields a model config has renamed or moved (its
     ``RENAMED``: the image-to-text config's flat fields of b1bd12e, now in its towers), naming each and its new
-    place."""
-    files = [read_config_file(path).get("model") for path in config_files(args)]
+    place; ``configs``: the command line's config files as read (``check_config_files``)."""
+    files = [config.get("model") for config in configs]
     class_paths = [m.get("class_path") for m in files if isinstance(m, dict) and m.get("class_path")]
     class_paths += [a.split("=", 1)[1] for a in args if a.startswith(("--model=", "--model.class_path="))]
     task_class = class_of(str(class_paths[-1])) if class_paths else None
@@ -251,14 +251,14 @@ def config_files(args: list[str]) -> list[str]:
         return []
 
 
-def check_config_files(args: list[str]) -> None:
+def check_config_files(args: list[str]) -> list[dict]:
     """Refuse a ``--config`` file that is missing, not YAML, or not a mapping, in one line naming the file (and the
     line and column of a syntax error), before jsonargparse reads it: jsonargparse 4.53 reports a syntax error as in
     ``"<unicode string>"`` and its loader is given the file's base name only, and reports the others over several
     lines with its usage. ``tests/test_cli_mechanisms.py`` pins this
-    (``test_jsonargparse_names_no_config_file_in_its_syntax_errors``): remove this when that fails."""
-    for path in config_files(args):
-        read_config_file(path)
+    (``test_jsonargparse_names_no_config_file_in_its_syntax_errors``): remove this when that fails. Returns the
+    files' configs, in order."""
+    return [read_config_file(path) for path in config_files(args)]
 
 
 def read_config_file(path: str) -> dict:

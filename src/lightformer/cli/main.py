@@ -155,8 +155,10 @@ class LightformerCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI's (the model config becomes a --ckpt_path checkpoint's hyperparameters), with the checkpoint's
-        ``net`` read as today's config has its fields (``config_checks.upgraded_net``: an image-to-text checkpoint of
-        b1bd12e's flat fields)."""
+        ``net`` read as today's config has its fields (``cli.checks.upgraded_net``: an image-to-text checkpoint of
+        b1bd12e's flat fields). A copy of Lightning 2.6's private method and one line: should Lightning rename it,
+        ``test_old_checkpoints.py``'s ``test`` and resume of the b1bd12e image-text checkpoint fail (jsonargparse
+        refuses the flat fields)."""
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not ckpt_path or not Path(ckpt_path).is_file():
@@ -179,10 +181,11 @@ class LightformerCLI(LightningCLI):
         """With --ckpt_path, LightningCLI replaces the model config by the checkpoint's hyperparameters after
         ``parse_arguments`` and before ``before_instantiate_classes``, so that the model is built as it was trained
         (``tests/test_cli.py`` pins this: ``LightningCLI._parse_ckpt_path`` does it, a private method that this
-        class no longer overrides). For ``validate``, ``test`` and ``predict`` the model options given on the
-        command line then apply over them (a beam size or test-time flips to try; an option the weights do not fit
-        fails at loading). ``fit`` resumes the run: its optimizer and schedule come back from the checkpoint too,
-        so a model option that differs from the checkpoint's would be ignored, and is refused instead."""
+        class overrides only to read an older checkpoint's ``net`` as today's config has its fields). For
+        ``validate``, ``test`` and ``predict`` the model options given on the command line then apply over them (a
+        beam size or test-time flips to try; an option the weights do not fit fails at loading). ``fit`` resumes the
+        run: its optimizer and schedule come back from the checkpoint too, so a model option that differs from the
+        checkpoint's would be ignored, and is refused instead."""
         subcommand = self.config.get("subcommand")
         if not self.command_line_model_options or not subcommand or not self.config[subcommand].get("ckpt_path"):
             return
@@ -388,8 +391,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     try:
         if command in TRAINER_COMMANDS:  # a syntax error named with its file (jsonargparse: "<unicode string>")
-            check_config_files(args)
-            check_renamed_net_fields(args)
+            check_renamed_net_fields(args, check_config_files(args))
         if command == "prepare":
             prepare_main(args[1:])
         elif found is not None:

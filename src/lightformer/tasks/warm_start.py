@@ -36,7 +36,7 @@ class WarmStart:
     def check_init(self, starting: bool, unknown_shapes: frozenset[str] = frozenset()) -> None:
         """Refuse a ``model.init`` that cannot do what it says, as soon as the model is built (the command line
         calls this on a model built on the meta device, before any data is prepared:
-        ``config_checks.check_init_before_data``).
+        ``cli.checks.check_init_before_data``).
         Every ``freeze`` pattern must name parameters of the model; when ``starting`` (a fit that does not resume),
         the checkpoint must exist, every ``skip`` pattern must name weights of it, and the start must be one
         ``init.strict`` allows. ``unknown_shapes``: tensors of the model whose shapes are not known yet (sized by the
