@@ -119,6 +119,17 @@ class GPT(nn.Module):
         ``(batch, memory_len, d_model)`` is the encoder's output, ``memory_key_mask`` ``(batch, memory_len)`` True at
         its real positions (None: all).
         """
+        return self.lm_head(self.features(ids, cache, memory, memory_key_mask))
+
+    def features(
+        self,
+        ids: Tensor,
+        cache: DecoderCache | None = None,
+        memory: Tensor | None = None,
+        memory_key_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Token ids ``(batch, seq)`` → the last block's outputs after the final norm ``(batch, seq, d_model)``: what
+        the LM head reads (``forward``'s arguments), and what a contrastive text tower pools."""
         offset = cache.length if cache is not None else 0
         if offset + ids.shape[1] > self.block_size:
             raise ValueError(
@@ -128,8 +139,7 @@ class GPT(nn.Module):
         x = self.embed(ids)
         if self.position is not None:
             x = self.position(x, offset)
-        x = self.decoder(self.dropout(x), memory, memory_key_mask=memory_key_mask, cache=cache)
-        return self.lm_head(x)
+        return self.decoder(self.dropout(x), memory, memory_key_mask=memory_key_mask, cache=cache)
 
 
 def gpt2_state_dict_to_lightformer(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
