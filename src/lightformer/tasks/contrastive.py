@@ -374,8 +374,8 @@ class ContrastiveTask(Task):
         for i, (image, caption) in enumerate(zip(images, captions, strict=True)):
             writer.add_image(f"val/sample_{i}", self._pixels(image), step)
             values, indices = probabilities[i].topk(min(TOP_TEXTS, len(texts)))
-            top = ", ".join(f"{markdown_text(texts[j])} ({p:.0%})" for p, j in zip(values.tolist(),
-                                                                                    indices.tolist(), strict=True))  # fmt: skip
+            pairs = zip(values.tolist(), indices.tolist(), strict=True)
+            top = ", ".join(f"{markdown_text(texts[j])} ({p:.0%})" for p, j in pairs)
             rows.append(f"| sample_{i} | {markdown_text(caption)} | {top} |")
         writer.add_text("val/top_texts", "\n".join(rows), step)
 
