@@ -256,25 +256,6 @@ def test_embed_writes_unit_embeddings_of_images_and_texts_with_their_names_in_or
     assert similarities.argmax(1).tolist() == [0, 1]
 
 
-def test_the_commands_refuse_what_they_cannot_do(trained, tmp_path):
-    ckpt = trained["checkpoint"]
-    image = str(trained["root"] / "img/circle-red-0.png")
-    cases = [
-        (lambda: zero_shot(ckpt_path=ckpt, labels="circle", images=image), "at least two"),
-        (lambda: zero_shot(ckpt_path=ckpt, labels="a,b", images=image, top=0), "--top=0"),
-        (lambda: zero_shot(ckpt_path=ckpt, labels="a,b", images=image, prompts=["a photo"]), "has no '{}'"),
-        (lambda: embed(ckpt_path=ckpt, images=image, texts=image, output="x.safetensors"), "one of --images"),
-        (lambda: embed(ckpt_path=ckpt, images=image, output=str(tmp_path / "x.pt")), "a .safetensors file"),
-    ]
-    for call, message in cases:
-        with pytest.raises(ConfigError, match=message.replace("{", r"\{").replace("}", r"\}")):
-            call()
-    broken = tmp_path / "broken.png"
-    broken.write_bytes(b"no")
-    with pytest.raises(DataError, match="broken.png"):
-        zero_shot(ckpt_path=ckpt, labels="a,b", images=str(broken))
-
-
 def test_a_text_tower_shorter_than_the_longest_caption_is_refused_naming_the_field(tmp_path):
     data = shapes_module(tmp_path)
     facts = data.data_facts()
