@@ -18,7 +18,7 @@ from PIL import Image, ImageDraw
 
 from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
-from lightformer.errors import ConfigError, DataError
+from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.io.checkpoints import InitConfig
 from lightformer.tasks.contrastive import (
