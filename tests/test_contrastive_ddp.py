@@ -5,8 +5,10 @@ gather whole."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -14,6 +16,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lightformer.models.contrastive import ContrastiveConfig, ContrastiveModel
 from lightformer.tasks.contrastive import contrastive_loss, gather_with_grad
+from test_scale_out import probe
+from tiny_runs import ShardProbe, build, last_checkpoint, quiet_run_args, run_cli
 
 WORLD, PER_PROCESS, VOCAB, PAD = 2, 4, 12, 0
 TINY = dict(d_model=32, n_layers=1, n_heads=2, d_ff=64)
@@ -81,3 +85,59 @@ def test_ddp_gathers_negatives_so_loss_and_gradients_equal_one_process_on_the_wh
     assert [found["uneven"]["offset"] for found in ranks] == [0, 3]
     for found in ranks:
         assert torch.equal(found["uneven"]["gathered"], whole)
+
+
+@pytest.mark.slow
+def test_a_two_process_fit_contrasts_the_global_batch_and_evaluates_on_every_processs_images(tmp_path):
+    """A 2-process gloo ``fit`` through the command line says the global batch it contrasts, and both processes end
+    with the metrics of one process validating the same weights on the whole split (retrieval and zero-shot over the
+    gathered embeddings; the loss, each process's batch against itself, aside)."""
+    from test_contrastive import write_shapes
+
+    train = write_shapes(tmp_path)
+    args = [
+        "--model=ContrastiveTask",
+        "--data=test_contrastive.LabelledShapes",
+        f"--data.source.train={train}",
+        "--data.source.fit=resize",
+        "--data.source.channels=3",
+        "--data.source.height=16",
+        "--data.source.width=16",
+        "--data.source.val_fraction=0.25",
+        "--data.tokenizer.kind=char",
+        "--data.loader.batch_size=8",
+        f"--data.prepare.dir={tmp_path / 'prepared'}",
+        *(
+            f"--model.net.{tower}.{field}"
+            for tower in ("image", "text")
+            for field in ("d_model=32", "n_layers=1", "n_heads=2", "d_ff=64")
+        ),  # fmt: skip
+        "--model.net.image.patch_size=4",
+        "--model.net.text.block_size=24",
+        "--model.net.embed_dim=16",
+        '--model.templates=["a {}"]',
+        "--model.optimizer.warmup_steps=2",
+        "--trainer.logger=lightformer.training.tensorboard.TensorBoardLogger",
+        *quiet_run_args(tmp_path),
+        "--trainer.max_steps=4",
+        "--trainer.val_check_interval=4",
+        "--trainer.check_val_every_n_epoch=null",
+        "--trainer.num_sanity_val_steps=0",
+    ]
+    run_cli(["fit", *args, "--config=configs/trainer/ddp_cpu.yaml", probe(tmp_path / "ddp")], tmp_path / "cli.log")
+    assert (
+        "contrasting each image against the 16 texts of the global batch (8 per process × 2 processes)"
+        in (tmp_path / "cli.log").read_text()
+    )
+    ranks = [json.loads((tmp_path / "ddp" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert ranks[0]["metrics"] == ranks[1]["metrics"] and "val/zero_shot_top1" in ranks[0]["metrics"]
+
+    single = build([*args, "--trainer.logger=false", f"--trainer.default_root_dir={tmp_path / 'single'}"],
+                   ShardProbe(str(tmp_path / "single")))  # fmt: skip
+    single.trainer.validate(single.model, single.datamodule, ckpt_path=last_checkpoint(tmp_path))
+    one = json.loads((tmp_path / "single" / "rank0.json").read_text())["metrics"]
+    assert one.keys() == ranks[0]["metrics"].keys()
+    for name, value in one.items():
+        if name != "val/loss":
+            assert ranks[0]["metrics"][name] == pytest.approx(value, abs=1e-6), name
