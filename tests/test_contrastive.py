@@ -129,7 +129,9 @@ class LabelledShapes(ImageTextFilesDataModule):
 def shapes_module(root: Path, **options) -> ImageTextFilesDataModule:
     kind = options.pop("kind", LabelledShapes)
     # plain dicts, as the command line gives them: the checkpoint stores them (loaded with weights_only)
-    source = dict(train=str(write_shapes(root)), height=SIDE, width=SIDE, channels=3, fit="resize", val_fraction=0.25)
+    train = str(write_shapes(root))
+    source = dict(train=train, height=SIDE, width=SIDE, channels=3, fit="resize", val_fraction=0.25)
+    source |= {"test": train} if options.pop("test", False) else {}
     data = kind(source, tokenizer=dict(kind="char"), loader=dict(batch_size=24),
                 prepare=dict(dir=str(root / "prepared"), num_workers=1), **options)  # fmt: skip
     data.prepare_data()
@@ -183,7 +185,7 @@ def test_a_short_fit_pairs_drawn_shapes_with_their_captions_far_above_chance(tra
 
 def test_a_sigmoid_task_on_data_without_classes_logs_its_bias_and_retrieval_and_skips_zero_shot(tmp_path):
     torch.manual_seed(0)
-    data = shapes_module(tmp_path, kind=ImageTextFilesDataModule)  # no classes: zero-shot is skipped
+    data = shapes_module(tmp_path, kind=ImageTextFilesDataModule, test=True)  # no classes: zero-shot is skipped
     task = shapes_task(data.data_facts(), loss="sigmoid")
     trainer = L.Trainer(accelerator="cpu", max_steps=12, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
@@ -194,6 +196,8 @@ def test_a_sigmoid_task_on_data_without_classes_logs_its_bias_and_retrieval_and_
     assert "train/bias" in m and float(m["train/bias"]) != -10.0
     assert "val/i2t_r1" in m and "val/zero_shot_top1" not in m
     assert task.contrasted == 24
+    (tested,) = trainer.test(task, datamodule=data)
+    assert {"test/loss", "test/i2t_r10", "test/t2i_r1"} <= tested.keys() and "test/zero_shot_top1" not in tested
 
 
 def test_class_embeddings_average_each_templates_unit_embedding(trained):
@@ -284,7 +288,7 @@ def test_both_towers_start_from_a_vit_classifier_and_a_gpt_language_model(tmp_pa
     facts = DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
                       image_size=16, in_channels=3, normalize_mean=(0.5,) * 3, normalize_std=(0.5,) * 3,
                       image_fit="resize", max_length=16)  # fmt: skip
-    init = InitConfig(modules={"image": files["vit"], "text": files["gpt"]}, skip=("image.head",))
+    init = InitConfig(modules={"image": files["vit"], "text": files["gpt"]})  # by their names alone
     clip = ContrastiveTask(net=dict(image=dict(patch_size=4, **TINY), text=dict(block_size=16, **TINY)),
                            data_facts=facts, init=init)  # fmt: skip
     weights = clip.initial_weights(check=True)  # the grid 2×2 → 4×4: the position table resampled
@@ -298,5 +302,5 @@ def test_both_towers_start_from_a_vit_classifier_and_a_gpt_language_model(tmp_pa
         assert torch.equal(state[f"image.{name}"], value), name
     for name, value in lm.model.state_dict().items():
         assert torch.equal(state[f"text.{name}"], value), name
-    assert not any(name.startswith("image.head") for name in report["loaded"])
+    assert {"image.head.weight", "image.head.bias"} <= set(report["dropped"])  # the classifier's head: no place
     assert not [name for name in report["new"] if name.startswith(("image.", "text."))], report["new"]
