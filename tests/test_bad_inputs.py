@@ -1184,3 +1184,46 @@ def test_resuming_on_data_whose_change_changes_the_tokenizer_names_the_file(tmp_
     assert message.startswith(
         f"lightformer: data: the data changed since the checkpoint was written ({corpus} changed (size or "
     ), message
+
+
+def contrastive_checkpoint(path: Path) -> str:
+    """A contrastive task's checkpoint, untrained (the commands' refusals come before any answer)."""
+    import lightning
+
+    from lightformer.data.preparation.tokenizers import Tokenizer
+    from lightformer.facts import DataFacts
+    from lightformer.tasks.contrastive import ContrastiveTask
+
+    tokenizer = Tokenizer.train_char(["a red circle"])
+    facts = DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+                      image_size=8, in_channels=3, normalize_mean=(0.5,) * 3, normalize_std=(0.5,) * 3,
+                      image_fit="resize", max_length=8)  # fmt: skip
+    tiny = dict(d_model=16, n_layers=1, n_heads=2, d_ff=32)
+    task = ContrastiveTask(
+        net=dict(image=dict(patch_size=4, **tiny), text=dict(block_size=8, **tiny)), data_facts=facts
+    )
+    torch.save({"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
+                "pytorch-lightning_version": lightning.__version__}, path)  # fmt: skip
+    return str(path)
+
+
+def test_zero_shot_and_embed_refuse_what_they_cannot_do_naming_the_option(tmp_path):
+    ckpt = contrastive_checkpoint(tmp_path / "clip.ckpt")
+    image = tmp_path / "a.png"
+    Image.new("RGB", (8, 8), "red").save(image)
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"no image")
+    zero_shot = ["zero-shot", f"--ckpt_path={ckpt}", f"--images={image}"]
+    embed = ["embed", f"--ckpt_path={ckpt}"]
+    cases = [
+        ([*zero_shot, "--labels=circle"], "--labels='circle' gives 1 label(s): give at least two"),
+        ([*zero_shot, "--labels=a,b", "--top=0"], "--top=0 must be at least 1"),
+        ([*zero_shot, "--labels=a,b", "--prompts=a photo"], "--prompts: the template 'a photo' has no '{}'"),
+        ([*zero_shot[:2], "--labels=a,b", f"--images={broken}"], f"--images: {broken} is not a readable image"),
+        ([*embed, f"--images={image}", f"--texts={image}", "--output=x.safetensors"], "one of --images FILE"),
+        ([*embed, f"--images={image}", f"--output={tmp_path}/x.pt"], "give a .safetensors file"),
+        ([*embed, f"--texts={tmp_path}/none.txt", f"--output={tmp_path}/x.safetensors"], "none.txt' does not exist"),
+        (["zero-shot", f"--ckpt_path={ckpt}", "--labels=a,b"], "zero-shot needs --ckpt_path"),
+    ]
+    for argv, message in cases:
+        assert message in refused(argv), argv

@@ -1,6 +1,7 @@
 """LightningModules: one per objective, each a ``Task`` (shared optimizer and set-up) around a model."""
 
 from lightformer.tasks.base import Task
+from lightformer.tasks.contrastive import ContrastiveTask
 from lightformer.tasks.denoising import DenoisingTask
 from lightformer.tasks.image_classification import ImageClassificationTask
 from lightformer.tasks.image_gpt import ImageGPTTask
@@ -12,6 +13,7 @@ from lightformer.tasks.text_classification import TextClassificationTask
 from lightformer.tasks.translation import TranslationTask
 
 __all__ = [
+    "ContrastiveTask",
     "DenoisingTask",
     "ImageClassificationTask",
     "ImageGPTTask",

@@ -285,6 +285,24 @@ def confusion_figure(confusion: Tensor, class_names: Sequence[str], items: str):
     return figure
 
 
+def similarity_figure(similarities: Tensor, captions: Sequence[str], title: str):
+    """The cosine similarities ``(images, texts)`` of a batch's images (rows, numbered) and its captions (columns,
+    ``captions``) as a heatmap on [-1, 1]: a model that pairs them shows a bright diagonal."""
+    values = similarities.detach().float().cpu().numpy()
+    rows, cols = values.shape
+    figure = _figure(max(4.5, 0.28 * cols + 2.5), max(4.0, 0.28 * rows + 2.0))
+    axes = figure.add_subplot()
+    image = axes.imshow(values, cmap="viridis", vmin=-1.0, vmax=1.0, aspect="auto")
+    shown = [text if len(text) <= 28 else text[:27] + "…" for text in captions]
+    axes.set_xticks(range(cols), labels=shown, rotation=60, ha="right", fontsize=7)
+    axes.set_yticks(range(rows), labels=[str(i) for i in range(rows)], fontsize=7)
+    axes.set_xlabel("caption")
+    axes.set_ylabel("image")
+    axes.set_title(title, fontsize=9)
+    figure.colorbar(image, ax=axes, label="cosine similarity")
+    return figure
+
+
 def markdown_text(text: str) -> str:
     """``text`` as literal Markdown on one line (a table cell): special characters escaped, line breaks as spaces."""
     text = re.sub(r"([\\`*_\[\]#|])", r"\\\1", text)
