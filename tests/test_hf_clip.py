@@ -1,0 +1,136 @@
+"""The contrastive model's Hugging Face layout: a ``CLIPModel`` folder that ``from_pretrained`` loads with our logits,
+its tokenizer framing a caption as the data does (EOS exported as id 3), and the shapes CLIP cannot hold refused."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lightformer.data.preparation.tokenizers import Tokenizer
+from lightformer.errors import ConfigError
+from lightformer.io.hf_layouts import export_hf
+from lightformer.io.layouts.clip import SWAP, check_clip_shape, contrastive_model
+from lightformer.io.layouts.vit import vit_hf_config
+from lightformer.models import ViTConfig
+from lightformer.models.contrastive import ContrastiveConfig, ContrastiveModel
+
+CAPTIONS = ["a red apple", "dog face", "an apple pie on a plate", "sheep"]
+IMAGE = dict(image_size=16, patch_size=8, in_channels=3, d_model=32, n_layers=2, n_heads=4, d_ff=64, pre_norm=True)
+TEXT = dict(d_model=48, n_layers=2, n_heads=4, d_ff=96, block_size=32)
+
+
+def clip_model(tokenizer, image=None, text=None, **fields) -> ContrastiveModel:
+    torch.manual_seed(0)
+    config = ContrastiveConfig(image=IMAGE | (image or {}), text=TEXT | {"vocab_size": tokenizer.vocab_size} |
+                               (text or {}), embed_dim=24, pad_id=tokenizer.pad_id, **fields)  # fmt: skip
+    model = ContrastiveModel(config).eval()
+    with torch.no_grad():  # random biases and norms, so that a tensor exported to the wrong place shows
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                parameter.normal_(0, 0.1 if name.endswith("bias") else 1.0)
+        model.logit_scale.fill_(2.5)
+    return model
+
+
+def framed(tokenizer) -> torch.Tensor:
+    """The captions as the data gives them: [BOS] ids [EOS], padded with PAD."""
+    ids = tokenizer.encode_batch(CAPTIONS, add_bos=True, add_eos=True)
+    longest = max(map(len, ids))
+    return torch.tensor([row + [tokenizer.pad_id] * (longest - len(row)) for row in ids])
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer.train_char(CAPTIONS)
+
+
+def export(model, tokenizer, folder, in_channels=3):
+    task = SimpleNamespace(model=model, tokenizer=tokenizer, hparams={},
+                           data_facts=SimpleNamespace(normalize_mean=(0.5,) * in_channels,
+                                                      normalize_std=(0.25,) * in_channels))  # fmt: skip
+    return export_hf(task, str(folder.parent / "last.ckpt"), {}, str(folder), build=contrastive_model)
+
+
+@pytest.mark.parametrize("in_channels", [3, 1])
+def test_exported_clip_gives_our_logits(tmp_path, tokenizer, in_channels):
+    from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+
+    model = clip_model(tokenizer, image={"in_channels": in_channels})
+    export(model, tokenizer, tmp_path / "clip", in_channels)
+    theirs = CLIPModel.from_pretrained(tmp_path / "clip").eval()
+    hf_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "clip")
+
+    ids = framed(tokenizer)
+    torch.manual_seed(1)
+    images = torch.randn(3, in_channels, 16, 16)
+    exported_ids = ids.clone()  # our EOS (2) is the export's 3, and our UNK (3) its 2
+    exported_ids[ids == SWAP[0]], exported_ids[ids == SWAP[1]] = SWAP[1], SWAP[0]
+    encoded = hf_tokenizer(CAPTIONS, padding=True, return_tensors="pt")
+    assert encoded["input_ids"].tolist() == exported_ids.tolist()  # the tokenizer frames a caption as the data does
+    assert theirs.config.text_config.eos_token_id == 3 and hf_tokenizer.eos_token_id == 3
+
+    with torch.no_grad():
+        ours = model.logits(model.encode_image(images), model.encode_text(ids))
+        output = theirs(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"],
+                        pixel_values=images.expand(-1, 3, -1, -1))  # fmt: skip
+    torch.testing.assert_close(output.logits_per_image, ours, atol=1e-4, rtol=1e-4)
+    assert ours.std() > 0.1  # the captions differ, so equal logits say something
+
+    pixels = np.random.default_rng(0).integers(0, 256, (16, 16, in_channels), dtype=np.uint8)
+    image = Image.fromarray(pixels[..., 0] if in_channels == 1 else pixels)
+    processed = AutoImageProcessor.from_pretrained(tmp_path / "clip")(image, return_tensors="pt")["pixel_values"]
+    ours = (torch.from_numpy(pixels).permute(2, 0, 1).float() / 255 - 0.5) / 0.25  # the data's normalisation
+    torch.testing.assert_close(processed[0], ours.expand(3, -1, -1), atol=1e-5, rtol=0)
+
+
+def test_logit_scale_is_exported_clamped(tmp_path, tokenizer):
+    from transformers import CLIPModel
+
+    model = clip_model(tokenizer)
+    with torch.no_grad():
+        model.logit_scale.fill_(7.0)  # above log 100: ours clamps it, CLIPModel would not
+    export(model, tokenizer, tmp_path / "clip")
+    theirs = CLIPModel.from_pretrained(tmp_path / "clip")
+    assert theirs.logit_scale.exp().item() == pytest.approx(100.0)
+
+
+def test_biases_a_tower_lacks_are_exported_as_zeros(tmp_path, tokenizer):
+    from transformers import CLIPModel
+
+    model = clip_model(tokenizer, image={"qkv_bias": False, "bias": False}, text={"bias": False})
+    export(model, tokenizer, tmp_path / "clip")
+    theirs = CLIPModel.from_pretrained(tmp_path / "clip").eval()
+    ids = framed(tokenizer)
+    exported_ids = ids.clone()
+    exported_ids[ids == SWAP[0]], exported_ids[ids == SWAP[1]] = SWAP[1], SWAP[0]
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        ours = model.logits(model.encode_image(images), model.encode_text(ids))
+        output = theirs(input_ids=exported_ids, attention_mask=ids != tokenizer.pad_id, pixel_values=images)
+    torch.testing.assert_close(output.logits_per_image, ours, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("image", "text", "fields", "named"),
+    [
+        ({"pre_norm": False}, {}, {}, r"model\.net\.image\.pre_norm \(now False.*: true\)"),
+        ({"pool": "mean"}, {}, {}, r"model\.net\.image\.pool \(now 'mean'.*: cls\)"),
+        ({}, {"position": "rope"}, {}, r"model\.net\.text\.position \(now 'rope'.*: learned\)"),
+        ({}, {"norm": "rmsnorm"}, {}, r"model\.net\.text\.norm \(now 'rmsnorm'.*: layernorm\)"),
+        ({"activation": "swiglu"}, {}, {}, r"model\.net\.image\.activation \(now 'swiglu'"),
+        ({}, {}, {"loss": "sigmoid"}, r"model\.net\.loss \(now 'sigmoid'; CLIPModel's logits have no bias.*infonce"),
+        ({"image_size": (16, 32)}, {}, {}, r"model\.net\.image\.image_size=\(16, 32\).*square"),
+    ],
+)
+def test_shapes_clip_cannot_hold_are_refused_by_field(tokenizer, image, text, fields, named):
+    model = clip_model(tokenizer, image=image, text=text, **fields)
+    with pytest.raises(ConfigError, match=named):
+        check_clip_shape(model.config)
+
+
+def test_a_pre_norm_vit_classifier_is_refused_by_the_vit_layout():
+    config = ViTConfig(**(IMAGE | {"num_classes": 3}))
+    with pytest.raises(ConfigError, match=r"model\.net\.pre_norm \(now True\).*ViTForImageClassification"):
+        vit_hf_config(config, None)
