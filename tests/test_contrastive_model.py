@@ -68,16 +68,18 @@ def test_sigmoid_bias_only_for_the_sigmoid_loss():
                                10.0 * torch.eye(2) - 10.0)  # fmt: skip
 
 
-def test_padding_after_the_end_token_changes_nothing():
-    model = model_of()
+@pytest.mark.parametrize("text_pool", ["eos", "mean"])
+def test_padding_after_the_end_token_changes_nothing(text_pool):
+    model = model_of(text_pool=text_pool)
     ids = captions([3, 6])
     longer = torch.cat([ids, torch.full((2, 5), PAD)], dim=1)
     with torch.no_grad():
         torch.testing.assert_close(model.encode_text(longer), model.encode_text(ids))
 
 
-def test_a_captions_features_do_not_depend_on_the_others_in_the_batch():
-    model = model_of()
+@pytest.mark.parametrize("text_pool", ["eos", "mean"])
+def test_a_captions_features_do_not_depend_on_the_others_in_the_batch(text_pool):
+    model = model_of(text_pool=text_pool)
     ids = captions([3, 6, 2, 9])
     with torch.no_grad():
         together = model.encode_text(ids)
@@ -93,6 +95,7 @@ def test_a_captions_features_do_not_depend_on_the_others_in_the_batch():
         (dict(loss="softmax"), r"loss='softmax' is not valid; valid: 'infonce', 'sigmoid'"),
         (dict(image={"dropout_rate": 0.1}), r"the image tower: .*dropout_rate"),
         (dict(embed_dim=0), r"embed_dim=0 must be at least 1"),
+        (dict(text_pool="cls"), r"text_pool='cls' is not valid; valid: 'eos', 'mean'"),
     ],
 )
 def test_config_refusals_name_the_field(fields, message):
@@ -109,6 +112,35 @@ def test_a_gpt_loads_into_the_text_tower_by_its_names():
     ids = captions([4, 2])
     with torch.no_grad():
         torch.testing.assert_close(model.text.features(ids), gpt.features(ids))
+
+
+def test_the_mean_pooled_text_tower_is_bidirectional_and_pools_the_real_tokens():
+    model = model_of(text_pool="mean")
+    assert not model.text.causal and model_of().text.causal
+    ids = captions([5])
+    changed = ids.clone()
+    changed[0, 5] = 4 if ids[0, 5] != 4 else 5  # the last id before EOS
+    with torch.no_grad():
+        features, other = model.text.features(ids), model.text.features(changed)
+        assert not torch.allclose(features[0, 1], other[0, 1])  # the first word reads what follows it
+        expected = model.text_projection(features[0, :7].mean(0))
+    torch.testing.assert_close(model.encode_text(ids)[0], torch.nn.functional.normalize(expected, dim=-1))
+
+
+def test_a_gpt_loads_into_the_bidirectional_text_tower_by_its_names():
+    torch.manual_seed(3)
+    gpt = GPT(GPTConfig(**TEXT))
+    model = model_of(text_pool="mean")
+    model.text.load_state_dict(gpt.state_dict(), strict=True)
+    assert model.text.state_dict().keys() == gpt.state_dict().keys()
+
+
+def test_a_bidirectional_gpt_neither_decodes_incrementally_nor_cross_attends():
+    gpt = GPT(GPTConfig(**TEXT), causal=False)
+    with pytest.raises(ValueError, match="no cache"):
+        gpt.new_cache()
+    with pytest.raises(ValueError, match="causal=True"):
+        GPT(GPTConfig(**TEXT), cross_attention=True, causal=False)
 
 
 def test_a_vit_classifier_without_its_head_loads_into_the_image_tower():

@@ -121,6 +121,7 @@ def test_biases_a_tower_lacks_are_exported_as_zeros(tmp_path, tokenizer):
         ({}, {"norm": "rmsnorm"}, {}, r"model\.net\.text\.norm \(now 'rmsnorm'.*: layernorm\)"),
         ({"activation": "swiglu"}, {}, {}, r"model\.net\.image\.activation \(now 'swiglu'"),
         ({}, {}, {"loss": "sigmoid"}, r"model\.net\.loss \(now 'sigmoid'; CLIPModel's logits have no bias.*infonce"),
+        ({}, {}, {"text_pool": "mean"}, r"model\.net\.text_pool \(now 'mean'; CLIP's text tower is causal.*: eos\)"),
         ({"image_size": (16, 32)}, {}, {}, r"model\.net\.image\.image_size=\(16, 32\).*square"),
     ],
 )

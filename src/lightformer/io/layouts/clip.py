@@ -30,11 +30,12 @@ from lightformer.nn.checks import as_pair
 
 # What ``CLIPModel`` needs of each part of ``model.net`` (field → the values that fit).
 CLIP_NEEDS: dict[str, dict[str, tuple]] = {
-    "": {"loss": ("infonce",)},
+    "": {"loss": ("infonce",), "text_pool": ("eos",)},
     "image.": {"pool": ("cls",), "pre_norm": (True,), "norm": ("layernorm",), "activation": tuple(HF_ACTIVATIONS)},
     "text.": {"position": ("learned",), "norm": ("layernorm",), "activation": tuple(HF_ACTIVATIONS)},
 }
-WHY = {"loss": "CLIPModel's logits have no bias (SigLIP's)", "pool": "CLIP pools the class token",
+WHY = {"loss": "CLIPModel's logits have no bias (SigLIP's)",
+       "text_pool": "CLIP's text tower is causal and pools the end token", "pool": "CLIP pools the class token",
        "pre_norm": "CLIP normalises the image tokens before the first layer, and its patch embedding has no bias",
        "position": "CLIP's text positions are a learned table", "norm": "CLIP's norms are LayerNorm",
        "activation": "CLIP's MLP has a pointwise activation"}  # fmt: skip
