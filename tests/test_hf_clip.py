@@ -9,6 +9,7 @@ import torch
 from PIL import Image
 
 from lightformer.data.preparation.tokenizers import Tokenizer
+from lightformer.data.raw.image_files import fit_image, to_normalised_tensor
 from lightformer.errors import ConfigError
 from lightformer.io.hf_layouts import export_hf
 from lightformer.io.layouts.clip import SWAP, check_clip_shape, contrastive_model
@@ -78,11 +79,12 @@ def test_exported_clip_gives_our_logits(tmp_path, tokenizer, in_channels):
     torch.testing.assert_close(output.logits_per_image, ours, atol=1e-4, rtol=1e-4)
     assert ours.std() > 0.1  # the captions differ, so equal logits say something
 
-    pixels = np.random.default_rng(0).integers(0, 256, (16, 16, in_channels), dtype=np.uint8)
+    pixels = np.random.default_rng(0).integers(0, 256, (40, 30, in_channels), dtype=np.uint8)
     image = Image.fromarray(pixels[..., 0] if in_channels == 1 else pixels)
-    processed = AutoImageProcessor.from_pretrained(tmp_path / "clip")(image, return_tensors="pt")["pixel_values"]
-    ours = (torch.from_numpy(pixels).permute(2, 0, 1).float() / 255 - 0.5) / 0.25  # the data's normalisation
-    torch.testing.assert_close(processed[0], ours.expand(3, -1, -1), atol=1e-5, rtol=0)
+    processor = AutoImageProcessor.from_pretrained(tmp_path / "clip", backend="pil")
+    processed = processor(image, return_tensors="pt")["pixel_values"][0]
+    ours = to_normalised_tensor([0.5] * in_channels, [0.25] * in_channels)(fit_image(image, 16, 16, "resize"))
+    torch.testing.assert_close(processed, ours.expand(3, -1, -1), atol=1e-5, rtol=0)  # the data's pixels
 
 
 def test_logit_scale_is_exported_clamped(tmp_path, tokenizer):
@@ -135,3 +137,23 @@ def test_a_pre_norm_vit_classifier_is_refused_by_the_vit_layout():
     config = ViTConfig(**(IMAGE | {"num_classes": 3}))
     with pytest.raises(ConfigError, match=r"model\.net\.pre_norm \(now True\).*ViTForImageClassification"):
         vit_hf_config(config, None)
+
+
+def test_the_zero_shot_pipeline_reads_the_export_as_our_model_classifies(tmp_path):
+    import transformers
+
+    prompts = {"dog": "This is a photo of dog.", "cat": "This is a photo of cat."}  # the pipeline's template
+    tokenizer = Tokenizer.train_char([*CAPTIONS, *prompts.values()])
+    model = clip_model(tokenizer)
+    export(model, tokenizer, tmp_path / "clip")
+    pixels = np.random.default_rng(1).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    found = transformers.pipeline("zero-shot-image-classification", model=str(tmp_path / "clip"))(
+        Image.fromarray(pixels), candidate_labels=list(prompts)
+    )
+    ids = tokenizer.encode_batch(list(prompts.values()), add_bos=True, add_eos=True)
+    images = to_normalised_tensor([0.5] * 3, [0.25] * 3)(Image.fromarray(pixels))[None]
+    with torch.no_grad():
+        probabilities = model.logits(model.encode_image(images), model.encode_text(torch.tensor(ids))).softmax(-1)[0]
+    assert {guess["label"]: guess["score"] for guess in found} == pytest.approx(
+        dict(zip(prompts, probabilities.tolist(), strict=True)), abs=1e-4
+    )

@@ -171,8 +171,10 @@ def clip_tokenizer(tokenizer: Any, block_size: int) -> Any:
 
 
 def contrastive_model(task: Any) -> HFModel:
-    """A contrastive model's ``CLIPModel``, with its tokenizer (``clip_tokenizer``) and a ``CLIPImageProcessor`` of
-    the data's size and normalisation."""
+    """A contrastive model's ``CLIPModel``, with its tokenizer (``clip_tokenizer``) and a ``CLIPImageProcessor`` that
+    stretches an image to the model's size as the data does (Lanczos: exactly the data's pixels with ``backend="pil"``,
+    within a grey level with the default torchvision backend) and normalises it with the data's statistics."""
+    from PIL import Image
     from transformers import CLIPImageProcessor, CLIPModel
 
     net = task.model.config
@@ -184,6 +186,7 @@ def contrastive_model(task: Any) -> HFModel:
         side = as_pair(net.image.image_size)[0]
         repeat = 3 // len(facts.normalize_mean)  # a grey model's statistics, for each of the RGB channels
         processor = CLIPImageProcessor(size={"height": side, "width": side}, do_center_crop=False,
+                                       resample=Image.Resampling.LANCZOS,  # the data's "resize" (fit_image)
                                        image_mean=list(facts.normalize_mean) * repeat,
                                        image_std=list(facts.normalize_std) * repeat)  # fmt: skip
     usage = (
@@ -191,7 +194,8 @@ def contrastive_model(task: Any) -> HFModel:
         "from PIL import Image\n"
         "from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel\n\n"
         'model = CLIPModel.from_pretrained("DIR")\n'
-        'tokenizer, images = AutoTokenizer.from_pretrained("DIR"), AutoImageProcessor.from_pretrained("DIR")\n'
+        'tokenizer = AutoTokenizer.from_pretrained("DIR")  # frames a text as training did: <bos> text <eos>\n'
+        'images = AutoImageProcessor.from_pretrained("DIR", backend="pil")  # resized as training did\n'
         'texts = tokenizer(["a dog", "a cat"], padding=True, return_tensors="pt")\n'
         'pixels = images(Image.open("photo.png"), return_tensors="pt")\n'
         "with torch.no_grad():\n"
