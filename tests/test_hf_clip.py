@@ -117,13 +117,13 @@ def test_biases_a_tower_lacks_are_exported_as_zeros(tmp_path, tokenizer):
 @pytest.mark.parametrize(
     ("image", "text", "fields", "named"),
     [
-        ({"pre_norm": False}, {}, {}, r"model\.net\.image\.pre_norm \(now False.*: true\)"),
-        ({"pool": "mean"}, {}, {}, r"model\.net\.image\.pool \(now 'mean'.*: cls\)"),
-        ({}, {"position": "rope"}, {}, r"model\.net\.text\.position \(now 'rope'.*: learned\)"),
-        ({}, {"norm": "rmsnorm"}, {}, r"model\.net\.text\.norm \(now 'rmsnorm'.*: layernorm\)"),
-        ({"activation": "swiglu"}, {}, {}, r"model\.net\.image\.activation \(now 'swiglu'"),
-        ({}, {}, {"loss": "sigmoid"}, r"model\.net\.loss \(now 'sigmoid'; CLIPModel's logits have no bias.*infonce"),
-        ({}, {}, {"text_pool": "mean"}, r"model\.net\.text_pool \(now 'mean'; CLIP's text tower is causal.*: eos\)"),
+        ({"pre_norm": False}, {}, {}, r"model\.net\.image\.pre_norm to true \(now False: CLIP normalises"),
+        ({"pool": "mean"}, {}, {}, r"model\.net\.image\.pool to cls \(now 'mean'"),
+        ({}, {"position": "rope"}, {}, r"model\.net\.text\.position to learned \(now 'rope'"),
+        ({}, {"norm": "rmsnorm"}, {}, r"model\.net\.text\.norm to layernorm \(now 'rmsnorm'"),
+        ({"activation": "swiglu"}, {}, {}, r"model\.net\.image\.activation to gelu\|gelu_tanh\|relu \(now 'swiglu'"),
+        ({}, {}, {"loss": "sigmoid"}, r"model\.net\.loss to infonce \(now 'sigmoid': CLIPModel's logits have no bias"),
+        ({}, {}, {"text_pool": "mean"}, r"model\.net\.text_pool to eos \(now 'mean': CLIP's text tower is causal"),
         ({"image_size": (16, 32)}, {}, {}, r"model\.net\.image\.image_size=\(16, 32\).*square"),
     ],
 )

@@ -55,7 +55,7 @@ def check_clip_shape(config: Any) -> None:
         for misfit in misfits(tower, needs):
             name, value = misfit.split("=", 1)
             fits = "|".join(str(v).lower() if isinstance(v, bool) else str(v) for v in needs[name])
-            wrong.append(f"model.net.{part}{name} (now {value}; {WHY[name]}: {fits})")
+            wrong.append(f"model.net.{part}{name} to {fits} (now {value}: {WHY[name]})")
     image, patch = as_pair(config.image.image_size), as_pair(config.image.patch_size)
     if image[0] != image[1] or patch[0] != patch[1]:
         wrong.append(f"model.net.image.image_size={config.image.image_size} and patch_size={config.image.patch_size} "
