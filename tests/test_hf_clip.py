@@ -11,8 +11,14 @@ from PIL import Image
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw.image_files import fit_image, to_normalised_tensor
 from lightformer.errors import ConfigError
-from lightformer.io.hf_layouts import export_hf
-from lightformer.io.layouts.clip import SWAP, check_clip_shape, contrastive_model
+from lightformer.io.hf_layouts import export_hf, read_hf_config, read_hf_state_dict
+from lightformer.io.layouts.clip import (
+    SWAP,
+    check_clip_shape,
+    clip_net_from_hf,
+    clip_state_dict_to_lightformer,
+    contrastive_model,
+)
 from lightformer.io.layouts.vit import vit_hf_config
 from lightformer.models import ViTConfig
 from lightformer.models.contrastive import ContrastiveConfig, ContrastiveModel
@@ -157,3 +163,42 @@ def test_the_zero_shot_pipeline_reads_the_export_as_our_model_classifies(tmp_pat
     assert {guess["label"]: guess["score"] for guess in found} == pytest.approx(
         dict(zip(prompts, probabilities.tolist(), strict=True)), abs=1e-4
     )
+
+
+def test_an_exported_folder_reads_back_into_the_same_model(tmp_path, tokenizer):
+    model = clip_model(tokenizer, image={"in_channels": 3}, text={"activation": "gelu_tanh"})
+    export(model, tokenizer, tmp_path / "clip")
+    config = read_hf_config(tmp_path / "clip")
+    fields = clip_net_from_hf(config)
+    assert fields["image"]["pre_norm"] and fields["text"]["activation"] == "gelu_tanh"
+    back = ContrastiveModel(ContrastiveConfig(**fields, pad_id=tokenizer.pad_id)).eval()
+    back.load_state_dict(clip_state_dict_to_lightformer(read_hf_state_dict(tmp_path / "clip"), config), strict=True)
+    ids, images = framed(tokenizer), torch.randn(2, 3, 16, 16)
+    with torch.no_grad():  # our ids again: the swap is undone
+        torch.testing.assert_close(back(images, ids), model(images, ids))
+        torch.testing.assert_close(back.scale(), model.scale())
+
+
+def test_a_clip_folder_of_another_vocabulary_or_activation_reads_as_it_is_or_is_refused_by_field(tmp_path):
+    from transformers import CLIPConfig, CLIPModel
+
+    towers = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    config = CLIPConfig(text_config=towers | dict(vocab_size=50, max_position_embeddings=16, hidden_act="gelu",
+                                                  eos_token_id=2, bos_token_id=1, pad_token_id=0),
+                        vision_config=towers | dict(image_size=16, patch_size=8, hidden_act="gelu"),
+                        projection_dim=8).to_dict()  # fmt: skip
+    torch.manual_seed(0)
+    theirs = CLIPModel(CLIPConfig.from_dict(config)).eval()
+    weights = clip_state_dict_to_lightformer(theirs.state_dict(), config)
+    torch.testing.assert_close(weights["text.embed.weight"],
+                               theirs.text_model.embeddings.token_embedding.weight)  # fmt: skip
+    ours = ContrastiveModel(ContrastiveConfig(**clip_net_from_hf(config), pad_id=0)).eval()
+    ours.load_state_dict(weights, strict=True)
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        features = theirs.get_image_features(pixel_values=images).pooler_output
+        torch.testing.assert_close(ours.encode_image(images), features / features.norm(dim=-1, keepdim=True))
+
+    config["vision_config"]["hidden_act"] = "quick_gelu"  # OpenAI's
+    with pytest.raises(ConfigError, match=r"CLIP's image tower hidden_act='quick_gelu' has no lightformer counterpart"):
+        clip_net_from_hf(config)

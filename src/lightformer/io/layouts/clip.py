@@ -12,6 +12,11 @@ text's last token that is not padding, its EOS as the data frames a caption ([BO
 the first EOS wherever a caption holds one EOS, at its end (as every caption the data and the exported tokenizer give).
 
 The logit scale is exported clamped as ours is (at 100): ``CLIPModel`` does not clamp it.
+
+A ``CLIPModel`` folder reads back (``CLIP_READERS``, ``model.init.checkpoint=DIR``) in the shape its ``config.json``
+gives; where its special ids are an export's (PAD 0, BOS 1, EOS 3) ids 2 and 3 are swapped back, and another
+vocabulary (OpenAI's, whose tokenizer lightformer does not read) is copied as it is: its image tower still starts ours.
+OpenAI's CLIPs use ``quick_gelu``, which lightformer lacks, and are refused by that field; OpenCLIP's use ``gelu``.
 """
 
 from __future__ import annotations
@@ -24,9 +29,19 @@ import torch
 from torch import Tensor
 
 from lightformer.errors import ConfigError
-from lightformer.io.hf_layouts import HF_ACTIVATIONS, HFModel, fast_tokenizer, hf_layout, misfits
+from lightformer.io.hf_layouts import (
+    FROM_HF_ACTIVATIONS,
+    HF_ACTIVATIONS,
+    HFModel,
+    fast_tokenizer,
+    hf_activation,
+    hf_layout,
+    misfits,
+)
 from lightformer.io.layouts.vit import LUMA
+from lightformer.models.contrastive import MAX_LOGIT_SCALE, ContrastiveConfig
 from lightformer.nn.checks import as_pair
+from lightformer.registry import HFReader
 
 # What ``CLIPModel`` needs of each part of ``model.net`` (field → the values that fit).
 CLIP_NEEDS: dict[str, dict[str, tuple]] = {
@@ -102,8 +117,6 @@ def clip_to_hf(state: dict[str, Tensor], config: Any) -> dict[str, Tensor]:
     """Our ``ContrastiveModel`` state dict → ``CLIPModel``'s names: the token embedding's rows of ``SWAP`` swapped, a
     grey image tower's patch weights spread over RGB by ``LUMA``, the logit scale clamped as ours, and zeros for the
     biases a tower is built without (``qkv_bias`` or ``bias`` false: the same function)."""
-    from lightformer.models.contrastive import MAX_LOGIT_SCALE
-
     out: dict[str, Tensor] = {}
     for name, value in state.items():
         tower, _, rest = name.partition(".")
@@ -206,4 +219,82 @@ def contrastive_model(task: Any) -> HFModel:
     return HFModel(model, weights, usage, tokenizer=exported, processor=processor)
 
 
-HF = hf_layout(contrastive_model, "contrastive image-text models (CLIP)")
+# Our names of CLIP's outside the encoder layers (``clip_to_hf``'s, read right to left).
+_FROM_HF_TOP = {"vision_model.embeddings.class_embedding": "image.cls_token",
+                "vision_model.embeddings.patch_embedding.weight": "image.patch_embed.proj.weight",
+                "vision_model.embeddings.position_embedding.weight": "image.pos_embed.weight",
+                "vision_model.pre_layrnorm": "image.norm_pre", "vision_model.post_layernorm": "image.encoder.norm",
+                "text_model.embeddings.token_embedding.weight": "text.embed.weight",
+                "text_model.embeddings.position_embedding.weight": "text.position.weight",
+                "text_model.final_layer_norm": "text.decoder.norm",
+                "visual_projection.weight": "image_projection.weight",
+                "text_projection.weight": "text_projection.weight", "logit_scale": "logit_scale"}  # fmt: skip
+
+
+def _hf_config(config: dict) -> Any:
+    """A ``config.json`` as a ``transformers.CLIPConfig``: the fields ``save_pretrained`` leaves out (those at their
+    defaults) filled in."""
+    from transformers import CLIPConfig
+
+    return CLIPConfig.from_dict(config)
+
+
+def clip_net_from_hf(config: dict) -> dict[str, Any]:
+    """Our ``ContrastiveConfig`` fields of a CLIP ``config.json``; ``ConfigError`` naming an activation that lightformer
+    lacks (``quick_gelu``)."""
+    c = _hf_config(config)
+    towers = {}
+    for name, tower in (("image", c.vision_config), ("text", c.text_config)):
+        activation = FROM_HF_ACTIVATIONS[hf_activation(tower.to_dict(), f"CLIP's {name} tower")]
+        towers[name] = dict(d_model=tower.hidden_size, n_layers=tower.num_hidden_layers,
+                            n_heads=tower.num_attention_heads, d_ff=tower.intermediate_size, activation=activation,
+                            norm="layernorm", norm_eps=tower.layer_norm_eps, attn_dropout=tower.attention_dropout,
+                            bias=True)  # fmt: skip
+    vision, text = c.vision_config, c.text_config
+    towers["image"] |= dict(image_size=vision.image_size, patch_size=vision.patch_size, in_channels=vision.num_channels,
+                            pool="cls", pre_norm=True, position="learned", qkv_bias=True)  # fmt: skip
+    towers["text"] |= dict(vocab_size=text.vocab_size, block_size=text.max_position_embeddings, position="learned",
+                           tie_weights=True)  # fmt: skip
+    return dict(**towers, embed_dim=c.projection_dim, loss="infonce", text_pool="eos")
+
+
+def clip_state_dict_to_lightformer(state_dict: dict[str, Tensor], config: dict) -> dict[str, Tensor]:
+    """A ``CLIPModel`` state dict → our ``ContrastiveModel``'s names (the token embedding's rows of ``SWAP`` swapped
+    back where the folder's special ids are an export's)."""
+    text = _hf_config(config).text_config
+    exported = (text.pad_token_id, text.bos_token_id, text.eos_token_id) == (0, 1, SWAP[1])
+    layer = {theirs: ours for ours, theirs in _LAYER.items()}
+    out: dict[str, Tensor] = {}
+    qkv: dict[tuple[str, str, str], dict[str, Tensor]] = {}
+    for key, value in state_dict.items():
+        module, _, leaf = key.rpartition(".")
+        tower = {"vision_model": "image", "text_model": "text"}.get(key.split(".")[0])
+        if tower is not None and ".encoder.layers." in key:
+            index, _, rest = module.split(".encoder.layers.")[1].partition(".")
+            stack = "encoder" if tower == "image" else "decoder"
+            if rest in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+                qkv.setdefault((f"{tower}.{stack}.layers.{index}", leaf, ""), {})[rest[10]] = value
+            elif rest in layer:
+                out[f"{tower}.{stack}.layers.{index}.{layer[rest]}.{leaf}"] = value
+            else:
+                raise ConfigError(f"Hugging Face CLIP parameter {key!r} has no lightformer counterpart")
+        elif key in _FROM_HF_TOP:
+            ours = _FROM_HF_TOP[key]
+            if ours == "image.cls_token":
+                value = value.reshape(1, 1, -1)
+            elif ours == "text.embed.weight" and exported:
+                value = value.clone()
+                value[list(SWAP)] = value[list(reversed(SWAP))]
+            out[ours] = value
+        elif module in _FROM_HF_TOP:
+            out[f"{_FROM_HF_TOP[module]}.{leaf}"] = value
+        elif not key.endswith("position_ids"):
+            raise ConfigError(f"Hugging Face CLIP parameter {key!r} has no lightformer counterpart")
+    for (prefix, leaf, _), parts in qkv.items():
+        out[f"{prefix}.self_attn.qkv.{leaf}"] = torch.cat([parts[p] for p in "qkv"])
+    out["text.lm_head.weight"] = out["text.embed.weight"]  # tied (tie_weights true)
+    return out
+
+
+CLIP_READERS = {"clip": HFReader(ContrastiveConfig, clip_net_from_hf, clip_state_dict_to_lightformer)}
+HF = hf_layout(contrastive_model, "contrastive image-text models (CLIP)", CLIP_READERS)
