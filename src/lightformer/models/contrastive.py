@@ -1,15 +1,17 @@
 """A contrastive dual encoder (CLIP, Radford et al. 2021; SigLIP, Zhai et al. 2023): an image tower and a text tower,
 each projected to one embedding width, trained so that an image and its caption agree.
 
-    images ──ViT (class token or mean pooling)──> (batch, image d_model) ──image_projection──┐
-                                                                                             ├─> unit vectors (batch, embed_dim)
-    [BOS] ids [EOS] PAD… ──GPT blocks (causal)──> the EOS token's features ──text_projection──┘
+    images ──ViT──> pooled (class token, mean, attention) ──image_projection────────┐
+                                                                                    ├─> unit vectors (batch, embed_dim)
+    [BOS] ids [EOS] PAD… ──GPT──> EOS token's features (or mean) ──text_projection──┘
     similarities · exp(logit_scale) (+ logit_bias, SigLIP's) = the logits of every image against every text
 
 The towers are the models of the other tasks, whole: the image tower a ``VisionTransformer`` (no head), the text tower
 a ``GPT`` (its features, not its LM head), so a lightformer ViT or GPT checkpoint starts either tower by its names
 (``model.init.modules``). As in CLIP, the text's features are the last block's (after the final norm) at its end
 token: under causal attention that token has read the whole text, and what follows it (padding) changes nothing.
+With ``text_pool`` "mean" the text tower is bidirectional instead (every token attends to every real token, the
+padding hidden by the attention's key mask), and its features are the mean over the caption's real tokens.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from lightformer.models.vit import VisionTransformer, ViTConfig
 from lightformer.nn.checks import check_at_least, check_choice, check_set
 
 ContrastiveLoss = Literal["infonce", "sigmoid"]
+TextPool = Literal["eos", "mean"]
 
 # The towers of ``ContrastiveConfig()``: a small ViT over RGB images in 8-pixel patches, and a GPT of the same width
 # over captions of up to 64 tokens. A tower given as a mapping changes these.
@@ -61,7 +64,7 @@ class ContrastiveConfig:
     Args:
         image: the image tower's shape (``ViTConfig``): its ``image_size`` and ``in_channels`` come from the data's
             facts; it has no classifier head (``num_classes`` 0): its pooled features (``pool``: "cls", CLIP's class
-            token, or "mean") are projected.
+            token, "mean", or "map", SigLIP's attention pooling) are projected; ``pre_norm`` as CLIP's.
         text: the text tower's shape (``GPTConfig``, causal as CLIP's): ``vocab_size`` comes from the data's
             tokenizer, ``block_size`` is the longest caption in tokens (BOS and EOS included); its LM head is not used
             (``tie_weights`` true: it is the token embedding).
@@ -71,6 +74,9 @@ class ContrastiveConfig:
             (starting at -10). The temperature's scale is clamped at 100, as CLIP's.
         pad_id: the id that pads a caption (from the data's facts): a text's features are those of its last token that
             is not padding, its end token.
+        text_pool: "eos", CLIP's: the text tower is causal and a text's features are its end token's; "mean": the
+            text tower is bidirectional (``GPT(causal=False)``, padding hidden from attention) and a text's features
+            are the mean over its tokens that are not padding (BOS and EOS included).
     """
 
     image: ViTConfig = field(default_factory=lambda: ViTConfig(**IMAGE_DEFAULTS))
@@ -78,6 +84,7 @@ class ContrastiveConfig:
     embed_dim: int = 128
     loss: ContrastiveLoss = "infonce"
     pad_id: int | None = None
+    text_pool: TextPool = "eos"
 
     def __post_init__(self) -> None:
         for name, config_class, defaults in (("image", ViTConfig, IMAGE_DEFAULTS), ("text", GPTConfig, TEXT_DEFAULTS)):
@@ -100,6 +107,7 @@ class ContrastiveConfig:
         check_at_least("embed_dim", self.embed_dim, 1)
         check_choice("loss", self.loss, get_args(ContrastiveLoss))
         check_at_least("pad_id", self.pad_id, 0)
+        check_choice("text_pool", self.text_pool, get_args(TextPool))
 
 
 class ContrastiveModel(nn.Module):
@@ -115,7 +123,7 @@ class ContrastiveModel(nn.Module):
         check_set(config, "pad_id")
         self.config = config
         self.image = VisionTransformer(config.image)
-        self.text = GPT(config.text)
+        self.text = GPT(config.text, causal=config.text_pool == "eos")
         self.image_projection = nn.Linear(config.image.d_model, config.embed_dim, bias=False)
         self.text_projection = nn.Linear(config.text.d_model, config.embed_dim, bias=False)
         for projection in (self.image_projection, self.text_projection):  # CLIP's: N(0, width^-1/2)
@@ -131,10 +139,17 @@ class ContrastiveModel(nn.Module):
 
     def encode_text(self, ids: Tensor) -> Tensor:
         """Captions ``(batch, T)`` ([BOS] ids [EOS], padded with ``pad_id``) → unit embeddings ``(batch, embed_dim)``:
-        the features of each caption's last token that is not padding."""
-        features = self.text.features(ids)
-        last = (ids != self.config.pad_id).sum(1).clamp(min=1) - 1
-        pooled = features[torch.arange(len(ids), device=ids.device), last]
+        the features of each caption's last token that is not padding, or their mean over those tokens
+        (``text_pool``)."""
+        real = ids != self.config.pad_id
+        if self.config.text_pool == "mean":
+            features = self.text.features(ids, key_mask=real)
+            weights = real.unsqueeze(-1).to(features.dtype)
+            pooled = (features * weights).sum(1) / weights.sum(1).clamp(min=1)
+        else:
+            features = self.text.features(ids)
+            last = real.sum(1).clamp(min=1) - 1
+            pooled = features[torch.arange(len(ids), device=ids.device), last]
         return F.normalize(self.text_projection(pooled), dim=-1)
 
     def scale(self) -> Tensor:

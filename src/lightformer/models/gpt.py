@@ -15,6 +15,8 @@ from lightformer.nn import (
     DecoderCache,
     DecoderLayer,
     Dropout,
+    Encoder,
+    EncoderLayer,
     LayerConfig,
     PositionKind,
     RotaryEmbedding,
@@ -65,6 +67,11 @@ class GPT(nn.Module):
     the text decoder of an image-to-text model (TrOCR, ``models.vision_text``). A GPT checkpoint's weights load into
     such a decoder by their names; the cross-attention starts fresh.
 
+    With ``causal=False`` every token attends to every other (``features``' ``key_mask`` hides the padding): the
+    bidirectional text tower of a contrastive model that pools all its tokens (``models.contrastive``). Its blocks are
+    encoder layers of the same names in the same stack (``decoder``), so a GPT's weights load into it by their names;
+    it neither decodes incrementally nor cross-attends, and its LM head is no language model.
+
     The LM head shares its weight with the token embedding when ``tie_weights``. Initialisation follows
     GPT-2: N(0, 0.02) everywhere, and N(0, 0.02/√(2·n_layers)) for the projections that write into the
     residual stream.
@@ -72,21 +79,31 @@ class GPT(nn.Module):
 
     layer_stacks = ("decoder",)  # its units' stacks: lightformer.training.distributed
 
-    def __init__(self, config: GPTConfig, cross_attention: bool = False) -> None:
+    def __init__(self, config: GPTConfig, cross_attention: bool = False, causal: bool = True) -> None:
         super().__init__()
         check_set(config, "vocab_size")
+        if cross_attention and not causal:
+            raise ValueError("a GPT with cross_attention decodes causally: build it with causal=True")
         self.config = config
         c = config
         self.vocab_size = c.vocab_size
         self.block_size = c.block_size
+        self.causal = causal
         self.embed = TokenEmbedding(c.vocab_size, c.d_model)
         self.position = absolute_position(c.position, c.d_model, c.block_size)
         rotary = RotaryEmbedding(c.d_model // c.n_heads, c.block_size) if c.position == "rope" else None
         self.dropout = Dropout(c.dropout)
-        layers = [
-            DecoderLayer(**c.layer_args(), rotary=rotary, cross_attention=cross_attention) for _ in range(c.n_layers)
-        ]
-        self.decoder = Decoder(layers, make_norm(c.norm, c.d_model, c.norm_eps, c.bias))
+        final_norm = make_norm(c.norm, c.d_model, c.norm_eps, c.bias)
+        if causal:
+            layers = [
+                DecoderLayer(**c.layer_args(), rotary=rotary, cross_attention=cross_attention)
+                for _ in range(c.n_layers)
+            ]
+            self.decoder: Decoder | Encoder = Decoder(layers, final_norm)
+        else:  # the same names as a causal GPT's blocks: decoder.layers.{i}.norm1, self_attn, norm2, ffn
+            self.decoder = Encoder(
+                [EncoderLayer(**c.layer_args(), rotary=rotary) for _ in range(c.n_layers)], final_norm
+            )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_weights:
             self.lm_head.weight = self.embed.weight
@@ -104,6 +121,8 @@ class GPT(nn.Module):
 
     def new_cache(self, max_length: int | None = None) -> DecoderCache:
         """An empty KV cache for incremental decoding of up to ``max_length`` (default block_size) positions."""
+        if not self.causal:
+            raise ValueError("a bidirectional GPT (causal=False) reads whole texts: it has no cache to decode with")
         return self.decoder.new_cache(max_length or self.block_size)
 
     def forward(
@@ -127,9 +146,11 @@ class GPT(nn.Module):
         cache: DecoderCache | None = None,
         memory: Tensor | None = None,
         memory_key_mask: Tensor | None = None,
+        key_mask: Tensor | None = None,
     ) -> Tensor:
         """Token ids ``(batch, seq)`` → the last block's outputs after the final norm ``(batch, seq, d_model)``: what
-        the LM head reads (``forward``'s arguments), and what a contrastive text tower pools."""
+        the LM head reads (``forward``'s arguments), and what a contrastive text tower pools; ``key_mask``
+        ``(batch, seq)``, True at real tokens, hides the others from attention (a bidirectional GPT's padding)."""
         offset = cache.length if cache is not None else 0
         if offset + ids.shape[1] > self.block_size:
             raise ValueError(
@@ -139,7 +160,9 @@ class GPT(nn.Module):
         x = self.embed(ids)
         if self.position is not None:
             x = self.position(x, offset)
-        return self.decoder(self.dropout(x), memory, memory_key_mask=memory_key_mask, cache=cache)
+        if not self.causal:
+            return self.decoder(self.dropout(x), key_mask=key_mask)
+        return self.decoder(self.dropout(x), memory, key_mask=key_mask, memory_key_mask=memory_key_mask, cache=cache)
 
 
 def gpt2_state_dict_to_lightformer(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -20,8 +20,10 @@ from lightformer.nn import (
     Dropout,
     Encoder,
     EncoderLayer,
+    FeedForward,
     LayerConfig,
     LearnedPositionalEmbedding,
+    MultiHeadAttention,
     PatchEmbedding,
     make_norm,
     record_attention,
@@ -36,7 +38,7 @@ from lightformer.nn.checks import (
     lists_as_pairs,
 )
 
-Pool = Literal["cls", "mean"]
+Pool = Literal["cls", "mean", "map"]
 ViTPosition = Literal["learned", "sincos"]
 
 
@@ -63,10 +65,14 @@ class ViTConfig(
         n_layers: encoder layers.
         drop_path: stochastic depth rate of the last layer; layer i gets drop_path · i / (n_layers - 1).
         pool: "cls" classifies from a class token (final norm before pooling, timm's global_pool='token');
-            "mean" averages the patch tokens, then normalises (timm's global_pool='avg' with fc_norm).
+            "mean" averages the patch tokens, then normalises (timm's global_pool='avg' with fc_norm); "map"
+            pools the normalised patch tokens by attention from one learned query, then a feed-forward layer
+            (``AttentionPoolLatent``: SigLIP's head, timm's global_pool='map' with class_token=False).
         position: "learned" absolute positions, or "sincos" fixed 2-D sin-cos positions (timm's
             ``build_sincos2d_pos_embed``: a quarter of the channels each for sin and cos of the patch's column and
             row; zero for the class token).
+        pre_norm: normalise the tokens after the positions, before the first layer (timm's ``norm_pre``, CLIP's
+            ``ln_pre``); the patch embedding then has no bias, as in timm's and CLIP's ViTs.
     """
 
     image_size: int | tuple[int, int] | None = None
@@ -77,6 +83,7 @@ class ViTConfig(
     drop_path: float = 0.0
     pool: Pool = "cls"
     position: ViTPosition = "learned"
+    pre_norm: bool = False
     supported: ClassVar[Mapping[str, tuple]] = {"norm_first": (True,)}
 
     def __post_init__(self) -> None:
@@ -112,7 +119,7 @@ class VisionTransformer(nn.Module):
         self.num_classes = c.num_classes
         self.pool = c.pool
         self.d_model = c.d_model
-        self.patch_embed = PatchEmbedding(c.image_size, c.patch_size, c.in_channels, c.d_model)
+        self.patch_embed = PatchEmbedding(c.image_size, c.patch_size, c.in_channels, c.d_model, bias=not c.pre_norm)
         self.num_prefix_tokens = 1 if c.pool == "cls" else 0
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model)) if c.pool == "cls" else None
         num_tokens = self.patch_embed.num_patches + self.num_prefix_tokens
@@ -124,13 +131,15 @@ class VisionTransformer(nn.Module):
                 self.pos_embed.weight[self.num_prefix_tokens :] = build_sincos2d_pos_embed(grid, c.d_model)
             self.pos_embed.weight.requires_grad_(False)
         self.pos_drop = Dropout(c.dropout)
+        self.norm_pre = make_norm(c.norm, c.d_model, c.norm_eps) if c.pre_norm else nn.Identity()
         rates = (
             [c.drop_path * i / max(1, c.n_layers - 1) for i in range(c.n_layers)] if c.n_layers > 1 else [c.drop_path]
         )
         layers = [EncoderLayer(**c.layer_args(), drop_path=rate) for rate in rates]
         # timm normalises the tokens before class-token pooling, but the pooled mean after average pooling.
-        self.encoder = Encoder(layers, make_norm(c.norm, c.d_model, c.norm_eps) if c.pool == "cls" else None)
+        self.encoder = Encoder(layers, make_norm(c.norm, c.d_model, c.norm_eps) if c.pool != "mean" else None)
         self.fc_norm = make_norm(c.norm, c.d_model, c.norm_eps) if c.pool == "mean" else nn.Identity()
+        self.attn_pool = AttentionPoolLatent(c) if c.pool == "map" else None
         self.head = nn.Linear(c.d_model, c.num_classes) if c.num_classes > 0 else nn.Identity()
         self._init_weights(c.position == "learned")
 
@@ -183,17 +192,37 @@ class VisionTransformer(nn.Module):
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
         x = self.pos_drop(self.pos_embed(x))
-        return self.encoder(x)
+        return self.encoder(self.norm_pre(x))
 
     def forward_head(self, tokens: Tensor, pre_logits: bool = False) -> Tensor:
         """Encoded tokens ``(batch, seq, d_model)`` → logits ``(batch, num_classes)`` (or pooled features)."""
-        x = tokens[:, 0] if self.pool == "cls" else tokens[:, self.num_prefix_tokens :].mean(dim=1)
+        if self.attn_pool is not None:
+            x = self.attn_pool(tokens[:, self.num_prefix_tokens :])
+        else:
+            x = tokens[:, 0] if self.pool == "cls" else tokens[:, self.num_prefix_tokens :].mean(dim=1)
         x = self.fc_norm(x)
         return x if pre_logits else self.head(x)
 
     def forward(self, images: Tensor) -> Tensor:
         """Images ``(batch, in_channels, image_size, image_size)`` → logits ``(batch, num_classes)``."""
         return self.forward_head(self.forward_features(images))
+
+
+class AttentionPoolLatent(MultiHeadAttention):
+    """Tokens ``(batch, seq, d_model)`` → one pooled vector ``(batch, d_model)``: attention from a learned query
+    (``latent``) to the tokens, then a pre-norm feed-forward layer with its residual (Zhai et al. 2023's MAP head;
+    timm's ``AttentionPoolLatent``, by its names: ``latent``, ``q``, ``kv``, ``proj``, ``norm``, ``mlp.fc1/fc2``)."""
+
+    def __init__(self, c: ViTConfig) -> None:
+        super().__init__(c.d_model, c.n_heads, c.attention_dropout, cross_attention=True)
+        self.latent = nn.Parameter(torch.zeros(1, 1, c.d_model))
+        trunc_normal_(self.latent, std=c.d_model**-0.5)
+        self.norm = make_norm(c.norm, c.d_model, c.norm_eps)
+        self.mlp = FeedForward(c.d_model, c.d_ff, c.activation)
+
+    def forward(self, tokens: Tensor) -> Tensor:  # type: ignore[override]
+        x = super().forward(self.latent.expand(tokens.shape[0], -1, -1).to(tokens.dtype), tokens)
+        return (x + self.mlp(self.norm(x)))[:, 0]
 
 
 @torch.no_grad()
@@ -238,6 +267,7 @@ def attention_rollout(model: VisionTransformer, images: Tensor) -> Tensor:
     with record_attention(model) as maps:
         model(images)
     model.train(was_training)
+    pooled = maps.pop("attn_pool", None)  # the attention pool's query over the patches (pool "map")
     rollout = None
     for weights in maps.values():  # recorded in layer order
         attention = weights.float().mean(dim=1)
@@ -245,7 +275,10 @@ def attention_rollout(model: VisionTransformer, images: Tensor) -> Tensor:
         attention = attention / attention.sum(dim=-1, keepdim=True)
         rollout = attention if rollout is None else attention @ rollout
     prefix = model.num_prefix_tokens
-    relevance = rollout[:, 0, prefix:] if model.pool == "cls" else rollout[:, prefix:, prefix:].mean(dim=1)
+    if pooled is not None:
+        relevance = (pooled.float().mean(dim=1) @ rollout[:, prefix:, prefix:])[:, 0]
+    else:
+        relevance = rollout[:, 0, prefix:] if model.pool == "cls" else rollout[:, prefix:, prefix:].mean(dim=1)
     relevance = relevance / relevance.sum(dim=-1, keepdim=True)
     return relevance.reshape(-1, *model.grid)
 
@@ -261,7 +294,8 @@ _TIMM_LAYER_NAMES = {
     "mlp.fc1": "ffn.fc1",
     "mlp.fc2": "ffn.fc2",
 }
-_TIMM_TOP_NAMES = {"patch_embed.proj": "patch_embed.proj", "head": "head", "fc_norm": "fc_norm", "norm": "encoder.norm"}
+_TIMM_TOP_NAMES = {"patch_embed.proj": "patch_embed.proj", "head": "head", "fc_norm": "fc_norm", "norm": "encoder.norm",
+                   "norm_pre": "norm_pre"}  # fmt: skip
 # Whole names: timm's position table has no ``.weight`` (and a batch dimension, ``_convert``).
 _TIMM_WHOLE_NAMES = {"cls_token": "cls_token", "pos_embed": "pos_embed.weight"}
 
@@ -276,6 +310,8 @@ def _rename(name: str, forward: bool) -> str | None:
     if name in whole:
         return whole[name]
     module, _, leaf = name.rpartition(".")
+    if name.startswith("attn_pool."):  # timm's AttentionPoolLatent's names are ours
+        return name
     if name.startswith(blocks):
         index, _, module = module.removeprefix(blocks).partition(".")
         return f"{new_blocks}{index}.{layers[module]}.{leaf}" if module in layers else None
@@ -299,12 +335,13 @@ def _convert(state_dict: dict[str, Tensor], forward: bool) -> dict[str, Tensor]:
 def timm_to_lightformer(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     """Map a timm ``VisionTransformer`` state dict to our ``VisionTransformer`` layout.
 
-    Supported timm models: ``global_pool='token'`` (our ``pool="cls"``), or ``global_pool='avg',
-    class_token=False`` (our ``pool="mean"``, normalised after pooling by ``fc_norm``); learned positions
-    with ``no_embed_class=False``; no register tokens, layer scale, qk-norm or pre-norm. Build ours with the
-    same shape, ``norm_eps`` and activation.
+    Supported timm models: ``global_pool='token'`` (our ``pool="cls"``), ``global_pool='avg',
+    class_token=False`` (our ``pool="mean"``, normalised after pooling by ``fc_norm``), or ``global_pool='map',
+    class_token=False`` (our ``pool="map"``); learned positions
+    with ``no_embed_class=False``; pre-norm (``norm_pre``: our ``pre_norm``); no register tokens, layer scale or
+    qk-norm. Build ours with the same shape, ``norm_eps`` and activation.
     """
-    unsupported = [k for k in state_dict if k.startswith(("reg_token", "norm_pre", "attn_pool")) or ".ls" in k]
+    unsupported = [k for k in state_dict if k.startswith("reg_token") or ".ls" in k]
     unsupported += [k for k in state_dict if ".q_norm" in k or ".k_norm" in k]
     if "fc_norm.weight" in state_dict and "cls_token" in state_dict:
         unsupported.append("cls_token with average pooling (the class token still takes part in attention)")
@@ -317,8 +354,9 @@ def lightformer_to_timm(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     """Map our ``VisionTransformer`` state dict to timm's layout (the inverse of ``timm_to_lightformer``).
 
     Build the timm model with ``global_pool='token'`` for ``pool="cls"``, or ``global_pool='avg',
-    class_token=False`` for ``pool="mean"``; ``mlp_ratio = d_ff / d_model``; ``pos_embed='learn'`` also
-    for our fixed sin-cos positions (the table is copied).
+    class_token=False`` for ``pool="mean"``, ``global_pool='map', class_token=False`` for ``pool="map"``;
+    ``mlp_ratio = d_ff / d_model``; ``pre_norm`` as ours;
+    ``pos_embed='learn'`` also for our fixed sin-cos positions (the table is copied).
     """
     return _convert(state_dict, forward=False)
 

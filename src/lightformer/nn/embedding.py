@@ -38,7 +38,12 @@ class PatchEmbedding(nn.Module):
     """
 
     def __init__(
-        self, image_size: int | tuple[int, int], patch_size: int | tuple[int, int], in_channels: int, d_model: int
+        self,
+        image_size: int | tuple[int, int],
+        patch_size: int | tuple[int, int],
+        in_channels: int,
+        d_model: int,
+        bias: bool = True,
     ) -> None:
         super().__init__()
         check_patch_size(image_size, patch_size)
@@ -46,7 +51,7 @@ class PatchEmbedding(nn.Module):
         self.in_channels = in_channels
         self.grid = (self.image_size[0] // self.patch_size[0], self.image_size[1] // self.patch_size[1])
         self.num_patches = self.grid[0] * self.grid[1]
-        self.proj = nn.Conv2d(in_channels, d_model, kernel_size=self.patch_size, stride=self.patch_size)
+        self.proj = nn.Conv2d(in_channels, d_model, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
 
     def forward(self, images: Tensor) -> Tensor:
         expected = (self.in_channels, *self.image_size)

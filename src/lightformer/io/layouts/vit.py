@@ -28,7 +28,8 @@ from lightformer.registry import HFReader, Layout
 
 HF_CLASSES = {"vit": "ViTForImageClassification"}
 
-VIT_LAYOUTS = {"vit": {"pool": ("cls",), "norm": ("layernorm",), "activation": tuple(HF_ACTIVATIONS), "bias": (True,)}}
+VIT_LAYOUTS = {"vit": {"pool": ("cls",), "norm": ("layernorm",), "activation": tuple(HF_ACTIVATIONS), "bias": (True,),
+                   "pre_norm": (False,)}}  # fmt: skip
 _VIT_LAYER = {"norm1": "layernorm_before", "self_attn.proj": "attention.o_proj", "norm2": "layernorm_after",
               "ffn.fc1": "mlp.fc1", "ffn.fc2": "mlp.fc2"}  # fmt: skip
 _VIT_TOP = {"patch_embed.proj": "vit.embeddings.patch_embeddings.projection", "encoder.norm": "vit.layernorm",
