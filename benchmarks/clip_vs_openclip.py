@@ -1,4 +1,4 @@
-"""Train lightformer's contrastive model and OpenCLIP's CLIP side by side: speed, zero-shot and retrieval at equal steps.
+"""Train lightformer's contrastive model and OpenCLIP's CLIP side by side: speed, zero-shot, retrieval at equal steps.
 
 Both models get the shape of a contrastive config (default: ``configs/contrastive/clipart.yaml``), the same initial
 weights (ours copied into OpenCLIP's layout: ``lightformer_to_openclip``), the same batches of the config's data, the
@@ -99,8 +99,9 @@ def openclip_model(config: ContrastiveConfig, eos_id: int) -> nn.Module:
 def lightformer_to_openclip(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Our contrastive model's state dict in OpenCLIP's CLIP layout (the same numbers, OpenCLIP's names and
     orientation: its projections are (width, embed_dim), its class token a vector)."""
-    layer = {"norm1": "ln_1", "self_attn.qkv.weight": "attn.in_proj_weight", "self_attn.qkv.bias": "attn.in_proj_bias",
-             "self_attn.proj": "attn.out_proj", "norm2": "ln_2", "ffn.fc1": "mlp.c_fc", "ffn.fc2": "mlp.c_proj"}  # fmt: skip
+    layer = {"norm1": "ln_1", "self_attn.qkv.weight": "attn.in_proj_weight",
+             "self_attn.qkv.bias": "attn.in_proj_bias", "self_attn.proj": "attn.out_proj", "norm2": "ln_2",
+             "ffn.fc1": "mlp.c_fc", "ffn.fc2": "mlp.c_proj"}  # fmt: skip
     fixed = {"image.patch_embed.proj.weight": "visual.conv1.weight", "image.pos_embed.weight":
              "visual.positional_embedding", "image.norm_pre.weight": "visual.ln_pre.weight", "image.norm_pre.bias":
              "visual.ln_pre.bias", "image.encoder.norm.weight": "visual.ln_post.weight", "image.encoder.norm.bias":

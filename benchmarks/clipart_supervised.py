@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=None, help="train this long (default: --steps)")
     parser.add_argument("--steps", type=int, default=200, help="training steps when no --minutes")
     parser.add_argument("--schedule_steps", type=int, default=None,
-                        help="the steps the learning-rate schedule spans (default: the config's max_steps, else --steps)")
+                        help="steps of the learning-rate schedule (default: the config's max_steps, else --steps)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

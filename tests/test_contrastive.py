@@ -289,7 +289,8 @@ def test_both_towers_start_from_a_vit_classifier_and_a_gpt_language_model(tmp_pa
                       image_size=16, in_channels=3, normalize_mean=(0.5,) * 3, normalize_std=(0.5,) * 3,
                       image_fit="resize", max_length=16)  # fmt: skip
     init = InitConfig(modules={"image": files["vit"], "text": files["gpt"]})  # by their names alone
-    clip = ContrastiveTask(net=dict(image=dict(patch_size=4, **TINY), text=dict(block_size=16, **TINY)),
+    # a classifier ViT has a patch bias and no pre-norm: the tower takes its shape (pre_norm false)
+    clip = ContrastiveTask(net=dict(image=dict(patch_size=4, pre_norm=False, **TINY), text=dict(block_size=16, **TINY)),
                            data_facts=facts, init=init)  # fmt: skip
     weights = clip.initial_weights(check=True)  # the grid 2×2 → 4×4: the position table resampled
     from lightformer.io.checkpoints import load_matching

@@ -146,7 +146,7 @@ def test_a_bidirectional_gpt_neither_decodes_incrementally_nor_cross_attends():
 def test_a_vit_classifier_without_its_head_loads_into_the_image_tower():
     torch.manual_seed(3)
     vit = VisionTransformer(ViTConfig(**IMAGE, in_channels=3, num_classes=7)).eval()
-    model = model_of()
+    model = model_of(image={"pre_norm": False})  # a classifier's shape: a patch bias, no pre-norm
     weights = {k: v for k, v in vit.state_dict().items() if not k.startswith("head.")}
     model.image.load_state_dict(weights, strict=True)
     images = torch.randn(2, 3, 16, 16)

@@ -33,9 +33,12 @@ from lightformer.nn.checks import check_at_least, check_choice, check_set
 ContrastiveLoss = Literal["infonce", "sigmoid"]
 TextPool = Literal["eos", "mean"]
 
-# The towers of ``ContrastiveConfig()``: a small ViT over RGB images in 8-pixel patches, and a GPT of the same width
-# over captions of up to 64 tokens. A tower given as a mapping changes these.
-IMAGE_DEFAULTS = dict(in_channels=3, patch_size=8, d_model=192, n_layers=4, n_heads=3, num_classes=0, pool="cls")
+# The towers of ``ContrastiveConfig()``: a small ViT over RGB images in 8-pixel patches, pre-norm with a class token
+# as CLIP's (so the model exports to transformers' CLIPModel), and a GPT of the same width over captions of up to 64
+# tokens. A tower given as a mapping changes these.
+IMAGE_DEFAULTS = dict(
+    in_channels=3, patch_size=8, d_model=192, n_layers=4, n_heads=3, num_classes=0, pool="cls", pre_norm=True
+)
 TEXT_DEFAULTS = dict(block_size=64, d_model=192, n_layers=4, n_heads=3)
 # Where each loss's learnable temperature and bias start (CLIP: a temperature of 0.07; SigLIP: t' = log 10, b = -10)
 # and the largest scale CLIP lets the temperature reach (100).

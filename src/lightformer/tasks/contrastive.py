@@ -30,6 +30,7 @@ from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw.image_files import fit_image, load_image, to_normalised_tensor
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
+from lightformer.io.layouts import clip
 from lightformer.models.contrastive import ContrastiveConfig, ContrastiveModel
 from lightformer.registry import register
 from lightformer.tasks.base import Task
@@ -585,4 +586,5 @@ register(
     data=(ImageTextFilesDataModule,),
     commands={"zero-shot": zero_shot, "embed": embed},
     list_options={"zero-shot": "--images", "embed": "--images"},
+    layouts={"hf": clip.HF},
 )
