@@ -123,17 +123,20 @@ def lightformer_to_openclip(state: dict[str, Tensor]) -> dict[str, Tensor]:
             index, inner = rest.split(".", 1)
             prefix = {"image.encoder": "visual.transformer", "text.decoder": "transformer"}[tower]
             key = next(k for k in layer if inner == k or inner.startswith(k + "."))
-            out[f"{prefix}.resblocks.{index}.{layer[key]}{inner[len(key):]}"] = value
+            out[f"{prefix}.resblocks.{index}.{layer[key]}{inner[len(key) :]}"] = value
         elif name != "text.lm_head.weight":  # the tied LM head: the token embedding again
             raise KeyError(f"{name} has no place in OpenCLIP's CLIP")
     return {k: v.clone() for k, v in out.items()}
 
 
 class Trainee:
-    """One model with its optimiser, schedule, loss and accumulated training time."""
+    """One model with its optimiser, schedule, loss, encoders (images → unit embeddings, ids → unit embeddings) and
+    accumulated training time."""
 
-    def __init__(self, name: str, model: nn.Module, optimizer: OptimizerConfig, total_steps: int, loss) -> None:
-        self.name, self.model, self.loss = name, model.train(), loss
+    def __init__(
+        self, name: str, model: nn.Module, optimizer: OptimizerConfig, total_steps: int, loss, encoders
+    ) -> None:
+        self.name, self.model, self.loss, self.encoders = name, model.train(), loss, encoders
         optim = configure_adamw(model, optimizer, total_steps)
         self.optimizer, self.scheduler = optim["optimizer"], optim["lr_scheduler"]["scheduler"]
         self.seconds, self.images, self.last_loss = 0.0, 0, float("nan")
@@ -164,29 +167,34 @@ def our_loss(model: ContrastiveModel):
     return loss
 
 
-def openclip_loss(model: nn.Module, kind: str):
+def to_context(ids: Tensor, context: int, pad_id: int) -> Tensor:
+    """Captions padded to OpenCLIP's fixed context length, as its tokenizer gives them (its CLIP adds the whole
+    position table: it reads no shorter batch)."""
+    return F.pad(ids, (0, context - ids.shape[1]), value=pad_id)
+
+
+def openclip_loss(model: nn.Module, kind: str, pad_id: int):
     criterion = open_clip.ClipLoss() if kind == "infonce" else open_clip.SigLipLoss()
 
     def loss(images: Tensor, ids: Tensor) -> Tensor:
-        out = model(images, ids)
+        out = model(images, to_context(ids, model.context_length, pad_id))
         args = (out["image_features"], out["text_features"], out["logit_scale"])
         return criterion(*args) if kind == "infonce" else criterion(*args, out["logit_bias"])
 
     return loss
 
 
-def encoders(trainee: Trainee) -> tuple:
-    """(images → unit embeddings, ids → unit embeddings) of a trainee's model."""
-    model = trainee.model
-    if trainee.name == "OpenCLIP":
-        return (lambda x: model.encode_image(x, normalize=True)), (lambda ids: model.encode_text(ids, normalize=True))
-    return model.encode_image, model.encode_text
+def openclip_encoders(model: nn.Module, pad_id: int) -> tuple:
+    """OpenCLIP's (images → unit embeddings, ids → unit embeddings)."""
+    return (lambda x: model.encode_image(x, normalize=True)), (
+        lambda ids: model.encode_text(to_context(ids, model.context_length, pad_id), normalize=True)
+    )
 
 
 @torch.no_grad()
 def evaluate(trainee: Trainee, loader, tokenizer, pad_id: int, block: int, class_names, bf16: bool) -> dict:
     """Zero-shot top-1 (images with a class) and recall@1/5/10 both ways on ``loader``'s split."""
-    encode_image, encode_text = encoders(trainee)
+    encode_image, encode_text = trainee.encoders
     trainee.model.eval()
 
     def texts_to_ids(texts: list[str]) -> Tensor:
@@ -238,8 +246,15 @@ def run_seed(args, seed: int, hp: dict, data, facts, bf16: bool) -> list[dict]:
     optimizer = OptimizerConfig(**optimizer | {"betas": tuple(optimizer.get("betas", (0.9, 0.999)))})
     steps = args.steps + args.warmup
     trainees = [
-        Trainee("lightformer", ours, optimizer, steps, our_loss(ours)),
-        Trainee("OpenCLIP", theirs, optimizer, steps, openclip_loss(theirs, ours.config.loss)),
+        Trainee("lightformer", ours, optimizer, steps, our_loss(ours), (ours.encode_image, ours.encode_text)),
+        Trainee(
+            "OpenCLIP",
+            theirs,
+            optimizer,
+            steps,
+            openclip_loss(theirs, ours.config.loss, facts.pad_id),
+            openclip_encoders(theirs, facts.pad_id),
+        ),  # fmt: skip
     ]
     step, start = 0, time.perf_counter()
     while step < steps:

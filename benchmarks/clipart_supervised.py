@@ -51,8 +51,12 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="a lightformer contrastive config")
     parser.add_argument("--minutes", type=float, default=None, help="train this long (default: --steps)")
     parser.add_argument("--steps", type=int, default=200, help="training steps when no --minutes")
-    parser.add_argument("--schedule_steps", type=int, default=None,
-                        help="steps of the learning-rate schedule (default: the config's max_steps, else --steps)")
+    parser.add_argument(
+        "--schedule_steps",
+        type=int,
+        default=None,
+        help="steps of the learning-rate schedule (default: the config's max_steps, else --steps)",
+    )
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

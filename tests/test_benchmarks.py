@@ -1,5 +1,5 @@
-"""benchmarks/peers.py, dropout.py, image_text_vs_hf.py and record_reads.py end to end on a tiny budget: the
-real code path, no timing assertions."""
+"""benchmarks/peers.py, dropout.py, image_text_vs_hf.py, record_reads.py and clip_vs_openclip.py end to end on a tiny
+budget (or their models checked against each other): the real code path, no timing assertions."""
 
 import importlib
 import json
@@ -114,3 +114,29 @@ def test_long_lines_benchmark_prints_the_cer_of_the_whole_line_and_of_its_pieces
     rows = dict(re.findall(r"^\| (the whole line \(windows\)|canvas-sized pieces) \| ([\d.]+)% \|$", out, re.M))
     assert len(rows) == 2 and all(math.isfinite(float(cer)) for cer in rows.values())
     assert re.search(r"^difference: [+-][\d.]+ points \((within|NOT within) the bar of 2 points\)$", out, re.M)
+
+
+def test_openclip_built_from_our_weights_gives_our_embeddings():
+    """benchmarks/clip_vs_openclip.py compares like with like: OpenCLIP's CLIP at our shape, loaded with our weights,
+    embeds images and captions (padded to its context) as ours does."""
+    sys.path.insert(0, str(PEERS.parent))
+    try:
+        bench = importlib.import_module("clip_vs_openclip")
+    finally:
+        sys.path.remove(str(PEERS.parent))
+    from lightformer.facts import DataFacts
+
+    facts = DataFacts(vocab_size=50, pad_id=0, image_size=16, in_channels=3)
+    torch.manual_seed(0)
+    tiny = dict(d_model=32, n_heads=4, n_layers=2)
+    ours = bench.our_model({"image": {**tiny, "norm_eps": 1e-5}, "text": {**tiny, "block_size": 12}}, facts).eval()
+    theirs = bench.openclip_model(ours.config, eos_id=2).eval()
+    missing, unexpected = theirs.load_state_dict(bench.lightformer_to_openclip(ours.state_dict()), strict=False)
+    assert not unexpected and set(missing) <= {"attn_mask"}
+    images = torch.randn(3, 3, 16, 16)
+    ids = torch.tensor([[1, 5, 6, 2, 0, 0, 0], [1, 7, 8, 9, 10, 11, 2], [1, 4, 2, 0, 0, 0, 0]])
+    encode_image, encode_text = bench.openclip_encoders(theirs, 0)
+    with torch.no_grad():
+        mine_images, mine_texts = ours(images, ids)
+        torch.testing.assert_close(encode_image(images), mine_images, atol=1e-5, rtol=0)
+        torch.testing.assert_close(encode_text(ids), mine_texts, atol=1e-5, rtol=0)
