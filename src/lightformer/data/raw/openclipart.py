@@ -5,8 +5,9 @@ drawing's PNG fitted to a square canvas on white, for contrastive image-text dat
 **Captions.** The SVG's ``<cc:Work>`` holds the author's title (the first ``<dc:title>``: the second one, inside
 ``<dc:creator>``, is the author's name), a ``<dc:description>`` and keywords (``<dc:subject>`` → ``<rdf:li>``). A
 drawing's captions, in order, without repeats: the title; the description where it differs from the title; and
-"title, keyword, keyword, ..." (keywords alone where there is no title) as long as it fits ``max_chars``. Each is
-whitespace-collapsed and cut at the last word boundary within ``max_chars``. A drawing of no title, description or
+"title, keyword, keyword, ..." (keywords alone where there is no title; a keyword that repeats the title left out)
+as long as it fits ``max_chars``. Each is whitespace-collapsed and cut at the last word boundary within
+``max_chars``. A drawing of no title, description or
 keyword has no caption and is left out (3 of 8,121).
 
 **Variants.** A drawing's variants (``crawfish1_ganson`` and ``crawfish1_bw_ganson``; ``jigsaw_blue_01`` to ``_09``;
@@ -40,6 +41,7 @@ EXCLUDED_CATEGORIES = {
 # signs of 20,990 × 29,700 pixels (623 million: 2.5 GB as RGBA while one preparing process reduces it) and a microchip
 # of 16,000 × 14,464. Up to this many pixels a PNG of the library is decoded; a larger one is refused by Pillow.
 MAX_PIXELS = 700_000_000
+NEAR_WHITE = 16  # grey levels from white that cropping a drawing to its ink counts as paper
 _VARIANT_WORDS = re.compile(r"(?:^|_)(?:bw|colou?r)(?=_|$)")
 _TRAILING = re.compile(r"[\d_]+$")
 
@@ -120,7 +122,7 @@ def captions_of(title: str, description: str, keywords: list[str], max_chars: in
     if description and description != title:
         captions.append(cut(description, max_chars))
     listed = title
-    for word in keywords:
+    for word in [w for w in keywords if w.lower() != title.lower()]:
         longer = f"{listed}, {word}" if listed else word
         if len(longer) > max_chars:
             break
@@ -169,9 +171,10 @@ def on_white(image: Image.Image) -> Image.Image:
 
 
 def fit_square(image: Image.Image, size: int) -> Image.Image:
-    """An RGB image cropped to what is not white (a drawing on a page), scaled (aspect kept) to fit a ``size`` ×
-    ``size`` white canvas, centred."""
-    box = ImageChops.difference(image, Image.new("RGB", image.size, "white")).getbbox()
+    """An RGB image cropped to what is not near white (a drawing on a page: levels within ``NEAR_WHITE`` of white
+    are paper), scaled (aspect kept) to fit a ``size`` × ``size`` white canvas, centred."""
+    difference = ImageChops.difference(image, Image.new("RGB", image.size, "white")).convert("L")
+    box = difference.point(lambda level: 255 if level > NEAR_WHITE else 0).getbbox()
     image = image.crop(box) if box else image
     scale = size / max(image.width, image.height)
     fitted = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
