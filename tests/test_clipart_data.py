@@ -134,7 +134,7 @@ def test_the_largest_pngs_are_read_knowingly_and_fitted():
     of rows and fitted; Pillow's limit is restored after."""
     limit = Image.MAX_IMAGE_PIXELS
     image = openclipart.drawing_image(ROOT / "png/signs_and_symbols/stop_sign_miguel_s_nchez_.png", 32)
-    assert image.size == (32, 32) and Image.MAX_IMAGE_PIXELS == limit
+    assert image.size == (32, 32) and limit == Image.MAX_IMAGE_PIXELS
     pixels = np.asarray(image).astype(int)
     assert (pixels[..., 0] - pixels[..., 1] > 100).sum() > 100  # red, the sign's
 

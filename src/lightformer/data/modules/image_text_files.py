@@ -132,8 +132,10 @@ class ImageTextFiles:
     def __post_init__(self) -> None:
         for split in SPLITS:
             path = getattr(self, split)
-            if (path is not None or split == "train") and Path(path or "").suffix.lower() not in LAYOUTS and not (
-                path and is_shards(path)
+            if (
+                (path is not None or split == "train")
+                and Path(path or "").suffix.lower() not in LAYOUTS
+                and not (path and is_shards(path))
             ):
                 raise ValueError(
                     f"data.source.{split}={path!r} is not an annotation file; valid: a .jsonl, .csv or .tsv file of "
