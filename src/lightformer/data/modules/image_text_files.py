@@ -308,7 +308,8 @@ def shard_samples(shard: Path, field: str, images: bool = True) -> Iterator[tupl
 
     try:
         with tarfile.open(shard, "r|*") as tar:
-            for member in tar:
+            while (member := tar.next()) is not None:
+                tar.members.clear()  # the members read so far, which a TarFile keeps: none is needed again
                 if not member.isfile():
                     continue
                 name, suffix = _member_key(member.name)
