@@ -1,4 +1,4 @@
-"""Preparing image-caption pairs from webdataset shards: time and peak memory as the pairs grow (issue 70's bar: flat
+"""Preparing image-caption pairs from webdataset shards: time and peak memory as the pairs grow (the bar: flat
 memory at 20,000 and 200,000), for shards built by repeating the Open Clip Art Library's drawings.
 
     python benchmarks/caption_shards.py --pairs 20000 200000
@@ -96,7 +96,7 @@ def tree_rss_kb(pid: int) -> int:
     return total
 
 
-def prepare(shards: str, prepared: str, size: int, workers: int | None) -> None:
+def prepare(shards: str, prepared: str, size: int, workers: int | None, val_fraction: float) -> None:
     """In the measured process: prepare the shards, then print the peaks as JSON."""
     peak = {"sum_kb": 0}
     stop = threading.Event()
@@ -111,7 +111,7 @@ def prepare(shards: str, prepared: str, size: int, workers: int | None) -> None:
     from lightformer.data.preparation.prepare import PrepareConfig
 
     start = time.perf_counter()
-    source = ImageTextFiles(train=shards, height=size, width=size, channels=3, fit="resize", val_fraction=0.01)
+    source = ImageTextFiles(train=shards, height=size, width=size, channels=3, fit="resize", val_fraction=val_fraction)
     data = ImageTextFilesDataModule(source, prepare=PrepareConfig(dir=prepared, num_workers=workers))
     data.prepare_data()
     wall = time.perf_counter() - start
@@ -129,11 +129,12 @@ def main() -> None:
     parser.add_argument("--drawings", type=int, default=1000, help="distinct drawings repeated")
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=None, help="preparing processes (default: every core)")
+    parser.add_argument("--val-fraction", type=float, default=0.01, help="carved for validation by the key's hash")
     parser.add_argument("--work", default="/tmp/lightformer-caption-shards")
     parser.add_argument("--prepare", nargs=2, metavar=("SHARDS", "PREPARED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.prepare:
-        prepare(*args.prepare, args.size, args.workers)
+        prepare(*args.prepare, args.size, args.workers, args.val_fraction)
         return
     work = Path(args.work)
     pool = drawings(args.drawings, args.size)
@@ -142,7 +143,8 @@ def main() -> None:
         shards = build_shards(work / f"shards-{pairs}", pairs, pool)
         prepared = work / "prepared"
         shutil.rmtree(prepared, ignore_errors=True)
-        command = [sys.executable, __file__, "--size", str(args.size), "--prepare", str(shards), str(prepared)]
+        command = [sys.executable, __file__, "--size", str(args.size), "--val-fraction", str(args.val_fraction),
+                   "--prepare", str(shards), str(prepared)]  # fmt: skip
         command += ["--workers", str(args.workers)] if args.workers else []
         result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         if result.returncode != 0:

@@ -149,3 +149,22 @@ def test_no_shard_or_no_tar_is_refused_naming_the_option(tmp_path):
         module(str(tmp_path / "bad.tar"), tmp_path).prepare_data()
     with pytest.raises(ValueError, match="data.source.train='train.parquet' is not an annotation file"):
         ImageTextFiles(train="train.parquet")
+
+
+def test_the_shards_benchmark_builds_prepares_and_measures_on_a_tiny_budget(tmp_path):
+    """benchmarks/caption_shards.py end to end: the drawings repeated into shards, prepared in a fresh process, its
+    peaks printed (no figure asserted)."""
+    import subprocess
+    import sys
+
+    if not Path("/usr/share/openclipart/png").is_dir():
+        pytest.skip("apt-get install openclipart-png openclipart-svg")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "caption_shards.py"
+    options = ["--pairs", "30", "--drawings", "4", "--size", "16", "--workers", "1", "--val-fraction", "0.3"]
+    out = subprocess.run([sys.executable, str(script), *options, "--work", str(tmp_path)], capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    row = json.loads(out.stdout.splitlines()[0])
+    assert row["pairs"] == 30 and sum(row["images"].values()) == 30
+    assert row["parent_peak_gb"] > 0 and row["sum_peak_gb"] >= row["largest_worker_peak_gb"] > 0
+    with tarfile.open(tmp_path / "shards-30" / "00000.tar") as tar:
+        assert len(tar.getnames()) == 60  # an image and a caption each
