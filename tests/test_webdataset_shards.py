@@ -18,6 +18,7 @@ from lightformer.data.modules.image_text_files import (
     ImageTextFiles,
     ImageTextFilesDataModule,
     carved,
+    is_shards,
     shard_samples,
 )
 from lightformer.data.modules.images import ImageLoaderConfig
@@ -138,6 +139,12 @@ def test_each_bad_sample_is_refused_naming_the_shard_and_the_key(members, match,
     write_shards(tmp_path / "shards", shards=1, members=members)
     with pytest.raises(DataError, match=f"data.source.train: .*{match}"):
         module(str(tmp_path / "shards"), tmp_path, val_fraction=0).prepare_data()
+
+
+def test_a_path_names_shards_by_its_tar_suffix_a_glob_or_a_folder_never_an_annotation_file(tmp_path):
+    assert is_shards("data/00000.tar") and is_shards("data/*.tar") and is_shards("data/shards")
+    assert is_shards(str(tmp_path))  # an existing folder, whatever its name
+    assert not is_shards("data/captions[1].jsonl") and not is_shards("data/*.csv")
 
 
 def test_no_shard_or_no_tar_is_refused_naming_the_option(tmp_path):

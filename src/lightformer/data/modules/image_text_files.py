@@ -90,14 +90,15 @@ FORMAT_VERSION = 2  # bump when what a prepared folder holds changes meaning (2:
 PIECE_IMAGES = 500  # images per piece a preparing process fits and writes before taking the next
 LAYOUTS = {".jsonl": "JSONL", ".csv": "CSV", ".tsv": "TSV", ".json": "COCO captions"}
 SHARD_IMAGES = (".jpg", ".jpeg", ".png", ".webp")  # a webdataset sample's image members (img2dataset's)
-SHARD_TEXTS = (".txt", ".json")  # its caption members, the first one found winning
+SHARD_TEXTS = (".txt", ".json")  # its caption members (a .txt wins over a .json caption)
 
 
 def is_shards(path: str) -> bool:
-    """Whether a split's path names webdataset shards: a ``.tar``, a glob (``*``, ``?``, ``[``), or a folder (a path
-    of no suffix or an existing directory)."""
-    return (Path(path).suffix.lower() == ".tar" or any(c in path for c in "*?[") or Path(path).is_dir()
-            or not Path(path).suffix)  # fmt: skip
+    """Whether a split's path names webdataset shards rather than an annotation file (of a suffix of ``LAYOUTS``): a
+    ``.tar``, a glob (``*``, ``?``, ``[``), or a folder (a path of no suffix or an existing directory)."""
+    suffix = Path(path).suffix.lower()
+    return suffix not in LAYOUTS and (suffix == ".tar" or any(c in path for c in "*?[") or Path(path).is_dir()
+                                      or not suffix)  # fmt: skip
 
 
 @dataclass(frozen=True)
