@@ -365,9 +365,9 @@ def image_records(piece: list[Entry], source: ImageTextFiles, annotation: str):
 
 
 class CaptionedImages(LineImages):
-    """A prepared split of a user's images: items as ``LineImages``'s, grey or RGB, with "references" (all the
-    image's texts); "text" is, in training (``cycle``), the image's next text each epoch (from (seed, epoch, index)),
-    else its first."""
+    """A prepared split of captioned images: items as ``LineImages``'s, grey or RGB, with "references" (all the
+    image's texts) and, with ``labels``, "label" (the record's class index, -1 for none); "text" is, in training
+    (``cycle``), the image's next text each epoch (from (seed, epoch, index)), else its first."""
 
     def __init__(self, split_dir, tokenizer_json: str, augment: bool, seed: int, channels: int, cycle: bool,
                  labels: bool = False) -> None:  # fmt: skip
