@@ -1227,3 +1227,42 @@ def test_zero_shot_and_embed_refuse_what_they_cannot_do_naming_the_option(tmp_pa
     ]
     for argv, message in cases:
         assert message in refused(argv), argv
+
+
+def test_a_webdataset_shard_with_an_image_of_no_caption_is_refused_naming_the_shard_and_the_key(tmp_path, capsys):
+    """A user's shards (img2dataset's layout) through ``prepare``: the key without a caption named, in one line,
+    before any image is decoded; a path of no shard named with what would be valid."""
+    import io
+    import tarfile
+
+    (tmp_path / "shards").mkdir()
+    with tarfile.open(tmp_path / "shards" / "00000.tar", "w") as tar:
+        for name, data in (("000000000.jpg", b"x"), ("000000000.txt", b"a cat"), ("000000001.jpg", b"y")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    config = ["prepare", "--config=configs/image_text/captions.yaml", f"--data.prepare.dir={tmp_path}/prepared",
+              "--data.source.val=null", "--data.source.images=null", "--data.tokenizer.kind=char"]  # fmt: skip
+    message = refused([*config, f"--data.source.train={tmp_path}/shards"])
+    assert message == (
+        f"lightformer: data.source.train: {tmp_path}/shards/00000.tar, key '000000001': the image has no caption (a "
+        ".txt, or a .json with 'caption' or 'text')"
+    )
+    assert_one_line(message, capsys)
+    message = refused([*config, f"--data.source.train={tmp_path}/none/*.tar"])
+    assert message.startswith(f"lightformer: data.source.train='{tmp_path}/none/*.tar' names no webdataset shard")
+
+
+def test_the_built_in_captioned_images_refuse_a_missing_library_or_font_naming_the_package(tmp_path):
+    from lightformer.data import ClipArtDataModule, EmojiDataModule
+    from lightformer.data.modules.captioned_images import ClipArtSource, EmojiSource
+    from lightformer.errors import DataError
+
+    with pytest.raises(DataError, match=r"data.source.root='.*' does not hold .* apt-get install openclipart-png"):
+        ClipArtDataModule(ClipArtSource(root=str(tmp_path)))
+    with pytest.raises(DataError, match=r"data.source.noto_font='.*' does not exist: apt-get install fonts-noto"):
+        EmojiDataModule(EmojiSource(noto_font=str(tmp_path / "none.ttf")))
+    with pytest.raises(ValueError, match=r"data.source.val_fraction \+ test_fraction = 1.0 leaves nothing to train"):
+        ClipArtSource(val_fraction=0.5, test_fraction=0.5)
+    with pytest.raises(ValueError, match=r"data.source.image_size=8 must be at least 16 pixels"):
+        EmojiSource(image_size=8)

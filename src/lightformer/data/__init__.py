@@ -1,5 +1,6 @@
 """Data modules and tokenizers: files → tokens or pixels → batches. Never imports a model."""
 
+from lightformer.data.modules.captioned_images import ClipArtDataModule, EmojiDataModule
 from lightformer.data.modules.classification import TextClassificationDataModule
 from lightformer.data.modules.image_text import ImageTextDataModule
 from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
@@ -11,6 +12,8 @@ from lightformer.data.modules.translation import TranslationDataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
 
 __all__ = [
+    "ClipArtDataModule",
+    "EmojiDataModule",
     "ImageDataModule",
     "ImageTextDataModule",
     "ImageTextFilesDataModule",

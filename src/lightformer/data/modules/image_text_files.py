@@ -14,6 +14,14 @@ make one example with several texts (a COCO image of no caption is left out). Fi
 (default: the annotation file's folder); for ``captions_<X>.json`` also against ``<images>/<X>/`` (and, with no
 ``images``, ``<its folder>/../<X>/``: COCO's ``annotations/`` beside ``train2017/``).
 
+**Webdataset shards** (as img2dataset writes them, what OpenCLIP users have): a split may instead be a ``.tar``, a
+glob of them or a folder of them, each holding members ``<key>.jpg|.jpeg|.png|.webp`` with ``<key>.txt`` and/or
+``<key>.json`` (its ``"caption"`` or ``"text"``; the ``.txt`` wins where both are given), one caption per image;
+other members are ignored. Each shard is one piece of the preparation, read as a stream (``tarfile``'s ``r|``):
+nothing of all the shards is held, not even a list of their entries. A key without a caption, a caption without an
+image, or an image that does not decode is a DataError naming the shard and the key. Validation is carved by the
+hash of the key as it is of a file name.
+
 **Splits.** ``train`` is required; without ``val``, the images whose file name hashes below ``val_fraction`` are
 carved from train (the same images whatever their order or number); ``test`` is optional.
 
@@ -32,18 +40,30 @@ their first text and ``references`` all of them (what BLEU and exact readings ar
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import glob
 import hashlib
+import io
 import json
+import tarfile
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightformer.config_groups import as_config
-from lightformer.data.modules.image_text import MIN_HEIGHT, ImageTextRecords, LineImages, pixel_statistics
+from lightformer.data.modules.image_text import (
+    MIN_HEIGHT,
+    ImageTextRecords,
+    LineImages,
+    collate_lines,
+    pixel_statistics,
+)
 from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.preparation.caching import file_stamp
 from lightformer.data.preparation.prepare import (
@@ -69,6 +89,16 @@ from lightformer.io.files import sha256_of
 FORMAT_VERSION = 2  # bump when what a prepared folder holds changes meaning (2: images as litdata File leaves)
 PIECE_IMAGES = 500  # images per piece a preparing process fits and writes before taking the next
 LAYOUTS = {".jsonl": "JSONL", ".csv": "CSV", ".tsv": "TSV", ".json": "COCO captions"}
+SHARD_IMAGES = (".jpg", ".jpeg", ".png", ".webp")  # a webdataset sample's image members (img2dataset's)
+SHARD_TEXTS = (".txt", ".json")  # its caption members (a .txt wins over a .json caption)
+
+
+def is_shards(path: str) -> bool:
+    """Whether a split's path names webdataset shards rather than an annotation file (of a suffix of ``LAYOUTS``): a
+    ``.tar``, a glob (``*``, ``?``, ``[``), or a folder (a path of no suffix or an existing directory)."""
+    suffix = Path(path).suffix.lower()
+    return suffix not in LAYOUTS and (suffix == ".tar" or any(c in path for c in "*?[") or Path(path).is_dir()
+                                      or not suffix)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -77,9 +107,9 @@ class ImageTextFiles:
 
     Args:
         train: the training annotations: ``.jsonl``, ``.csv``, ``.tsv`` (rows with ``file`` and ``text``) or a COCO
-            captions ``.json``.
-        val: the validation annotations; default: ``val_fraction`` of the training images.
-        test: the test annotations; default: no test split.
+            captions ``.json``; or webdataset shards: a ``.tar``, a glob of them, or a folder of them.
+        val: the validation annotations or shards; default: ``val_fraction`` of the training images.
+        test: the test annotations or shards; default: no test split.
         images: the folder the annotations' file names resolve against; default: the annotation file's own.
         val_fraction: share of the training images carved out for validation (by a hash of the file name) when
             there is no ``val``; 0: no validation.
@@ -103,10 +133,15 @@ class ImageTextFiles:
     def __post_init__(self) -> None:
         for split in SPLITS:
             path = getattr(self, split)
-            if (path is not None or split == "train") and Path(path or "").suffix.lower() not in LAYOUTS:
+            if (
+                (path is not None or split == "train")
+                and Path(path or "").suffix.lower() not in LAYOUTS
+                and not (path and is_shards(path))
+            ):
                 raise ValueError(
                     f"data.source.{split}={path!r} is not an annotation file; valid: a .jsonl, .csv or .tsv file of "
-                    "rows with 'file' and 'text', or a COCO captions .json"
+                    "rows with 'file' and 'text', a COCO captions .json, or webdataset shards (a .tar, a glob of "
+                    "them, a folder of them)"
                 )
         if not 0 <= self.val_fraction < 1:
             raise ValueError(f"data.source.val_fraction={self.val_fraction} must be in [0, 1)")
@@ -220,6 +255,99 @@ def carved(name: str, fraction: float) -> bool:
     return int(hashlib.sha256(name.encode("utf-8")).hexdigest()[:12], 16) < fraction * 16**12
 
 
+# --- webdataset shards ----------------------------------------------------------------------------------------
+
+
+def shard_files(path: str, field: str) -> list[Path]:
+    """The ``.tar`` shards a split's path names (a file, a glob, a folder's ``*.tar``), sorted; none: a DataError
+    naming ``field``."""
+    if Path(path).is_dir():
+        found = sorted(Path(path).glob("*.tar"))
+    elif any(c in path for c in "*?["):
+        found = sorted(Path(p) for p in glob.glob(path) if p.lower().endswith(".tar") and Path(p).is_file())
+    else:
+        found = [Path(path)] if Path(path).is_file() else []
+    if not found:
+        raise DataError(f"data.source.{field}={path!r} names no webdataset shard: give a .tar file, a glob of them "
+                        "or a folder holding them (00000.tar ...)")  # fmt: skip
+    return found
+
+
+def _member_key(name: str) -> tuple[str, str]:
+    """(key, suffix) of a shard member as webdataset groups them: "dir/00012.jpg" → ("dir/00012", ".jpg")."""
+    folder, _, base = name.rpartition("/")
+    stem, dot, rest = base.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), (dot + rest).lower()
+
+
+def _caption(suffix: str, data: bytes, where: str) -> str:
+    """The caption of a ``.txt`` member (its text) or a ``.json`` one (its "caption" or "text"); '' where none."""
+    try:
+        if suffix == ".txt":
+            return " ".join(data.decode("utf-8").split())
+        record = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"{where}: the caption member{suffix} is not readable ({error})") from None
+    caption = record.get("caption") or record.get("text") if isinstance(record, dict) else None
+    return " ".join(caption.split()) if isinstance(caption, str) else ""
+
+
+def shard_samples(shard: Path, field: str, images: bool = True) -> Iterator[tuple[str, bytes | None, str]]:
+    """(key, image bytes (None unless ``images``), caption) of each sample of a shard, read as a stream, one sample
+    at a time; a key without a caption or without an image, or a shard that is not a tar file: a DataError naming
+    ``field``, the shard and the key."""
+    where = f"data.source.{field}: {shard}"
+    key, image, caption, has_image = None, None, "", False
+
+    def sample() -> tuple[str, bytes | None, str]:
+        if not caption:
+            raise DataError(f"{where}, key {key!r}: the image has no caption (a .txt, or a .json with 'caption' or "
+                            "'text')")  # fmt: skip
+        if not has_image:
+            raise DataError(f"{where}, key {key!r}: the caption has no image ({', '.join(SHARD_IMAGES)})")
+        return key, image, caption
+
+    try:
+        with tarfile.open(shard, "r|*") as tar:
+            while (member := tar.next()) is not None:
+                tar.members.clear()  # the members read so far, which a TarFile keeps: none is needed again
+                if not member.isfile():
+                    continue
+                name, suffix = _member_key(member.name)
+                if suffix not in SHARD_IMAGES + SHARD_TEXTS:
+                    continue
+                if name != key:
+                    if key is not None:
+                        yield sample()
+                    key, image, caption, has_image = name, None, "", False
+                if suffix in SHARD_IMAGES:
+                    has_image = True
+                    image = tar.extractfile(member).read() if images else None
+                elif not caption or suffix == ".txt":
+                    caption = _caption(suffix, tar.extractfile(member).read(), f"{where}, key {name!r}") or caption
+            if key is not None:
+                yield sample()
+    except (tarfile.TarError, OSError) as error:
+        raise DataError(f"{where} is not a readable tar file ({error})") from None
+
+
+def shard_records(shard: str, field: str, keep: str | None, fraction: float, source: ImageTextFiles):
+    """The records {"image", "file": "<shard>/<key>", "texts"} of a shard's samples (``keep``: "train" or "val" keeps
+    those ``carved`` puts there; None: all), decoded in full and fitted one at a time; an image that does not decode
+    is a DataError naming the shard and the key."""
+    for key, data, caption in shard_samples(Path(shard), field):
+        if keep is not None and carved(key, fraction) != (keep == "val"):
+            continue
+        try:
+            image = load_image(io.BytesIO(data), source.channels)
+        except (OSError, ValueError) as error:
+            raise DataError(f"data.source.{field}: {shard}, key {key!r}: the image is not readable ({error})") from None
+        image = fit_image(image, source.height, source.width, source.fit)
+        encoded = png_bytes(image) if source.fit == "line" else jpeg_bytes(image)
+        texts = json.dumps([caption], ensure_ascii=False)
+        yield {"image": encoded, "file": f"{Path(shard).name}/{key}", "texts": texts}
+
+
 # --- preparation and loading -----------------------------------------------------------------------------------
 
 
@@ -237,18 +365,76 @@ def image_records(piece: list[Entry], source: ImageTextFiles, annotation: str):
 
 
 class CaptionedImages(LineImages):
-    """A prepared split of a user's images: items as ``LineImages``'s, grey or RGB, with "references" (all the
-    image's texts); "text" is, in training (``cycle``), the image's next text each epoch (from (seed, epoch, index)),
-    else its first."""
+    """A prepared split of captioned images: items as ``LineImages``'s, grey or RGB, with "references" (all the
+    image's texts) and, with ``labels``, "label" (the record's class index, -1 for none); "text" is, in training
+    (``cycle``), the image's next text each epoch (from (seed, epoch, index)), else its first."""
 
-    def __init__(self, split_dir, tokenizer_json: str, augment: bool, seed: int, channels: int, cycle: bool) -> None:
+    def __init__(self, split_dir, tokenizer_json: str, augment: bool, seed: int, channels: int, cycle: bool,
+                 labels: bool = False) -> None:  # fmt: skip
         super().__init__(split_dir, tokenizer_json, augment, seed)
-        self.mode, self.cycle = ("L" if channels == 1 else "RGB"), cycle
+        self.mode, self.cycle, self.labels = ("L" if channels == 1 else "RGB"), cycle, labels
 
     def _item(self, record: dict, index: int, epoch: int) -> dict:
         texts = json.loads(record["texts"])
         text = texts[(self.seed + epoch + index) % len(texts)] if self.cycle else texts[0]
-        return {**self._encoded(record["image"], text, index, epoch), "references": texts}
+        item = {**self._encoded(record["image"], text, index, epoch), "references": texts}
+        return {**item, "label": int(record["label"])} if self.labels else item
+
+
+def collate_captions(items: list[dict], mean: Iterable[float], std: Iterable[float], pad_id: int) -> dict:
+    """``collate_lines``'s batch, with "labels" (B,) int64 where the items have a "label" (-1: of no class)."""
+    batch = collate_lines(items, mean, std, pad_id)
+    if "label" in items[0]:
+        batch["labels"] = torch.tensor([item["label"] for item in items], dtype=torch.int64)
+    return batch
+
+
+def written_texts(folder: Path, rows: Iterable[tuple[str, list[str]]]) -> tuple[dict[str, Path], dict, dict]:
+    """Each split's texts written to ``<folder>/.texts-<split>.jsonl`` ({"text"} a line) from (split, an image's
+    texts) rows read once; returns the files and each split's images and texts counted."""
+    files = {split: folder / f".texts-{split}.jsonl" for split in SPLITS}
+    images, texts = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0)
+    with contextlib.ExitStack() as stack:
+        handles = {split: stack.enter_context(open(path, "w", encoding="utf-8")) for split, path in files.items()}
+        for split, image_texts in rows:
+            handles[split].writelines(json.dumps({"text": t}) + "\n" for t in image_texts)
+            images[split] += 1
+            texts[split] += len(image_texts)
+    return files, images, texts
+
+
+def longest_text(tokenizer, files: Iterable[Path]) -> int:
+    """The most tokens of any text of the ``.texts-*.jsonl`` files, encoded 1,024 at a time (never all held)."""
+    longest = 0
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            while batch := [json.loads(line)["text"] for line in [f.readline() for _ in range(1024)] if line]:
+                longest = max(longest, *map(len, tokenizer.encode_batch(batch)))
+    return longest
+
+
+def prepare_captioned(
+    folder: Path,
+    rows: Iterable[tuple[str, list[str]]],
+    record_splits: Callable[[dict[str, int]], list[RecordSplit]],
+    tokenizer_config: TokenizerConfig,
+    workers: int | None,
+    what: str,
+) -> dict:
+    """A folder of captioned images through ``prepare_records``: the texts of ``rows`` ((split, an image's texts),
+    read once) written to disk and sampled for the tokenizer, each split of ``record_splits(images counted)`` written
+    on every core, then the longest text and the train pixels' statistics. Returns the manifest's {"images",
+    "texts", "mean", "std", "longest"}."""
+    files, images, texts = written_texts(folder, rows)
+    text_pieces = {split: line_pieces(path) if images[split] else [] for split, path in files.items()}
+    job = TokenizerJob(TOKENIZER, tokenizer_config, piece_sample(text_pieces, "text", tokenizer_config.sample_bytes))
+    tokenizers, _ = prepare_records(folder, [job], lambda _: record_splits(images), ("texts",), workers)
+    longest = longest_text(tokenizers[TOKENIZER], [files[split] for split in SPLITS if images[split]])
+    for path in files.values():
+        path.unlink()
+    mean, std = pixel_statistics(folder / "train", images["train"])
+    rank_zero_info(f"prepared {what}: {folder} ({', '.join(f'{s} {n:,}' for s, n in images.items())})")
+    return {"images": images, "texts": texts, "mean": mean, "std": std, "longest": longest}
 
 
 class ImageTextFilesDataModule(ImageTextRecords):
@@ -296,11 +482,12 @@ class ImageTextFilesDataModule(ImageTextRecords):
         return f"image-text-{stem_of([Path(self.source.train)])}"
 
     def splits(self) -> dict[str, list[Entry]]:
-        """Each split's images and texts, read from the annotation files (val carved from train when not given)."""
+        """Each split's images and texts, read from the annotation files (val carved from train when not given); a
+        split of webdataset shards has none here (``shards``)."""
         s = self.source
-        splits = {split: read_annotations(Path(getattr(s, split)), s.images, split) if getattr(s, split) else []
-                  for split in SPLITS}  # fmt: skip
-        if not s.val and s.val_fraction:
+        splits = {split: read_annotations(Path(getattr(s, split)), s.images, split)
+                  if getattr(s, split) and not is_shards(getattr(s, split)) else [] for split in SPLITS}  # fmt: skip
+        if not s.val and s.val_fraction and not is_shards(s.train):
             train = splits["train"]
             splits["val"] = [entry for entry in train if carved(entry.name, s.val_fraction)]
             splits["train"] = [entry for entry in train if not carved(entry.name, s.val_fraction)]
@@ -312,49 +499,76 @@ class ImageTextFilesDataModule(ImageTextRecords):
                 )
         return splits
 
+    def shards(self) -> dict[str, list[Path]]:
+        """The webdataset shards of each split given as shards (``shard_files``)."""
+        s = self.source
+        return {split: shard_files(getattr(s, split), split) for split in SPLITS
+                if getattr(s, split) and is_shards(getattr(s, split))}  # fmt: skip
+
+    def _carves_shards(self) -> bool:
+        """Whether validation is carved from the training shards (by the hash of each sample's key)."""
+        return not self.source.val and bool(self.source.val_fraction) and is_shards(self.source.train)
+
     def _fingerprint(self) -> dict:
         """What the records depend on: the annotation files' contents, each image's path, size and modification
-        time (hashed as they are read: not held), the options, the tokenizer's."""
+        time (hashed as they are read: not held), each shard's path, size and modification time, the options, the
+        tokenizer's."""
         self._entries = splits = self.splits()  # read once: what ``_build`` prepares
-        annotations = {split: sha256_of(getattr(self.source, split)) for split in SPLITS if getattr(self.source, split)}
+        self._shards = shards = self.shards()
+        annotations = {split: sha256_of(getattr(self.source, split)) for split in SPLITS
+                       if getattr(self.source, split) and split not in shards}  # fmt: skip
         images = hashlib.sha256()
         for split in SPLITS:
             for entry in splits[split]:
                 images.update(json.dumps([split, *file_stamp(Path(entry.path))]).encode())
+        stamps = {"shards": {split: [file_stamp(path) for path in paths] for split, paths in shards.items()}}
         return {"format": FORMAT_VERSION, "annotations": annotations, "images": images.hexdigest(),
-                "source": asdict(self.source), "tokenizer": _tokenizer_key(self.tokenizer_config, ())}  # fmt: skip
+                **(stamps if shards else {}), "source": asdict(self.source),
+                "tokenizer": _tokenizer_key(self.tokenizer_config, ())}  # fmt: skip
+
+    def _rows(self) -> Iterator[tuple[str, list[str]]]:
+        """(split, an image's texts) of every image: the annotations' entries, then the shards' samples, read as a
+        stream (the carved ones as val)."""
+        for split in SPLITS:
+            for entry in self._entries[split]:
+                yield split, entry.texts
+        carve, fraction = self._carves_shards(), self.source.val_fraction
+        for split, paths in self._shards.items():
+            for path in paths:
+                for key, _, caption in shard_samples(path, split, images=False):
+                    yield ("val" if carve and split == "train" and carved(key, fraction) else split), [caption]
 
     def _build(self, folder: Path) -> dict:
-        """``prepared_folder``'s build through ``prepare_records``: the tokenizer, each split's records in pieces on
-        every core; then the train pixels' statistics, the longest text; what it returns goes into the manifest."""
-        splits = self._entries
-        texts = {split: folder / f".texts-{split}.jsonl" for split in SPLITS}
-        for split, path in texts.items():
-            with open(path, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps({"text": t}) + "\n" for entry in splits[split] for t in entry.texts)
-        text_pieces = {split: line_pieces(path) if splits[split] else [] for split, path in texts.items()}
-        workers = self.prepare_config.num_workers
+        """``prepared_folder``'s build through ``prepare_captioned``: the tokenizer, each split's records in pieces
+        (of images; of shards, one a piece) on every core; then the train pixels' statistics, the longest text; what
+        it returns goes into the manifest."""
+        splits, shards, workers = self._entries, self._shards, self.prepare_config.num_workers
+        carve = self._carves_shards()
 
-        def record_splits(tokenizers: dict[str, str]) -> list[RecordSplit]:
-            return [RecordSplit(split, pieces(entries, piece_size(len(entries), PIECE_IMAGES, workers)),
-                                partial(image_records, source=self.source, annotation=self._annotation(split)),
-                                expected=len(entries)) for split, entries in splits.items() if entries]  # fmt: skip
+        def record_splits(images: dict[str, int]) -> list[RecordSplit]:
+            if carve and not (images["val"] and images["train"]):
+                raise DataError(
+                    f"data.source.val_fraction={self.source.val_fraction} carves {images['val']} of the "
+                    f"{images['val'] + images['train']} training images of the shards for validation: give more "
+                    "images, a data.source.val, or another fraction (0: no validation)"
+                )
+            out = []
+            for split, entries in splits.items():
+                if entries:
+                    records = partial(image_records, source=self.source, annotation=self._annotation(split))
+                    out.append(RecordSplit(split, pieces(entries, piece_size(len(entries), PIECE_IMAGES, workers)),
+                                           records, expected=len(entries)))  # fmt: skip
+                elif images[split] and (split in shards or carve and split == "val"):
+                    field = split if split in shards else "train"
+                    keep = ("train" if split == "train" else "val") if carve and field == "train" else None
+                    out.append(RecordSplit(split, [str(path) for path in shards[field]],
+                                           partial(shard_records, field=field, keep=keep,
+                                                   fraction=self.source.val_fraction, source=self.source),
+                                           expected=images[split]))  # fmt: skip
+            return out
 
-        job = TokenizerJob(TOKENIZER, self.tokenizer_config,
-                           piece_sample(text_pieces, "text", self.tokenizer_config.sample_bytes))  # fmt: skip
-        tokenizers, _ = prepare_records(folder, [job], record_splits, ("texts",), workers)
-        for path in texts.values():
-            path.unlink()
-        longest = 0
-        for entries in splits.values():
-            for batch_entries in pieces(entries, 1024):
-                batch = [text for entry in batch_entries for text in entry.texts]
-                longest = max(longest, *map(len, tokenizers[TOKENIZER].encode_batch(batch)))
-        counts = {split: len(entries) for split, entries in splits.items()}
-        mean, std = pixel_statistics(folder / "train", counts["train"])
-        rank_zero_info(f"prepared image-text files: {folder} ({', '.join(f'{s} {n:,}' for s, n in counts.items())})")
-        return {"images": counts, "texts": {split: sum(len(e.texts) for e in entries) for split, entries in
-                splits.items()}, "mean": mean, "std": std, "longest": longest}  # fmt: skip
+        return prepare_captioned(folder, self._rows(), record_splits, self.tokenizer_config, workers,
+                                 "image-text files")  # fmt: skip
 
     def _annotation(self, split: str) -> str:
         """The option and annotation file a split's images come from (val's: train's, when carved), for errors."""

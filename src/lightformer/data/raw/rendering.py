@@ -22,8 +22,9 @@ from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 FONT_SUFFIXES = (".ttf", ".otf", ".t1", ".pfb")  # in order of preference for one (family, style) in several files
 # Families whose letters are not letters (symbols, dingbats), a math font that repeats a text family's design, or
-# whose lowercase is drawn as small capitals (a reader trained on them would learn that "a" looks like "A").
-SKIPPED_FAMILIES = frozenset({"D050000L", "Standard Symbols PS", "DejaVu Math TeX Gyre", "Go Smallcaps"})
+# whose lowercase is drawn as small capitals (a reader trained on them would learn that "a" looks like "A"); Symbola
+# (fonts-symbola, the emoji data's outline style) draws letters too, but is there for its symbols.
+SKIPPED_FAMILIES = frozenset({"D050000L", "Standard Symbols PS", "DejaVu Math TeX Gyre", "Go Smallcaps", "Symbola"})
 _CHECKED_CHARACTERS = string.ascii_letters + string.digits + ".,;:!?'\"-()"
 _REFERENCE_SIZE = 100  # the size at which a font's metrics are read, to size it by its line box
 

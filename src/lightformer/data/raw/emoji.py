@@ -1,0 +1,72 @@
+"""Emoji in two styles, for contrastive image-text data with a held-out style (``data.modules.captioned_images``):
+Noto Color Emoji's colour bitmaps (Debian's ``fonts-noto-color-emoji``: CBDT, which Pillow draws at size 109 with
+``embedded_color=True``) and Symbola's black outlines (``fonts-symbola``), each named by Unicode ("RED APPLE").
+
+**Which.** The characters both fonts map, outside ASCII, of a Unicode name (``unicodedata.name``) and of a symbol's
+general category (So, Sm, Po: not the skin-tone modifiers, the joiner, the keycap's combining mark), less the regional
+indicator letters (halves of flags); a character either font draws as nothing is left out (and counted).
+Sequences (flags, skin tones, ZWJ families) need CLDR names and are not drawn.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from functools import lru_cache
+from pathlib import Path
+
+from PIL import Image, ImageChops, ImageDraw, ImageFont
+
+NOTO_EMOJI = "/usr/share/fonts/truetype/noto/NotoColorEmoji.ttf"
+SYMBOLA = "/usr/share/fonts/truetype/ancient-scripts/Symbola_hint.ttf"
+STYLES = ("noto", "symbola")
+NOTO_SIZE = 109  # the one size of Noto Color Emoji's bitmaps
+SYMBOLA_SIZE = 192  # Symbola's outlines drawn this large, then fitted
+CATEGORIES = ("So", "Sm", "Po")
+
+
+def caption(character: str) -> str:
+    """The emoji's caption: its Unicode name in lower case ("red apple")."""
+    return unicodedata.name(character).lower()
+
+
+def mapped(path: str | Path) -> set[int]:
+    """The code points a font's character map maps (fontTools, which matplotlib brings)."""
+    from fontTools.ttLib import TTFont
+
+    with TTFont(str(path), lazy=True) as font:
+        return set(font.getBestCmap())
+
+
+def emoji_characters(noto: str | Path = NOTO_EMOJI, symbola: str | Path = SYMBOLA) -> list[str]:
+    """The emoji both fonts map (the module docstring), in code point order (drawn or not: see ``draw``)."""
+    both = sorted(mapped(noto) & mapped(symbola))
+    return [chr(c) for c in both if c > 0x7F and unicodedata.name(chr(c), "") and
+            unicodedata.category(chr(c)) in CATEGORIES and not 0x1F1E6 <= c <= 0x1F1FF]  # fmt: skip
+
+
+@lru_cache(maxsize=4)
+def _font(path: str, size: int) -> ImageFont.FreeTypeFont:
+    return ImageFont.truetype(path, size)
+
+
+def draw(character: str, style: str, font: str, size: int) -> Image.Image | None:
+    """``character`` drawn in ``style`` ("noto": ``font`` is Noto Color Emoji's; "symbola": Symbola's) on white,
+    cropped to its ink and fitted (aspect kept, centred) to a ``size`` × ``size`` RGB canvas; None where the font
+    draws nothing."""
+    points = NOTO_SIZE if style == "noto" else SYMBOLA_SIZE
+    glyph = Image.new("RGBA", (2 * points, 2 * points), (255, 255, 255, 0))
+    ImageDraw.Draw(glyph).text((points // 2, points // 2), character, font=_font(font, points), embedded_color=True,
+                               fill=(0, 0, 0, 255))  # fmt: skip
+    box = glyph.getchannel("A").getbbox()
+    if box is None:
+        return None
+    glyph = glyph.crop(box)
+    white = Image.alpha_composite(Image.new("RGBA", glyph.size, (255, 255, 255, 255)), glyph).convert("RGB")
+    if ImageChops.difference(white, Image.new("RGB", white.size, "white")).getbbox() is None:
+        return None
+    scale = size / max(white.size)
+    fitted = white.resize((max(1, round(white.width * scale)), max(1, round(white.height * scale))),
+                          Image.Resampling.LANCZOS)  # fmt: skip
+    canvas = Image.new("RGB", (size, size), "white")
+    canvas.paste(fitted, ((size - fitted.width) // 2, (size - fitted.height) // 2))
+    return canvas

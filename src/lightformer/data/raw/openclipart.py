@@ -1,0 +1,207 @@
+"""The Open Clip Art Library 0.18 (Debian's ``openclipart-png`` and ``openclipart-svg``, public domain): its drawings,
+the captions their authors wrote into each SVG's RDF metadata, the top-level category each sits in, and each
+drawing's PNG fitted to a square canvas on white, for contrastive image-text data (``data.modules.captioned_images``).
+
+**Captions.** The SVG's ``<cc:Work>`` holds the author's title (the first ``<dc:title>``: the second one, inside
+``<dc:creator>``, is the author's name), a ``<dc:description>`` and keywords (``<dc:subject>`` → ``<rdf:li>``). A
+drawing's captions, in order, without repeats: the title; the description where it differs from the title; and
+"title, keyword, keyword, ..." (keywords alone where there is no title; a keyword that repeats the title left out)
+as long as it fits ``max_chars``. Each is whitespace-collapsed and cut at the last word boundary within
+``max_chars``. A drawing of no title, description or
+keyword has no caption and is left out (3 of 8,121).
+
+**Variants.** A drawing's variants (``crawfish1_ganson`` and ``crawfish1_bw_ganson``; ``jigsaw_blue_01`` to ``_09``;
+``switch_cisco_nico1`` and ``switch_cisco_nico_``) share a ``variant_key``: the file name lower-cased, without the
+words ``bw``, ``color``, ``colour``, and without trailing digits and underscores. The split is drawn from that key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import warnings
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+from PIL import Image, ImageChops
+
+OPENCLIPART_ROOT = "/usr/share/openclipart"
+# Top-level categories left out of the classes, with why: their names do not say what the drawings show, or they
+# hold too few drawings for a held-out one to exist. Their drawings still train, with label -1.
+EXCLUDED_CATEGORIES = {
+    "unsorted": "not sorted: the name says nothing of what the 154 drawings show",
+    "special": "CD covers, gradients, patterns, templates: 'special' says nothing of what the 225 drawings show",
+    "buttons": "3 drawings: too few for a held-out one",
+    "logos": "7 drawings: too few for a held-out one",
+}
+# The PNGs are trusted package files; three exceed Pillow's decompression-bomb limit (178,956,970 pixels): two stop
+# signs of 20,990 × 29,700 pixels (623 million: 2.5 GB as RGBA while one preparing process reduces it) and a microchip
+# of 16,000 × 14,464. Up to this many pixels a PNG of the library is decoded; a larger one is refused by Pillow.
+MAX_PIXELS = 700_000_000
+NEAR_WHITE = 16  # grey levels from white that cropping a drawing to its ink counts as paper
+_VARIANT_WORDS = re.compile(r"(?:^|_)(?:bw|colou?r)(?=_|$)")
+_TRAILING = re.compile(r"[\d_]+$")
+
+
+class Drawing(NamedTuple):
+    """A drawing of the library: its path under ``png/`` without suffix ("animals/mammals/dall_sheep_ram_ganson"),
+    its top-level category ("animals") and its captions."""
+
+    name: str
+    category: str
+    captions: list[str]
+
+
+def class_name(category: str) -> str:
+    """A category's folder name as a prompt says it: "signs_and_symbols" → "signs and symbols"."""
+    return category.replace("_", " ")
+
+
+def variant_key(name: str) -> str:
+    """The key a drawing's variants share (the module docstring): "animals/crawfish1_bw_ganson" → "crawfish1_ganson"."""
+    stem = Path(name).name.lower()
+    stem = _VARIANT_WORDS.sub("", stem)
+    return _TRAILING.sub("", stem) or stem
+
+
+def split_of(name: str, val_fraction: float, test_fraction: float) -> str:
+    """A drawing's split, "train", "val" or "test", from a stable hash of its ``variant_key``: below ``val_fraction``
+    val, below ``val_fraction + test_fraction`` test."""
+    share = int(hashlib.sha256(variant_key(name).encode("utf-8")).hexdigest()[:12], 16) / 16**12
+    return "val" if share < val_fraction else "test" if share < val_fraction + test_fraction else "train"
+
+
+def _words(text: str | None) -> str:
+    return " ".join((text or "").split())
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def svg_metadata(path: str | Path) -> tuple[str, str, list[str]]:
+    """(title, description, keywords) of an SVG's ``<cc:Work>`` (empty where absent), read only up to its metadata;
+    an SVG that does not parse is a ValueError naming it."""
+    work = None
+    try:
+        for _, element in ET.iterparse(str(path), events=("end",)):
+            if _local(element.tag) == "Work":
+                work = element
+                break
+            if _local(element.tag) == "metadata":
+                break
+    except ET.ParseError as error:
+        raise ValueError(f"{path} is not a readable SVG ({error})") from None
+    title = description = ""
+    keywords: list[str] = []
+    for child in work if work is not None else ():
+        kind = _local(child.tag)
+        if kind == "title" and not title:
+            title = _words(child.text)
+        elif kind == "description" and not description:
+            description = _words(child.text)
+        elif kind == "subject":
+            keywords += [word for li in child.iter() if _local(li.tag) == "li" and (word := _words(li.text))]
+    return title, description, list(dict.fromkeys(keywords))
+
+
+def cut(text: str, max_chars: int) -> str:
+    """``text`` cut at the last word boundary within ``max_chars`` characters (mid-word only for one long word)."""
+    if len(text) <= max_chars:
+        return text
+    head = text[: max_chars + 1].rsplit(" ", 1)[0] if " " in text[:max_chars] else text[:max_chars]
+    return head[:max_chars].rstrip(" ,;:")
+
+
+def captions_of(title: str, description: str, keywords: list[str], max_chars: int) -> list[str]:
+    """A drawing's captions (the module docstring), each of at most ``max_chars`` characters; [] where it has none."""
+    captions = [cut(title, max_chars)] if title else []
+    if description and description != title:
+        captions.append(cut(description, max_chars))
+    listed = title
+    for word in [w for w in keywords if w.lower() != title.lower()]:
+        longer = f"{listed}, {word}" if listed else word
+        if len(longer) > max_chars:
+            break
+        listed = longer
+    if listed and listed != title:
+        captions.append(listed)
+    return list(dict.fromkeys(captions))
+
+
+def drawing_names(root: str | Path) -> list[str]:
+    """Every drawing under ``<root>/png`` as its path there without suffix, sorted."""
+    png = Path(root) / "png"
+    return sorted(str(path.relative_to(png).with_suffix("")) for path in png.rglob("*.png"))
+
+
+def read_drawings(root: str | Path, names: list[str], max_chars: int) -> Iterator[Drawing | str]:
+    """Each of ``names`` as a ``Drawing`` with its captions from ``<root>/svg/<name>.svg``, or its name alone where it
+    has no caption."""
+    for name in names:
+        captions = captions_of(*svg_metadata(Path(root) / "svg" / f"{name}.svg"), max_chars)
+        yield Drawing(name, name.split("/", 1)[0], captions) if captions else name
+
+
+@contextlib.contextmanager
+def _trusted_sizes() -> Iterator[None]:
+    """Pillow's decompression-bomb limit raised to ``MAX_PIXELS`` (and its warning silenced) for the library's own
+    files, restored after."""
+    limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = MAX_PIXELS
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+
+
+def on_white(image: Image.Image) -> Image.Image:
+    """An image of any mode as RGB, transparent parts on white."""
+    if image.mode == "P" and "transparency" in image.info or image.mode in ("LA", "PA"):
+        image = image.convert("RGBA")
+    if image.mode == "RGBA":
+        canvas = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(canvas, image).convert("RGB")
+    return image.convert("RGB")
+
+
+def fit_square(image: Image.Image, size: int) -> Image.Image:
+    """An RGB image cropped to what is not near white (a drawing on a page: levels within ``NEAR_WHITE`` of white
+    are paper), scaled (aspect kept) to fit a ``size`` × ``size`` white canvas, centred."""
+    difference = ImageChops.difference(image, Image.new("RGB", image.size, "white")).convert("L")
+    box = difference.point(lambda level: 255 if level > NEAR_WHITE else 0).getbbox()
+    image = image.crop(box) if box else image
+    scale = size / max(image.width, image.height)
+    fitted = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
+                          Image.Resampling.LANCZOS, reducing_gap=3.0)  # fmt: skip
+    canvas = Image.new("RGB", (size, size), "white")
+    canvas.paste(fitted, ((size - fitted.width) // 2, (size - fitted.height) // 2))
+    return canvas
+
+
+def drawing_image(path: str | Path, size: int) -> Image.Image:
+    """The PNG at ``path`` on a ``size`` × ``size`` white canvas. A PNG many times the canvas is put on white and
+    reduced in strips of rows (``reduced_on_white``), so that no full-size copy of it is made beside the decoded
+    one; then it is fitted."""
+    with _trusted_sizes(), Image.open(path) as opened:
+        opened.load()
+        factor = max(1, max(opened.size) // (4 * size))
+        image = reduced_on_white(opened, factor) if factor > 1 else on_white(opened)
+    return fit_square(image, size)
+
+
+def reduced_on_white(image: Image.Image, factor: int, strip_pixels: int = 1 << 22) -> Image.Image:
+    """``image`` put on white (``on_white``) and reduced ``factor`` times (the mean of each factor × factor block),
+    a strip of rows at a time: what it holds beside ``image`` is a strip of about ``strip_pixels`` pixels."""
+    width, height = image.size
+    rows = factor * max(1, strip_pixels // (width * factor))
+    out = Image.new("RGB", (-(-width // factor), -(-height // factor)), "white")
+    for top in range(0, height, rows):
+        strip = on_white(image.crop((0, top, width, min(height, top + rows))))
+        out.paste(strip.reduce(factor), (0, top // factor))
+    return out
