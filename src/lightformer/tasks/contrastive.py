@@ -25,6 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from lightformer.data.modules.captioned_images import ClipArtDataModule, EmojiDataModule
 from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw.image_files import fit_image, load_image, to_normalised_tensor
@@ -583,7 +584,7 @@ def embed(
 
 register(
     ContrastiveTask,
-    data=(ImageTextFilesDataModule,),
+    data=(ClipArtDataModule, EmojiDataModule, ImageTextFilesDataModule),
     commands={"zero-shot": zero_shot, "embed": embed},
     list_options={"zero-shot": "--images", "embed": "--images"},
     layouts={"hf": clip.HF},
