@@ -104,10 +104,11 @@ class TranslationTask(Task):
 
     # --- training and evaluation ---------------------------------------------------------------------------
 
-    def _loss(self, batch: Batch) -> tuple[Tensor, int]:
-        """The teacher-forced loss of ``batch`` (compiled with the model when ``compile``) and its target tokens."""
+    def _loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """The teacher-forced loss of ``batch`` (compiled with the model when ``compile``) and its target tokens (a
+        count on the device: reading it would wait for the device)."""
         loss = self.compiled(self._teacher_forced_loss)(batch["src"], batch["tgt"])
-        return loss, int((batch["tgt"][:, 1:] != self.pad_id).sum())
+        return loss, (batch["tgt"][:, 1:] != self.pad_id).sum()
 
     def _teacher_forced_loss(self, src: Tensor, tgt: Tensor) -> Tensor:
         return self._target_loss(self.model(src, tgt[:, :-1]), tgt)
@@ -129,8 +130,8 @@ class TranslationTask(Task):
     def model_inputs(self, batch: Batch) -> tuple[Tensor, Tensor]:
         return batch["src"], batch["tgt"][:, :-1]
 
-    def throughput_counts(self, batch: Batch) -> tuple[int, int]:
-        return len(batch["src"]), int((batch["tgt"][:, 1:] != self.pad_id).sum())  # items: target tokens
+    def throughput_counts(self, batch: Batch) -> tuple[int, Tensor]:
+        return len(batch["src"]), (batch["tgt"][:, 1:] != self.pad_id).sum()  # items: target tokens, on the device
 
     def _evaluate(self, batch: Batch, loss_metric: MeanMetric, bleu: SacreBLEUScore, beam_size: int) -> list[str]:
         loss, n_tokens = self._loss(batch)
