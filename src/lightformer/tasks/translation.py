@@ -84,8 +84,11 @@ class TranslationTask(Task):
         super().check_data(facts, stage)
         longest, max_len = facts.max_length, self.model.max_len
         if longest is not None and longest > max_len and self.model.config.position != "none":
+            padded = (f" once padded to a multiple of data.batches.length_multiple={facts.length_multiple}"
+                      if facts.length_multiple is not None else "")  # fmt: skip
             raise ConfigError(
-                f"the data's longest sentence has {longest} positions (at most data.batches.max_sentence_tokens) but "
+                f"the data's longest sentence has {longest} positions{padded} (at most "
+                "data.batches.max_sentence_tokens) but "
                 f"model.net.max_len={max_len}, the length of the model's position table, which must hold them; set "
                 f"data.batches.max_sentence_tokens <= {max_len} (longer train pairs are dropped, val/test ids cut) or "
                 f"model.net.max_len >= {longest}"
@@ -131,12 +134,13 @@ class TranslationTask(Task):
         return batch["src"], batch["tgt"][:, :-1]
 
     def throughput_counts(self, batch: Batch) -> tuple[int, Tensor]:
-        return len(batch["src"]), (batch["tgt"][:, 1:] != self.pad_id).sum()  # items: target tokens, on the device
+        # samples: the pairs (a batch padded to a length bucket has rows of none); items: target tokens, on the device
+        return len(batch["tgt_text"]), (batch["tgt"][:, 1:] != self.pad_id).sum()
 
     def _evaluate(self, batch: Batch, loss_metric: MeanMetric, bleu: SacreBLEUScore, beam_size: int) -> list[str]:
         loss, n_tokens = self._loss(batch)
         loss_metric.update(loss, weight=n_tokens)
-        hypotheses = self.translate_ids(batch["src"], beam_size)
+        hypotheses = self.translate_ids(batch["src"][: len(batch["tgt_text"])], beam_size)  # (not the padding rows)
         bleu.update(hypotheses, [[ref] for ref in batch["tgt_text"]])
         return hypotheses
 
