@@ -5,6 +5,7 @@ reads of a tensor's value patched to record each call (on a GPU each one waits f
 from __future__ import annotations
 
 import json
+import time
 import traceback
 from pathlib import Path
 
@@ -185,3 +186,45 @@ def test_a_non_finite_loss_is_read_late_by_default_and_nothing_is_saved_after_it
         assert "the guard read it" not in message and "before the update" in message
     saved = sorted(int(p.stem.split("=")[1]) for p in (tmp_path / "runs").rglob("step=*.ckpt"))
     assert saved == [4]
+
+
+class FakeEvent:
+    """A CUDA event on the CPU: the time it was recorded, read only through ``elapsed_time`` (as a real one)."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.recorded: float | None = None
+
+    def record(self) -> None:
+        self.recorded = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return (end.recorded - self.recorded) * 1e3  # milliseconds
+
+
+def test_the_throughput_of_a_gpu_run_is_timed_by_events_read_at_logging(tmp_path, monkeypatch):
+    """The GPU's code path of ``Throughput`` (its ``StepClock`` marks are events, turned into seconds only when
+    read) through a fit that validates twice and logs every third step: curves logged, none from a stale clock."""
+    from lightformer.training import callbacks
+
+    class EventClock(callbacks.StepClock):
+        def __init__(self, device: torch.device) -> None:
+            super().__init__(torch.device("cuda"))
+
+    monkeypatch.setattr(callbacks, "StepClock", EventClock)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    throughput = {"class_path": "lightformer.training.callbacks.Throughput", "init_args": {"window_size": 2}}
+    args = [*task_args("lm", tmp_path), "--trainer.max_steps=9", "--trainer.log_every_n_steps=3",
+            "--trainer.val_check_interval=4", "--trainer.limit_val_batches=2",
+            f"--trainer.callbacks+={json.dumps(throughput)}"]  # fmt: skip
+    cli = build(args)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    (monitor,) = [c for c in cli.trainer.callbacks if isinstance(c, callbacks.Throughput)]
+    assert isinstance(monitor._clock, EventClock) and all(isinstance(t, float) for t in monitor._t0s.values())
+    _, events = events_of(tmp_path, "austen_char")
+    tokens = {e.step: e.value for e in events.Scalars("velocity/train/device/items_per_sec")}
+    batches = {e.step: e.value for e in events.Scalars("velocity/train/device/batches_per_sec")}
+    assert sorted(tokens) == [2, 5, 8] and all(value > 0 for value in tokens.values())
+    assert all(tokens[step] == pytest.approx(8 * 16 * batches[step]) for step in tokens)  # 8 windows of 16 tokens

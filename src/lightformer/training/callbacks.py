@@ -604,8 +604,9 @@ class Throughput(ThroughputMonitor):
 
     @rank_zero_only
     def on_validation_end(self, trainer: L.Trainer, *args: Any) -> None:
-        for stage in list(self._pending):  # Lightning's monitor reads the times of both stages
+        for stage in list(self._t0s):  # Lightning's monitor reads the times of both stages, in seconds
             self._flush(stage)
+            self._t0s[stage] = self._clock.seconds([self._t0s[stage]])[0]
         super().on_validation_end(trainer, *args)
 
     def _samples_in(self, batch: Any) -> int:

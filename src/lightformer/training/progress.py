@@ -68,16 +68,13 @@ class ProgressBar(RichProgressBar):
             return f"Epoch {current_epoch} (step {trainer.global_step}/{trainer.max_steps})"
         return super()._get_train_description(current_epoch)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._shown: dict[str, Any] | None = None  # the metrics of the bar, read back when the logs were last written
-
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         """Lightning's metrics and the latest logged ``train/loss``, read back from the device only when they change:
         while training, on the steps whose logs are written (a bar that read them each step would wait for the
         device each step)."""
-        if self._shown is not None and trainer.training and not should_update_logs(trainer):
-            return self._shown
+        shown = getattr(self, "_shown", None)  # the metrics read back when the logs were last written
+        if shown is not None and trainer.training and not should_update_logs(trainer):
+            return shown
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)
         loss = trainer.callback_metrics.get("train/loss")
