@@ -150,7 +150,7 @@ def measure(config: str, steps: int, warmup: int, overrides: list[str]) -> tuple
     step's: robust to a burst of load from elsewhere on a shared machine) for ``config``."""
     with tempfile.TemporaryDirectory() as runs:
         cli, window = fit_window(config, steps, warmup, overrides, runs)
-        items = sum(cli.model.throughput_counts(batch)[1] for batch in window.batches)
+        items = int(sum(cli.model.throughput_counts(batch)[1] for batch in window.batches))  # (a tensor: read once)
         for module, (attribute, rate) in window.drop_rates.items():  # the model as it trained in the window
             setattr(module, attribute, rate)
         fit, bare = window.seconds, bare_seconds(cli, window.batches)

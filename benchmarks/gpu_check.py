@@ -21,6 +21,9 @@ it measured.
 - peers: benchmarks/peers.py at GPT-2 small's shape, bf16, compiled: our GPT's tokens/s against Hugging Face's
   GPT-2 (the bar: 1.3×);
 - ding: configs/translation/ding_de_en_gpu.yaml in ``fit``: steps/s after warm-up (the bar: 10× a CPU's);
+- ding-compiled: the same config's first 50 steps eager, then compiled on length buckets of 16 tokens
+  (``data.batches.length_multiple``: one static graph per bucket), compilation included: the training time of each
+  and the compiled run's graphs (the bar: compiled faster);
 - tests: the GPU tests of tests/test_scale_out.py (bf16-mixed and 16-mixed training on CUDA, the FSDP preset);
 - vit: benchmarks/fit_overhead.py on configs/vision/vit_fashion_mnist.yaml with the gpu trainer preset: images/s
   in ``fit`` against the bare step;
@@ -85,7 +88,8 @@ VERSIONS = ("torch", "lightning", "timm", "litdata", "jsonargparse", "transforme
 TAIL_LINES = 40  # of a failed part's output, in the report
 
 
-PARTS = ("data", "lm", "peers", "ding", "tests", "vit", "overhead-lm", "overhead-ding", "image-text", "printed-lines")
+PARTS = ("data", "lm", "peers", "ding", "ding-compiled", "tests", "vit", "overhead-lm", "overhead-ding", "image-text",
+         "printed-lines")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,14 @@ class Sizes:
 GPU = Sizes(
     device="cuda",
     dtype=torch.bfloat16,
-    fit_steps={"lm": 300, "ding": 200, "image-text": 1500, "printed-lines": 100_000},  # the last: its config's bound
+    fit_steps={
+        "lm": 300,
+        "ding": 200,
+        "image-text": 1500,
+        "printed-lines": 100_000,  # the last: its config's bound
+        "ding-eager": 50,
+        "ding-compiled": 50,
+    },  # fmt: skip
     first_reading={"lm": 100, "ding": 50, "image-text": 100, "printed-lines": 500},
     max_time={"ding": "00:00:01:30", "printed-lines": "00:00:05:00"},
     overhead={"vit": (200, 20), "overhead-lm": (60, 10), "overhead-ding": (60, 10)},
@@ -116,6 +127,7 @@ GPU = Sizes(
         "lm": 120,
         "peers": 120,
         "ding": 150,
+        "ding-compiled": 240,  # eager's 50 steps, then the compiled ones (130 s were not enough for dynamic shapes)
         "tests": 150,  # 12 tests: 88 s of pytest on an H200, after ~7 s of imports
         "vit": 60,
         "overhead-lm": 90,
@@ -127,7 +139,7 @@ GPU = Sizes(
 DRY_RUN = Sizes(
     device="cpu",
     dtype=torch.float32,
-    fit_steps={"lm": 40, "ding": 40, "image-text": 30, "printed-lines": 40},
+    fit_steps={"lm": 40, "ding": 40, "image-text": 30, "printed-lines": 40, "ding-eager": 6, "ding-compiled": 6},
     first_reading={"lm": 20, "ding": 20, "image-text": 20, "printed-lines": 20},
     max_time={"ding": "00:00:01:00", "printed-lines": "00:00:00:10"},
     overhead={"vit": (6, 2), "overhead-lm": (6, 2), "overhead-ding": (6, 2)},
@@ -200,6 +212,10 @@ def plan(sizes: Sizes, dry_run: bool, work: Path, peaks: Peaks) -> list[Part]:
     printed_lines = work / "printed-lines"
     last = printed_lines / "printed_lines_gpu" / "version_0" / "checkpoints" / "last.ckpt"
     ding_bar = "the bar: ≥ 10× the steps/s of a CPU (not measured by this check)"
+    # compiled on length buckets (one static graph each); TORCH_LOGS prints a line per recompilation (a new bucket)
+    bucketed = ["--data.batches.length_multiple=16", "--trainer.max_time=null"]
+    compiled = ["env", "TORCH_LOGS=recompiles", *fit("ding-compiled", DING, *bucketed,
+                                                     *([] if dry_run else ["--model.compile=true"]))]  # fmt: skip
     return [
         Part("data", "each config's tokenizer and token shards, prepared once per machine",
              [lightformer("prepare", config) for config in (LM, DING, VIT)], prepared_folders),
@@ -210,6 +226,10 @@ def plan(sizes: Sizes, dry_run: bool, work: Path, peaks: Peaks) -> list[Part]:
         Part("ding", f"translation (`{DING}`) in fit: steps/s after warm-up",
              [fit("ding", DING, f"--trainer.max_time={sizes.max_time['ding']}")],
              lambda output: [*fit_figures(work / "ding", ding, "target tokens", peaks), ding_bar]),
+        Part("ding-compiled", f"translation (`{DING}`) compiled on length buckets of 16 tokens: its first "
+             f"{sizes.fit_steps['ding-compiled']} steps in fit, compilation included, against eager's",
+             [fit("ding-eager", DING, "--trainer.max_time=null"), compiled],
+             lambda output: compile_figures(output, compiled=not dry_run)),
         Part("tests", "the GPU tests of `tests/test_scale_out.py`", [tests], pytest_counts),
         Part("vit", f"the ViT (`{VIT}`) with the gpu trainer preset: fit against the bare step",
              [overhead("vit", VIT)], lambda output: overhead_figures(output, "images")),
@@ -394,6 +414,23 @@ def overhead_figures(output: str, unit: str) -> list[str]:
     ]
 
 
+def compile_figures(output: str, compiled: bool = True) -> list[str]:
+    """The training time of the eager run and of the compiled one (their progress logs' last lines: from the first
+    step, compilation included), and the compiled run's graphs (one, and one per recompilation TORCH_LOGS reported;
+    ``compiled`` False: the dry run, whose second run is eager too)."""
+    elapsed = re.findall(r"^finished: step (\d+)/\d+ .*· (?:(\d+)h)?(\d+)m(\d+)s elapsed", output, re.MULTILINE)
+    if len(elapsed) != 2:
+        raise ValueError(f"{len(elapsed)} of the 2 runs finished")
+    (steps, *eager), (_, *compiled) = elapsed
+    eager_s, compiled_s = (int(h or 0) * 3600 + int(m) * 60 + int(s) for h, m, s in (eager, compiled))
+    graphs = 1 + len(re.findall(r"Recompiling function", output))
+    how = f"compilation included: {graphs} graph{'s' * (graphs > 1)}" if compiled else "dry run: not compiled"
+    return [
+        f"first {steps} steps: eager {eager_s} s, on length buckets **{compiled_s} s** ({how}); the bar, compiled "
+        f"faster: {verdict(compiled_s < eager_s)}"
+    ]
+
+
 def verdict(met: bool) -> str:
     return "met" if met else "**not met**"
 
@@ -474,6 +511,9 @@ def run(command: list[str], env: dict[str, str], out, seconds: float) -> int | N
 
 
 def shown(command: list[str]) -> str:
+    if command[0] == "env":  # env VARIABLE=value ... python ...: the variables, then the command
+        variables = [word for word in command[1:] if "=" in word and not word.startswith("-")][:1]
+        return " ".join([*variables, shown(command[1 + len(variables) :])])
     return shlex.join(["python", *command[1:]])
 
 

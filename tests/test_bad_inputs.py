@@ -235,6 +235,22 @@ def test_a_max_len_shorter_than_the_longest_sentence_is_refused_in_one_line_at_s
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
+def test_a_length_multiple_below_one_or_padding_past_max_len_is_refused(tmp_path):
+    """Length buckets (data.batches.length_multiple): a multiple below 1 before any data; a padded length that the
+    model's position table cannot hold at set-up, naming the multiple."""
+    found = refused(["fit", *task_args("translation", tmp_path / "a"), "--data.batches.length_multiple=0"])
+    assert found == "lightformer: data: data.batches.length_multiple=0 must be at least 1", found
+    args = ["--data.batches.length_multiple=32", "--model.net.max_len=24", "--trainer.max_steps=1"]
+    found = refused(["fit", *task_args("translation", tmp_path / "b"), *args])
+    assert re.fullmatch(
+        r"lightformer: the data's longest sentence has 32 positions once padded to a multiple of "
+        r"data.batches.length_multiple=32 .* but model.net.max_len=24, .*; set data.batches.max_sentence_tokens <= 24 "
+        r".* or model.net.max_len >= 32",
+        found,
+    ), found
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
 def test_a_one_class_image_folder_is_refused(tmp_path):
     from lightformer.data import ImageDataModule
     from lightformer.data.modules.images import ImageSource

@@ -259,6 +259,24 @@ def test_throughput_meters_are_what_computes_the_logged_curves_and_their_mfu(fit
     assert mfu and all(value > 0 for value in mfu)
 
 
+def test_throughput_monitor_has_the_parts_lightformers_throughput_replaces():
+    """``lightformer.training.callbacks.Throughput`` overrides ``ThroughputMonitor._start``, ``_update`` (whose
+    ``torch.cuda.synchronize()`` after every batch it removes), ``_compute`` and ``on_validation_end`` (which reads
+    ``_t0s`` and the meters' ``_time`` as seconds), and keeps the counts in ``_lengths``, ``_samples``, ``_batches``
+    by stage; a Lightning upgrade that renames or reshapes them fails here."""
+    import inspect
+
+    monitor = ThroughputMonitor(batch_size_fn=len)
+    assert {"_t0s", "_lengths", "_samples", "_batches", "_throughputs"} <= set(vars(monitor))
+    assert list(inspect.signature(ThroughputMonitor._update).parameters) == [
+        "self", "trainer", "pl_module", "batch", "iter_num"]  # fmt: skip
+    assert list(inspect.signature(ThroughputMonitor._compute).parameters) == ["self", "trainer", "iter_num"]
+    assert "torch.cuda.synchronize()" in inspect.getsource(ThroughputMonitor._update)
+    assert "self._t0s[stage] = time.perf_counter()" in inspect.getsource(ThroughputMonitor._start)
+    source = inspect.getsource(ThroughputMonitor.on_validation_end)
+    assert "self._t0s[RunningStage.TRAINING] +=" in source and "._time" in source
+
+
 # --- TensorBoardLogger and SummaryWriter ------------------------------------------------------------------------------
 
 

@@ -45,6 +45,8 @@ class DataFacts:
             to the size, as a photo); None: the task's way (an image classifier resizes, image to text fits a line).
         max_length: the longest sequence of an example (tokens or pixels): the model's positions must hold it.
             Not compared between data and checkpoint: a model evaluates shorter examples than it was trained on.
+        length_multiple: the batches' lengths are multiples of this (a few shapes: a compiled model compiles each
+            static); None: any length. Not compared: it says how the batches are padded, not what they mean.
     """
 
     tokenizer: str | None = None
@@ -62,6 +64,7 @@ class DataFacts:
     normalize_std: tuple[float, ...] | None = None
     image_fit: str | None = None
     max_length: int | None = field(default=None, compare=False)
+    length_multiple: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:  # lists (YAML, a checkpoint's hyperparameters) become tuples
         for name in ("class_names", "normalize_mean", "normalize_std", "image_size"):

@@ -238,7 +238,7 @@ class Task(DataContract, WarmStart, CompiledForward, BatchCosts, KeptArguments, 
         metrics, self._train_metrics = self._train_metrics, None
         if metrics is not None and (should_update_logs(self.trainer) or self.trainer.fast_dev_run):
             for name, value in metrics.items():
-                self.log(name, value, prog_bar=name == "train/loss")
+                self.log(name, value)  # (the progress bar reads train/loss back only when logs are written)
         if self.optimizer_config.fit_to_max_time:
             fit_schedule_to_max_time(self)
 

@@ -27,8 +27,10 @@ class BatchCosts:
         """The tensors of ``batch`` that ``forward`` takes, batch dimension first."""
         raise NotImplementedError
 
-    def throughput_counts(self, batch: Any) -> tuple[int, int]:
-        """(samples, items) in ``batch``: items are what the task's throughput counts (tokens or images)."""
+    def throughput_counts(self, batch: Any) -> tuple[int, int | Tensor]:
+        """(samples, items) in ``batch``: items are what the task's throughput counts (tokens or images); a count
+        that depends on the batch's values (tokens that are not padding) stays a tensor on the device, which the
+        throughput and progress lines read back only when they are written."""
         raise NotImplementedError
 
     def batch_flops(self, batch: Any, backward: bool) -> int:

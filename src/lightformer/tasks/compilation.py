@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch._dynamo
 from torch import Tensor, nn
+
+from lightformer.facts import DataFacts
 
 DYNAMIC_COMPILE_OPTIONS = {"triton.coalesce_tiling_analysis": False}  # inductor options, dynamic graphs (_compile)
 
@@ -20,6 +23,7 @@ class CompiledForward:
 
     model: nn.Module
     compile: bool
+    data_facts: DataFacts | None
     variable_shapes: bool  # do the batches' sizes or lengths vary from batch to batch (``forward``)
     _forward: Callable | None  # the model's __call__, compiled or not; a method, never a registered module
     _compiled: dict[str, Callable]  # the methods ``compiled`` compiled, by name
@@ -47,7 +51,17 @@ class CompiledForward:
         analysis, which inductor does not apply to dynamic shapes by design but reaches anyway through a fused
         reduction on CUDA, and there fails an assertion (``get_pw_red_splits``, pytorch/pytorch#197077): the
         label-smoothed loss of ``configs/translation/ding_de_en_gpu.yaml`` stopped its first step on an H100 with
-        torch 2.11 (docs/scaling.md, the GPU check)."""
+        torch 2.11 (docs/scaling.md, the GPU check).
+
+        Batches padded to length buckets (the data's ``length_multiple``: a few shapes) compile static, one graph per
+        bucket (and per training or evaluation), never dynamic: on a GPU the dynamic backward graph of the Ding
+        config had not compiled after 130 s. Dynamo's limit of recompilations per function is raised to hold them."""
+        multiple = self.data_facts.length_multiple if self.data_facts is not None else None
+        if self.variable_shapes and multiple is not None:
+            buckets = -(-self.data_facts.max_length // multiple) if self.data_facts.max_length else 16
+            limit = 2 * buckets + 2  # training and evaluation graphs of each bucket, and a last short batch
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+            return torch.compile(function, dynamic=False)
         if self.variable_shapes:
             return torch.compile(function, dynamic=True, options=DYNAMIC_COMPILE_OPTIONS)
         return torch.compile(function)

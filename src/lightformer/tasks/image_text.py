@@ -259,10 +259,11 @@ class ImageToTextTask(Task):
 
     # --- training and evaluation ---------------------------------------------------------------------------
 
-    def _loss(self, batch: Batch) -> tuple[Tensor, int]:
-        """The teacher-forced loss of ``batch`` (compiled with the model when ``compile``) and its target tokens."""
+    def _loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """The teacher-forced loss of ``batch`` (compiled with the model when ``compile``) and its target tokens (a
+        count on the device: reading it would wait for the device)."""
         loss = self.compiled(self._teacher_forced_loss)(batch["images"], batch["tgt"])
-        return loss, int((batch["tgt"][:, 1:] != self.pad_id).sum())
+        return loss, (batch["tgt"][:, 1:] != self.pad_id).sum()
 
     def _teacher_forced_loss(self, images: Tensor, tgt: Tensor) -> Tensor:
         """The decoder's label-smoothed cross-entropy per target token; in training with ``ctc_weight``, plus that

@@ -101,8 +101,8 @@ class MaskedLanguageModelTask(TextTask):
     def model_inputs(self, batch: Batch) -> tuple[Tensor, Tensor]:
         return batch["ids"], batch["segment_ids"]
 
-    def throughput_counts(self, batch: Batch) -> tuple[int, int]:
-        return len(batch["ids"]), int((batch["ids"] != self.model.config.pad_id).sum())  # items: tokens
+    def throughput_counts(self, batch: Batch) -> tuple[int, Tensor]:
+        return len(batch["ids"]), (batch["ids"] != self.model.config.pad_id).sum()  # items: tokens, on the device
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         losses = self._losses(batch)

@@ -85,9 +85,9 @@ class TextClassificationTask(TextTask):
     def model_inputs(self, batch: Batch) -> tuple[Tensor]:
         return (batch["ids"],)
 
-    def throughput_counts(self, batch: Batch) -> tuple[int, int]:
+    def throughput_counts(self, batch: Batch) -> tuple[int, Tensor]:
         ids = batch["ids"]
-        return len(ids), int((ids != self.model.config.pad_id).sum())  # items: tokens, padding left out
+        return len(ids), (ids != self.model.config.pad_id).sum()  # items: tokens, padding left out, on the device
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         labels = batch["labels"]

@@ -84,8 +84,11 @@ class TranslationTask(Task):
         super().check_data(facts, stage)
         longest, max_len = facts.max_length, self.model.max_len
         if longest is not None and longest > max_len and self.model.config.position != "none":
+            padded = (f" once padded to a multiple of data.batches.length_multiple={facts.length_multiple}"
+                      if facts.length_multiple is not None else "")  # fmt: skip
             raise ConfigError(
-                f"the data's longest sentence has {longest} positions (at most data.batches.max_sentence_tokens) but "
+                f"the data's longest sentence has {longest} positions{padded} (at most "
+                "data.batches.max_sentence_tokens) but "
                 f"model.net.max_len={max_len}, the length of the model's position table, which must hold them; set "
                 f"data.batches.max_sentence_tokens <= {max_len} (longer train pairs are dropped, val/test ids cut) or "
                 f"model.net.max_len >= {longest}"
@@ -104,10 +107,11 @@ class TranslationTask(Task):
 
     # --- training and evaluation ---------------------------------------------------------------------------
 
-    def _loss(self, batch: Batch) -> tuple[Tensor, int]:
-        """The teacher-forced loss of ``batch`` (compiled with the model when ``compile``) and its target tokens."""
+    def _loss(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """The teacher-forced loss of ``batch`` (compiled with the model when ``compile``) and its target tokens (a
+        count on the device: reading it would wait for the device)."""
         loss = self.compiled(self._teacher_forced_loss)(batch["src"], batch["tgt"])
-        return loss, int((batch["tgt"][:, 1:] != self.pad_id).sum())
+        return loss, (batch["tgt"][:, 1:] != self.pad_id).sum()
 
     def _teacher_forced_loss(self, src: Tensor, tgt: Tensor) -> Tensor:
         return self._target_loss(self.model(src, tgt[:, :-1]), tgt)
@@ -129,13 +133,14 @@ class TranslationTask(Task):
     def model_inputs(self, batch: Batch) -> tuple[Tensor, Tensor]:
         return batch["src"], batch["tgt"][:, :-1]
 
-    def throughput_counts(self, batch: Batch) -> tuple[int, int]:
-        return len(batch["src"]), int((batch["tgt"][:, 1:] != self.pad_id).sum())  # items: target tokens
+    def throughput_counts(self, batch: Batch) -> tuple[int, Tensor]:
+        # samples: the pairs (a batch padded to a length bucket has rows of none); items: target tokens, on the device
+        return len(batch["tgt_text"]), (batch["tgt"][:, 1:] != self.pad_id).sum()
 
     def _evaluate(self, batch: Batch, loss_metric: MeanMetric, bleu: SacreBLEUScore, beam_size: int) -> list[str]:
         loss, n_tokens = self._loss(batch)
         loss_metric.update(loss, weight=n_tokens)
-        hypotheses = self.translate_ids(batch["src"], beam_size)
+        hypotheses = self.translate_ids(batch["src"][: len(batch["tgt_text"])], beam_size)  # (not the padding rows)
         bleu.update(hypotheses, [[ref] for ref in batch["tgt_text"]])
         return hypotheses
 

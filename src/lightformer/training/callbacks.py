@@ -15,6 +15,7 @@ import os
 import random
 import resource
 import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,9 @@ from fsspec.utils import get_protocol
 from lightning.pytorch import callbacks
 from lightning.pytorch.callbacks import Callback, ThroughputMonitor
 from lightning.pytorch.plugins.io import TorchCheckpointIO
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from timm.layers import DropPath
-from torch import nn
+from torch import Tensor, nn
 
 from lightformer.io.files import atomic_open, remove_orphaned_temporary_files
 from lightformer.nn import Dropout, MultiHeadAttention, TokenDropout
@@ -187,38 +188,80 @@ def last_good_checkpoint(trainer: L.Trainer) -> str | None:
 class NonFiniteLossGuard(Callback):
     """Stop training at the first NaN or infinite value, and never checkpoint non-finite weights.
 
-    The loss is checked before every backward pass, so a NaN loss never reaches the weights (a host sync:
-    negligible on CPU, a few percent or more on a fast GPU; raise ``check_every_n_steps`` there, with
-    ``--trainer.callbacks+=lightformer.training.callbacks.NonFiniteLossGuard
-    --trainer.callbacks.check_every_n_steps=100`` or the same in the config's ``trainer.callbacks``: it replaces the
-    default guard). Parameters are checked before every validation (a finite loss can still have overflowing gradients)
-    and before every checkpoint is written, so a good checkpoint is never overwritten by a broken model; tasks check
-    their validation metrics with ``raise_if_non_finite``. Every check raises ``NonFiniteLossError`` naming the step
-    and the last good checkpoint.
+    Each step's loss is checked on the device before its backward pass (no host sync); the host reads the result on
+    the first step of a fit, and then on the steps whose logs are written (every ``trainer.log_every_n_steps``),
+    which read values back anyway, or every ``check_every_n_steps`` when that is set (1: every step, as before: a
+    NaN loss then never reaches the weights, at the cost of a host sync per step, which a fast GPU pays for). The
+    trade-off: a non-finite loss is caught up to that many steps late, and the updates between ran on it (the
+    weights are then likely non-finite too), but nothing is saved from them: every checkpoint, every validation
+    and the end of training read the check first. Parameters are checked before every validation (a finite loss can
+    still have overflowing gradients) and before every checkpoint is written, so a good checkpoint is never
+    overwritten by a broken model; tasks check their validation metrics with ``raise_if_non_finite``. Every check
+    raises ``NonFiniteLossError`` naming the step and the last good checkpoint. Put one in the config's
+    ``trainer.callbacks`` (``--trainer.callbacks+=lightformer.training.callbacks.NonFiniteLossGuard
+    --trainer.callbacks.check_every_n_steps=1``) and it replaces the default guard.
     """
 
-    def __init__(self, check_every_n_steps: int = 1) -> None:
-        if check_every_n_steps < 1:
-            raise ValueError(f"check_every_n_steps={check_every_n_steps} must be at least 1")
+    def __init__(self, check_every_n_steps: int | None = None) -> None:
+        if check_every_n_steps is not None and check_every_n_steps < 1:
+            raise ValueError(f"check_every_n_steps={check_every_n_steps} must be at least 1 (or null: when logging)")
         self.check_every_n_steps = check_every_n_steps
+        self._first_step = 0  # of this fit: always read
+        self._bad_step: torch.Tensor | None = None  # on the device: the first step whose loss was non-finite, or -1
+        self._bad_loss: torch.Tensor | None = None  # on the device: that loss
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._first_step, self._bad_step, self._bad_loss = trainer.global_step, None, None
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
-        if trainer.global_step % self.check_every_n_steps:
-            return
-        finite = bool(torch.isfinite(loss.detach()).all())
-        if trainer.strategy.reduce_boolean_decision(not finite, all=False):  # any rank → every rank stops
-            value = "non-finite on another process" if finite else f"{loss.item()}"
+        loss = loss.detach()
+        bad = ~torch.isfinite(loss).all()
+        if self._bad_step is None:
+            self._bad_step = torch.full((), -1, dtype=torch.long, device=loss.device)
+            self._bad_loss = torch.zeros((), dtype=loss.dtype, device=loss.device)
+        first = bad & (self._bad_step < 0)
+        self._bad_step = torch.where(first, trainer.global_step, self._bad_step)
+        self._bad_loss = torch.where(first, loss.reshape(-1)[0], self._bad_loss)
+        if self._reads_now(trainer):
+            self._raise_if_non_finite_loss(trainer, "training stopped before the update")
+
+    def _reads_now(self, trainer: L.Trainer) -> bool:
+        """Whether this step's host reads the check: the fit's first step, then every ``check_every_n_steps`` or
+        (by default) the steps whose logs are written."""
+        if trainer.global_step == self._first_step:
+            return True
+        if self.check_every_n_steps is not None:
+            return trainer.global_step % self.check_every_n_steps == 0
+        return internals.should_update_logs(trainer)
+
+    def _raise_if_non_finite_loss(self, trainer: L.Trainer, consequence: str) -> None:
+        """Read the device's check (a host sync) on every process; raise if any saw a non-finite loss."""
+        step = int(self._bad_step) if self._bad_step is not None else -1
+        if trainer.strategy.reduce_boolean_decision(step >= 0, all=False):  # any rank → every rank stops
+            if step < 0:
+                value, step = "non-finite on another process", trainer.global_step
+            else:
+                value = f"{self._bad_loss.item()}"
+            late = (f"; the guard read it at step {trainer.global_step} (it reads at logging steps, or every "
+                    "check_every_n_steps: set 1 to stop before the first update), so the updates since ran on it"
+                    if step < trainer.global_step else "")  # fmt: skip
             raise NonFiniteLossError(
-                f"the training loss is {value} at global step {trainer.global_step} (epoch {trainer.current_epoch}) "
-                f"and training stopped before the update. {non_finite_advice(trainer)}"
+                f"the training loss is {value} at global step {step} (epoch {trainer.current_epoch}){late}; "
+                f"{consequence}. {non_finite_advice(trainer)}"
             )
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        if trainer.state.fn == "fit":
+            self._raise_if_non_finite_loss(trainer, "the checkpoint was not written and training stopped")
         self._check_parameters(trainer, pl_module, "the checkpoint was not written")
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn == "fit":
+            self._raise_if_non_finite_loss(trainer, "validation did not start and training stopped")
             self._check_parameters(trainer, pl_module, "validation did not start")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._raise_if_non_finite_loss(trainer, "training stopped")
 
     @staticmethod
     def _check_parameters(trainer: L.Trainer, pl_module: L.LightningModule, consequence: str) -> None:
@@ -439,6 +482,43 @@ class LateDropout(Callback):
             setattr(module, attribute, rate if on else 0.0)
 
 
+class StepClock:
+    """Time marks of a device's work without waiting for it: on a GPU a CUDA event recorded in the stream (read when
+    the marks are converted to seconds, one host sync for all of them), elsewhere the wall clock (a CPU's work is done
+    when its Python call returns)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._origin: torch.cuda.Event | None = None  # the first mark: the zero of a GPU's marks
+
+    def mark(self) -> float | torch.cuda.Event:
+        """A mark of now, in the device's stream of work."""
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        if self._origin is None:
+            self._origin = event
+        return event
+
+    def seconds(self, marks: list[float | torch.cuda.Event]) -> list[float]:
+        """``marks`` in seconds (one clock for all; a float given is taken as seconds already); on a GPU this waits
+        for the latest of them."""
+        events = [mark for mark in marks if not isinstance(mark, float)]
+        if events:
+            events[-1].synchronize()  # marks are recorded in order on one stream: the others are done too
+        return [mark if isinstance(mark, float) else self._origin.elapsed_time(mark) / 1e3 for mark in marks]
+
+
+def read_counts(values: list[int | Tensor]) -> list[int]:
+    """``values`` as integers: the tensors among them (counts kept on the device) read back in one host sync."""
+    tensors = [value for value in values if isinstance(value, Tensor)]
+    if not tensors:
+        return [int(value) for value in values]
+    read = iter(torch.stack([tensor.reshape(()).to(torch.long) for tensor in tensors]).tolist())
+    return [next(read) if isinstance(value, Tensor) else int(value) for value in values]
+
+
 class Throughput(ThroughputMonitor):
     """Lightning's ``ThroughputMonitor`` for every lightformer task: samples, items (tokens or images) and FLOPs per
     second, and MFU (model FLOPs utilisation: achieved / peak FLOP/s), each a curve under ``train/``
@@ -450,6 +530,11 @@ class Throughput(ThroughputMonitor):
     precision: ``lightformer.training.peaks.peak_flops`` takes it from a datasheet table (dense), Lightning's table,
     or, for a CPU or a card in neither, a short matrix-multiply measurement; the log says once which, and what it is.
 
+    No step waits for the device: where Lightning's monitor calls ``torch.cuda.synchronize()`` after every batch to
+    time it, each batch's end is a mark of a ``StepClock`` (a CUDA event on a GPU, the wall clock elsewhere), and its
+    counts stay where the task made them (a target-token count is a tensor on the device); the marks and counts of
+    the last ``window_size`` batches are read on the steps whose logs are written, in one host sync.
+
     Args:
         window_size: batches per throughput reading (a moving window).
         peak_flops: peak FLOP/s of one device for MFU; None: ``lightformer.training.peaks.peak_flops``.
@@ -459,7 +544,11 @@ class Throughput(ThroughputMonitor):
         # (not named ``_samples``: ThroughputMonitor's dict of counts by stage is, and would hide the method)
         super().__init__(batch_size_fn=self._samples_in, length_fn=self._items_in, window_size=window_size)
         self.peak_flops = peak_flops
+        self.window_size = window_size
         self._task: L.LightningModule | None = None
+        self._clock: StepClock | None = None
+        # by stage: (mark, batches, samples, items, FLOPs) of each batch not yet handed to Lightning's meter
+        self._pending: dict[Any, list[tuple[Any, int, int, int | Tensor, int | None]]] = {}
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._task = pl_module
@@ -472,9 +561,56 @@ class Throughput(ThroughputMonitor):
         self.available_flops = self.peak_flops
         for throughput in internals.throughput_meters(self):
             throughput.available_flops = self.peak_flops
+        self._clock = StepClock(trainer.strategy.root_device)
+
+    def _start(self, trainer: L.Trainer) -> None:
+        stage = trainer.state.stage
+        if stage not in self._samples or trainer.state.fn == "fit":  # Lightning resets the counts: drop their marks
+            self._pending[stage] = []
+        super()._start(trainer)
+        self._t0s[stage] = self._clock.mark()
+
+    @torch.inference_mode()
+    def _update(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, iter_num: int) -> None:
+        """Lightning's ``_update`` without its ``torch.cuda.synchronize()``: the batch's end is marked, its counts
+        kept (``_flush`` hands them to Lightning's meter when the logs are written)."""
+        stage = trainer.state.stage
+        self._lengths[stage] = self._lengths[stage] + self.length_fn(batch)  # a new tensor: the pending keep theirs
+        self._samples[stage] += self.batch_size_fn(batch)
+        self._batches[stage] += 1
+        flops = getattr(pl_module, "flops_per_batch", None)
+        pending = self._pending.setdefault(stage, [])
+        pending.append((self._clock.mark(), self._batches[stage], self._samples[stage], self._lengths[stage], flops))
+        del pending[: -self.window_size]  # the meter keeps only its window
+
+    def _flush(self, stage: Any) -> None:
+        """Hand the pending batches of ``stage`` to Lightning's meter: their marks and counts read in one sync."""
+        pending = self._pending.get(stage)
+        if not pending:
+            return
+        t0, *times = self._clock.seconds([self._t0s[stage], *(record[0] for record in pending)])
+        self._t0s[stage] = t0  # seconds now: Lightning's on_validation_end moves it
+        items = read_counts([record[3] for record in pending])
+        for (_, batches, samples, _, flops), elapsed, length in zip(pending, times, items, strict=True):
+            self._throughputs[stage].update(time=elapsed - t0, batches=batches, samples=samples, lengths=length,
+                                            flops=flops)  # fmt: skip
+        self._pending[stage] = []
+        self._lengths[stage] = items[-1]
+
+    def _compute(self, trainer: L.Trainer, iter_num: int | None = None) -> None:
+        if internals.should_update_logs(trainer):
+            self._flush(trainer.state.stage)
+        super()._compute(trainer, iter_num)
+
+    @rank_zero_only
+    def on_validation_end(self, trainer: L.Trainer, *args: Any) -> None:
+        for stage in list(self._t0s):  # Lightning's monitor reads the times of both stages, in seconds
+            self._flush(stage)
+            self._t0s[stage] = self._clock.seconds([self._t0s[stage]])[0]
+        super().on_validation_end(trainer, *args)
 
     def _samples_in(self, batch: Any) -> int:
         return self._task.throughput_counts(batch)[0]
 
-    def _items_in(self, batch: Any) -> int:
+    def _items_in(self, batch: Any) -> int | Tensor:
         return self._task.throughput_counts(batch)[1]

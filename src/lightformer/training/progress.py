@@ -16,6 +16,8 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelSummary, RichProgressBar, Timer
 from lightning.pytorch.utilities import rank_zero_info
 
+from lightformer.training.internals import should_update_logs
+
 
 def _count(n: float) -> str:
     for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
@@ -67,8 +69,18 @@ class ProgressBar(RichProgressBar):
         return super()._get_train_description(current_epoch)
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        """Lightning's metrics and the latest logged ``train/loss``, read back from the device only when they change:
+        while training, on the steps whose logs are written (a bar that read them each step would wait for the
+        device each step)."""
+        shown = getattr(self, "_shown", None)  # the metrics read back when the logs were last written
+        if shown is not None and trainer.training and not should_update_logs(trainer):
+            return shown
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)
+        loss = trainer.callback_metrics.get("train/loss")
+        if isinstance(loss, torch.Tensor):
+            metrics["train/loss"] = float(loss)
+        self._shown = metrics
         return metrics
 
 
@@ -114,8 +126,8 @@ class ProgressLog(Callback):
         rank_zero_info(f"training from step {trainer.global_step} to {total:.0f}{limit}")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        counts = getattr(pl_module, "throughput_counts", None)
-        self._items += counts(batch)[1] * trainer.world_size if counts is not None else 0
+        counts = getattr(pl_module, "throughput_counts", None)  # a tensor on the device (read when a line is due)
+        self._items = self._items + (counts(batch)[1] * trainer.world_size if counts is not None else 0)
         now = time.monotonic()
         if now - self._last >= self.every_seconds:
             self._last = now
@@ -137,8 +149,9 @@ class ProgressLog(Callback):
         parts = [f"step {step}/{total:.0f} ({step / max(total, 1):.0%})"]
         if isinstance(loss, torch.Tensor):
             parts.append(f"loss {float(loss):.4f}")
-        if elapsed > 0 and self._items:
-            parts.append(f"{_count(self._items / elapsed)} {getattr(pl_module, 'items_name', 'items')}/s")
+        items = int(self._items)
+        if elapsed > 0 and items:
+            parts.append(f"{_count(items / elapsed)} {getattr(pl_module, 'items_name', 'items')}/s")
         parts.append(f"{_duration(elapsed)} elapsed")
         if not finished and rate > 0 and total > step:
             left = (total - step) / rate

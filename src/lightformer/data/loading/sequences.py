@@ -7,13 +7,41 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 
-def collate_pairs(items: list[dict[str, np.ndarray | str]], pad_id: int) -> dict[str, torch.Tensor | list[str]]:
+def bucket_lengths(lengths: np.ndarray | int, multiple: int, limit: int) -> np.ndarray | int:
+    """The length a batch whose longest sequence has ``lengths`` tokens is padded to: the next multiple of
+    ``multiple``, but at most ``limit`` (the longest a sequence may be; a longer one keeps its length)."""
+    rounded = -(-np.asarray(lengths) // multiple) * multiple
+    bucketed = np.maximum(np.minimum(rounded, limit), lengths)
+    return int(bucketed) if np.ndim(bucketed) == 0 else bucketed
+
+
+def collate_pairs(
+    items: list[dict[str, np.ndarray | str]],
+    pad_id: int,
+    length_multiple: int | None = None,
+    limit: int | None = None,
+    max_tokens: int | None = None,
+) -> dict[str, torch.Tensor | list[str]]:
     """Dataset items → {"src": (B, S), "tgt": (B, T) int64 padded on the right with ``pad_id``, "src_text",
-    "tgt_text": lists}; S and T are the batch's longest source and target."""
-    batch: dict[str, torch.Tensor | list[str]] = {
-        side: pad_sequence([torch.from_numpy(np.asarray(item[side], dtype=np.int64)) for item in items], True, pad_id)
-        for side in ("src", "tgt")
+    "tgt_text": lists of the items'}; S and T are the batch's longest source and target.
+
+    With ``length_multiple``, S = T = L, the longer side's length rounded up to a multiple of it (``bucket_lengths``,
+    at most ``limit``), and with ``max_tokens`` the batch has ``max_tokens // L`` rows: the items', then rows that
+    count for nothing (the first item's source, a target of its first token then padding: no target token, so no
+    loss and no gradient). A batch then has one of a few shapes, one per L: a compiled model's static graphs."""
+    sides = {
+        side: [torch.from_numpy(np.asarray(item[side], dtype=np.int64)) for item in items] for side in ("src", "tgt")
     }
+    if length_multiple is not None:
+        longest = max(len(ids) for side in sides.values() for ids in side)
+        length = bucket_lengths(longest, length_multiple, limit if limit is not None else longest)
+        extra = max(max_tokens // length - len(items), 0) if max_tokens is not None else 0
+        sides["src"] += [sides["src"][0]] * extra
+        sides["tgt"] += [sides["tgt"][0][:1]] * extra
+        sides = {side: [*ids, torch.full((length,), pad_id, dtype=torch.int64)] for side, ids in sides.items()}
+    batch: dict[str, torch.Tensor | list[str]] = {side: pad_sequence(ids, True, pad_id) for side, ids in sides.items()}
+    if length_multiple is not None:
+        batch = {side: padded[:-1] for side, padded in batch.items()}  # without the row that set the length
     batch["src_text"] = [item["src_text"] for item in items]
     batch["tgt_text"] = [item["tgt_text"] for item in items]
     return batch

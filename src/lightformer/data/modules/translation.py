@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import TokenBudgetBatchSampler, map_loader
-from lightformer.data.loading.sequences import collate_pairs
+from lightformer.data.loading.sequences import bucket_lengths, collate_pairs
 from lightformer.data.loading.streaming import Records
 from lightformer.data.modules.base import STAGE_OF, PreparedRecords
 from lightformer.data.preparation.caching import file_stamp, preparing
@@ -209,11 +209,17 @@ class PairBatches:
         max_tokens: token budget of one batch: rows × longest row (source or target) <= max_tokens; must be at
             least `max_sentence_tokens`.
         num_workers: DataLoader worker processes.
+        length_multiple: pad both sides of a batch to one length, a multiple of this (at most
+            `max_sentence_tokens`), and its rows to `max_tokens // length` (rows that count for nothing): a batch then
+            has one of `max_sentence_tokens / length_multiple` shapes, each a static graph of a compiled model
+            (`compile: true`) in place of one graph of dynamic shapes, whose compilation on a GPU was the slow part.
+            null: each batch padded to its longest (no padding compute; what an eager model wants).
     """
 
     max_sentence_tokens: int = 128
     max_tokens: int = 4096
     num_workers: int = 0
+    length_multiple: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_sentence_tokens < 3:
@@ -227,6 +233,14 @@ class PairBatches:
                 "raise max_tokens or lower max_sentence_tokens"
             )
         check_at_least("data.batches.num_workers", self.num_workers, 0)
+        if self.length_multiple is not None:
+            check_at_least("data.batches.length_multiple", self.length_multiple, 1)
+
+    def padded(self, lengths: np.ndarray) -> np.ndarray:
+        """What rows of ``lengths`` tokens cost once padded: their bucket's length with `length_multiple`."""
+        if self.length_multiple is None:
+            return lengths
+        return bucket_lengths(lengths, self.length_multiple, self.max_sentence_tokens)
 
 
 class TranslationDataModule(PreparedRecords):
@@ -289,9 +303,14 @@ class TranslationDataModule(PreparedRecords):
                 self.datasets[split] = self._encode_split(split)
         longest = max((max(int(pairs.src_lengths.max()), int(pairs.tgt_lengths.max()) - 1)
                        for pairs in self.datasets.values() if len(pairs)), default=None)  # fmt: skip
+        if longest is not None and self.batches.length_multiple is not None:  # a padded source's length
+            longest = max(
+                int(self.batches.padded(pairs.lengths).max()) for pairs in self.datasets.values() if len(pairs)
+            )
         src, tgt = self.src_tokenizer, self.tgt_tokenizer
         return DataFacts(src_tokenizer=src.to_str(), tgt_tokenizer=tgt.to_str(), src_vocab_size=src.vocab_size,
-                         tgt_vocab_size=tgt.vocab_size, pad_id=PAD_ID, max_length=longest)  # fmt: skip
+                         tgt_vocab_size=tgt.vocab_size, pad_id=PAD_ID, max_length=longest,
+                         length_multiple=self.batches.length_multiple)  # fmt: skip
 
     @property
     def stats(self) -> dict[str, object]:
@@ -320,8 +339,11 @@ class TranslationDataModule(PreparedRecords):
         if len(dataset) == 0:
             raise DataError(f"the {split} split has no sentence pairs ({self._describe_source(split)})")
         blocks = max(self.tokenizer_config.segmentations, 1) if split == "train" else 1
-        budget = TokenBudgetBatchSampler(dataset.lengths, self.batches.max_tokens, shuffle, self.seed, blocks=blocks)
-        collate = partial(collate_pairs, pad_id=PAD_ID)
+        batches = self.batches
+        budget = TokenBudgetBatchSampler(batches.padded(dataset.lengths), batches.max_tokens, shuffle, self.seed,
+                                         blocks=blocks)  # fmt: skip
+        collate = partial(collate_pairs, pad_id=PAD_ID, length_multiple=batches.length_multiple,
+                          limit=batches.max_sentence_tokens, max_tokens=batches.max_tokens)  # fmt: skip
         return map_loader(dataset, self.batches, resumable=split == "train", batch_sampler=budget, collate_fn=collate)
 
     def _encode_split(self, split: str) -> PreparedPairs:
