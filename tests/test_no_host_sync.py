@@ -21,7 +21,7 @@ from tiny_runs import build, events_of, task_args
 
 # Every read of a tensor's value to the host that Python code can make (a C++ kernel's own read, e.g. a boolean
 # mask's nonzero, is invisible here: torch.cuda.set_sync_debug_mode sees those on a GPU).
-OTHER_TASKS = ("vision", "mlm", "classify", "t5", "image_text", "igpt")
+OTHER_TASKS = ("vision", "mlm", "classify", "t5", "image_text", "igpt", "contrastive")
 READS = ("item", "cpu", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
 

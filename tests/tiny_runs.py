@@ -23,7 +23,7 @@ from lightformer.facts import DataFacts
 
 REPO = Path(__file__).resolve().parents[1]
 # Every task, by the name task_args knows it: the tests that run each task (resume, bf16) take them all.
-ALL_TASKS = ("vision", "lm", "translation", "mlm", "t5", "classify", "igpt", "image_text")
+ALL_TASKS = ("vision", "lm", "translation", "mlm", "t5", "classify", "igpt", "image_text", "contrastive")
 # The image-to-text data of the tiny runs: a few dozen lines of a word, rendered in seconds.
 IMAGE_TEXT_DATA = ["--data.source.train_lines=48", "--data.source.val_lines=8", "--data.source.test_lines=8",
                    "--data.source.max_words=1", "--data.render.height=16", "--data.render.width=96"]  # fmt: skip
@@ -33,6 +33,26 @@ CORPUS = "It is a truth universally acknowledged, that a single man in possessio
 def tower_options(*fields: str) -> list[str]:
     """The options that set ``fields`` ("n_layers=1") in both towers of an image-to-text model."""
     return [f"--model.net.{tower}.{field}" for tower in ("encoder", "decoder") for field in fields]
+
+
+def write_captioned_squares(root: Path, count: int = 48) -> Path:
+    """``count`` 16-pixel images of a coloured square on white, each captioned with its colour and place; the JSONL
+    that names them (a user's captioned images, ``ImageTextFilesDataModule``)."""
+    from PIL import Image, ImageDraw
+
+    colours = {"red": (220, 30, 30), "green": (30, 160, 60), "blue": (40, 60, 220)}
+    rows = []
+    for i in range(count):
+        colour, x, y = list(colours)[i % 3], 1 + i // 3 % 4 * 2, 1 + i // 12 * 2
+        image = Image.new("RGB", (16, 16), "white")
+        ImageDraw.Draw(image).rectangle((x, y, x + 6, y + 6), fill=colours[colour])
+        name = f"squares/{i:03d}.png"
+        (root / "squares").mkdir(parents=True, exist_ok=True)
+        image.save(root / name)
+        rows.append({"file": name, "text": f"a {colour} square at {x} {y}"})
+    path = root / "squares.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
 
 
 def quiet_run_args(tmp_path: Path) -> list[str]:
@@ -197,6 +217,35 @@ def task_args(task: str, tmp_path: Path) -> list[str]:
             "--trainer.val_check_interval=null",
             "--trainer.check_val_every_n_epoch=1",
             "--trainer.limit_val_batches=1",
+            *common,
+        ]
+    if task == "contrastive":  # a user's captioned images (captions.yaml, on the CPU), 16 pixels
+        return [
+            "--config=configs/contrastive/captions.yaml",
+            f"--data.source.train={write_captioned_squares(tmp_path)}",
+            "--data.source.val_fraction=0.25",
+            "--data.source.height=16",
+            "--data.source.width=16",
+            "--data.tokenizer.kind=char",
+            "--data.loader.batch_size=8",
+            "--data.loader.num_workers=0",
+            "--data.loader.pin_memory=false",
+            f"--data.prepare.dir={tmp_path / 'prepared'}",
+            "--model.net.image.patch_size=8",
+            *[
+                f"--model.net.{tower}.{field}"
+                for tower in ("image", "text")
+                for field in ("n_layers=1", "d_model=32", "n_heads=2", "d_ff=64", "dropout=0.1")
+            ],  # fmt: skip
+            "--model.net.text.block_size=24",
+            "--model.net.embed_dim=16",
+            "--model.optimizer.warmup_steps=2",
+            "--model.num_logged_samples=1",
+            "--model.compile=false",
+            "--trainer.accelerator=cpu",
+            "--trainer.max_steps=-1",
+            "--trainer.val_check_interval=null",
+            "--trainer.limit_val_batches=null",
             *common,
         ]
     pairs = [(f"{a} {b} {c}", f"{c} {b} {a}") for a in "abcd" for b in "efgh" for c in "ijkl"]
