@@ -63,7 +63,8 @@ def test_the_titles_descriptions_and_keywords_of_known_drawings():
     assert (title, description, keywords) == ("Dall Sheep Ram", "Dall Sheep Ram.", ["mammal", "animal", "ram"])
     drawings = list(openclipart.read_drawings(ROOT, [SHEEP, "office/milimetered_paper_01"], 96))
     assert drawings == [openclipart.Drawing(SHEEP, "animals", ["Dall Sheep Ram", "Dall Sheep Ram.",
-                                                               "Dall Sheep Ram, mammal, animal, ram"]),
+                                                               "Dall Sheep Ram, mammal, animal, ram"],
+                                            ("mammal", "animal", "ram")),
                         "office/milimetered_paper_01"]  # fmt: skip
     # the second dc:title of every SVG is its author's (here Gerald G.): never a caption
     assert "Gerald G." not in drawings[0].captions
@@ -105,7 +106,11 @@ def test_each_drawing_is_a_record_of_its_captions_label_and_square_image_on_whit
     assert facts.class_names == ("animals", "computer", "food", "office")  # not "unsorted"
     assert facts.image_size == (24, 24) and facts.in_channels == 3 and facts.image_fit == "resize"
     sheep = found[SHEEP]
-    assert sheep["texts"] == ["Dall Sheep Ram", "Dall Sheep Ram.", "Dall Sheep Ram, mammal, animal, ram"]
+    listed = ["Dall Sheep Ram", "Dall Sheep Ram.", "Dall Sheep Ram, mammal, animal, ram"]
+    assert sheep["texts"] == listed + (["mammal", "animal", "ram"] if sheep["split"] == "train" else [])
+    for name, record in found.items():  # in training each keyword is a caption alone too; not in val and test
+        keywords = svg_metadata(clipart.source.root + f"/svg/{name}.svg")[2]
+        assert (set(keywords) <= set(record["texts"])) == (record["split"] == "train" or not keywords), name
     assert sheep["label"] == 0 and sheep["image"].shape == (24, 24, 3)
     assert (sheep["image"][0, 0] == 255).all()  # transparent corners on white
     assert found["unsorted/Anatra"]["label"] == -1 and found["food/burrito_ganson"]["label"] == 2

@@ -10,8 +10,8 @@ drawings with their authors' captions (``ClipArtDataModule``), and emoji in two 
       records ──decode, jitter (train), encode──> {"images", "tgt", "text", "references", "labels"}
 
 **Clip art** (``raw.openclipart`` says how captions are read and variants keyed). Each drawing's captions: its title;
-its description where it differs; "title, keyword, keyword, ..." within ``max_chars``; a drawing of none is left out
-and counted (``left_out``). The split is a stable hash of the drawing's variant key (``val_fraction``,
+its description where it differs; "title, keyword, keyword, ..." within ``max_chars``; in training, each keyword alone
+too (``keyword_captions``); a drawing of none is left out and counted (``left_out``). The split is a stable hash of the drawing's variant key (``val_fraction``,
 ``test_fraction``), so a drawing's variants are never on both sides. Its label is its top-level folder's index among
 the classes: every top-level folder but ``EXCLUDED_CATEGORIES`` ("unsorted", "special": names that say nothing of
 what they hold; "buttons", "logos": 3 and 7 drawings); a drawing of those trains with label -1. ``class_names`` are the
@@ -81,6 +81,10 @@ class ClipArtSource:
         val_fraction: share of the drawings (by a hash of their variant key) held out for validation.
         test_fraction: share held out for test.
         max_chars: most characters of a caption (cut at a word boundary).
+        keyword_captions: a training drawing's keywords are captions of it too, each alone ("mammal", "animal",
+            "ram"): the text tower then reads single words as it reads whole captions, and a prompt of one word (a
+            class's name) is a text of the kind it was trained on. Val and test keep the title, description and
+            listed keywords, so that retrieval ranks whole captions.
     """
 
     root: str = openclipart.OPENCLIPART_ROOT
@@ -88,6 +92,7 @@ class ClipArtSource:
     val_fraction: float = 0.05
     test_fraction: float = 0.05
     max_chars: int = 96
+    keyword_captions: bool = True
 
     def __post_init__(self) -> None:
         _check_size(self.image_size)
@@ -276,6 +281,8 @@ class ClipArtDataModule(LabelledCaptions):
                     left_out.append(drawing)
                     continue
                 split = openclipart.split_of(drawing.name, s.val_fraction, s.test_fraction)
+                if split == "train" and s.keyword_captions:
+                    drawing = drawing._replace(captions=list(dict.fromkeys([*drawing.captions, *drawing.keywords])))
                 splits[split].append((drawing, index.get(drawing.category, -1)))
         rows = ((split, drawing.captions) for split in SPLITS for drawing, _ in splits[split])
         records_of = {split: partial(clipart_records, root=s.root, size=s.image_size) for split in SPLITS}

@@ -48,11 +48,12 @@ _TRAILING = re.compile(r"[\d_]+$")
 
 class Drawing(NamedTuple):
     """A drawing of the library: its path under ``png/`` without suffix ("animals/mammals/dall_sheep_ram_ganson"),
-    its top-level category ("animals") and its captions."""
+    its top-level category ("animals"), its captions and its keywords (each cut to the captions' length)."""
 
     name: str
     category: str
     captions: list[str]
+    keywords: tuple[str, ...] = ()
 
 
 def class_name(category: str) -> str:
@@ -142,8 +143,10 @@ def read_drawings(root: str | Path, names: list[str], max_chars: int) -> Iterato
     """Each of ``names`` as a ``Drawing`` with its captions from ``<root>/svg/<name>.svg``, or its name alone where it
     has no caption."""
     for name in names:
-        captions = captions_of(*svg_metadata(Path(root) / "svg" / f"{name}.svg"), max_chars)
-        yield Drawing(name, name.split("/", 1)[0], captions) if captions else name
+        title, description, keywords = svg_metadata(Path(root) / "svg" / f"{name}.svg")
+        captions = captions_of(title, description, keywords, max_chars)
+        keywords = tuple(dict.fromkeys(cut(word, max_chars) for word in keywords))
+        yield Drawing(name, name.split("/", 1)[0], captions, keywords) if captions else name
 
 
 @contextlib.contextmanager
