@@ -11,11 +11,11 @@ drawings with their authors' captions (``ClipArtDataModule``), and emoji in two 
 
 **Clip art** (``raw.openclipart`` says how captions are read and variants keyed). Each drawing's captions: its title;
 its description where it differs; "title, keyword, keyword, ..." within ``max_chars``; in training, each keyword alone
-too (``keyword_captions``); a drawing of none is left out and counted (``left_out``). The split is a stable hash of
-the drawing's variant key (``val_fraction``, ``test_fraction``), so a drawing's variants are never on both sides. Its label is its top-level folder's index among
-the classes: every top-level folder but ``EXCLUDED_CATEGORIES`` ("unsorted", "special": names that say nothing of
-what they hold; "buttons", "logos": 3 and 7 drawings); a drawing of those trains with label -1. ``class_names`` are the
-folders as prompts say them ("signs and symbols").
+too (``keyword_captions``); a drawing of none is left out and counted (``left_out``). The split is a stable hash of the
+drawing's variant key (``val_fraction``, ``test_fraction``), so a drawing's variants are never on both sides. Its label
+is its top-level folder's index among the classes: every top-level folder but ``EXCLUDED_CATEGORIES`` ("unsorted",
+"special": names that say nothing of what they hold; "buttons", "logos": 3 and 7 drawings); a drawing of those trains
+with label -1. ``class_names`` are the folders as prompts say them ("signs and symbols").
 
 **Emoji** (``raw.emoji``): the 1,139 characters both Noto Color Emoji and Symbola map (symbols of a Unicode name,
 outside ASCII), each drawn in both styles on white; caption its name in lower case ("red apple"), label its index in
