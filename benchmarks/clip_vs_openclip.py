@@ -6,7 +6,7 @@ same AdamW with warmup and cosine decay, and each its own framework's loss (ours
 ``ClipLoss``/``SigLipLoss``; OpenCLIP's temperature clamped after each step as its training script does). They train
 in one process, alternating step by step (and alternating which goes first), so both see the same machine load; only
 the training steps are timed, not data loading. Then each is evaluated the same way on the config's test split:
-zero-shot top-1 over the data's classes (prompts averaged, ``ContrastiveTask``'s templates) and image→text recall@5
+zero-shot top-1 over the data's classes (the config's prompt templates, averaged) and image→text recall@5
 over the split's distinct captions, a caption equal to any of an image's counting as a hit.
 
     python benchmarks/clip_vs_openclip.py --steps 300 --seeds 0 1 2       # quality at equal steps, mean of 3 seeds
@@ -192,7 +192,7 @@ def openclip_encoders(model: nn.Module, pad_id: int) -> tuple:
 
 
 @torch.no_grad()
-def evaluate(trainee: Trainee, loader, tokenizer, pad_id: int, block: int, class_names, bf16: bool) -> dict:
+def evaluate(trainee: Trainee, loader, tokenizer, pad_id: int, block: int, class_names, templates, bf16: bool) -> dict:
     """Zero-shot top-1 (images with a class) and recall@1/5/10 both ways on ``loader``'s split."""
     encode_image, encode_text = trainee.encoders
     trainee.model.eval()
@@ -225,8 +225,8 @@ def evaluate(trainee: Trainee, loader, tokenizer, pad_id: int, block: int, class
     found = recalls(images @ embed_texts(captions).T, relevant)
     if class_names and labels:
         labels = torch.cat(labels)
-        prompts = [template.replace("{}", name) for name in class_names for template in DEFAULT_TEMPLATES]
-        classes = F.normalize(embed_texts(prompts).view(len(class_names), len(DEFAULT_TEMPLATES), -1).mean(1), dim=-1)
+        prompts = [template.replace("{}", name) for name in class_names for template in templates]
+        classes = F.normalize(embed_texts(prompts).view(len(class_names), len(templates), -1).mean(1), dim=-1)
         labelled = labels >= 0
         found["zero_shot_top1"] = ((images[labelled] @ classes.T).argmax(1) == labels[labelled]).float().mean().item()
     trainee.model.train()
@@ -236,7 +236,8 @@ def evaluate(trainee: Trainee, loader, tokenizer, pad_id: int, block: int, class
 def run_seed(args, seed: int, hp: dict, data, facts, bf16: bool) -> list[dict]:
     """Train both models from one seed's initial weights; their speed and, unless ``--eval none``, their figures."""
     torch.manual_seed(seed)
-    ours = our_model(hp["net"], facts)
+    net = {**hp["net"], **{tower: {**hp["net"].get(tower, {}), "dropout": 0.0} for tower in ("image", "text")}}
+    ours = our_model(net, facts)  # without dropout: OpenCLIP's CLIP has none
     check_shape(ours.config)
     theirs = openclip_model(ours.config, eos_id=2)
     missing, unexpected = theirs.load_state_dict(lightformer_to_openclip(ours.state_dict()), strict=False)
@@ -274,8 +275,9 @@ def run_seed(args, seed: int, hp: dict, data, facts, bf16: bool) -> list[dict]:
         row = {"name": trainee.name, "images/s": trainee.images / trainee.seconds}
         if args.eval != "none":
             loader = data.test_dataloader() if args.eval == "test" else data.val_dataloader()
+            templates = hp.get("templates", DEFAULT_TEMPLATES)
             row |= evaluate(trainee, loader, data.tokenizer, facts.pad_id, ours.config.text.block_size,
-                            facts.class_names, bf16)  # fmt: skip
+                            facts.class_names, templates, bf16)  # fmt: skip
         rows.append(row)
     return rows
 

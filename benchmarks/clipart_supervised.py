@@ -4,7 +4,9 @@ labels, for the same minutes, on the same train split, tested on the same held-o
 The contrastive bar (docs/results.md) compares the contrastive model's zero-shot top-1 over the data's classes (no
 label seen in training: only captions) with this classifier's top-1 (the labels seen): our ViT of the image tower's
 shape with a linear head over the classes, trained with the config's AdamW, warmup and cosine decay on the training
-images that have a class (the others have nothing to learn from here), cross-entropy with label smoothing 0.1.
+images that have a class (the others have nothing to learn from here), cross-entropy with label smoothing 0.1. With
+``--minutes``, the decay is fitted to them as the config's ``fit_to_max_time`` fits the contrastive run's (re-planned
+from the pace so far every ``FIT_TO_TIME_EVERY`` steps).
 
     python benchmarks/clipart_supervised.py --minutes 20          # the config's own budget (trainer.max_time)
     python benchmarks/clipart_supervised.py --steps 200           # a quick look
@@ -21,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from lightformer.models.vit import VisionTransformer
-from lightformer.tasks.optim import OptimizerConfig, configure_adamw
+from lightformer.tasks.optim import FIT_TO_TIME_EVERY, OptimizerConfig, configure_adamw, steps_within
 
 from clip_vs_openclip import DEFAULT_CONFIG, build_data, our_model, read_config  # isort: skip
 
@@ -51,19 +53,14 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="a lightformer contrastive config")
     parser.add_argument("--minutes", type=float, default=None, help="train this long (default: --steps)")
     parser.add_argument("--steps", type=int, default=200, help="training steps when no --minutes")
-    parser.add_argument(
-        "--schedule_steps",
-        type=int,
-        default=None,
-        help="steps of the learning-rate schedule (default: the config's max_steps, else --steps)",
-    )
+    parser.add_argument("--schedule_steps", type=int, default=None, help="decay length without --minutes")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    hp, data_section, trainer = read_config(args.config)
+    hp, data_section, _ = read_config(args.config)
     data = build_data(data_section, None)
     facts = data.data_facts()
     if not facts.class_names:
@@ -73,10 +70,11 @@ def main() -> None:
     model = VisionTransformer(replace(tower, num_classes=len(facts.class_names))).train()
     optimizer = hp.get("optimizer", {})
     optimizer = OptimizerConfig(**optimizer | {"betas": tuple(optimizer.get("betas", (0.9, 0.999)))})
-    total = args.schedule_steps or trainer.get("max_steps") or args.steps
+    total = args.schedule_steps or args.steps
     optim = configure_adamw(model, optimizer, total)
     opt, scheduler = optim["optimizer"], optim["lr_scheduler"]["scheduler"]
-    print(f"{len(facts.class_names)} classes: {', '.join(facts.class_names)}; schedule of {total} steps")
+    schedule = scheduler.lr_lambdas[0]
+    print(f"{len(facts.class_names)} classes: {', '.join(facts.class_names)}")
     start, step, done = time.perf_counter(), 0, False
     while not done:
         for batch in data.train_dataloader():
@@ -86,10 +84,11 @@ def main() -> None:
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-                if step < total:
-                    scheduler.step()
+                scheduler.step()
                 step += 1
             elapsed = time.perf_counter() - start
+            if args.minutes and step % FIT_TO_TIME_EVERY == 0 and step > schedule.warmup_steps:
+                schedule.total_steps = steps_within(step, elapsed, args.minutes * 60 - elapsed)
             done = elapsed > args.minutes * 60 if args.minutes else step >= args.steps
             if done:
                 break
