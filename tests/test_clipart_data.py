@@ -104,7 +104,7 @@ def test_each_drawing_is_a_record_of_its_captions_label_and_square_image_on_whit
     assert clipart.manifest["left_out"] == ["office/milimetered_paper_01"]
     facts = clipart.data_facts()
     assert facts.class_names == ("animals", "computer", "food", "office")  # not "unsorted"
-    assert facts.image_size == (24, 24) and facts.in_channels == 3 and facts.image_fit == "resize"
+    assert facts.image_size == (24, 24) and facts.in_channels == 3 and facts.image_fit == "drawing"
     sheep = found[SHEEP]
     listed = ["Dall Sheep Ram", "Dall Sheep Ram.", "Dall Sheep Ram, mammal, animal, ram"]
     assert sheep["texts"] == listed + (["mammal", "animal", "ram"] if sheep["split"] == "train" else [])
@@ -154,3 +154,19 @@ def test_strips_put_on_white_and_reduced_as_the_whole_image_is():
 def test_a_folder_without_the_library_is_refused_naming_the_option(tmp_path):
     with pytest.raises(DataError, match="data.source.root=.*openclipart-png openclipart-svg"):
         ClipArtDataModule(ClipArtSource(root=str(tmp_path)))
+
+
+def test_the_commands_see_a_drawing_file_as_training_saw_it(clipart):
+    """``zero-shot`` and ``embed`` fit an image file the data's way (``image_fit`` "drawing": on white, cropped to its
+    ink, centred), so a drawing's file gives the model the pixels of its prepared record."""
+    from lightformer.data.raw.image_files import to_normalised_tensor
+    from lightformer.tasks.contrastive import ContrastiveTask
+
+    facts = clipart.data_facts()
+    tiny = dict(d_model=16, n_layers=1, n_heads=2, d_ff=32)
+    task = ContrastiveTask(net=dict(image=dict(patch_size=8, **tiny), text=dict(block_size=facts.max_length, **tiny)),
+                           data_facts=facts)  # fmt: skip
+    normalise = to_normalised_tensor(facts.normalize_mean, facts.normalize_std)
+    for name, record in records_of(clipart).items():
+        from_file = task.image_tensor(f"{clipart.source.root}/png/{name}.png")
+        torch.testing.assert_close(from_file, normalise(Image.fromarray(record["image"])), atol=0, rtol=0)

@@ -41,8 +41,10 @@ class DataFacts:
         normalize_mean: per-channel mean the images are normalised with.
         normalize_std: per-channel standard deviation the images are normalised with.
         image_fit: how an image of another size is brought to ``image_size`` when a model reads it: "line" (a text
-            line: scaled to the height, at most the width, at the left on its own background) or "resize" (stretched
-            to the size, as a photo); None: the task's way (an image classifier resizes, image to text fits a line).
+            line: scaled to the height, at most the width, at the left on its own background), "resize" (stretched
+            to the size, as a photo) or "drawing" (transparent parts on white, cropped to its ink, scaled to fit and
+            centred on white: ``raw.openclipart.drawing_image``, the clip art's and the emoji's way); None: the task's
+            way (an image classifier resizes, image to text fits a line).
         max_length: the longest sequence of an example (tokens or pixels): the model's positions must hold it.
             Not compared between data and checkpoint: a model evaluates shorter examples than it was trained on.
         length_multiple: the batches' lengths are multiples of this (a few shapes: a compiled model compiles each

@@ -28,6 +28,7 @@ from torchmetrics import MeanMetric
 from lightformer.data.modules.captioned_images import ClipArtDataModule, EmojiDataModule
 from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
+from lightformer.data.raw import openclipart
 from lightformer.data.raw.image_files import fit_image, load_image, to_normalised_tensor
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
@@ -404,7 +405,10 @@ class ContrastiveTask(Task):
         facts, config = self.data_facts, self.model.config.image
         size = config.image_size
         height, width = (size, size) if isinstance(size, int) else size
-        image = fit_image(load_image(path, config.in_channels), height, width, facts.image_fit or "resize")
+        if facts.image_fit == "drawing":  # on white, cropped to its ink, centred: as the clip art and emoji data
+            image = openclipart.drawing_image(path, height)
+        else:
+            image = fit_image(load_image(path, config.in_channels), height, width, facts.image_fit or "resize")
         return to_normalised_tensor(facts.normalize_mean, facts.normalize_std)(image)
 
     @torch.no_grad()

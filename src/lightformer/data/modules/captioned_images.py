@@ -177,7 +177,7 @@ class LabelledCaptions(ImageTextRecords):
     def data_facts(self) -> DataFacts:
         tokenizer, manifest = self.tokenizer, self.manifest
         return DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
-                         image_size=(self.size, self.size), in_channels=3, image_fit="resize",
+                         image_size=(self.size, self.size), in_channels=3, image_fit="drawing",
                          normalize_mean=tuple(manifest["mean"]), normalize_std=tuple(manifest["std"]),
                          max_length=manifest["longest"] + 2,
                          class_names=tuple(manifest["class_names"]))  # fmt: skip
