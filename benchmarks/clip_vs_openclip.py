@@ -72,7 +72,7 @@ def check_shape(config: ContrastiveConfig) -> None:
     wrong += [f"text.{name}={getattr(text, name)!r}" for name, ok in (
         ("position", "learned"), ("norm", "layernorm"), ("activation", "gelu"), ("bias", True))
         if getattr(text, name) != ok]  # fmt: skip
-    if getattr(config, "text_pool", "eot") != "eot":
+    if config.text_pool != "eos":
         wrong.append(f"text_pool={config.text_pool!r}")
     if wrong:
         raise SystemExit(f"OpenCLIP's CLIP has no counterpart of {', '.join(wrong)}: benchmark another config")
@@ -93,7 +93,9 @@ def openclip_model(config: ContrastiveConfig, eos_id: int) -> nn.Module:
         eos_id=eos_id, pool_type="eos", norm_kwargs={"eps": text.norm_eps},
     )  # fmt: skip
     bias = -10.0 if config.loss == "sigmoid" else None
-    return open_clip.CLIP(config.embed_dim, vision_cfg, text_cfg, quick_gelu=False, init_logit_bias=bias)
+    return open_clip.CLIP(
+        config.embed_dim, vision_cfg, text_cfg, quick_gelu=False, init_logit_bias=bias, output_dict=True
+    )
 
 
 def lightformer_to_openclip(state: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -130,6 +130,7 @@ def test_openclip_built_from_our_weights_gives_our_embeddings():
     torch.manual_seed(0)
     tiny = dict(d_model=32, n_heads=4, n_layers=2)
     ours = bench.our_model({"image": {**tiny, "norm_eps": 1e-5}, "text": {**tiny, "block_size": 12}}, facts).eval()
+    bench.check_shape(ours.config)  # a CLIP shape: accepted
     theirs = bench.openclip_model(ours.config, eos_id=2).eval()
     missing, unexpected = theirs.load_state_dict(bench.lightformer_to_openclip(ours.state_dict()), strict=False)
     assert not unexpected and set(missing) <= {"attn_mask"}
