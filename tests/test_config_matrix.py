@@ -72,7 +72,7 @@ def test_every_config_trains_on_one_process(tmp_path):
 
 
 def test_configs_whose_data_this_machine_cannot_get_are_reported_unavailable(monkeypatch, tmp_path):
-    """The four configs whose data a user brings, downloads or trains first, read from a folder that has none of it:
+    """The five configs whose data a user brings, downloads or trains first, read from a folder that has none of it:
     each is named unavailable, with what is missing (a renamed config key would make it an error of the matrix's run
     instead)."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
@@ -82,6 +82,7 @@ def test_configs_whose_data_this_machine_cannot_get_are_reported_unavailable(mon
     assert {c: r for c, r in reasons.items() if r} == {
         "classify/austen_from_mlm.yaml": "starts from runs/mlm_austen/version_0/checkpoints/last.ckpt, which a "
         "pretraining run writes first (see the config's comments)",
+        "contrastive/captions.yaml": "reads data/shards, which is not on this machine (see the config's comments)",
         "image_text/captions.yaml": "reads data/coco/annotations/captions_train2017.json, which is not on this machine "
         "(see the config's comments)",
         "image_text/printed_lines_from_lm.yaml": "starts from runs/austen_char/version_0/checkpoints/last.ckpt, which "
