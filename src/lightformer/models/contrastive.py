@@ -17,16 +17,15 @@ padding hidden by the attention's key mask), and its features are the mean over 
 from __future__ import annotations
 
 import math
-from argparse import Namespace
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightformer.models.gpt import GPT, GPTConfig
+from lightformer.models.vision_text import tower_config
 from lightformer.models.vit import VisionTransformer, ViTConfig
 from lightformer.nn.checks import check_at_least, check_choice, check_set
 
@@ -44,20 +43,6 @@ TEXT_DEFAULTS = dict(block_size=64, d_model=192, n_layers=4, n_heads=3)
 # and the largest scale CLIP lets the temperature reach (100).
 START = {"infonce": (math.log(1 / 0.07), None), "sigmoid": (math.log(10.0), -10.0)}
 MAX_LOGIT_SCALE = math.log(100.0)
-
-
-def _tower(config_class: type, given: Any, defaults: dict[str, Any]) -> Any:
-    """A tower's config: ``given`` as it is, or a mapping of fields (a checkpoint's, a config file's) over
-    ``defaults``; ValueError otherwise."""
-    if isinstance(given, config_class):
-        return given
-    values = vars(given) if isinstance(given, Namespace) else given
-    if not isinstance(values, Mapping):
-        raise ValueError(f"give a {config_class.__name__} or a mapping of its fields, not {given!r}")
-    try:
-        return config_class(**{**defaults, **values})
-    except TypeError as error:  # a field the tower does not have
-        raise ValueError(str(error)) from None
 
 
 @dataclass(frozen=True)
@@ -92,7 +77,7 @@ class ContrastiveConfig:
     def __post_init__(self) -> None:
         for name, config_class, defaults in (("image", ViTConfig, IMAGE_DEFAULTS), ("text", GPTConfig, TEXT_DEFAULTS)):
             try:
-                tower = _tower(config_class, getattr(self, name), defaults)
+                tower = tower_config(config_class, getattr(self, name), defaults)
             except ValueError as error:
                 raise ValueError(f"the {name} tower: {error}") from None
             object.__setattr__(self, name, tower)

@@ -52,9 +52,9 @@ FLAT_FIELDS = {
 }
 
 
-def _tower(config_class: type, given: Any, defaults: dict[str, Any]) -> Any:
-    """A tower's config: ``given`` as it is, or a mapping of fields (a checkpoint's, a config file's) over
-    ``defaults``; ValueError otherwise."""
+def tower_config(config_class: type, given: Any, defaults: dict[str, Any]) -> Any:
+    """A two-tower config's tower (image to text's, the contrastive model's): ``given`` as it is, or a mapping of
+    fields (a checkpoint's, a config file's) over ``defaults``; ValueError otherwise."""
     if isinstance(given, config_class):
         return given
     values = vars(given) if isinstance(given, Namespace) else given
@@ -97,7 +97,7 @@ class VisionEncoderDecoderConfig:
             ("decoder", GPTConfig, DECODER_DEFAULTS),
         ):
             try:
-                tower = _tower(config_class, getattr(self, name), defaults)
+                tower = tower_config(config_class, getattr(self, name), defaults)
             except ValueError as error:
                 raise ValueError(f"the {name}: {error}") from None
             object.__setattr__(self, name, tower)
