@@ -254,6 +254,9 @@ def test_refusals_name_what_is_wrong():
         model(two, images)
     with pytest.raises(ValueError, match=r"row 0 of the ids holds 0 image placeholders"):
         model(torch.randint(2, VOCAB, (2, 6)), images)
+    with pytest.raises(RuntimeError, match=r"every row of the ids holds exactly one image placeholder \(id 20\)"):
+        model.train()(two, images)  # in training: an assertion that does not wait for the device
+    model.eval()
     with pytest.raises(
         ValueError,
         match=r"38 ids with an image of 4 tokens .* 41 positions, more than "
@@ -275,3 +278,14 @@ def test_refusals_name_what_is_wrong():
         small_vlm(image=IMAGE | dict(num_classes=10))
     with pytest.raises(ValueError, match="the text tower: .*unexpected keyword argument 'depth'"):
         small_vlm(text=TEXT | dict(depth=2))
+
+
+def test_a_training_step_reaches_every_part():
+    model = small_vlm().train()
+    ids = ids_with_placeholder([1, 3], 8)
+    logits = model(ids, torch.randn(2, 3, 16, 16))
+    torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].clamp(max=VOCAB - 1).reshape(-1)
+    ).backward()
+    unreached = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert unreached == ["image.encoder.norm.weight", "image.encoder.norm.bias"]  # the final norm: not read

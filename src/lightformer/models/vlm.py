@@ -185,8 +185,14 @@ class VisionLanguageModel(nn.Module):
         return self.projector(pixel_shuffle(tokens, grid, self.config.pixel_shuffle))
 
     def _placeholders(self, ids: Tensor) -> Tensor:
-        """Each row's placeholder position ``(batch,)``; ValueError unless every row holds exactly one."""
-        counts = (ids == self.image_token_id).sum(1).tolist()
+        """Each row's placeholder position ``(batch,)``; ValueError unless every row holds exactly one (in training
+        an assertion that does not wait for the device: a training step reads nothing back to the host)."""
+        is_image = ids == self.image_token_id
+        if self.training:
+            message = f"every row of the ids holds exactly one image placeholder (id {self.image_token_id})"
+            torch._assert_async((is_image.sum(1) == 1).all(), message)
+            return is_image.int().argmax(1)
+        counts = is_image.sum(1).tolist()
         wrong = [(row, n) for row, n in enumerate(counts) if n != 1]
         if wrong:
             row, n = wrong[0]
@@ -194,7 +200,7 @@ class VisionLanguageModel(nn.Module):
                 f"row {row} of the ids holds {n} image placeholders (id {self.image_token_id}); every row holds "
                 "exactly one, where the image goes"
             )
-        return (ids == self.image_token_id).int().argmax(1)
+        return is_image.int().argmax(1)
 
     def _layout(self, ids: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
         """Where things go when each row's placeholder becomes K image tokens: each id's joined position ``(batch,
