@@ -254,7 +254,8 @@ class VisionLanguageModel(nn.Module):
             if cache is not None and cache.cache.length == 0 and not (ids == self.image_token_id).any():
                 raise ValueError(
                     "the text outgrew the block without its image: the cache can only be rebuilt with the image "
-                    f"placeholder in it; generate at most text.block_size={self.block_size} positions in all"
+                    f"placeholder in it; generate at most {self.block_size - extra} text positions in all "
+                    f"(text.block_size={self.block_size} less the image's {extra} extra tokens)"
                 )
             return self(ids, images, cache.cache if cache is not None else None)
 
