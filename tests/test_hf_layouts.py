@@ -442,7 +442,7 @@ def test_the_layouts_and_the_checkpoints_sit_below_the_tasks():
 
     graph = test_imports.import_graph(test_imports.PACKAGE)
     layouts = [name for name in graph if name.startswith("lightformer.io.layouts.")]
-    assert len(layouts) == 5  # gpt, bert, vit, marian, clip
+    assert len(layouts) == 6  # gpt, bert, vit, marian, clip, llava
     for start in ["lightformer.io.hf_layouts", "lightformer.io.checkpoints", "lightformer.registry", *layouts]:
         reached, stack = set(), [start]
         while stack:

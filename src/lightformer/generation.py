@@ -145,6 +145,7 @@ def beam_search(
     max_new_tokens: int,
     length_penalty: float = 1.0,
     device: torch.device | str = "cpu",
+    prompt: Tensor | None = None,
 ) -> tuple[list[list[int]], list[float]]:
     """Batched beam search; returns, per source, the best hypothesis (without BOS/EOS) and its score.
 
@@ -154,15 +155,24 @@ def beam_search(
     tokens (then without EOS, as ``generate`` does).
     Scores are ``sequence_score``; a source is done once ``beam_size`` hypotheses have ended and no live
     beam can still beat the best of them. With ``beam_size=1`` this is greedy decoding.
+
+    With ``prompt`` ``(batch_size, P)`` the beams start from its ids instead of ``[bos_id]`` (a vision-language
+    model's question, its image placeholder in it); the hypotheses come back without it.
     """
     k = beam_size
-    tokens = torch.full((batch_size * k, 1), bos_id, dtype=torch.long, device=device)
+    if prompt is None:
+        tokens = torch.full((batch_size * k, 1), bos_id, dtype=torch.long, device=device)
+    else:
+        if prompt.ndim != 2 or prompt.shape[0] != batch_size:
+            raise ValueError(f"prompt of shape {tuple(prompt.shape)}: give (batch_size={batch_size}, prompt length)")
+        tokens = prompt.to(device=device, dtype=torch.long).repeat_interleave(k, dim=0)
+    start = tokens.shape[1]
     # Only the first beam of each source is live at the start, so the k beams do not all repeat it.
     beam_log_probs = torch.zeros(batch_size, k, device=device)
     beam_log_probs[:, 1:] = float("-inf")
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch_size)]
     done = [False] * batch_size
-    cache = decoder.new_cache(max_new_tokens + 1)
+    cache = decoder.new_cache(max_new_tokens + start)
     step_input = tokens
     for step in range(1, max_new_tokens + 1):
         log_probs = decoder(step_input, cache=cache)[:, -1].float().log_softmax(-1)  # (batch·k, vocab)
@@ -182,7 +192,7 @@ def beam_search(
                 if done[b] or log_prob == float("-inf"):
                     break
                 if token == eos_id:
-                    hypothesis = tokens[b * k + beam, 1:].tolist()
+                    hypothesis = tokens[b * k + beam, start:].tolist()
                     finished[b].append((sequence_score(log_prob, step, length_penalty), hypothesis))
                     if len(finished[b]) >= k:
                         break
@@ -211,7 +221,7 @@ def beam_search(
             for beam, log_prob in enumerate(beam_log_probs[b].tolist()):
                 if log_prob > float("-inf"):
                     score = sequence_score(log_prob, max_new_tokens, length_penalty)
-                    finished[b].append((score, tokens[b * k + beam, 1:].tolist()))
+                    finished[b].append((score, tokens[b * k + beam, start:].tolist()))
 
     best = [max(hyps, key=lambda h: h[0]) if hyps else (float("-inf"), []) for hyps in finished]
     return [hyp for _, hyp in best], [score for score, _ in best]

@@ -12,6 +12,7 @@ from lightformer.models.vit import (
     load_timm_weights,
     timm_to_lightformer,
 )
+from lightformer.models.vlm import VisionLanguageConfig, VisionLanguageModel
 
 __all__ = [
     "GPT",
@@ -19,6 +20,8 @@ __all__ = [
     "EncoderDecoderConfig",
     "GPTConfig",
     "ViTConfig",
+    "VisionLanguageConfig",
+    "VisionLanguageModel",
     "VisionTransformer",
     "gpt2_state_dict_to_lightformer",
     "lightformer_to_timm",

@@ -22,6 +22,7 @@ from lightformer.nn import (
     RotaryEmbedding,
     TokenEmbedding,
     absolute_position,
+    causal_mask,
     make_norm,
 )
 from lightformer.nn.checks import check_at_least, check_choice, check_set
@@ -127,42 +128,72 @@ class GPT(nn.Module):
 
     def forward(
         self,
-        ids: Tensor,
+        ids: Tensor | None = None,
         cache: DecoderCache | None = None,
         memory: Tensor | None = None,
         memory_key_mask: Tensor | None = None,
+        *,
+        embeddings: Tensor | None = None,
+        bidirectional: Tensor | None = None,
     ) -> Tensor:
         """Token ids ``(batch, seq)`` → next-token logits ``(batch, seq, vocab_size)``.
 
         With ``cache``, ``ids`` continue the sequence already in the cache. With ``cross_attention``, ``memory``
         ``(batch, memory_len, d_model)`` is the encoder's output, ``memory_key_mask`` ``(batch, memory_len)`` True at
-        its real positions (None: all).
+        its real positions (None: all). ``embeddings`` and ``bidirectional``: as ``features``'.
         """
-        return self.lm_head(self.features(ids, cache, memory, memory_key_mask))
+        features = self.features(
+            ids, cache, memory, memory_key_mask, embeddings=embeddings, bidirectional=bidirectional
+        )
+        return self.lm_head(features)
 
     def features(
         self,
-        ids: Tensor,
+        ids: Tensor | None = None,
         cache: DecoderCache | None = None,
         memory: Tensor | None = None,
         memory_key_mask: Tensor | None = None,
         key_mask: Tensor | None = None,
+        *,
+        embeddings: Tensor | None = None,
+        bidirectional: Tensor | None = None,
     ) -> Tensor:
         """Token ids ``(batch, seq)`` → the last block's outputs after the final norm ``(batch, seq, d_model)``: what
         the LM head reads (``forward``'s arguments), and what a contrastive text tower pools; ``key_mask``
-        ``(batch, seq)``, True at real tokens, hides the others from attention (a bidirectional GPT's padding)."""
+        ``(batch, seq)``, True at real tokens, hides the others from attention (a bidirectional GPT's padding).
+
+        ``embeddings`` ``(batch, seq, d_model)`` stand in for the token embeddings of ``ids`` (a vision-language
+        model's text with an image's tokens in it; positions are added as to ids). ``bidirectional`` ``(batch, seq)``,
+        True on one span of positions per row, lets those positions attend to each other both ways (the image prefix,
+        PaliGemma's) while every other stays causal; only on a call that starts the sequence (empty cache)."""
+        if (ids is None) == (embeddings is None):
+            raise ValueError("give the GPT either token ids or input embeddings, not both or neither")
         offset = cache.length if cache is not None else 0
-        if offset + ids.shape[1] > self.block_size:
+        length = (ids if ids is not None else embeddings).shape[1]
+        if offset + length > self.block_size:
             raise ValueError(
-                f"sequence of {offset + ids.shape[1]} tokens is longer than block_size={self.block_size}; "
+                f"sequence of {offset + length} tokens is longer than block_size={self.block_size}; "
                 f"crop the input to the last {self.block_size} tokens"
             )
-        x = self.embed(ids)
+        x = self.embed(ids) if ids is not None else embeddings
         if self.position is not None:
             x = self.position(x, offset)
         if not self.causal:
             return self.decoder(self.dropout(x), key_mask=key_mask)
-        return self.decoder(self.dropout(x), memory, key_mask=key_mask, memory_key_mask=memory_key_mask, cache=cache)
+        attn_mask = None
+        if bidirectional is not None:
+            if offset:
+                raise ValueError("a bidirectional span is given on the call that starts a sequence (empty cache)")
+            both_ways = bidirectional[:, :, None] & bidirectional[:, None, :]
+            attn_mask = (causal_mask(length, length, x.device) | both_ways)[:, None]
+        return self.decoder(
+            self.dropout(x),
+            memory,
+            key_mask=key_mask,
+            memory_key_mask=memory_key_mask,
+            cache=cache,
+            attn_mask=attn_mask,
+        )
 
 
 def gpt2_state_dict_to_lightformer(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -188,11 +188,33 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, images: Tensor) -> Tensor:
         """Images ``(batch, C, H, W)`` → encoded tokens ``(batch, num_prefix_tokens + H/p·W/p, d_model)``."""
-        x = self.patch_embed(images)
+        return self.encoder(self.embed(images))
+
+    def embed(self, images: Tensor, any_size: bool = False) -> Tensor:
+        """Images → the tokens the first block reads (patches, class token, positions, pre-norm). With ``any_size``,
+        images of another size than the config's (sides multiples of the patch's): the position table is resampled
+        bicubic to their grid, a class token's position kept (timm's ``dynamic_img_size``)."""
+        x = self.patch_embed(images, any_size=any_size)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
-        x = self.pos_drop(self.pos_embed(x))
-        return self.encoder(self.norm_pre(x))
+        grid = (images.shape[-2] // self.patch_embed.patch_size[0], images.shape[-1] // self.patch_embed.patch_size[1])
+        if grid == self.grid:
+            x = self.pos_embed(x)
+        else:
+            table = resample_abs_pos_embed(
+                self.pos_embed.weight[None], list(grid), list(self.grid), self.num_prefix_tokens
+            )
+            x = x + table
+        return self.norm_pre(self.pos_drop(x))
+
+    def hidden_state(self, images: Tensor, layer: int = -1) -> Tensor:
+        """Images of any size (``embed``'s ``any_size``) → the residual stream after block ``layer`` (-1 the last),
+        without the final norm: ``(batch, num_prefix_tokens + patches, d_model)``, as Hugging Face's
+        ``hidden_states[layer]`` (a vision-language model's image features, LLaVA's vision_feature_layer)."""
+        n = len(self.encoder.layers)
+        if not -n <= layer < n:
+            raise ValueError(f"layer={layer} is not a block of this ViT's {n}: give -{n}..{n - 1}")
+        return self.encoder(self.embed(images, any_size=True), depth=layer % n + 1)
 
     def forward_head(self, tokens: Tensor, pre_logits: bool = False) -> Tensor:
         """Encoded tokens ``(batch, seq, d_model)`` → logits ``(batch, num_classes)`` (or pooled features)."""

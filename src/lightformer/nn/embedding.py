@@ -53,9 +53,16 @@ class PatchEmbedding(nn.Module):
         self.num_patches = self.grid[0] * self.grid[1]
         self.proj = nn.Conv2d(in_channels, d_model, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
 
-    def forward(self, images: Tensor) -> Tensor:
+    def forward(self, images: Tensor, any_size: bool = False) -> Tensor:
+        """With ``any_size``, images of any height and width that the patches tile (the grid is then another)."""
         expected = (self.in_channels, *self.image_size)
-        if images.ndim != 4 or tuple(images.shape[1:]) != expected:
+        if any_size and images.ndim == 4 and images.shape[1] == self.in_channels:
+            if images.shape[2] % self.patch_size[0] or images.shape[3] % self.patch_size[1]:
+                raise ValueError(
+                    f"images of {images.shape[2]}×{images.shape[3]} pixels are not tiled by patches of "
+                    f"{self.patch_size[0]}×{self.patch_size[1]}: resize them to multiples of the patch size"
+                )
+        elif images.ndim != 4 or tuple(images.shape[1:]) != expected:
             hint = "add a batch dimension: images[None]" if images.ndim == 3 else "convert or resize the images"
             raise ValueError(
                 f"expected images of shape (batch, {', '.join(map(str, expected))}), got {tuple(images.shape)}: "

@@ -98,13 +98,20 @@ class DecoderLayer(_ResidualLayer):
         memory_key_mask: Tensor | None = None,
         self_cache: KVCache | None = None,
         cross_cache: KVCache | None = None,
+        attn_mask: Tensor | None = None,
     ) -> Tensor:
         """Target ``x`` ``(batch, tgt_len, d_model)`` attends causally to itself, then to the encoder's ``memory``.
 
         ``memory`` is ``(batch, src_len, d_model)``. ``key_mask`` ``(batch, cached + tgt_len)`` and
-        ``memory_key_mask`` ``(batch, src_len)`` are True at real tokens.
+        ``memory_key_mask`` ``(batch, src_len)`` are True at real tokens. ``attn_mask`` ``(batch, 1, tgt_len, cached +
+        tgt_len)`` (True: may attend) replaces the causal mask (an image prefix that attends both ways).
         """
-        x = self.residual(x, self.norm1, lambda h: self.self_attn(h, key_mask=key_mask, causal=True, cache=self_cache))
+        causal = attn_mask is None
+        x = self.residual(
+            x,
+            self.norm1,
+            lambda h: self.self_attn(h, key_mask=key_mask, attn_mask=attn_mask, causal=causal, cache=self_cache),
+        )
         if self.cross_attn is not None:
             if memory is None:
                 raise ValueError("this decoder layer has cross-attention: pass the encoder output as `memory`")
@@ -129,13 +136,16 @@ class Encoder(nn.Module):
         self.norm = final_norm if final_norm is not None else nn.Identity()
         self.activation_checkpointing = False
 
-    def forward(self, x: Tensor, key_mask: Tensor | None = None, causal: bool = False) -> Tensor:
-        for layer in self.layers:
+    def forward(
+        self, x: Tensor, key_mask: Tensor | None = None, causal: bool = False, depth: int | None = None
+    ) -> Tensor:
+        """With ``depth``, only the first ``depth`` layers, and no final norm: the residual stream there."""
+        for layer in self.layers[:depth]:
             if self.activation_checkpointing and self.training:
                 x = checkpoint(layer, x, key_mask=key_mask, causal=causal, use_reentrant=False)
             else:
                 x = layer(x, key_mask=key_mask, causal=causal)
-        return self.norm(x)
+        return x if depth is not None else self.norm(x)
 
 
 class DecoderCache:
@@ -179,11 +189,19 @@ class Decoder(nn.Module):
         key_mask: Tensor | None = None,
         memory_key_mask: Tensor | None = None,
         cache: DecoderCache | None = None,
+        attn_mask: Tensor | None = None,
     ) -> Tensor:
+        """``attn_mask``: as ``DecoderLayer``'s, for every layer (None: causal)."""
         for i, layer in enumerate(self.layers):
             if self.activation_checkpointing and self.training and cache is None:
                 x = checkpoint(
-                    layer, x, memory, key_mask=key_mask, memory_key_mask=memory_key_mask, use_reentrant=False
+                    layer,
+                    x,
+                    memory,
+                    key_mask=key_mask,
+                    memory_key_mask=memory_key_mask,
+                    attn_mask=attn_mask,
+                    use_reentrant=False,
                 )
                 continue
             x = layer(
@@ -193,5 +211,6 @@ class Decoder(nn.Module):
                 memory_key_mask=memory_key_mask,
                 self_cache=cache.self_attn[i] if cache is not None else None,
                 cross_cache=cache.cross_attn[i] if cache is not None else None,
+                attn_mask=attn_mask,
             )
         return self.norm(x)

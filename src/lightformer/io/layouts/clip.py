@@ -183,12 +183,24 @@ def clip_tokenizer(tokenizer: Any, block_size: int) -> Any:
     return fast_tokenizer(exported, frame)
 
 
+def clip_image_processor(facts: Any, side: int) -> Any:
+    """A ``CLIPImageProcessor`` that stretches an image to ``side`` × ``side`` as the data does (Lanczos) and normalises
+    it with the data's statistics (``facts``; a grey model's for each of the RGB channels)."""
+    from PIL import Image
+    from transformers import CLIPImageProcessor
+
+    repeat = 3 // len(facts.normalize_mean)
+    return CLIPImageProcessor(size={"height": side, "width": side}, do_center_crop=False,
+                              resample=Image.Resampling.LANCZOS,  # the data's "resize" (fit_image)
+                              image_mean=list(facts.normalize_mean) * repeat,
+                              image_std=list(facts.normalize_std) * repeat)  # fmt: skip
+
+
 def contrastive_model(task: Any) -> HFModel:
     """A contrastive model's ``CLIPModel``, with its tokenizer (``clip_tokenizer``) and a ``CLIPImageProcessor`` that
     stretches an image to the model's size as the data does (Lanczos: exactly the data's pixels with ``backend="pil"``,
     within a grey level with the default torchvision backend) and normalises it with the data's statistics."""
-    from PIL import Image
-    from transformers import CLIPImageProcessor, CLIPModel
+    from transformers import CLIPModel
 
     net = task.model.config
     model = CLIPModel(clip_hf_config(net))
@@ -196,12 +208,7 @@ def contrastive_model(task: Any) -> HFModel:
     facts = getattr(task, "data_facts", None)
     processor = None
     if facts is not None and facts.normalize_mean is not None:
-        side = as_pair(net.image.image_size)[0]
-        repeat = 3 // len(facts.normalize_mean)  # a grey model's statistics, for each of the RGB channels
-        processor = CLIPImageProcessor(size={"height": side, "width": side}, do_center_crop=False,
-                                       resample=Image.Resampling.LANCZOS,  # the data's "resize" (fit_image)
-                                       image_mean=list(facts.normalize_mean) * repeat,
-                                       image_std=list(facts.normalize_std) * repeat)  # fmt: skip
+        processor = clip_image_processor(facts, as_pair(net.image.image_size)[0])
     usage = (
         "import torch\n"
         "from PIL import Image\n"
