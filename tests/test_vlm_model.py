@@ -288,4 +288,8 @@ def test_a_training_step_reaches_every_part():
         logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].clamp(max=VOCAB - 1).reshape(-1)
     ).backward()
     unreached = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
-    assert unreached == ["image.encoder.norm.weight", "image.encoder.norm.bias"]  # the final norm: not read
+    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
+    assert unreached == frozen == ["image.encoder.norm.weight", "image.encoder.norm.bias"]  # the final norm: not read
+    earlier = small_vlm(image_layer=-2)  # the blocks after image_layer are not read either
+    unread = {name.split(".")[3] for name, p in earlier.named_parameters() if "layers" in name and not p.requires_grad}
+    assert unread == {str(earlier.config.image.n_layers - 1)}

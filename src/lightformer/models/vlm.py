@@ -154,6 +154,13 @@ class VisionLanguageModel(nn.Module):
         check_set(config.text, "vocab_size")
         self.config = config
         self.image = VisionTransformer(config.image)
+        # What the patch tokens never pass through (the blocks after image_layer, the tower's final norm and pooling)
+        # would get no gradient: frozen, so that DDP, which refuses a trained parameter left without one, takes it.
+        kept = config.image_layer % config.image.n_layers + 1
+        tower = self.image
+        for module in (*tower.encoder.layers[kept:], tower.encoder.norm, tower.fc_norm, tower.attn_pool, tower.head):
+            if module is not None:
+                module.requires_grad_(False)
         self.projector = ImageProjector(
             config.pixel_shuffle**2 * config.image.d_model, config.text.d_model, config.projector
         )
