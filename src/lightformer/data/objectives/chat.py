@@ -41,7 +41,9 @@ class ChatTemplate:
         after = after[1:] if after.startswith("\n") else after
         return [*tokenizer.encode(self.user + before), image_token_id, *tokenizer.encode(after)]
 
-    def prompt(self, tokenizer, question: str, image_token_id: int, history: Sequence[tuple[str, str]] = ()) -> list[int]:
+    def prompt(
+        self, tokenizer, question: str, image_token_id: int, history: Sequence[tuple[str, str]] = ()
+    ) -> list[int]:
         """The ids up to and including the assistant prefix of ``question``'s turn, after the turns of ``history``:
         generation continues from here."""
         ids = self.encode(tokenizer, history, image_token_id)[0] if history else [tokenizer.bos_id]

@@ -1,0 +1,164 @@
+"""Question-answer records about images for the vision-language model: answers read from the sources (clip art's
+titles, categories and keywords; printed lines' text and words), the groups, batches of one canvas with the contract's
+keys, dtypes and shapes, labels on answers only, the facts, and the canvas batch sampler (deterministic, resumable,
+the same number of batches on every rank)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lightformer.data import VisualQADataModule
+from lightformer.data.loading.sampling import CanvasBatchSampler, ResumableDataLoader
+from lightformer.data.loading.streaming import Records
+from lightformer.data.modules.images import ImageLoaderConfig
+from lightformer.data.modules.visual_qa import QUESTIONS, VisualQASource
+from lightformer.data.objectives.chat import IGNORE, ChatTemplate
+from lightformer.data.preparation.prepare import PrepareConfig
+from lightformer.data.raw import openclipart
+from lightformer.data.raw.rendering import discover_fonts
+from lightformer.errors import DataError
+
+REPO = Path(__file__).resolve().parents[1]
+ROOT = Path(openclipart.OPENCLIPART_ROOT)
+SHEEP = "animals/mammals/dall_sheep_ram_ganson"
+PICKED = [SHEEP, "animals/crawfish1_ganson", "animals/crawfish1_bw_ganson", "food/apple_bitten_dan_gerhard_01",
+          "food/burrito_ganson", "computer/floppy", "computer/reload", "unsorted/Anatra"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def qa(tmp_path_factory) -> VisualQADataModule:
+    if not (ROOT / "svg").is_dir() or not (ROOT / "png").is_dir() or not discover_fonts():
+        pytest.skip("apt-get install openclipart-png openclipart-svg, and fonts")
+    root = tmp_path_factory.mktemp("qa")
+    for name in PICKED:
+        for kind in ("png", "svg"):
+            (root / "library" / kind / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / kind / f"{name}.{kind}", root / "library" / kind / f"{name}.{kind}")
+    source = VisualQASource(clipart_root=str(root / "library"), drawing_size=32, line_width=128, train_lines=12,
+                            val_lines=4, test_lines=4, seen=2, val_fraction=0.3, test_fraction=0.3,
+                            data_root=str(REPO / "data"))  # fmt: skip
+    data = VisualQADataModule(source, loader=ImageLoaderConfig(batch_size=4), seed=1,
+                              prepare=PrepareConfig(dir=str(root / "prepared"), num_workers=2))  # fmt: skip
+    data.prepare_data()
+    data.setup()
+    return data
+
+
+def records(data: VisualQADataModule, split: str) -> list[dict]:
+    found = Records(str(data.prepared / split))
+    return [found[i] for i in range(len(found))]
+
+
+def test_clip_art_answers_are_what_the_library_says(qa):
+    groups = qa.data_facts().groups
+    every = [r for split in ("train", "val", "test") for r in records(qa, split)]
+    by_question: dict[str, set[str]] = {}
+    for record in every:
+        by_question.setdefault(record["question"], set()).add(record["answer"])
+    title, _, keywords = openclipart.svg_metadata(ROOT / "svg" / f"{SHEEP}.svg")
+    assert title in by_question[QUESTIONS["clipart"]["name"]]
+    assert ", ".join(keywords[:3]) in by_question[QUESTIONS["clipart"]["keywords"]]
+    # categories as ClipArtDataModule names its classes: never "unsorted"
+    assert by_question[QUESTIONS["clipart"]["category"]] <= {"animals", "computer", "food"}
+    clipart = [r for r in every if groups[r["group"]].startswith("clipart/")]
+    assert {groups[r["group"]].split("/")[1] for r in clipart} == {"name", "category", "keywords"}
+
+
+def test_lines_are_read_and_their_nth_word_asked(qa):
+    groups = qa.data_facts().groups
+    for split in ("train", "val", "test"):
+        lines = [r for r in records(qa, split) if groups[r["group"]].startswith("lines/")]
+        reads = [r for r in lines if r["question"] == QUESTIONS["lines"]["read"]]
+        words = [r for r in lines if r["question"] != QUESTIONS["lines"]["read"]]
+        assert len(reads) == len(words) > 0
+        for read, word in zip(reads, words, strict=True):  # each line's two records come together
+            n = int(word["question"].removeprefix("What is word ").removesuffix("?"))
+            assert 1 <= len(read["answer"].split()) <= 4 and read["answer"].split()[n - 1] == word["answer"]
+            assert read["image"] == word["image"]
+
+
+def test_val_and_test_hold_held_out_and_seen_groups_training_only_seen(qa):
+    groups = qa.data_facts().groups
+    assert groups == tuple(f"{s}/{k}/{w}" for s in ("clipart", "lines") for k in QUESTIONS[s]
+                           for w in ("held-out", "seen"))  # fmt: skip
+    assert {groups[r["group"]].split("/")[2] for r in records(qa, "train")} == {"seen"}
+    for split in ("val", "test"):
+        found = {groups[r["group"]] for r in records(qa, split)}
+        assert "lines/read/held-out" in found and "lines/read/seen" in found
+    seen_lines = [r["answer"] for r in records(qa, "val") if groups[r["group"]] == "lines/read/seen"]
+    train_lines = [r["answer"] for r in records(qa, "train") if groups[r["group"]] == "lines/read/seen"]
+    assert seen_lines == train_lines[:2]  # the first `seen` training lines, drawn again
+
+
+def test_the_facts(qa):
+    facts = qa.data_facts()
+    tokenizer = qa.tokenizer
+    assert facts.chat_template == ChatTemplate().as_dict()
+    assert facts.canvases == {"drawing": [32, 32], "line": [32, 128]}
+    assert facts.image_size == (32, 32) and facts.image_fit == "drawing" and facts.in_channels == 3
+    assert facts.vocab_size == tokenizer.vocab_size and facts.pad_id == tokenizer.pad_id
+    assert len(facts.normalize_mean) == 3 and all(0 < s for s in facts.normalize_std)
+    assert facts.max_length >= max(len(batch["ids"][0]) for batch in qa.val_dataloader())
+
+
+def test_batches_hold_one_canvas_and_the_contracts_keys(qa):
+    facts = qa.data_facts()
+    shapes = set()
+    for loader in (qa.train_dataloader(), qa.val_dataloader(), qa.test_dataloader()):
+        for batch in loader:
+            images, ids, labels = batch["images"], batch["ids"], batch["labels"]
+            assert images.dtype == torch.float32 and images.shape[1] == 3
+            shapes.add(tuple(images.shape[2:]))
+            assert ids.dtype == labels.dtype == batch["prompt_length"].dtype == batch["group"].dtype == torch.int64
+            assert ids.shape == labels.shape and ids.shape[0] == images.shape[0] == len(batch["answer"])
+            assert ((ids == facts.vocab_size).sum(1) == 1).all()  # one placeholder per row
+            for row in range(len(ids)):
+                prompt = ChatTemplate().prompt(qa.tokenizer, batch["question"][row], facts.vocab_size)
+                length = int(batch["prompt_length"][row])
+                assert ids[row, :length].tolist() == prompt
+                answer = [t for t in labels[row].tolist() if t != IGNORE]
+                assert qa.tokenizer.decode(answer) == batch["answer"][row]  # labels on the answer (and its EOS) only
+                assert (labels[row, : length - 1] == IGNORE).all()
+    assert shapes == {(32, 32), (32, 128)}
+
+
+def test_every_evaluation_record_is_read_once(qa):
+    count = sum(len(batch["answer"]) for batch in qa.val_dataloader())
+    assert count == qa.manifest["records"]["val"]
+
+
+def test_the_canvas_sampler_is_deterministic_resumable_and_even_across_ranks():
+    canvases = np.array([0, 1, 0, 2, 1, 1, 0, 0, 2, 1, 0], np.uint8)
+    sampler = CanvasBatchSampler(canvases, 2, shuffle=True, seed=3)
+    sampler.set_epoch(1)
+    batches = list(sampler)
+    assert batches == list(sampler) and sorted(i for b in batches for i in b) == list(range(len(canvases)))
+    assert all(len({canvases[i] for i in batch}) == 1 for batch in batches)
+    sampler.set_epoch(2)
+    assert list(sampler) != batches
+    ranks = [list(CanvasBatchSampler(canvases, 2, shuffle=True, seed=3, num_replicas=3, rank=r)) for r in range(3)]
+    assert len({len(r) for r in ranks}) == 1
+    assert sorted(i for r in ranks for b in r for i in b) == list(range(len(canvases)))
+    # resumed after 3 batches of epoch 1, the loader hands out the rest of that epoch's batches
+    loader = ResumableDataLoader(list(range(len(canvases))), batch_sampler=CanvasBatchSampler(canvases, 2, True, 3))
+    loader.batch_sampler.set_epoch(1)
+    loader.load_state_dict({"epoch": 1, "batches": 3})
+    assert [b.tolist() for b in loader] == batches[3:]
+
+
+def test_a_library_folder_that_is_not_one_is_refused(tmp_path):
+    with pytest.raises(DataError, match="data.source.clipart_root"):
+        VisualQADataModule(VisualQASource(clipart_root=str(tmp_path), sources=("clipart",)))
+
+
+@pytest.mark.parametrize("options, field", [(dict(sources=("maps",)), "data.source.sources"),
+                                            (dict(line_width=200), "data.source.line_width"),
+                                            (dict(words=(3, 1)), "data.source.words")])  # fmt: skip
+def test_bad_options_are_refused_naming_the_field(options, field):
+    with pytest.raises(ValueError, match=field):
+        VisualQASource(**options)
