@@ -102,7 +102,7 @@ def test_the_facts(qa):
     assert facts.canvases == {"drawing": [32, 32], "line": [32, 128]}
     assert facts.image_size == (32, 32) and facts.image_fit == "drawing" and facts.in_channels == 3
     assert facts.vocab_size == tokenizer.vocab_size and facts.pad_id == tokenizer.pad_id
-    assert len(facts.normalize_mean) == 3 and all(0 < s for s in facts.normalize_std)
+    assert len(facts.normalize_mean) == 3 and all(s > 0 for s in facts.normalize_std)
     assert facts.max_length >= max(len(batch["ids"][0]) for batch in qa.val_dataloader())
 
 

@@ -8,8 +8,8 @@ from lightformer.data.modules.image_tokens import ImageTokenDataModule
 from lightformer.data.modules.images import ImageDataModule
 from lightformer.data.modules.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
 from lightformer.data.modules.text import TextDataModule
-from lightformer.data.modules.visual_qa import VisualQADataModule
 from lightformer.data.modules.translation import TranslationDataModule
+from lightformer.data.modules.visual_qa import VisualQADataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
 
 __all__ = [
