@@ -18,7 +18,7 @@ from lightformer.data.loading.streaming import Records
 from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.modules.visual_qa import QUESTIONS, VisualQASource
 from lightformer.data.objectives.chat import IGNORE, ChatTemplate
-from lightformer.data.preparation.prepare import PrepareConfig
+from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
 from lightformer.data.raw import openclipart
 from lightformer.data.raw.rendering import discover_fonts
 from lightformer.errors import DataError
@@ -162,3 +162,33 @@ def test_a_library_folder_that_is_not_one_is_refused(tmp_path):
 def test_bad_options_are_refused_naming_the_field(options, field):
     with pytest.raises(ValueError, match=field):
         VisualQASource(**options)
+
+
+def test_garments_are_named_as_torchvision_names_them_on_a_32_pixel_rgb_canvas(tmp_path):
+    from lightformer.data.raw.corpora import install_debian_fashion_mnist
+
+    if not install_debian_fashion_mnist(REPO / "data"):
+        pytest.skip("apt-get install dataset-fashion-mnist")
+    import torchvision
+
+    source = VisualQASource(sources=("fashion_mnist",), max_images=6, seen=2, data_root=str(REPO / "data"))
+    # the Austen LM's characters lack "/" ("T-shirt/top"): refused beyond max_unknown, warned within it
+    tokenizer = TokenizerConfig(max_unknown=0.05)
+    data = VisualQADataModule(source, tokenizer, loader=ImageLoaderConfig(batch_size=4), augment=False,
+                              prepare=PrepareConfig(dir=str(tmp_path), num_workers=1))  # fmt: skip
+    with pytest.warns(UserWarning, match="'/'"):
+        data.prepare_data()
+    official = torchvision.datasets.FashionMNIST(str(REPO / "data"), train=True)
+    train = records(data, "train")
+    assert [r["answer"] for r in train] == [official.classes[int(t)] for t in official.targets[:6]]
+    assert {r["question"] for r in train} == {"What kind of garment is this?"}
+    facts = data.data_facts()
+    assert facts.canvases == {"resize": [32, 32]} and facts.image_fit == "resize"
+    assert facts.groups == ("fashion_mnist/garment/held-out", "fashion_mnist/garment/seen")
+    batch = next(iter(data.val_dataloader()))
+    assert batch["images"].shape[1:] == (3, 32, 32)
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (facts.normalize_mean, facts.normalize_std))
+    pixels = batch["images"] * std + mean  # grey made RGB: three equal channels
+    for channel in (1, 2):
+        assert torch.allclose(pixels[:, 0], pixels[:, channel], atol=1e-5)
+    assert len(records(data, "val")) == 6 + 2 and len(records(data, "test")) == 6 + 2

@@ -15,6 +15,9 @@ the Open Clip Art Library's titles, categories and keywords, the text of printed
 - lines: "What does it say?" → the line; "What is word N?" → its N-th word, N drawn from (seed, split, line). Lines
   of ``words`` words of Austen drawn and rendered by ``image_text.LineDrawer`` at height 32 on a ``line_width``
   canvas; train in the seen families, val and test in the held-out ones (``split_families``), text split by position.
+- fashion_mnist: "What kind of garment is this?" → its class name as torchvision names it ("Ankle boot"); the 28×28
+  grey images resized (bilinear) to ``garment_size`` (32: a grid of 4 × 4 patches of 8 after a pixel shuffle of 2)
+  and made RGB; train the official train split, val the first half of the official test split, test the second.
 - emoji: "What is this emoji?" → its Unicode name in lower case; training in the style not held out, val and test in
   the held-out style (val: the names that ``carved`` picks by ``emoji_val_fraction``).
 
@@ -31,36 +34,31 @@ characters of the questions and answers it lacks are encoded as UNK within ``tok
 
 from __future__ import annotations
 
-import io
 from dataclasses import asdict, dataclass
-from functools import cached_property, partial
+from functools import cached_property, lru_cache, partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
-import torch
+import torchvision
 from PIL import Image
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.sampling import CanvasBatchSampler, map_loader
-from lightformer.data.loading.streaming import Records
 from lightformer.data.modules.captioned_images import ClipArtDataModule
+from lightformer.data.modules.chat_records import ChatRecords, channel_statistics
 from lightformer.data.modules.image_text import (
     DEFAULT_HELD_OUT,
-    ImageTextRecords,
     ImageTextSource,
     LineDrawer,
-    LineImages,
     RenderConfig,
     austen_char_tokenizer,
-    jitter,
     split_families,
     split_sentences,
 )
 from lightformer.data.modules.image_text_files import carved
 from lightformer.data.modules.images import ImageLoaderConfig
-from lightformer.data.objectives.chat import IGNORE, ChatTemplate
+from lightformer.data.objectives.chat import ChatTemplate
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
     PrepareConfig,
@@ -69,13 +67,17 @@ from lightformer.data.preparation.prepare import (
     check_unknown_characters,
     piece_size,
     pieces,
-    split_location,
     worker_tokenizer,
 )
 from lightformer.data.preparation.records import RecordSplit, prepare_records
-from lightformer.data.preparation.tokenizers import PAD_ID, Tokenizer
+from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw import emoji, openclipart
-from lightformer.data.raw.corpora import austen_text
+from lightformer.data.raw.corpora import (
+    DEBIAN_FASHION_MNIST_DIR,
+    MNIST_RAW_FILES,
+    austen_text,
+    install_debian_fashion_mnist,
+)
 from lightformer.data.raw.rendering import discover_fonts, png_bytes
 from lightformer.data.raw.sources import SPLITS
 from lightformer.errors import DataError
@@ -86,13 +88,14 @@ FORMAT_VERSION = 1  # bump when what a prepared folder holds, or how an image is
 QUESTIONS = {  # source → question kind → the question ("{n}": the word's number)
     "clipart": {"name": "What is this?", "category": "Which category?", "keywords": "Name its keywords."},
     "lines": {"read": "What does it say?", "word": "What is word {n}?"},
+    "fashion_mnist": {"garment": "What kind of garment is this?"},
     "emoji": {"name": "What is this emoji?"},
 }
-CANVAS_OF = {"clipart": "drawing", "lines": "line", "emoji": "drawing"}  # source → its images' kind (image_fit)
+# source → its images' kind (an image_fit name: how an image of another size is brought to the canvas)
+CANVAS_OF = {"clipart": "drawing", "lines": "line", "fashion_mnist": "resize", "emoji": "drawing"}
 LINE_HEIGHT = 32
 KEYWORDS = 3  # keywords in a keywords answer
 PIECE_IMAGES = 250  # images per piece a preparing process draws and writes before taking the next
-STATS_IMAGES = 512  # training images the pixels' mean and standard deviation are measured on
 
 
 @dataclass(frozen=True)
@@ -100,11 +103,12 @@ class VisualQASource:
     """Which sources, how many images of each, on which canvases (``data.source``).
 
     Args:
-        sources: of "clipart", "lines", "emoji" (``QUESTIONS``).
+        sources: of "clipart", "lines", "fashion_mnist", "emoji" (``QUESTIONS``).
         seen: training images of each source also evaluated, as "<source>/<kind>/seen" groups of val and test.
         max_images: most images of a source in a split (clip art's drawings, emoji); None: all.
         drawing_size: the square canvas of drawings and emoji, in pixels (a multiple of 16).
         line_width: the lines' canvas width (height 32), a multiple of 16.
+        garment_size: Fashion-MNIST's square canvas (its 28×28 images resized to it), a multiple of 16.
         words: (fewest, most) words of a line.
         train_lines: lines rendered for training; val_lines, test_lines: for val and test (held-out typefaces).
         held_out_families: the typefaces never trained on (``ImageTextSource.held_out_families``).
@@ -112,7 +116,8 @@ class VisualQASource:
         val_fraction, test_fraction: the clip art's drawings (by their variant's hash) held out for val and test.
         emoji_held_out_style: the emoji style of val and test ("symbola" or "noto").
         emoji_val_fraction: share of the held-out emoji (by name) in val; the rest are test.
-        font_dir, data_root: where the fonts and the Austen corpus are.
+        font_dir, data_root: where the fonts are; where the Austen corpus and Fashion-MNIST (``FashionMNIST/raw``,
+            from Debian's dataset-fashion-mnist) are stored.
     """
 
     sources: tuple[str, ...] = ("clipart", "lines")
@@ -120,6 +125,7 @@ class VisualQASource:
     max_images: int | None = None
     drawing_size: int = 64
     line_width: int = 192
+    garment_size: int = 32
     words: tuple[int, int] = (1, 4)
     train_lines: int = 20_000
     val_lines: int = 500
@@ -143,7 +149,7 @@ class VisualQASource:
         check_at_least("data.source.seen", self.seen, 0)
         if self.max_images is not None:
             check_at_least("data.source.max_images", self.max_images, 1)
-        for name in ("drawing_size", "line_width"):
+        for name in ("drawing_size", "line_width", "garment_size"):
             if getattr(self, name) < 16 or getattr(self, name) % 16:
                 raise ValueError(f"data.source.{name}={getattr(self, name)} must be a positive multiple of 16 (the "
                                  "patch grid: patch 8 × pixel shuffle 2)")  # fmt: skip
@@ -167,13 +173,15 @@ class VisualQASource:
 
     def canvases(self) -> dict[str, list[int]]:
         """Each kind of image's [height, width]."""
-        size = {"drawing": [self.drawing_size] * 2, "line": [LINE_HEIGHT, self.line_width]}
+        size = {"drawing": [self.drawing_size] * 2, "line": [LINE_HEIGHT, self.line_width],
+                "resize": [self.garment_size] * 2}  # fmt: skip
         return {CANVAS_OF[s]: size[CANVAS_OF[s]] for s in self.sources}
 
 
 class Unit(NamedTuple):
     """What one preparing process draws at a time: images of one source (one canvas), each with its (group, question,
-    answer) records. ``items``: clip art's drawing names, lines' (split, index) pairs, emoji's characters."""
+    answer) records. ``items``: clip art's drawing names, lines' (split, index) pairs, Fashion-MNIST's (official
+    split, index) pairs, emoji's (character, style) pairs."""
 
     source: str
     items: list
@@ -192,6 +200,11 @@ def qa_records(unit: Unit, options: VisualQASource, drawer: LineDrawer | None, t
                 image = openclipart.drawing_image(path, options.drawing_size)
             except (OSError, ValueError) as error:
                 raise DataError(f"data.source.clipart_root: {path} is not a readable PNG ({error})") from None
+            questions = unit.questions[position]
+        elif unit.source == "fashion_mnist":
+            official, index = item
+            pixels = garments(options.data_root, official)[0][index]
+            image = Image.fromarray(pixels).resize((options.garment_size,) * 2, Image.Resampling.BILINEAR)
             questions = unit.questions[position]
         elif unit.source == "emoji":
             character, style = item
@@ -213,62 +226,22 @@ def qa_records(unit: Unit, options: VisualQASource, drawer: LineDrawer | None, t
     return {"longest": longest}
 
 
-class QARecords(LineImages):
-    """A prepared split by index: item i is {"image": uint8 (3, H, W), "ids", "labels" (int64, the chat template's),
-    "prompt_length", "group", "question", "answer"}; with ``augment``, the image jittered by draws from (seed, epoch,
-    i)."""
-
-    mode = "RGB"
-
-    def __init__(self, split_dir, tokenizer_json: str, template: ChatTemplate, augment: bool, seed: int) -> None:
-        super().__init__(split_dir, tokenizer_json, augment, seed)
-        self.template = template
-
-    def _item(self, record: dict, index: int, epoch: int) -> dict:
-        image = np.asarray(Image.open(io.BytesIO(record["image"])).convert("RGB"))
-        if self.augment:
-            image = jitter(image, np.random.default_rng(np.random.SeedSequence((self.seed, epoch, index))))
-        tokenizer = worker_tokenizer(self.tokenizer_json)
-        turn = (record["question"], record["answer"])
-        ids, labels = self.template.encode(tokenizer, [turn], tokenizer.vocab_size)
-        prompt = self.template.prompt(tokenizer, record["question"], tokenizer.vocab_size)
-        return {"image": torch.from_numpy(image.transpose(2, 0, 1).copy()), "ids": ids, "labels": labels,
-                "prompt_length": len(prompt), "group": int(record["group"]), "question": record["question"],
-                "answer": record["answer"]}  # fmt: skip
+@lru_cache(maxsize=2)
+def garments(root: str, official: str) -> tuple[np.ndarray, list[str]]:
+    """Fashion-MNIST's official "train" or "test" split under ``root`` as (N, 28, 28) uint8 images and their class
+    names as torchvision names them (read once per preparing process); a DataError saying how to install it."""
+    install_debian_fashion_mnist(root)
+    try:
+        dataset = torchvision.datasets.FashionMNIST(root, train=official == "train", download=False)
+    except (RuntimeError, OSError) as error:
+        raise DataError(f"data.source.sources holds fashion_mnist but it is not under data.source.data_root={root!r} "
+                        f"({error}): apt-get install dataset-fashion-mnist puts it in {DEBIAN_FASHION_MNIST_DIR}, "
+                        "from where it is copied") from None  # fmt: skip
+    names = [dataset.classes[int(label)] for label in dataset.targets]
+    return dataset.data.numpy(), names
 
 
-def collate_qa(items: list[dict], mean, std, pad_id: int) -> dict:
-    """Items of one canvas → the vision-language batch: "images" (B, 3, H, W) float32 normalised, "ids" right-padded
-    with ``pad_id``, "labels" padded with -100, "prompt_length", "group" (int64), "answer", "question"."""
-    mean, std = (torch.tensor(v, dtype=torch.float32).view(-1, 1, 1) for v in (mean, std))
-    images = torch.stack([item["image"] for item in items]).float().div_(255).sub_(mean).div_(std)
-    longest = max(len(item["ids"]) for item in items)
-    ids = torch.full((len(items), longest), pad_id, dtype=torch.int64)
-    labels = torch.full((len(items), longest), IGNORE, dtype=torch.int64)
-    for row, item in enumerate(items):
-        ids[row, : len(item["ids"])] = torch.tensor(item["ids"])
-        labels[row, : len(item["labels"])] = torch.tensor(item["labels"])
-    return {"images": images, "ids": ids, "labels": labels,
-            "prompt_length": torch.tensor([item["prompt_length"] for item in items], dtype=torch.int64),
-            "group": torch.tensor([item["group"] for item in items], dtype=torch.int64),
-            "answer": [item["answer"] for item in items], "question": [item["question"] for item in items]}  # fmt: skip
-
-
-def channel_statistics(split_dir: Path, count: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Each channel's mean and standard deviation (pixels on [0, 1]) of ``STATS_IMAGES`` records spread evenly over a
-    prepared split of ``count`` RGB images of any canvases."""
-    records = Records(str(split_dir))
-    total, squares, pixels = np.zeros(3), np.zeros(3), 0
-    for i in np.unique(np.linspace(0, count - 1, min(count, STATS_IMAGES)).round().astype(int)):
-        image = np.asarray(Image.open(io.BytesIO(records[int(i)]["image"])).convert("RGB"), np.float64) / 255
-        total, squares = total + image.sum((0, 1)), squares + (image**2).sum((0, 1))
-        pixels += image[..., 0].size
-    mean = total / pixels
-    std = np.sqrt(np.maximum(squares / pixels - mean**2, 1e-12))
-    return tuple(round(float(v), 6) for v in mean), tuple(round(float(v), 6) for v in std)
-
-
-class VisualQADataModule(ImageTextRecords):
+class VisualQADataModule(ChatRecords):
     """Questions and answers about images (the module docstring), for a vision-language model: batches of one canvas
     {"images": (B, 3, H, W) float32 normalised, "ids": (B, T) int64 (one placeholder == vocab_size per row), "labels",
     "prompt_length", "group", "answer", "question"}; the facts add the chat template, the groups and the canvases.
@@ -282,8 +255,6 @@ class VisualQADataModule(ImageTextRecords):
         augment: jitter training images (brightness, contrast, a shift of a pixel or two); never val or test.
         seed: seeds the lines, the word asked for, the training order and jitter.
     """
-
-    counted = "records"
 
     def __init__(
         self,
@@ -308,6 +279,10 @@ class VisualQADataModule(ImageTextRecords):
                                 "Library's png/ and svg/ folders: apt-get install openclipart-png openclipart-svg, or "
                                 "leave clipart out of data.source.sources")  # fmt: skip
         self.families = split_families(s.line_source()) if "lines" in s.sources else {}
+        if "fashion_mnist" in s.sources and not install_debian_fashion_mnist(s.data_root):
+            raise DataError(f"data.source.sources holds fashion_mnist but it is not under data.source.data_root="
+                            f"{s.data_root!r}/FashionMNIST/raw: apt-get install dataset-fashion-mnist puts it in "
+                            f"{DEBIAN_FASHION_MNIST_DIR}, from where it is copied")  # fmt: skip
         if "emoji" in s.sources:
             for font, package in ((emoji.NOTO_EMOJI, "fonts-noto-color-emoji"), (emoji.SYMBOLA, "fonts-symbola")):
                 if not Path(font).is_file():
@@ -355,6 +330,8 @@ class VisualQADataModule(ImageTextRecords):
             used = sorted({family for families in self.families.values() for family in families})
             files += [file_stamp(Path(path))[1:] + [family] for family in used for path in installed[family]]
             files.append(file_stamp(self._austen())[1:])
+        if "fashion_mnist" in s.sources:
+            files += [file_stamp(Path(s.data_root) / "FashionMNIST" / "raw" / name)[1:] for name in MNIST_RAW_FILES]
         if "emoji" in s.sources:
             files += [file_stamp(Path(font))[1:] for font in (emoji.NOTO_EMOJI, emoji.SYMBOLA)]
         return {"format": FORMAT_VERSION, "files": content_hash(files), "source": asdict(s), "seed": self.seed,
@@ -405,6 +382,19 @@ class VisualQADataModule(ImageTextRecords):
                     found[split].append(((character, style), [(index[f"emoji/name/{which}"], question, name)]))
         return self._with_seen(found, index)
 
+    def _garment_units(self, index: dict[str, int]) -> dict[str, list[tuple[tuple[str, int], list]]]:
+        """Each split's (official split, index) with its question; the seen ones added to val and test."""
+        s, question = self.source, QUESTIONS["fashion_mnist"]["garment"]
+        found: dict[str, list] = {split: [] for split in SPLITS}
+        for official in ("train", "test"):
+            names = garments(s.data_root, official)[1]
+            for i, name in enumerate(names):
+                split = "train" if official == "train" else "val" if i < len(names) // 2 else "test"
+                if s.max_images is None or len(found[split]) < s.max_images:
+                    which = "seen" if split == "train" else "held-out"
+                    found[split].append(((official, i), [(index[f"fashion_mnist/garment/{which}"], question, name)]))
+        return self._with_seen(found, index)
+
     def _with_seen(self, found: dict[str, list], index: dict[str, int]) -> dict[str, list]:
         """``found`` with its first ``seen`` training items added to val and test (their seen groups)."""
         seen = found["train"][: self.source.seen]
@@ -422,7 +412,8 @@ class VisualQADataModule(ImageTextRecords):
         workers = self.prepare_config.num_workers
         units: dict[str, list[tuple[Unit, int]]] = {split: [] for split in SPLITS}  # (unit, its records)
         texts: list[str] = [q.format(n=1) for source in s.sources for q in QUESTIONS[source].values()]
-        for source, read in (("clipart", self._clipart_units), ("emoji", self._emoji_units)):
+        for source, read in (("clipart", self._clipart_units), ("fashion_mnist", self._garment_units),
+                             ("emoji", self._emoji_units)):  # fmt: skip
             if source in s.sources:
                 for split, items in read(index).items():
                     texts += [answer for _, questions in items for _, _, answer in questions]
@@ -460,26 +451,3 @@ class VisualQADataModule(ImageTextRecords):
         mean, std = channel_statistics(folder / "train", records["train"])
         longest = max([0, *(part.get("longest", 0) for part in parts.values())])
         return {"records": records, "runs": runs, "mean": mean, "std": std, "longest": longest}
-
-    # --- loading ---
-
-    def canvases_of(self, split: str) -> np.ndarray:
-        """Each record's canvas index (uint8): all a sampler holds per record."""
-        runs = self.manifest["runs"][split]
-        return np.repeat(np.asarray([c for c, _ in runs], np.uint8), [n for _, n in runs])
-
-    def dataset(self, split: str) -> QARecords:
-        """A prepared split's records, its shards checked."""
-        if split not in self.datasets:
-            if not self.manifest["records"][split]:
-                raise DataError(f"data.source: the {split} split holds no record; give it images")
-            self.datasets[split] = QARecords(split_location(self.prepared, split), self.tokenizer.to_str(),
-                                             self.template, self.augment and split == "train", self.seed)  # fmt: skip
-        return self.datasets[split]
-
-    def _dataloader(self, split: str, shuffle: bool = False):
-        dataset = self.dataset(split)
-        sampler = CanvasBatchSampler(self.canvases_of(split), self.loader.batch_size, shuffle, self.seed,
-                                     with_epoch=shuffle)  # fmt: skip
-        collate = partial(collate_qa, mean=self.manifest["mean"], std=self.manifest["std"], pad_id=PAD_ID)
-        return map_loader(dataset, self.loader, resumable=shuffle, batch_sampler=sampler, collate_fn=collate)
