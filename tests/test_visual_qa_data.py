@@ -192,3 +192,21 @@ def test_garments_are_named_as_torchvision_names_them_on_a_32_pixel_rgb_canvas(t
     for channel in (1, 2):
         assert torch.allclose(pixels[:, 0], pixels[:, channel], atol=1e-5)
     assert len(records(data, "val")) == 6 + 2 and len(records(data, "test")) == 6 + 2
+
+
+def test_emoji_are_asked_their_unicode_name_held_out_in_the_other_style(tmp_path):
+    from lightformer.data.raw import emoji
+
+    if not (Path(emoji.NOTO_EMOJI).is_file() and Path(emoji.SYMBOLA).is_file()):
+        pytest.skip("apt-get install fonts-noto-color-emoji fonts-symbola")
+    source = VisualQASource(sources=("emoji",), max_images=3, seen=1, drawing_size=32)
+    data = VisualQADataModule(source, loader=ImageLoaderConfig(batch_size=4), augment=False,
+                              prepare=PrepareConfig(dir=str(tmp_path), num_workers=1))  # fmt: skip
+    data.prepare_data()
+    names = [r["answer"] for r in records(data, "train")]
+    assert names == [emoji.caption(c) for c in emoji.emoji_characters()][: len(names)] and len(names) == 3
+    assert {r["question"] for r in records(data, "train")} == {"What is this emoji?"}
+    groups = data.data_facts().groups
+    val = records(data, "val")
+    assert [groups[r["group"]] for r in val] == ["emoji/name/held-out"] * (len(val) - 1) + ["emoji/name/seen"]
+    assert val[-1]["answer"] == names[0] and val[-1]["image"] == records(data, "train")[0]["image"]
