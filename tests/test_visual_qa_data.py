@@ -5,6 +5,7 @@ the same number of batches on every rank)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -12,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from lightformer.data import VisualQADataModule
+from lightformer.data import ConversationFilesDataModule, VisualQADataModule
 from lightformer.data.loading.sampling import CanvasBatchSampler, ResumableDataLoader
 from lightformer.data.loading.streaming import Records
+from lightformer.data.modules.conversation_files import ConversationFiles
 from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.modules.visual_qa import QUESTIONS, VisualQASource
 from lightformer.data.objectives.chat import IGNORE, ChatTemplate
@@ -210,3 +212,84 @@ def test_emoji_are_asked_their_unicode_name_held_out_in_the_other_style(tmp_path
     val = records(data, "val")
     assert [groups[r["group"]] for r in val] == ["emoji/name/held-out"] * (len(val) - 1) + ["emoji/name/seen"]
     assert val[-1]["answer"] == names[0] and val[-1]["image"] == records(data, "train")[0]["image"]
+
+
+# --- a user's conversations (LLaVA's layout) -------------------------------------------------------------------
+
+
+def write_conversations(folder: Path, records: list, name: str = "train.jsonl") -> Path:
+    """Images a.png, b.png, c.png (red, green, blue, 40×24) and ``records`` as JSONL in ``folder``."""
+    from PIL import Image
+
+    for stem, colour in (("a", "red"), ("b", "green"), ("c", "blue")):
+        Image.new("RGB", (40, 24), colour).save(folder / f"{stem}.png")
+    path = folder / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def chat(image: str, *turns: str) -> dict:
+    roles = ("human", "gpt")
+    turns = [{"from": roles[i % 2], "value": text} for i, text in enumerate(turns)]
+    return {"id": image, "image": image, "conversations": turns}
+
+
+def conversations(tmp_path: Path, records: list, **options) -> ConversationFilesDataModule:
+    path = write_conversations(tmp_path, records)
+    source = ConversationFiles(train=str(path), **{"val_fraction": 0.0, "image_size": 32, **options})
+    prepare = PrepareConfig(dir=str(tmp_path / "prepared"), num_workers=1)
+    return ConversationFilesDataModule(source, loader=ImageLoaderConfig(batch_size=2), prepare=prepare)
+
+
+def test_conversations_train_every_answer_of_several_turns(tmp_path):
+    records = [chat("a.png", "<image>\nWhat colour?", "red", "Is it dark?", "no"), chat("b.png", "Colour?", "green"),
+               chat("c.png", "What colour is <image> this?", "blue")]  # fmt: skip
+    data = conversations(tmp_path, records, fit="pad")
+    data.prepare_data()
+    facts = data.data_facts()
+    assert facts.groups == ("files/answer/held-out",) and facts.canvases == {"pad": [32, 32]}
+    assert facts.chat_template == ChatTemplate().as_dict() and facts.image_fit == "pad"
+    batches = list(data.train_dataloader())
+    rows = {answer: (ids, labels) for batch in batches
+            for answer, ids, labels in zip(batch["answer"], batch["ids"], batch["labels"], strict=True)}  # fmt: skip
+    assert sorted(rows) == ["blue", "green", "red"]
+    ids, labels = rows["red"]
+    tokenizer = data.tokenizer
+    expected, expected_labels = ChatTemplate().encode(tokenizer, [("<image>\nWhat colour?", "red"),
+                                                                  ("Is it dark?", "no")], tokenizer.vocab_size)
+    assert ids[: len(expected)].tolist() == expected and labels[: len(expected)].tolist() == expected_labels
+    assert tokenizer.decode([t for t in labels.tolist() if t != IGNORE]) == "redno"  # both answers trained on
+    assert facts.max_length == max(len(ChatTemplate().encode(tokenizer, turns, 0)[0]) for turns in
+                                   [[("<image>\nWhat colour?", "red"), ("Is it dark?", "no")]])  # fmt: skip
+    # LLaVA-1.5's pad: the 40×24 image on a square of CLIP's mean colour, then resized
+    mean, std = (torch.tensor(v).view(3, 1, 1) for v in (facts.normalize_mean, facts.normalize_std))
+    first = next(b for b in batches if "red" in b["answer"])
+    image = first["images"][first["answer"].index("red")] * std + mean
+    stored_as_jpeg = 8  # grey levels
+    assert torch.allclose(image[:, 0, 16] * 255, torch.tensor([122.0, 116, 104]), atol=stored_as_jpeg)  # the band
+    assert torch.allclose(image[:, 16, 16] * 255, torch.tensor([255.0, 0, 0]), atol=stored_as_jpeg)  # the picture
+
+
+def test_a_carved_validation_split_takes_records_by_the_images_hash(tmp_path):
+    records = [chat(f"{stem}.png", "Colour?", stem) for stem in "abc"] * 4
+    data = conversations(tmp_path, records, val_fraction=0.4)  # the hashes of a, b, c: 0.50, 0.37, 0.35
+    data.prepare_data()
+    assert data.manifest["records"] == {"train": 4, "val": 8, "test": 0}
+    assert {b for batch in data.val_dataloader() for b in batch["answer"]} == {"b", "c"}
+
+
+@pytest.mark.parametrize(
+    "record, message",
+    [({"id": 1, "conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]},
+      r"line 2: field 'image' is missing"),
+     (chat("a.png", "Q", "A", "Q2"), r"line 2: field conversations\[2\] is a question with no answer"),
+     ({"image": "a.png", "conversations": [{"from": "gpt", "value": "A"}, {"from": "human", "value": "Q"}]},
+      r"line 2: field conversations\[0\].from is 'gpt', expected 'human'"),
+     (chat("missing.png", "Q", "A"), r"line 2: field 'image' 'missing.png' does not load"),
+     (chat("a.png", "<image> a <image>", "A"), r"line 2: field conversations: .*image marker")],
+)  # fmt: skip
+def test_a_bad_conversation_record_is_refused_naming_the_file_line_and_field(tmp_path, record, message):
+    data = conversations(tmp_path, [chat("a.png", "Q", "A"), record])
+    with pytest.raises(DataError, match=message) as error:
+        data.prepare_data()
+    assert "train.jsonl" in str(error.value)

@@ -2,6 +2,7 @@
 
 from lightformer.data.modules.captioned_images import ClipArtDataModule, EmojiDataModule
 from lightformer.data.modules.classification import TextClassificationDataModule
+from lightformer.data.modules.conversation_files import ConversationFilesDataModule
 from lightformer.data.modules.image_text import ImageTextDataModule
 from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
 from lightformer.data.modules.image_tokens import ImageTokenDataModule
@@ -14,6 +15,7 @@ from lightformer.data.preparation.tokenizers import Tokenizer
 
 __all__ = [
     "ClipArtDataModule",
+    "ConversationFilesDataModule",
     "EmojiDataModule",
     "ImageDataModule",
     "ImageTextDataModule",

@@ -10,6 +10,7 @@ from the manifest's runs), normalised with the training images' mean and standar
 from __future__ import annotations
 
 import io
+import json
 from functools import partial
 from pathlib import Path
 
@@ -30,7 +31,8 @@ STATS_IMAGES = 512  # training images the pixels' mean and standard deviation ar
 
 class QARecords(LineImages):
     """A prepared split by index: item i is {"image": uint8 (3, H, W), "ids", "labels" (int64, the chat template's),
-    "prompt_length", "group", "question", "answer"}; with ``augment``, the image jittered by draws from (seed, epoch,
+    "prompt_length", "group", "question", "answer" (the first turn's)}: of a record's question and answer, or of its
+    "turns" (JSON [[question, answer], ...]); with ``augment``, the image jittered by draws from (seed, epoch,
     i)."""
 
     mode = "RGB"
@@ -44,12 +46,12 @@ class QARecords(LineImages):
         if self.augment:
             image = jitter(image, np.random.default_rng(np.random.SeedSequence((self.seed, epoch, index))))
         tokenizer = worker_tokenizer(self.tokenizer_json)
-        turn = (record["question"], record["answer"])
-        ids, labels = self.template.encode(tokenizer, [turn], tokenizer.vocab_size)
-        prompt = self.template.prompt(tokenizer, record["question"], tokenizer.vocab_size)
+        turns = json.loads(record["turns"]) if "turns" in record else [(record["question"], record["answer"])]
+        ids, labels = self.template.encode(tokenizer, turns, tokenizer.vocab_size)
+        prompt = self.template.prompt(tokenizer, turns[0][0], tokenizer.vocab_size)
         return {"image": torch.from_numpy(image.transpose(2, 0, 1).copy()), "ids": ids, "labels": labels,
-                "prompt_length": len(prompt), "group": int(record["group"]), "question": record["question"],
-                "answer": record["answer"]}  # fmt: skip
+                "prompt_length": len(prompt), "group": int(record["group"]), "question": turns[0][0],
+                "answer": turns[0][1]}  # fmt: skip
 
 
 def collate_qa(items: list[dict], mean, std, pad_id: int) -> dict:
