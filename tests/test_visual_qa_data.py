@@ -129,6 +129,24 @@ def test_batches_hold_one_canvas_and_the_contracts_keys(qa):
     assert shapes == {(32, 32), (32, 128)}
 
 
+def test_training_resumed_mid_epoch_gets_the_rest_of_that_epochs_batches(qa):
+    def epoch(state: dict | None = None) -> list[dict]:
+        loader = qa.train_dataloader()
+        loader.batch_sampler.set_epoch(1)
+        if state:
+            loader.load_state_dict(state)
+        return list(loader)
+
+    whole, resumed = epoch(), epoch({"epoch": 1, "batches": 2})
+    assert len(resumed) == len(whole) - 2
+    for a, b in zip(whole[2:], resumed, strict=True):  # the same records, jittered the same way
+        assert a["answer"] == b["answer"] and torch.equal(a["images"], b["images"])
+        assert torch.equal(a["ids"], b["ids"])
+    other = qa.train_dataloader()
+    other.batch_sampler.set_epoch(2)
+    assert [b["answer"] for b in other] != [b["answer"] for b in whole]
+
+
 def test_every_evaluation_record_is_read_once(qa):
     count = sum(len(batch["answer"]) for batch in qa.val_dataloader())
     assert count == qa.manifest["records"]["val"]
