@@ -351,17 +351,18 @@ class CanvasBatchSampler(TokenBudgetBatchSampler):
         self.lengths = np.asarray(canvases, dtype=np.uint8)
         self.batch_size, self.with_epoch = batch_size, with_epoch
 
-    def _block_batches(self, block: int, rng: np.random.Generator | None = None) -> list[list[int]]:
-        """Each canvas's examples (in an order drawn from ``rng``, else in index order) cut into batches."""
-        batches: list[list[int]] = []
+    def _block_batches(self, block: int, rng: np.random.Generator | None = None) -> list[np.ndarray]:
+        """Each canvas's examples (in an order drawn from ``rng``, else in index order) cut into batches: views of
+        one array of the epoch's order (a Python list per batch is made only as it is handed out)."""
+        batches: list[np.ndarray] = []
         for canvas in np.unique(self.lengths):
             members = np.flatnonzero(self.lengths == canvas)
             if rng is not None:
                 members = members[rng.permutation(len(members))]
-            batches += [members[i : i + self.batch_size].tolist() for i in range(0, len(members), self.batch_size)]
+            batches += [members[i : i + self.batch_size] for i in range(0, len(members), self.batch_size)]
         return batches
 
     def __iter__(self) -> Iterator[list]:
         epoch = self.epoch
         for batch in super().__iter__():
-            yield [(index, epoch) for index in batch] if self.with_epoch else batch
+            yield [(index, epoch) for index in batch.tolist()] if self.with_epoch else batch.tolist()
