@@ -311,3 +311,16 @@ def test_a_bad_conversation_record_is_refused_naming_the_file_line_and_field(tmp
     with pytest.raises(DataError, match=message) as error:
         data.prepare_data()
     assert "train.jsonl" in str(error.value)
+
+
+def test_the_new_facts_compare_as_the_contract_says_and_survive_a_checkpoints_dict():
+    from lightformer.facts import DataFacts
+
+    facts = DataFacts(chat_template=ChatTemplate().as_dict(), groups=("lines/read/held-out",),
+                      canvases={"line": [32, 192]})  # fmt: skip
+    back = DataFacts.of(facts.as_dict())
+    assert back == facts and back.groups == ("lines/read/held-out",) and back.canvases == {"line": [32, 192]}
+    assert DataFacts.of({**facts.as_dict(), "groups": ["lines/word/held-out"]}).differences(facts) == []
+    assert [d.split(":")[0] for d in facts.differences(DataFacts(chat_template=ChatTemplate(user="U: ").as_dict(),
+                                                                 canvases={"line": [32, 256]}))] == [
+        "chat_template", "canvases"]  # fmt: skip
