@@ -180,13 +180,14 @@ class VisualQASource:
 
 class Unit(NamedTuple):
     """What one preparing process draws at a time: images of one source (one canvas), each with its (group, question,
-    answer) records. ``items``: clip art's drawing names, lines' (split, index) pairs, Fashion-MNIST's (official
-    split, index) pairs, emoji's (character, style) pairs."""
+    answer) records. ``items``: clip art's drawing names, lines' indices in ``line_split`` (a range), Fashion-MNIST's
+    (official split, index) pairs, emoji's (character, style) pairs."""
 
     source: str
-    items: list
+    items: list | range
     questions: list  # per item: [(group, question, answer), ...]; lines': [] (read from the drawn line)
     groups: dict[str, int]  # lines: question kind → group
+    line_split: str = ""  # lines: the split whose lines they are
 
 
 def qa_records(unit: Unit, options: VisualQASource, drawer: LineDrawer | None, tokenizer_json: str, seed: int):
@@ -212,7 +213,7 @@ def qa_records(unit: Unit, options: VisualQASource, drawer: LineDrawer | None, t
             image = emoji.draw(character, style, font, options.drawing_size)
             questions = unit.questions[position]
         else:
-            split, index = item
+            split, index = unit.line_split, item
             line, image = drawer.line(split, index)
             words = line.text.split()
             rng = np.random.default_rng(np.random.SeedSequence((seed, 2, ("train", "val", "test").index(split), index)))
@@ -432,7 +433,7 @@ class VisualQADataModule(ChatRecords):
                 for which, drawn, lines in ranges:
                     kinds = {kind: index[f"lines/{kind}/{which}"] for kind in QUESTIONS["lines"]}
                     for piece in pieces(lines, piece_size(len(lines), PIECE_IMAGES, workers)):
-                        units[split].append((Unit("lines", [(drawn, i) for i in piece], [], kinds), 2 * len(piece)))
+                        units[split].append((Unit("lines", piece, [], kinds, drawn), 2 * len(piece)))
         file = self.tokenizer_config.file or "(unset: the Austen character language model's)"
         named = SimpleNamespace(file=file, max_unknown=self.tokenizer_config.max_unknown)  # how the rule names it
         check_unknown_characters(tokenizer, named, texts)
