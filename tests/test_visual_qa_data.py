@@ -273,8 +273,9 @@ def test_conversations_train_every_answer_of_several_turns(tmp_path):
     assert sorted(rows) == ["blue", "green", "red"]
     ids, labels = rows["red"]
     tokenizer = data.tokenizer
-    expected, expected_labels = ChatTemplate().encode(tokenizer, [("<image>\nWhat colour?", "red"),
-                                                                  ("Is it dark?", "no")], tokenizer.vocab_size)
+    expected, expected_labels = ChatTemplate().encode(
+        tokenizer, [("<image>\nWhat colour?", "red"), ("Is it dark?", "no")], tokenizer.vocab_size
+    )
     assert ids[: len(expected)].tolist() == expected and labels[: len(expected)].tolist() == expected_labels
     assert tokenizer.decode([t for t in labels.tolist() if t != IGNORE]) == "redno"  # both answers trained on
     assert facts.max_length == max(len(ChatTemplate().encode(tokenizer, turns, 0)[0]) for turns in

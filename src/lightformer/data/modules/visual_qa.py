@@ -34,6 +34,7 @@ characters of the questions and answers it lacks are encoded as UNK within ``tok
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass
 from functools import cached_property, lru_cache, partial
 from pathlib import Path
@@ -105,7 +106,8 @@ class VisualQASource:
     Args:
         sources: of "clipart", "lines", "fashion_mnist", "emoji" (``QUESTIONS``).
         seen: training images of each source also evaluated, as "<source>/<kind>/seen" groups of val and test.
-        max_images: most images of a source in a split (clip art's drawings, emoji); None: all.
+        max_images: most images of a source in a split; None: all. Clip art's are then taken in the order of a hash
+            of their names (a sample of every category), the others' in their sources' order.
         drawing_size: the square canvas of drawings and emoji, in pixels (a multiple of 16).
         line_width: the lines' canvas width (height 32), a multiple of 16.
         garment_size: Fashion-MNIST's square canvas (its 28×28 images resized to it), a multiple of 16.
@@ -344,6 +346,8 @@ class VisualQADataModule(ChatRecords):
         s = self.source
         names = openclipart.drawing_names(s.clipart_root)
         classes = set(ClipArtDataModule.categories(self, names))
+        if s.max_images is not None:  # a sample spread over the categories, not the first folders' drawings
+            names = sorted(names, key=lambda name: hashlib.sha256(name.encode("utf-8")).digest())
         asked = QUESTIONS["clipart"]
         found: dict[str, list[tuple[str, list]]] = {split: [] for split in SPLITS}
         with preparing(f"reading the titles, categories and keywords of {len(names):,} drawings"):
