@@ -10,7 +10,7 @@ the Open Clip Art Library's titles, categories and keywords, the text of printed
 **Questions** (``QUESTIONS``; one (image, question, answer) per record):
 - clip art: "What is this?" → its title (drawings that have one); "Which category?" → its top-level category as
   ``ClipArtDataModule`` names it ("signs and symbols"; drawings of one of its classes); "Name its keywords." → its
-  first 3 keywords joined by ", " (drawings that have keywords). Split by ``openclipart.split_of`` (a hash of the
+  first 3 keywords joined by ", " (drawings that have keywords); both cut at a word within ``max_chars``. Split by ``openclipart.split_of`` (a hash of the
   variant key: variants together), each drawing fitted on the square ``drawing_size`` canvas (``drawing_image``).
 - lines: "What does it say?" → the line; "What is word N?" → its N-th word, N drawn from (seed, split, line). Lines
   of ``words`` words of Austen drawn and rendered by ``image_text.LineDrawer`` at height 32 on a ``line_width``
@@ -112,6 +112,8 @@ class VisualQASource:
         line_width: the lines' canvas width (height 32), a multiple of 16.
         garment_size: Fashion-MNIST's square canvas (its 28×28 images resized to it), a multiple of 16.
         words: (fewest, most) words of a line.
+        max_chars: most characters of an answer: a longer line is drawn again; a longer clip art title or keyword
+            list is cut at a word (``openclipart.cut``).
         train_lines: lines rendered for training; val_lines, test_lines: for val and test (held-out typefaces).
         held_out_families: the typefaces never trained on (``ImageTextSource.held_out_families``).
         clipart_root: the Open Clip Art Library's folder (``png/``, ``svg/``).
@@ -129,6 +131,7 @@ class VisualQASource:
     line_width: int = 192
     garment_size: int = 32
     words: tuple[int, int] = (1, 4)
+    max_chars: int = 62
     train_lines: int = 20_000
     val_lines: int = 500
     test_lines: int = 500
@@ -149,6 +152,7 @@ class VisualQASource:
             raise ValueError(f"data.source.sources={list(self.sources)}: give each of {list(QUESTIONS)} at most once, "
                              "one at least")  # fmt: skip
         check_at_least("data.source.seen", self.seen, 0)
+        check_at_least("data.source.max_chars", self.max_chars, 8)
         if self.max_images is not None:
             check_at_least("data.source.max_images", self.max_images, 1)
         for name in ("drawing_size", "line_width", "garment_size"):
@@ -163,7 +167,8 @@ class VisualQASource:
 
     def line_source(self) -> ImageTextSource:
         """The printed lines' options as ``image_text`` reads them."""
-        return ImageTextSource(min_words=self.words[0], max_words=self.words[1], train_lines=self.train_lines,
+        return ImageTextSource(min_words=self.words[0], max_words=self.words[1], max_chars=self.max_chars,
+                               train_lines=self.train_lines,
                                val_lines=self.val_lines, test_lines=self.test_lines,
                                held_out_families=self.held_out_families, font_dir=self.font_dir,
                                data_root=self.data_root)  # fmt: skip
@@ -358,8 +363,9 @@ class VisualQADataModule(ChatRecords):
                 title, _, keywords = openclipart.svg_metadata(Path(s.clipart_root) / "svg" / f"{name}.svg")
                 category = name.split("/", 1)[0]
                 keywords = list(dict.fromkeys(keywords))[:KEYWORDS]
-                answers = {"name": title, "category": openclipart.class_name(category) if category in classes else "",
-                           "keywords": ", ".join(keywords)}  # fmt: skip
+                answers = {"name": openclipart.cut(title, s.max_chars),
+                           "category": openclipart.class_name(category) if category in classes else "",
+                           "keywords": openclipart.cut(", ".join(keywords), s.max_chars)}  # fmt: skip
                 which = "seen" if split == "train" else "held-out"
                 questions = [(index[f"clipart/{kind}/{which}"], asked[kind], answer)
                              for kind, answer in answers.items() if answer]  # fmt: skip
