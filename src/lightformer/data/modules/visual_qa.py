@@ -10,8 +10,9 @@ the Open Clip Art Library's titles, categories and keywords, the text of printed
 **Questions** (``QUESTIONS``; one (image, question, answer) per record):
 - clip art: "What is this?" → its title (drawings that have one); "Which category?" → its top-level category as
   ``ClipArtDataModule`` names it ("signs and symbols"; drawings of one of its classes); "Name its keywords." → its
-  first 3 keywords joined by ", " (drawings that have keywords); both cut at a word within ``max_chars``. Split by ``openclipart.split_of`` (a hash of the
-  variant key: variants together), each drawing fitted on the square ``drawing_size`` canvas (``drawing_image``).
+  first 3 keywords joined by ", " (drawings that have keywords); both cut at a word within ``max_chars``. Split by
+  ``openclipart.split_of`` (a hash of the variant key: variants together), each drawing fitted on the square
+  ``drawing_size`` canvas (``drawing_image``).
 - lines: "What does it say?" → the line; "What is word N?" → its N-th word, N drawn from (seed, split, line). Lines
   of ``words`` words of Austen drawn and rendered by ``image_text.LineDrawer`` at height 32 on a ``line_width``
   canvas; train in the seen families, val and test in the held-out ones (``split_families``), text split by position.
