@@ -1282,3 +1282,31 @@ def test_the_built_in_captioned_images_refuse_a_missing_library_or_font_naming_t
         ClipArtSource(val_fraction=0.5, test_fraction=0.5)
     with pytest.raises(ValueError, match=r"data.source.image_size=8 must be at least 16 pixels"):
         EmojiSource(image_size=8)
+
+
+def test_the_visual_qa_data_refuses_options_and_missing_sources_naming_the_field(tmp_path, monkeypatch):
+    from lightformer.data import ConversationFilesDataModule, VisualQADataModule
+    from lightformer.data.modules.conversation_files import ConversationFiles
+    from lightformer.data.modules.visual_qa import VisualQASource
+    from lightformer.data.preparation.prepare import PrepareConfig
+    from lightformer.errors import DataError
+
+    with pytest.raises(ValueError, match=r"data.source.sources=\['maps'\]: give each of \['clipart', 'lines'"):
+        VisualQASource(sources=("maps",))
+    with pytest.raises(ValueError, match=r"data.source.line_width=200 must be a positive multiple of 16"):
+        VisualQASource(line_width=200)
+    with pytest.raises(ValueError, match=r"data.source.words=\[3, 1\] must be \[fewest, most\]"):
+        VisualQASource(words=(3, 1))
+    with pytest.raises(DataError, match=r"data.source.clipart_root='.*' does not hold .* apt-get install openclipart"):
+        VisualQADataModule(VisualQASource(sources=("clipart",), clipart_root=str(tmp_path)))
+    monkeypatch.setattr("lightformer.data.raw.corpora.DEBIAN_FASHION_MNIST_DIR", tmp_path / "not-installed")
+    with pytest.raises(DataError, match=r"data.source.sources holds fashion_mnist but .* dataset-fashion-mnist"):
+        VisualQADataModule(VisualQASource(sources=("fashion_mnist",), data_root=str(tmp_path)))
+    with pytest.raises(ValueError, match=r"data.source.train='x.txt' is not a conversation file"):
+        ConversationFiles(train="x.txt")
+    (tmp_path / "train.jsonl").write_text('{"id": 1, "conversations": []}\n', encoding="utf-8")
+    prepare = PrepareConfig(dir=str(tmp_path / "prepared"), num_workers=1)
+    data = ConversationFilesDataModule(ConversationFiles(train=str(tmp_path / "train.jsonl")), prepare=prepare)
+    with pytest.raises(DataError, match=r"data.source.train: .*train.jsonl, line 1: field 'image' is missing"):
+        data.prepare_data()
+    assert not any((tmp_path / "prepared").iterdir())  # the half-made folder removed

@@ -49,6 +49,12 @@ class DataFacts:
             Not compared between data and checkpoint: a model evaluates shorter examples than it was trained on.
         length_multiple: the batches' lengths are multiples of this (a few shapes: a compiled model compiles each
             static); None: any length. Not compared: it says how the batches are padded, not what they mean.
+        chat_template: a vision-language model's chat template (``data.objectives.chat.ChatTemplate.as_dict()``):
+            how an image, a question and an answer are laid out in ids; the model answers in that layout only.
+        groups: the names of the groups a batch's "group" indexes ("clipart/category/held-out", ...). Not compared:
+            they say how evaluation is broken down, not what the data means.
+        canvases: for each kind of image (an ``image_fit`` name: "drawing", "line", ...), the [height, width] its
+            images are fitted to; ``image_size`` and ``image_fit`` are the default kind's.
     """
 
     tokenizer: str | None = None
@@ -67,12 +73,17 @@ class DataFacts:
     image_fit: str | None = None
     max_length: int | None = field(default=None, compare=False)
     length_multiple: int | None = field(default=None, compare=False)
+    chat_template: dict[str, str] | None = None
+    groups: tuple[str, ...] | None = field(default=None, compare=False)
+    canvases: dict[str, list[int]] | None = None
 
     def __post_init__(self) -> None:  # lists (YAML, a checkpoint's hyperparameters) become tuples
-        for name in ("class_names", "normalize_mean", "normalize_std", "image_size"):
+        for name in ("class_names", "normalize_mean", "normalize_std", "image_size", "groups"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
+        if self.canvases is not None:
+            object.__setattr__(self, "canvases", {kind: [int(v) for v in hw] for kind, hw in self.canvases.items()})
 
     @property
     def num_classes(self) -> int | None:

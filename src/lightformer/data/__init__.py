@@ -2,6 +2,7 @@
 
 from lightformer.data.modules.captioned_images import ClipArtDataModule, EmojiDataModule
 from lightformer.data.modules.classification import TextClassificationDataModule
+from lightformer.data.modules.conversation_files import ConversationFilesDataModule
 from lightformer.data.modules.image_text import ImageTextDataModule
 from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
 from lightformer.data.modules.image_tokens import ImageTokenDataModule
@@ -9,10 +10,12 @@ from lightformer.data.modules.images import ImageDataModule
 from lightformer.data.modules.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
 from lightformer.data.modules.text import TextDataModule
 from lightformer.data.modules.translation import TranslationDataModule
+from lightformer.data.modules.visual_qa import VisualQADataModule
 from lightformer.data.preparation.tokenizers import Tokenizer
 
 __all__ = [
     "ClipArtDataModule",
+    "ConversationFilesDataModule",
     "EmojiDataModule",
     "ImageDataModule",
     "ImageTextDataModule",
@@ -24,4 +27,5 @@ __all__ = [
     "TextDataModule",
     "Tokenizer",
     "TranslationDataModule",
+    "VisualQADataModule",
 ]

@@ -325,3 +325,44 @@ def _split_to_count(batches: list[list[int]], count: int) -> list[list[int]]:
     if batches and (shortfall := count - len(batches)) > 0:
         batches += [batches[i % len(batches)] for i in range(shortfall)]
     return batches
+
+
+class CanvasBatchSampler(TokenBudgetBatchSampler):
+    """Batches of ``batch_size`` indices whose examples share a canvas (an image shape: a model's batch holds one), as
+    ``TokenBudgetBatchSampler`` deals them out: with ``shuffle`` each canvas's examples in an order drawn from (seed,
+    epoch) and the batches in a random order, else in index order; the same number of batches on every rank (the
+    largest halved, or repeated where there are fewer examples than ranks), each example on one rank; exact on resume
+    (``ResumableDataLoader`` skips the batches trained on). ``canvases``: one small integer per example (its canvas's
+    index), the only thing held per example. ``with_epoch``: yield (index, epoch) keys, for items drawn from (seed,
+    epoch, index)."""
+
+    def __init__(
+        self,
+        canvases: Sequence[int] | np.ndarray,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        sampler: Sampler | None = None,
+        with_epoch: bool = False,
+    ) -> None:
+        super().__init__(np.zeros(0, np.int64), batch_size, shuffle, seed, num_replicas, rank, sampler)
+        self.lengths = np.asarray(canvases, dtype=np.uint8)
+        self.batch_size, self.with_epoch = batch_size, with_epoch
+
+    def _block_batches(self, block: int, rng: np.random.Generator | None = None) -> list[np.ndarray]:
+        """Each canvas's examples (in an order drawn from ``rng``, else in index order) cut into batches: views of
+        one array of the epoch's order (a Python list per batch is made only as it is handed out)."""
+        batches: list[np.ndarray] = []
+        for canvas in np.unique(self.lengths):
+            members = np.flatnonzero(self.lengths == canvas)
+            if rng is not None:
+                members = members[rng.permutation(len(members))]
+            batches += [members[i : i + self.batch_size] for i in range(0, len(members), self.batch_size)]
+        return batches
+
+    def __iter__(self) -> Iterator[list]:
+        epoch = self.epoch
+        for batch in super().__iter__():
+            yield [(index, epoch) for index in batch.tolist()] if self.with_epoch else batch.tolist()

@@ -1,0 +1,299 @@
+"""A user's images and conversations about them, in LLaVA's layout, for a vision-language model: a JSONL file (or a
+JSON list) of ``{"id": ..., "image": "rel/path.jpg", "conversations": [{"from": "human", "value": "<image>\\nQ"},
+{"from": "gpt", "value": "A"}, ...]}``, several turns per image, every answer trained on.
+
+    train | val | test files ──pieces of lines (byte offsets: no file is held), every core──> each record checked,
+      its image loaded and fitted to the square canvas ──> <prepare.dir>/conversations-<hash>/ train | val | test
+      records {"image": JPEG, "turns": JSON [[question, answer], ...], "group": 0}, tokenizer.json, prepared.json
+    records ──ChatRecords: the chat template, batches of one canvas──> the vision-language batch
+
+Images resolve against ``image_folder`` (default: the file's own folder) and are fitted to the square ``image_size``
+(``fit``: "resize", stretched, the default; or "pad", LLaVA-1.5's: padded to a square with the colour of CLIP's
+mean, ``PAD_COLOUR``, then resized). Without a val file, ``val_fraction`` of the training records (by a hash of the
+record's image path) are carved out for validation, as ``image_text_files`` carves. A record that is not a JSON object,
+without an image, with an image that does not load, or whose turns are not human, gpt, human, gpt, ...: a DataError
+naming the file, the line (or list index) and the field. Every record is one group, "files/answer/held-out".
+
+Tokenizer: ``tokenizer.file`` (the language model's run's ``tokenizer.json``: the text tower starts from it; the
+characters it lacks under the ``max_unknown`` rule), else one trained on the conversations (characters or BPE).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Literal
+
+from PIL import Image
+
+from lightformer.config_groups import as_config
+from lightformer.data.modules.chat_records import ChatRecords, channel_statistics
+from lightformer.data.modules.image_text_files import carved
+from lightformer.data.modules.images import ImageLoaderConfig
+from lightformer.data.objectives.chat import ChatTemplate
+from lightformer.data.preparation.caching import file_stamp
+from lightformer.data.preparation.prepare import (
+    TOKENIZER,
+    PrepareConfig,
+    TokenizerConfig,
+    _tokenizer_key,
+    as_tokenizer_config,
+    worker_tokenizer,
+)
+from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
+from lightformer.data.raw.image_files import fit_image, load_image
+from lightformer.data.raw.rendering import jpeg_bytes
+from lightformer.data.raw.sources import SPLITS
+from lightformer.errors import DataError
+from lightformer.facts import DataFacts
+
+FORMAT_VERSION = 1  # bump when what a prepared folder holds, or how an image is fitted, changes meaning
+PIECE_RECORDS = 500  # records per piece a preparing process reads and writes before taking the next
+PAD_COLOUR = (122, 116, 104)  # CLIP's mean colour (0.4815, 0.4578, 0.4082), which LLaVA-1.5 pads images with
+GROUP = "files/answer/held-out"
+ROLES = ("human", "gpt")
+
+
+@dataclass(frozen=True)
+class ConversationFiles:
+    """A user's conversation files and the canvas (``data.source``).
+
+    Args:
+        train: the training file: ``.jsonl`` (one record a line) or ``.json`` (a list of records; read whole).
+        val: the validation file; default: ``val_fraction`` of the training records.
+        test: the test file; default: no test split.
+        image_folder: the folder the records' "image" paths resolve against; default: each file's own folder.
+        val_fraction: share of the training records carved out for validation when there is no ``val``.
+        image_size: the square canvas's side in pixels, a multiple of 16.
+        fit: "resize" (stretched to the square) or "pad" (LLaVA-1.5's: padded to a square, then resized).
+    """
+
+    train: str
+    val: str | None = None
+    test: str | None = None
+    image_folder: str | None = None
+    val_fraction: float = 0.05
+    image_size: int = 64
+    fit: Literal["resize", "pad"] = "resize"
+
+    def __post_init__(self) -> None:
+        for split in SPLITS:
+            path = getattr(self, split)
+            if path is not None and Path(path).suffix.lower() not in (".jsonl", ".json"):
+                raise ValueError(f"data.source.{split}={path!r} is not a conversation file; valid: a .jsonl file of "
+                                 "LLaVA records, or a .json list of them")  # fmt: skip
+        if not 0 <= self.val_fraction < 1:
+            raise ValueError(f"data.source.val_fraction={self.val_fraction} must be in [0, 1)")
+        if self.image_size < 16 or self.image_size % 16:
+            raise ValueError(f"data.source.image_size={self.image_size} must be a positive multiple of 16 (the patch "
+                             "grid: patch 8 × pixel shuffle 2)")  # fmt: skip
+        if self.fit not in ("resize", "pad"):
+            raise ValueError(f"data.source.fit={self.fit!r} is not a way to fit an image; valid: 'resize', 'pad'")
+
+
+def pad_square(image: Image.Image, colour: tuple[int, int, int] = PAD_COLOUR) -> Image.Image:
+    """An RGB image centred on a square of ``colour`` whose side is its longer side (LLaVA-1.5's ``expand2square``)."""
+    side = max(image.size)
+    canvas = Image.new("RGB", (side, side), colour)
+    canvas.paste(image, ((side - image.width) // 2, (side - image.height) // 2))
+    return canvas
+
+
+def read_pieces(path: Path, field: str) -> list[tuple[str, int, int, int]]:
+    """A file's pieces as (path, byte offset or list index, first line number, records) of at most
+    ``PIECE_RECORDS`` records, read one line at a time (a JSON list: loaded to count it); a DataError naming the
+    field and file when it is not there."""
+    if not path.is_file():
+        raise DataError(f"data.source.{field}: {path} does not exist; give a .jsonl or .json file of LLaVA records")
+    found = []
+    if path.suffix.lower() == ".json":
+        count = len(_json_list(path, field))
+        return [(str(path), start, start, min(PIECE_RECORDS, count - start))
+                for start in range(0, count, PIECE_RECORDS)]  # fmt: skip
+    with path.open("rb") as f:
+        offset = 0
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                if not found or found[-1][3] >= PIECE_RECORDS:
+                    found.append((str(path), offset, number, 0))
+                found[-1] = (*found[-1][:3], found[-1][3] + 1)
+            offset += len(line)
+    return found
+
+
+def _json_list(path: Path, field: str) -> list:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"data.source.{field}: {path} is not a readable JSON file ({error})") from None
+    if not isinstance(data, list):
+        raise DataError(f"data.source.{field}: {path} is not a JSON list of LLaVA records")
+    return data
+
+
+def piece_entries(piece: tuple[str, int, int, int], field: str):
+    """The (where, record) of a piece: ``where`` names the file and line (or list index) and the field."""
+    path, start, number, count = piece
+    if path.lower().endswith(".json"):
+        for i, record in enumerate(_json_list(Path(path), field)[start : start + count]):
+            yield f"data.source.{field}: {path}, record {start + i}", record
+        return
+    with open(path, "rb") as f:
+        f.seek(start)
+        done = 0
+        while done < count:
+            line = f.readline()
+            if line.strip():
+                where = f"data.source.{field}: {path}, line {number}"
+                try:
+                    yield where, json.loads(line.decode("utf-8-sig"))
+                except (UnicodeDecodeError, json.JSONDecodeError) as error:
+                    raise DataError(f"{where} is not a JSON record ({error})") from None
+                done += 1
+            number += 1
+
+
+def turns_of(record: object, where: str) -> list[tuple[str, str]]:
+    """A record's (question, answer) turns, or a DataError naming where and which field is wrong."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where} is not a JSON object with 'image' and 'conversations'")
+    if not isinstance(record.get("image"), str) or not record["image"]:
+        raise DataError(f"{where}: field 'image' is missing or not a path; every record needs an image")
+    conversations = record.get("conversations")
+    if not isinstance(conversations, list) or not conversations:
+        raise DataError(f"{where}: field 'conversations' is missing or empty; give a list of turns")
+    for i, turn in enumerate(conversations):
+        if not isinstance(turn, dict) or turn.get("from") != ROLES[i % 2] or not isinstance(turn.get("value"), str):
+            got = turn.get("from") if isinstance(turn, dict) else turn
+            raise DataError(f"{where}: field conversations[{i}].from is {got!r}, expected {ROLES[i % 2]!r} with a "
+                            "string 'value' (the turns go human, gpt, human, gpt, ...)")  # fmt: skip
+    if len(conversations) % 2:
+        raise DataError(f"{where}: field conversations[{len(conversations) - 1}] is a question with no answer; the "
+                        "turns go human, gpt, ... and end with gpt")  # fmt: skip
+    return [(conversations[i]["value"], conversations[i + 1]["value"]) for i in range(0, len(conversations), 2)]
+
+
+def _keep(record: dict, keep: str | None, fraction: float) -> bool:
+    return keep is None or carved(record["image"], fraction) == (keep == "val")
+
+
+def conversation_records(piece, field: str, keep: str | None, source: ConversationFiles, template: ChatTemplate,
+                         tokenizer_json: str):  # fmt: skip
+    """The records {"image": JPEG, "turns", "group": 0} of a piece (``keep``: "train" or "val" of a carved training
+    file, None all), one image at a time; returns the longest ids (the chat template's) it made."""
+    tokenizer, longest = worker_tokenizer(tokenizer_json), 0
+    folder = Path(source.image_folder) if source.image_folder else Path(piece[0]).parent
+    for where, record in piece_entries(piece, field):
+        turns = turns_of(record, where)
+        if not _keep(record, keep, source.val_fraction):
+            continue
+        try:
+            ids = template.encode(tokenizer, turns, tokenizer.vocab_size)[0]
+        except DataError as error:
+            raise DataError(f"{where}: field conversations: {error}") from None
+        path = folder / record["image"]
+        try:
+            image = load_image(path, 3)
+        except (OSError, ValueError) as error:
+            raise DataError(f"{where}: field 'image' {record['image']!r} does not load from {path} ({error})") from None
+        image = pad_square(image) if source.fit == "pad" else image
+        image = fit_image(image, source.image_size, source.image_size, "resize")
+        longest = max(longest, len(ids))
+        yield {"image": jpeg_bytes(image), "turns": json.dumps(turns, ensure_ascii=False), "group": 0}
+    return {"longest": longest}
+
+
+class ConversationFilesDataModule(ChatRecords):
+    """A user's images and LLaVA conversations (the module docstring), for a vision-language model: the batches
+    and facts of ``VisualQADataModule`` (one canvas, one group).
+
+    Args:
+        source: the files, the image folder, the canvas (``ConversationFiles``).
+        tokenizer: ``file``: the language model run's ``tokenizer.json``; unset: trained on the conversations.
+        template: the chat template (``ChatTemplate``), stored in the facts.
+        loader: records per batch, loader workers, pinned memory (``ImageLoaderConfig``).
+        prepare: where and with how many processes the records are prepared (``PrepareConfig``).
+        augment: jitter training images; never val or test.
+        seed: seeds the training order and jitter.
+    """
+
+    def __init__(
+        self,
+        source: ConversationFiles,
+        tokenizer: TokenizerConfig = TokenizerConfig(),
+        template: ChatTemplate = ChatTemplate(),
+        loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=32),
+        prepare: PrepareConfig = PrepareConfig(),
+        augment: bool = False,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(loader, prepare, augment, seed)
+        self.save_hyperparameters()
+        self.source, self.template = as_config(ConversationFiles, source), as_config(ChatTemplate, template)
+        self.tokenizer_config = as_tokenizer_config(tokenizer, TokenizerConfig())
+
+    def data_facts(self) -> DataFacts:
+        tokenizer, manifest, s = self.tokenizer, self.manifest, self.source
+        return DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+                         image_size=(s.image_size, s.image_size), in_channels=3, image_fit=s.fit,
+                         normalize_mean=tuple(manifest["mean"]), normalize_std=tuple(manifest["std"]),
+                         max_length=manifest["longest"], chat_template=self.template.as_dict(), groups=(GROUP,),
+                         canvases={s.fit: [s.image_size, s.image_size]})  # fmt: skip
+
+    def _stem(self) -> str:
+        return "conversations"
+
+    def _files(self) -> dict[str, tuple[Path, str, str | None]]:
+        """Each split's (file, field, which part of it it keeps)."""
+        s = self.source
+        carve = s.val is None and s.val_fraction > 0
+        files = {"train": (Path(s.train), "train", "train" if carve else None)}
+        if s.val is not None or carve:
+            files["val"] = (Path(s.val), "val", None) if s.val is not None else (Path(s.train), "train", "val")
+        if s.test is not None:
+            files["test"] = (Path(s.test), "test", None)
+        return files
+
+    def _fingerprint(self) -> dict:
+        """What the records depend on: the files (paths, sizes, times), the options, the tokenizer, the template.
+        The images are named by the files; change a file to prepare again."""
+        stamps = {split: file_stamp(path) if path.is_file() else str(path) for split, (path, _, _) in
+                  self._files().items()}  # fmt: skip
+        tokenizer = _tokenizer_key(self.tokenizer_config, ())
+        return {"format": FORMAT_VERSION, "files": stamps, "source": asdict(self.source), "tokenizer": tokenizer,
+                "template": self.template.as_dict()}  # fmt: skip
+
+    def _build(self, folder: Path) -> dict:
+        """``prepared_folder``'s build through ``prepare_records``: the tokenizer loaded or trained on the
+        conversations, each split's pieces read, checked and fitted on every core."""
+        files = self._files()
+        split_pieces = {split: read_pieces(path, field) for split, (path, field, _) in files.items()}
+
+        def sample(splits: tuple[str, ...]):
+            for split in splits:
+                for piece in split_pieces.get(split, []):
+                    for where, record in piece_entries(piece, files[split][1]):
+                        for question, answer in turns_of(record, where):
+                            yield question.replace(self.template.image, "")
+                            yield answer
+            yield self.template.user + self.template.assistant
+
+        jobs = [TokenizerJob(TOKENIZER, self.tokenizer_config, sample, what="a tokenizer of the conversations")]
+
+        def splits(tokenizers: dict[str, str]) -> list[RecordSplit]:
+            return [RecordSplit(split, split_pieces[split],
+                                partial(conversation_records, field=field, keep=keep, source=self.source,
+                                        template=self.template, tokenizer_json=tokenizers[TOKENIZER]))
+                    for split, (_, field, keep) in files.items()]  # fmt: skip
+
+        _, parts = prepare_records(folder, jobs, splits, ("turns",), self.prepare_config.num_workers,
+                                   maxima=("longest",))  # fmt: skip
+        records = {split: parts.get(split, {}).get("records", 0) for split in SPLITS}
+        if not records["train"]:
+            raise DataError(f"data.source.train: {self.source.train} holds no training record")
+        mean, std = channel_statistics(folder / "train", records["train"])
+        longest = max(part.get("longest", 0) for part in parts.values())
+        runs = {split: [[0, n]] if n else [] for split, n in records.items()}  # one canvas
+        return {"records": records, "runs": runs, "mean": mean, "std": std, "longest": longest}

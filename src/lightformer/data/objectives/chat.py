@@ -1,0 +1,74 @@
+"""The chat template of the vision-language models, in one place: how an image, questions and answers are laid out
+as ids, and which ids the loss reads (answers only). The image's place is ONE id, ``image_token_id`` (the tokenizer's
+size: outside it), which the model expands to its image tokens.
+
+    [BOS] <image> "Q: " question "\\nA: " answer [EOS] "Q: " question "\\nA: " answer [EOS] ...
+
+A question holding the marker ``image`` ("<image>", LLaVA's) has the placeholder there (a newline right after the
+marker dropped, as LLaVA's data writes "<image>\\n" first); else the placeholder comes first, right after BOS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from lightformer.errors import DataError
+
+IGNORE = -100  # a label the loss skips
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """The text around each question and answer; ``image``: the marker of the image's place in a user's question."""
+
+    user: str = "Q: "
+    assistant: str = "\nA: "
+    image: str = "<image>"
+
+    def _question_ids(self, tokenizer, question: str, image_token_id: int, first: bool) -> list[int]:
+        """The ids of a turn's user part: user + question (+ the placeholder where the first one's marker stands)."""
+        count = question.count(self.image)
+        if count > 1 or (count and not first):
+            where = "a later question" if not first else "the question"
+            raise DataError(f"{where} {question!r} holds the image marker {self.image!r} {count} time(s): one image "
+                            "per record, marked at most once, in its first question")  # fmt: skip
+        if not first:
+            return tokenizer.encode(self.user + question)
+        if not count:
+            return [image_token_id, *tokenizer.encode(self.user + question)]
+        before, after = question.split(self.image)
+        after = after[1:] if after.startswith("\n") else after
+        return [*tokenizer.encode(self.user + before), image_token_id, *tokenizer.encode(after)]
+
+    def prompt(
+        self, tokenizer, question: str, image_token_id: int, history: Sequence[tuple[str, str]] = ()
+    ) -> list[int]:
+        """The ids up to and including the assistant prefix of ``question``'s turn, after the turns of ``history``:
+        generation continues from here."""
+        ids = self.encode(tokenizer, history, image_token_id)[0] if history else [tokenizer.bos_id]
+        ids += self._question_ids(tokenizer, question, image_token_id, first=not history)
+        return ids + tokenizer.encode(self.assistant)
+
+    def encode(self, tokenizer, turns: Sequence[tuple[str, str]], image_token_id: int) -> tuple[list[int], list[int]]:
+        """(ids, labels) of the (question, answer) ``turns``: labels[t] = ids[t + 1] where that is an answer's token or
+        the EOS ending it, else -100 (the loss is on answers only)."""
+        ids, answer = [tokenizer.bos_id], [False]
+        for number, (question, reply) in enumerate(turns):
+            prompt = self._question_ids(tokenizer, question, image_token_id, first=number == 0)
+            prompt += tokenizer.encode(self.assistant)
+            ids += prompt
+            answer += [False] * len(prompt)
+            reply_ids = [*tokenizer.encode(reply), tokenizer.eos_id]
+            ids += reply_ids
+            answer += [True] * len(reply_ids)
+        labels = [ids[t + 1] if answer[t + 1] else IGNORE for t in range(len(ids) - 1)] + [IGNORE]
+        return ids, labels
+
+    def as_dict(self) -> dict[str, str]:
+        """Plain strings, as the facts and a checkpoint store them."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, str]) -> ChatTemplate:
+        return cls(**dict(d))
