@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torchmetrics import Metric
 from torchmetrics.functional.text import char_error_rate
 from torchmetrics.text import SacreBLEUScore
@@ -25,11 +25,13 @@ from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.generation import beam_search
 from lightformer.io.layouts import llava
+from lightformer.models.gpt import GPT
 from lightformer.models.vlm import VisionLanguageConfig, VisionLanguageModel
 from lightformer.registry import register
 from lightformer.tasks.base import TextTask
 from lightformer.tasks.command_support import load_task, paths_of, require, unreadable_images, utf8_text
 from lightformer.training.callbacks import raise_if_non_finite
+from lightformer.training.flops import FlopCounter
 from lightformer.training.tensorboard import (
     attention_figure,
     logging_step,
@@ -87,6 +89,17 @@ class GroupMeans(Metric):
         return self.total / self.weight, self.total.sum() / self.weight.sum()
 
 
+class ImageHalf(nn.Module):
+    """A vision-language model's image tower and projector as a module of their own (``batch_flops``)."""
+
+    def __init__(self, config: VisionLanguageConfig) -> None:
+        super().__init__()
+        self.vlm = VisionLanguageModel(config)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.vlm.image_tokens(images)
+
+
 class VisionLanguageTask(TextTask):
     """Cross-entropy of the answers given the image and the question (the image's tokens and the questions bear no
     loss); exact match, token F1, CER and BLEU of the model's first answer of each evaluated record, per group.
@@ -104,7 +117,11 @@ class VisionLanguageTask(TextTask):
     """
 
     model_class = VisionLanguageModel
-    net_from_data = {"image.image_size": "image_size", "image.in_channels": "in_channels", "text.vocab_size": "vocab_size"}
+    net_from_data = {
+        "image.image_size": "image_size",
+        "image.in_channels": "in_channels",
+        "text.vocab_size": "vocab_size",
+    }
     items_name = "images"
     variable_shapes = True  # texts padded to the batch's longest; images of a few shapes
     hparam_metrics = ("val/loss", "val/exact", "test/exact")
@@ -127,6 +144,7 @@ class VisionLanguageTask(TextTask):
         if self.data_facts is not None and self.data_facts.groups:
             self.make_metrics(self.data_facts.groups)
         self._samples: list[tuple[Tensor, str, str, str]] = []
+        self._part_counters: tuple[FlopCounter, FlopCounter] | None = None  # batch_flops'
 
     def make_metrics(self, groups: Sequence[str]) -> None:
         """The evaluation metrics of ``groups``: per split, the loss and, per group, exact match, token F1 and CER
@@ -168,7 +186,10 @@ class VisionLanguageTask(TextTask):
         if facts.groups:
             self.make_metrics(facts.groups)
         block = self.model.config.text.block_size
-        for kind, (height, width) in {**self.canvases(), **{k: tuple(v) for k, v in (facts.canvases or {}).items()}}.items():
+        for kind, (height, width) in {
+            **self.canvases(),
+            **{k: tuple(v) for k, v in (facts.canvases or {}).items()},
+        }.items():
             try:
                 tokens = self.model.num_image_tokens(height, width)
             except ValueError as error:
@@ -199,6 +220,21 @@ class VisionLanguageTask(TextTask):
 
     def model_inputs(self, batch: Batch) -> tuple[Tensor, Tensor]:
         return batch["ids"], batch["images"]
+
+    def batch_flops(self, batch: Batch, backward: bool) -> int:
+        """The FLOPs of the image half (tower and projector, counted per image shape) and of the text tower over the
+        joined sequence (a polynomial in its length), each on a copy on the meta device (``training.flops``): the
+        whole model's forward finds its placeholders by value, which a meta tensor has not."""
+        if self._part_counters is None:
+            config = self.model.config
+            self._part_counters = (FlopCounter(lambda: ImageHalf(config)), FlopCounter(lambda: GPT(config.text)))
+        images, ids = batch["images"], batch["ids"]
+        joined = ids.shape[1] - 1 + self.model.num_image_tokens(*images.shape[-2:])
+        image_half, text_tower = self._part_counters
+        per_example = image_half.per_example([images], backward) + text_tower.per_example(
+            [torch.empty(1, joined, dtype=torch.long, device="meta")], backward
+        )
+        return per_example * len(ids)
 
     def throughput_counts(self, batch: Batch) -> tuple[int, int]:
         return len(batch["images"]), len(batch["images"])
@@ -288,7 +324,9 @@ class VisionLanguageTask(TextTask):
         :prompt_length[i]]`` (the image's placeholder, the question, the template's answer prefix) and ``images``
         (one shape), rows of one prompt length together."""
         if self.tokenizer is None:
-            raise RuntimeError("this model has no tokenizer: train it with a visual QA data module or load a checkpoint")
+            raise RuntimeError(
+                "this model has no tokenizer: train it with a visual QA data module or load a checkpoint"
+            )
         beam_size = self.hparams.beam_size if beam_size is None else beam_size
         was_training = self.model.training
         self.model.eval()
@@ -326,7 +364,11 @@ class VisionLanguageTask(TextTask):
         return to_normalised_tensor(facts.normalize_mean, facts.normalize_std)(image)
 
     def ask_files(
-        self, pairs: Sequence[tuple[str, str]], fit: str | None = None, beam_size: int | None = None, batch_size: int = 16
+        self,
+        pairs: Sequence[tuple[str, str]],
+        fit: str | None = None,
+        beam_size: int | None = None,
+        batch_size: int = 16,
     ) -> list[str | Exception]:
         """The answer to each (image file, question), in order; an image that cannot be read is its error instead,
         and the other questions are answered all the same. Questions of one image shape and prompt length are
@@ -447,8 +489,10 @@ def ask(
         device: "cpu", "cuda", "cuda:1", ...
     """
     require(ckpt_path is not None, "ask needs --ckpt_path CHECKPOINT")
-    require(bool(questions) != bool(images or question),
-            "ask takes --images FILE ... with --question 'text' ..., or --questions FILE (image<TAB>question lines)")  # fmt: skip
+    require(
+        bool(questions) != bool(images or question),
+        "ask takes --images FILE ... with --question 'text' ..., or --questions FILE (image<TAB>question lines)",
+    )
     require(fit is None or fit in FITS, f"--fit={fit!r} is not a way to fit an image; valid: {', '.join(FITS)}")
     require(beam_size is None or beam_size >= 1, f"--beam_size={beam_size} must be at least 1 (1 is greedy)")
     require(batch_size >= 1, f"--batch_size={batch_size} must be at least 1")
