@@ -98,7 +98,7 @@ class StepClock(Callback):
 
 def write_square_conversations(root: Path, count: int = 48) -> Path:
     """``count`` 16-pixel images of a coloured square in one of four corners, each with a LLaVA conversation of two
-    turns (its colour, its corner); the JSONL that holds them (a user's conversations, ``ConversationFilesDataModule``)."""
+    turns (its colour, its corner); the JSONL that holds them (a user's conversations: ConversationFilesDataModule)."""
     from PIL import Image, ImageDraw
 
     colours = {"red": (220, 30, 30), "green": (30, 160, 60), "blue": (40, 60, 220)}
