@@ -17,7 +17,8 @@ from torchmetrics import Metric
 from torchmetrics.functional.text import char_error_rate
 from torchmetrics.text import SacreBLEUScore
 
-from lightformer.data.modules.visual_qa import ConversationFilesDataModule, VisualQADataModule
+from lightformer.data.modules.conversation_files import ConversationFilesDataModule, pad_square
+from lightformer.data.modules.visual_qa import VisualQADataModule
 from lightformer.data.objectives.chat import ChatTemplate
 from lightformer.data.raw import openclipart
 from lightformer.data.raw.image_files import fit_image, load_image, to_normalised_tensor
@@ -43,7 +44,7 @@ from lightformer.training.tensorboard import (
 
 Batch = dict[str, Any]
 IGNORE = -100  # the labels of the tokens that are not answers
-FITS = ("drawing", "line", "resize")  # how ``ask`` may bring an image to a canvas (``DataFacts.image_fit``)
+FITS = ("drawing", "line", "resize", "pad")  # how ``ask`` may bring an image to a canvas (``DataFacts.image_fit``)
 
 
 def normalise_answer(text: str) -> str:
@@ -359,6 +360,8 @@ class VisionLanguageTask(TextTask):
         height, width = canvases.get(fit, next(iter(canvases.values())))
         if fit == "drawing":
             image = openclipart.drawing_image(path, height)
+        elif fit == "pad":  # LLaVA-1.5's: padded to a square, then resized
+            image = fit_image(pad_square(load_image(path, 3)), height, width, "resize")
         else:
             image = fit_image(load_image(path, self.model.config.image.in_channels), height, width, fit)
         return to_normalised_tensor(facts.normalize_mean, facts.normalize_std)(image)
@@ -483,7 +486,8 @@ def ask(
         questions: a file of one "image<TAB>question" a line (images relative to its folder), instead of
             ``--images`` and ``--question``.
         fit: how an image is brought to the canvas: "drawing" (on white, cropped to its ink, centred), "line" (a text
-            line at the canvas's height) or "resize" (stretched); default: the way of the data the model was trained on.
+            line at the canvas's height), "resize" (stretched) or "pad" (padded to a square, then resized); default:
+            the way of the data the model was trained on.
         beam_size: beam width (1 = greedy); default: the model's ``beam_size``.
         batch_size: questions answered together.
         device: "cpu", "cuda", "cuda:1", ...
