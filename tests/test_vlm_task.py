@@ -52,3 +52,81 @@ def test_a_shorter_position_table_starts_the_first_positions():
     assert torch.equal(large.position.weight[8:], fresh[8:])
     ids = torch.randint(0, 11, (2, 8))
     assert torch.allclose(large(ids), small(ids), atol=1e-6)  # the first 8 positions behave as the small model's
+
+
+# --- a short fit on coloured squares, and its checkpoint's commands ------------------------------------------------
+
+TINY = dict(n_layers=1, d_model=32, n_heads=2, d_ff=64)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict:
+    """A short fit on squares of three colours in four corners (two turns each: colour, corner), its metrics and
+    checkpoint."""
+    import lightning as L
+    from tiny_runs import write_square_conversations
+
+    from lightformer.data import ConversationFilesDataModule
+    from lightformer.tasks.vision_language import VisionLanguageTask
+    from lightformer.training.tensorboard import TensorBoardLogger
+
+    root = tmp_path_factory.mktemp("squares")
+    torch.manual_seed(0)
+    source = dict(train=str(write_square_conversations(root, count=96)), val_fraction=0.25, image_size=16)
+    data = ConversationFilesDataModule(source, loader=dict(batch_size=16),
+                                       prepare=dict(dir=str(root / "prepared"), num_workers=1))  # fmt: skip
+    data.prepare_data()
+    net = dict(image=dict(patch_size=4, **TINY), text=dict(block_size=64, **TINY), pixel_shuffle=2)
+    task = VisionLanguageTask(net=net, data_facts=data.data_facts(), num_logged_samples=2,
+                              optimizer=dict(lr=3e-3, warmup_steps=10, weight_decay=0.0))  # fmt: skip
+    logger = TensorBoardLogger(str(root / "runs"), name="squares", version=0)
+    trainer = L.Trainer(accelerator="cpu", max_steps=300, val_check_interval=150, check_val_every_n_epoch=None,
+                        logger=logger, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, log_every_n_steps=10, default_root_dir=str(root))  # fmt: skip
+    trainer.fit(task, datamodule=data)
+    checkpoint = root / "squares.ckpt"
+    trainer.save_checkpoint(checkpoint)
+    metrics = {name: float(value) for name, value in trainer.callback_metrics.items()}
+    return {"root": root, "metrics": metrics, "checkpoint": str(checkpoint), "task": task}
+
+
+@pytest.mark.slow
+def test_a_short_fit_answers_what_colour_the_square_is(trained):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    m = trained["metrics"]
+    assert m["val/exact"] > 0.8, m  # three colours: chance 1/3
+    assert m["val/files/answer/held-out/cer"] < 0.2, m
+    events = EventAccumulator(str(trained["root"] / "runs" / "squares" / "version_0"))
+    events.Reload()
+    tags = events.Tags()
+    assert {"val/loss", "val/exact", "val/f1", "val/files/answer/held-out/bleu"} <= set(tags["scalars"])
+    assert {"val/sample_0", "val/answer_attention", "val/image_attention"} <= set(tags["images"])
+    assert "val/answers/text_summary" in set(tags["tensors"])
+
+
+@pytest.mark.slow
+def test_ask_answers_50_questions_on_20_images_in_order_and_names_an_unreadable_one(trained, tmp_path, capsys):
+    from lightformer.tasks.vision_language import ask
+
+    root = trained["root"]
+    images = [root / f"squares/{i:03d}.png" for i in range(20)]
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not an image")
+    asked = [(images[i % 20], "What colour is the square?") for i in range(50)]
+    asked.insert(7, (broken, "What colour is the square?"))
+    questions = tmp_path / "questions.tsv"
+    questions.write_text("".join(f"{path}\t{q}\n" for path, q in asked), encoding="utf-8")
+    ask(ckpt_path=trained["checkpoint"], questions=str(questions))
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert len(lines) == 51 and lines[7] == ""
+    colours = ["red", "green", "blue"]
+    expected = [colours[int(path.stem) % 3] if path != broken else "" for path, _ in asked]
+    right = sum(line == want for line, want in zip(lines, expected, strict=True) if want)
+    assert right >= 45, list(zip(lines, expected, strict=True))
+    assert f"ask: {broken}:" in captured.err
+
+    ask(ckpt_path=trained["checkpoint"], images=[str(images[0]), str(images[1])],
+        question=["What colour is the square?", "Which corner is it in?"])  # fmt: skip
+    assert len(capsys.readouterr().out.splitlines()) == 4  # each question of each image
