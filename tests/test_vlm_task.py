@@ -64,11 +64,11 @@ def trained(tmp_path_factory) -> dict:
     """A short fit on squares of three colours in four corners (two turns each: colour, corner), its metrics and
     checkpoint."""
     import lightning as L
-    from tiny_runs import write_square_conversations
 
     from lightformer.data import ConversationFilesDataModule
     from lightformer.tasks.vision_language import VisionLanguageTask
     from lightformer.training.tensorboard import TensorBoardLogger
+    from tiny_runs import write_square_conversations
 
     root = tmp_path_factory.mktemp("squares")
     torch.manual_seed(0)
