@@ -23,7 +23,7 @@ from lightformer.facts import DataFacts
 
 REPO = Path(__file__).resolve().parents[1]
 # Every task, by the name task_args knows it: the tests that run each task (resume, bf16) take them all.
-ALL_TASKS = ("vision", "lm", "translation", "mlm", "t5", "classify", "igpt", "image_text", "contrastive")
+ALL_TASKS = ("vision", "lm", "translation", "mlm", "t5", "classify", "igpt", "image_text", "contrastive", "vlm")
 # The image-to-text data of the tiny runs: a few dozen lines of a word, rendered in seconds.
 IMAGE_TEXT_DATA = ["--data.source.train_lines=48", "--data.source.val_lines=8", "--data.source.test_lines=8",
                    "--data.source.max_words=1", "--data.render.height=16", "--data.render.width=96"]  # fmt: skip
@@ -94,6 +94,30 @@ class StepClock(Callback):
 
     def on_train_batch_start(self, trainer, *args) -> None:
         self.now = (trainer.global_step + 1) * self.seconds_per_step  # the time at the end of this step
+
+
+def write_square_conversations(root: Path, count: int = 48) -> Path:
+    """``count`` 16-pixel images of a coloured square in one of four corners, each with a LLaVA conversation of two
+    turns (its colour, its corner); the JSONL that holds them (a user's conversations: ConversationFilesDataModule)."""
+    from PIL import Image, ImageDraw
+
+    colours = {"red": (220, 30, 30), "green": (30, 160, 60), "blue": (40, 60, 220)}
+    corners = {"top left": (0, 0), "top right": (8, 0), "bottom left": (0, 8), "bottom right": (8, 8)}
+    rows = []
+    (root / "squares").mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        colour, corner = list(colours)[i % 3], list(corners)[i // 3 % 4]
+        x, y = corners[corner]
+        image = Image.new("RGB", (16, 16), "white")
+        ImageDraw.Draw(image).rectangle((x + 1, y + 1, x + 6, y + 6), fill=colours[colour])
+        name = f"squares/{i:03d}.png"
+        image.save(root / name)
+        turns = [("<image>\nWhat colour is the square?", colour), ("Which corner is it in?", corner)]
+        conversation = [{"from": who, "value": text} for q, a in turns for who, text in (("human", q), ("gpt", a))]
+        rows.append({"id": str(i), "image": name, "conversations": conversation})
+    path = root / "conversations.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
 
 
 def task_args(task: str, tmp_path: Path) -> list[str]:
@@ -217,6 +241,37 @@ def task_args(task: str, tmp_path: Path) -> list[str]:
             "--trainer.val_check_interval=null",
             "--trainer.check_val_every_n_epoch=1",
             "--trainer.limit_val_batches=1",
+            *common,
+        ]
+    if task == "vlm":  # a user's conversations (llava_jsonl.yaml, on the CPU, from scratch), 16 pixels
+        return [
+            "--config=configs/vlm/llava_jsonl.yaml",
+            f"--data.source.train={write_square_conversations(tmp_path)}",
+            "--data.source.image_folder=null",
+            "--data.source.val_fraction=0.25",
+            "--data.source.image_size=16",
+            "--data.tokenizer.file=null",
+            "--data.loader.batch_size=8",
+            "--data.loader.num_workers=0",
+            "--data.loader.pin_memory=false",
+            f"--data.prepare.dir={tmp_path / 'prepared'}",
+            "--model.net.image.patch_size=8",
+            *[
+                f"--model.net.{tower}.{field}"
+                for tower in ("image", "text")
+                for field in ("n_layers=1", "d_model=32", "n_heads=2", "d_ff=64", "dropout=0.1")
+            ],  # fmt: skip
+            "--model.net.text.block_size=64",
+            "--model.net.image_layer=-1",
+            "--model.init.checkpoint=null",
+            "--model.init.modules={}",
+            "--model.optimizer.warmup_steps=2",
+            "--model.num_logged_samples=1",
+            "--model.compile=false",
+            "--trainer.accelerator=cpu",
+            "--trainer.max_steps=-1",
+            "--trainer.val_check_interval=null",
+            "--trainer.limit_val_batches=null",
             *common,
         ]
     if task == "contrastive":  # a user's captioned images (captions.yaml, on the CPU), 16 pixels

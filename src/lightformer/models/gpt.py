@@ -228,3 +228,21 @@ def load_gpt2_weights(model: GPT, state_dict: dict[str, Tensor]) -> GPT:
     """Load a Hugging Face GPT-2 state dict (e.g. ``safetensors.torch.load_file``) into ``model``, strictly."""
     model.load_state_dict(gpt2_state_dict_to_lightformer(state_dict), strict=True)
     return model
+
+
+@torch.no_grad()
+def extend_positions(model: nn.Module, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``weights`` (to be loaded into ``model``) with the learned position table of each GPT of ``model`` that holds
+    more positions than the table given extended: the given rows first, the model's own fresh rows after them, as a
+    language model of 64 positions starts the text tower of a vision-language model of 128."""
+    weights = dict(weights)
+    for path, module in model.named_modules():
+        name = f"{path}.position.weight" if path else "position.weight"
+        if not isinstance(module, GPT) or module.config.position != "learned" or name not in weights:
+            continue
+        table, own = weights[name], module.position.weight
+        if table.ndim == 2 and table.shape[1] == own.shape[1] and len(table) < len(own):
+            fresh = own[len(table) :].detach()  # (a model on the meta device, checked before it is built: its shape)
+            fresh = torch.zeros(fresh.shape, dtype=table.dtype) if fresh.is_meta else fresh.to(table.dtype)
+            weights[name] = torch.cat([table, fresh])
+    return weights

@@ -23,6 +23,7 @@ from lightformer.io.checkpoints import (
     pretrained_weights,
     under,
 )
+from lightformer.models.gpt import extend_positions
 from lightformer.models.vit import resample_positions
 
 
@@ -61,7 +62,8 @@ class WarmStart:
     def initial_weights(self, check: bool, unknown_shapes: frozenset[str] = frozenset()) -> dict[str, Tensor]:
         """The weights this model starts from: ``init.checkpoint``'s, and each of ``init.modules``' under its
         module's path (in the place of the checkpoint's there); a ViT's position table of another grid resampled to
-        the model's (``resample_positions``); all but those under ``init.skip``, a pattern that names none refused.
+        the model's (``resample_positions``), a GPT's shorter position table extended with the model's fresh rows
+        (``extend_positions``); all but those under ``init.skip``, a pattern that names none refused.
         With ``check``, a start that ``init.strict`` refuses raises too (the tensors named in ``unknown_shapes`` are
         taken to have the checkpoint's shapes)."""
         init, names = self.init_config, list(self.model.state_dict())
@@ -75,7 +77,7 @@ class WarmStart:
                 weights = {name: value for name, value in weights.items() if not under(name, path)}
                 loaded = {f"{path}.{name}": value for name, value in loaded.items()}
             weights.update(loaded)
-        weights = resample_positions(self.model, weights)
+        weights = extend_positions(self.model, resample_positions(self.model, weights))
         for prefix in init.skip:
             if not any(under(name, prefix) for name in weights):
                 modules = module_names(list(weights), most=12)
