@@ -73,10 +73,11 @@ def trained(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("squares")
     torch.manual_seed(0)
     source = dict(train=str(write_square_conversations(root, count=96)), val_fraction=0.25, image_size=16)
-    data = ConversationFilesDataModule(source, loader=dict(batch_size=16),
+    # plain dicts, as the command line gives them: the checkpoint stores them (loaded with weights_only)
+    data = ConversationFilesDataModule(source, tokenizer=dict(kind="char"), template=dict(), loader=dict(batch_size=16),
                                        prepare=dict(dir=str(root / "prepared"), num_workers=1))  # fmt: skip
     data.prepare_data()
-    net = dict(image=dict(patch_size=4, **TINY), text=dict(block_size=64, **TINY), pixel_shuffle=2)
+    net = dict(image=dict(patch_size=4, **TINY), text=dict(block_size=96, **TINY), pixel_shuffle=2)
     task = VisionLanguageTask(net=net, data_facts=data.data_facts(), num_logged_samples=2,
                               optimizer=dict(lr=3e-3, warmup_steps=10, weight_decay=0.0))  # fmt: skip
     logger = TensorBoardLogger(str(root / "runs"), name="squares", version=0)

@@ -261,7 +261,7 @@ def task_args(task: str, tmp_path: Path) -> list[str]:
                 for tower in ("image", "text")
                 for field in ("n_layers=1", "d_model=32", "n_heads=2", "d_ff=64", "dropout=0.1")
             ],  # fmt: skip
-            "--model.net.text.block_size=64",
+            "--model.net.text.block_size=96",
             "--model.net.image_layer=-1",
             "--model.init.checkpoint=null",
             "--model.init.modules={}",

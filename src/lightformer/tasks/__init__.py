@@ -11,6 +11,7 @@ from lightformer.tasks.masked_lm import MaskedLanguageModelTask
 from lightformer.tasks.optim import OptimizerConfig
 from lightformer.tasks.text_classification import TextClassificationTask
 from lightformer.tasks.translation import TranslationTask
+from lightformer.tasks.vision_language import VisionLanguageTask
 
 __all__ = [
     "ContrastiveTask",
@@ -24,4 +25,5 @@ __all__ = [
     "Task",
     "TextClassificationTask",
     "TranslationTask",
+    "VisionLanguageTask",
 ]

@@ -271,6 +271,7 @@ class VisionLanguageTask(TextTask):
         values = {f"{split}/loss": m[f"{split}_loss"].compute()[1]}
         for name in ("exact", "f1", "cer"):
             per_group, overall = m[f"{split}_{name}"].compute()
+            per_group = per_group.reshape(-1)  # (torchmetrics squeezes a one-group tensor)
             values[f"{split}/{name}"] = overall
             for g, group in enumerate(self.groups):
                 if m[f"{split}_{name}"].weight[g] > 0:
