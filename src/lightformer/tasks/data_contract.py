@@ -18,7 +18,7 @@ from typing import Any
 from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
-from lightformer.io.checkpoints import check_start_tokenizer, facts_of_checkpoint
+from lightformer.io.checkpoints import check_start_tokenizer, facts_of_checkpoint, under
 from lightformer.tasks.config_values import config_defaults
 
 # The fields of a model's config that may be larger than the data's (``check_data``).
@@ -31,6 +31,9 @@ class DataContract:
     net_from_data: Mapping[str, str]  # field of the model's config → the ``DataFacts`` field that fills it
     data_facts: DataFacts | None  # the task's own: given (the command line, a checkpoint), or taken at set-up
     _parsed: dict[str, tuple[Any, Any]]  # fact name → (its value, the tokenizer or palette read from it)
+    # The modules whose weights stand for token ids ("" the whole model): a start that loads none of them needs no
+    # tokenizer of the data's (a vision-language model's image tower from a contrastive run of another vocabulary).
+    token_modules: tuple[str, ...] = ("",)
 
     def net_config(self, net: Any) -> Any:
         """The model's config: ``net`` (a config dataclass or its dict), its fields in ``net_from_data`` filled from
@@ -76,6 +79,18 @@ class DataContract:
         if self.data_facts is None:
             self.hold(facts)
 
+    def starts_token_modules(self, path: str) -> bool:
+        """Whether the ``model.init`` source that starts the module at ``path`` ("" the whole model) loads weights of
+        one of ``token_modules``: not where another source, or ``init.skip``, takes all of that module's place."""
+        within = lambda name, prefix: prefix == "" or under(name, prefix)  # noqa: E731
+        others = [p for p, _, _ in self.init_config.sources() if p != path] + list(self.init_config.skip)
+        for module in self.token_modules:
+            if within(path, module):  # the source starts the module or a part of it
+                return True
+            if within(module, path) and not any(p and within(module, p) for p in others):
+                return True
+        return False
+
     def check_data(self, facts: DataFacts, stage: str) -> None:
         """Refuse data the model cannot hold: its sizes (``net_from_data``) must be the model's, except that the
         model's vocabularies and context may be larger than the data's; and a new fit's ``model.init`` checkpoints
@@ -83,8 +98,9 @@ class DataContract:
         ``max_length`` against the model's position table, a token its loss needs)."""
         starting = stage == "fit" and self.init_config.sources() and self.trainer.ckpt_path is None
         if starting and facts.tokenizer is not None:
-            for _, file, option in self.init_config.sources():
-                check_start_tokenizer(file, option, facts.tokenizer)
+            for path, file, option in self.init_config.sources():
+                if self.starts_token_modules(path):
+                    check_start_tokenizer(file, option, facts.tokenizer)
         config = self.model.config
         for name, value in self.sizes_from_data(facts).items():
             built = operator.attrgetter(name)(config)

@@ -125,6 +125,7 @@ class VisionLanguageTask(TextTask):
     }
     items_name = "images"
     variable_shapes = True  # texts padded to the batch's longest; images of a few shapes
+    token_modules = ("text",)  # the image tower and projector read no token id
     hparam_metrics = ("val/loss", "val/exact", "test/exact")
 
     def __init__(
@@ -409,7 +410,8 @@ class VisionLanguageTask(TextTask):
         """The tokens of ``answer`` (the model's answer to the prompt ``ids[:prompt_length]`` about ``image``, then
         EOS) and the last block's attention (mean over heads) from each to the image's tokens, ``(tokens, grid
         height, grid width)``: teacher-forcing the model on its own answer gives the weights it had as it wrote it."""
-        answer_ids = self.tokenizer.encode(answer) + [self.tokenizer.eos_id]
+        room = self.model.block_size - (self.model.num_image_tokens(*image.shape[-2:]) - 1) - prompt_length
+        answer_ids = (self.tokenizer.encode(answer) + [self.tokenizer.eos_id])[:room]  # an answer the block cut short
         full = torch.cat([ids[:prompt_length], torch.tensor(answer_ids, device=ids.device)])[None]
         weights = self.model.image_attention(full, image[None])[0]  # (T, K)
         rows = weights[prompt_length - 1 : prompt_length - 1 + len(answer_ids)]  # the positions that wrote the answer
