@@ -62,7 +62,9 @@ def test_every_config_trains_on_one_process(tmp_path):
         where = f"{row['config']} × {row['preset']}"
         if row["status"] == "unavailable":  # data this machine cannot download, or a pretraining run not made here
             pretraining = {"classify/austen_from_mlm.yaml": "runs/mlm_austen",
-                           "image_text/printed_lines_from_lm.yaml": "runs/austen_char"}  # fmt: skip
+                           "image_text/printed_lines_from_lm.yaml": "runs/austen_char",
+                           "vlm/clipart_qa.yaml": "runs/clipart/",
+                           "vlm/clipart_qa_projector.yaml": "runs/clipart/"}  # fmt: skip
             assert row["config"] in pretraining, where
             assert pretraining[row["config"]] in row["detail"] and "pretraining run" in row["detail"], where
             continue
@@ -72,7 +74,7 @@ def test_every_config_trains_on_one_process(tmp_path):
 
 
 def test_configs_whose_data_this_machine_cannot_get_are_reported_unavailable(monkeypatch, tmp_path):
-    """The five configs whose data a user brings, downloads or trains first, read from a folder that has none of it:
+    """The configs whose data a user brings, downloads or trains first, read from a folder that has none of it:
     each is named unavailable, with what is missing (a renamed config key would make it an error of the matrix's run
     instead)."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
@@ -89,4 +91,14 @@ def test_configs_whose_data_this_machine_cannot_get_are_reported_unavailable(mon
         "a pretraining run writes first (see the config's comments)",
         "vision/vit_cifar10.yaml": "CIFAR-10 is downloaded by torchvision (needs internet); put cifar-10-batches-py in "
         "data/",
+        **{
+            f"vlm/{name}.yaml": f"starts from runs/{run}/version_0/checkpoints/last.ckpt, which a pretraining run "
+            "writes first (see the config's comments)"
+            for name, run in [
+                ("clipart_qa", "clipart"),
+                ("clipart_qa_projector", "clipart"),
+                ("llava_jsonl", "captions_clip"),
+                ("vlm_gpu", "clipart_gpu"),
+            ]
+        },  # fmt: skip
     }
