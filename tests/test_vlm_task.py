@@ -131,3 +131,33 @@ def test_ask_answers_50_questions_on_20_images_in_order_and_names_an_unreadable_
     ask(ckpt_path=trained["checkpoint"], images=[str(images[0]), str(images[1])],
         question=["What colour is the square?", "Which corner is it in?"])  # fmt: skip
     assert len(capsys.readouterr().out.splitlines()) == 4  # each question of each image
+
+
+def test_data_whose_text_and_image_outgrow_the_positions_is_refused_naming_the_block_size():
+    from lightformer.facts import DataFacts
+    from lightformer.tasks.vision_language import VisionLanguageTask
+
+    facts = DataFacts(vocab_size=20, pad_id=0, image_size=(16, 16), in_channels=3, image_fit="resize", max_length=60,
+                      canvases={"resize": [16, 16], "line": [16, 64]})  # fmt: skip
+    net = dict(image=dict(patch_size=4, **TINY), text=dict(block_size=64, **TINY))
+    task = VisionLanguageTask(net=net, data_facts=facts)
+    with pytest.raises(ConfigError, match=r"its line images \(16 × 64 pixels\) 16 image tokens.*block_size >= 75"):
+        task.check_data(facts, "fit")
+    shuffled = VisionLanguageTask(net=net | {"pixel_shuffle": 4}, data_facts=facts)  # 1 + 4 tokens: it fits
+    shuffled.check_data(facts, "fit")
+    with pytest.raises(ConfigError, match=r"model.beam_size=0 must be at least 1"):
+        VisionLanguageTask(net=net, data_facts=facts, beam_size=0)
+
+
+def test_ask_refuses_options_that_say_no_question_before_reading_a_checkpoint(tmp_path):
+    from lightformer.tasks.vision_language import ask
+
+    missing = str(tmp_path / "none.ckpt")
+    with pytest.raises(ConfigError, match=r"ask takes --images FILE \.\.\. with --question"):
+        ask(ckpt_path=missing, images=["a.png"], questions="q.tsv")
+    with pytest.raises(ConfigError, match=r"ask needs both --images FILE \.\.\. and --question"):
+        ask(ckpt_path=missing, images=["a.png"])
+    with pytest.raises(
+        ConfigError, match=r"--fit='crop' is not a way to fit an image; valid: drawing, line, resize, pad"
+    ):
+        ask(ckpt_path=missing, images=["a.png"], question="What is this?", fit="crop")

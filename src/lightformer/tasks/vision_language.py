@@ -172,9 +172,10 @@ class VisionLanguageTask(TextTask):
     def groups(self) -> tuple[str, ...]:
         return tuple(self.data_facts.groups or ()) if self.data_facts is not None else ()
 
-    def canvases(self) -> dict[str, tuple[int, int]]:
-        """Each kind of image the model was trained on (``DataFacts.image_fit`` names) → its canvas (height, width)."""
-        facts, size = self.data_facts, self.model.config.image.image_size
+    def canvases(self, facts: DataFacts | None = None) -> dict[str, tuple[int, int]]:
+        """Each kind of image of ``facts`` (default: the model's; ``DataFacts.image_fit`` names) → its canvas (height,
+        width)."""
+        facts, size = facts or self.data_facts, self.model.config.image.image_size
         default = (size, size) if isinstance(size, int) else tuple(size)
         found = {name: tuple(value) for name, value in (facts.canvases or {}).items()} if facts is not None else {}
         if facts is not None and facts.image_fit and facts.image_fit not in found:
@@ -183,15 +184,13 @@ class VisionLanguageTask(TextTask):
 
     def check_data(self, facts: DataFacts, stage: str) -> None:
         """Refuse data the model cannot hold: a canvas its patches and pixel shuffle do not tile, or a record whose
-        text and image tokens together outgrow the text tower's positions."""
+        text and image tokens together outgrow the text tower's positions (the longest text counted with the most
+        image tokens)."""
         super().check_data(facts, stage)
         if facts.groups:
             self.make_metrics(facts.groups)
         block = self.model.config.text.block_size
-        for kind, (height, width) in {
-            **self.canvases(),
-            **{k: tuple(v) for k, v in (facts.canvases or {}).items()},
-        }.items():
+        for kind, (height, width) in self.canvases(facts).items():
             try:
                 tokens = self.model.num_image_tokens(height, width)
             except ValueError as error:
