@@ -133,9 +133,10 @@ def probe(out_dir: Path) -> str:
 
 # One task per data pipeline and model family, each on 2 processes (about 40 s of CI each): images in memory and
 # ViT, the streamed token shards and GPT, token-budget batches and the encoder-decoder, segments of the shards and
-# BERT. The other tasks combine these: T5 (the masked LM's data module, the translator's model), text
+# BERT, and the vision-language model's batches of one canvas (CanvasBatchSampler) with its generated answers. The
+# other tasks combine these: T5 (the masked LM's data module, the translator's model), text
 # classification (a map-style data set like the images', BERT), Image GPT (a map-style data set, GPT).
-DISTRIBUTED_TASKS = ["vision", "lm", "translation", "mlm"]
+DISTRIBUTED_TASKS = ["vision", "lm", "translation", "mlm", "vlm"]
 
 
 @pytest.mark.slow
