@@ -16,7 +16,7 @@ TEXTS = ["Q: what is this?\nA: a red apple", "Q: what does it say?\nA: dog face"
 IMAGE = dict(image_size=16, patch_size=4, in_channels=3, d_model=32, n_layers=3, n_heads=4, d_ff=64, pre_norm=True)
 LLAMA = dict(block_size=64, d_model=48, n_layers=2, n_heads=4, d_ff=96, position="rope", norm="rmsnorm",
              activation="swiglu")  # fmt: skip
-LLAVA = dict(pixel_shuffle=1, projector="mlp", image_attention="causal")
+LLAVA = dict(pixel_shuffle=1, projector="mlp", image_attention="causal", image_norm=False)
 
 
 def llava_shaped(tokenizer, image_layer: int = -2, **fields) -> VisionLanguageModel:
@@ -82,7 +82,8 @@ def test_shapes_llava_cannot_hold_are_refused_by_field(tokenizer):
     message = str(error.value)
     for field in ("model.net.pixel_shuffle to 1 (now 2", "model.net.image_attention to causal (now 'bidirectional'",
                   "model.net.text.position to rope (now 'learned'", "model.net.text.norm to rmsnorm (now 'layernorm'",
-                  "model.net.text.activation to swiglu (now 'gelu'"):  # fmt: skip
+                  "model.net.text.activation to swiglu (now 'gelu'",
+                  "model.net.image_norm to false (now True"):  # fmt: skip
         assert field in message
     assert "projector" not in message and "image.pool" not in message
     mean = VisionLanguageConfig(image=IMAGE | dict(pool="mean"), text=LLAMA | {"vocab_size": 9},

@@ -55,6 +55,9 @@ class VisionLanguageConfig:
             tokens: -1 the last, -2 the one before (LLaVA's default), 0 the first.
         image_attention: "bidirectional": the K image tokens attend to each other both ways (PaliGemma's prefix);
             "causal": as text (LLaVA's). The text is causal either way.
+        image_norm: the patch tokens pass through the tower's final norm before the pixel shuffle (SigLIP's features,
+            nanoVLM's; Qwen2-VL's merger normalises them too): the projector reads tokens of one scale, not the
+            residual stream's few huge channels; false: the residual stream, as LLaVA reads ``hidden_states``.
     """
 
     image: ViTConfig = field(default_factory=lambda: ViTConfig(**IMAGE_DEFAULTS))
@@ -63,6 +66,7 @@ class VisionLanguageConfig:
     projector: Projector = "mlp"
     image_layer: int = -1
     image_attention: ImageAttention = "bidirectional"
+    image_norm: bool = True
 
     def __post_init__(self) -> None:
         for name, config_class, defaults in (("image", ViTConfig, IMAGE_DEFAULTS), ("text", GPTConfig, TEXT_DEFAULTS)):
@@ -154,11 +158,13 @@ class VisionLanguageModel(nn.Module):
         check_set(config.text, "vocab_size")
         self.config = config
         self.image = VisionTransformer(config.image)
-        # What the patch tokens never pass through (the blocks after image_layer, the tower's final norm and pooling)
-        # would get no gradient: frozen, so that DDP, which refuses a trained parameter left without one, takes it.
+        # What the patch tokens never pass through (the blocks after image_layer, the tower's final norm unless
+        # image_norm, its pooling) would get no gradient: frozen, so that DDP, which refuses a trained parameter left
+        # without one, takes it.
         kept = config.image_layer % config.image.n_layers + 1
         tower = self.image
-        for module in (*tower.encoder.layers[kept:], tower.encoder.norm, tower.fc_norm, tower.attn_pool, tower.head):
+        unread = (*tower.encoder.layers[kept:], None if config.image_norm else tower.encoder.norm, tower.fc_norm)
+        for module in (*unread, tower.attn_pool, tower.head):
             if module is not None:
                 module.requires_grad_(False)
         self.projector = ImageProjector(
@@ -189,6 +195,8 @@ class VisionLanguageModel(nn.Module):
         """Images ``(batch, C, H, W)`` → their K embeddings ``(batch, K, text.d_model)``."""
         grid = self.grid(*images.shape[-2:])
         tokens = self.image.hidden_state(images, self.config.image_layer)[:, self.image.num_prefix_tokens :]
+        if self.config.image_norm:
+            tokens = self.image.encoder.norm(tokens)
         return self.projector(pixel_shuffle(tokens, grid, self.config.pixel_shuffle))
 
     def _placeholders(self, ids: Tensor) -> Tensor:

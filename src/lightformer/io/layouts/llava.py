@@ -31,7 +31,7 @@ from lightformer.nn.checks import as_pair
 
 # What ``LlavaForConditionalGeneration`` needs of each part of ``model.net`` (field → the values that fit).
 LLAVA_NEEDS: dict[str, dict[str, tuple]] = {
-    "": {"pixel_shuffle": (1,), "projector": ("mlp",), "image_attention": ("causal",)},
+    "": {"pixel_shuffle": (1,), "projector": ("mlp",), "image_attention": ("causal",), "image_norm": (False,)},
     "image.": CLIP_NEEDS["image."],
     "text.": GPT_LAYOUTS["llama"],
 }
@@ -39,6 +39,7 @@ WHY = {
     "pixel_shuffle": "LLaVA puts every patch into the text",
     "projector": "LLaVA's projector is Linear, GELU, Linear",
     "image_attention": "LLaVA's language model is causal over the image's tokens too",
+    "image_norm": "LLaVA reads the tower's hidden states, before its final norm",
     "pool": "LLaVA's CLIP tower has a class token, which it drops",
     "pre_norm": "CLIP normalises the image tokens before the first layer, and its patch embedding has no bias",
     "norm": "the part's norms are its Hugging Face model's",
