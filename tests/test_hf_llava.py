@@ -82,10 +82,13 @@ def test_shapes_llava_cannot_hold_are_refused_by_field(tokenizer):
     message = str(error.value)
     for field in ("model.net.pixel_shuffle to 1 (now 2", "model.net.image_attention to causal (now 'bidirectional'",
                   "model.net.text.position to rope (now 'learned'", "model.net.text.norm to rmsnorm (now 'layernorm'",
-                  "model.net.text.activation to swiglu (now 'gelu'",
-                  "model.net.image_norm to false (now True"):  # fmt: skip
+                  "model.net.text.activation to swiglu (now 'gelu'"):  # fmt: skip
         assert field in message
-    assert "projector" not in message and "image.pool" not in message
+    assert "projector" not in message and "image.pool" not in message and "image_norm" not in message
+    with pytest.raises(ConfigError, match=r"model.net.image_norm to false \(now True: LLaVA reads the tower's hidden"):
+        check_llava_shape(
+            VisionLanguageConfig(image=IMAGE, text=LLAMA | {"vocab_size": 9}, **(LLAVA | {"image_norm": True}))
+        )
     mean = VisionLanguageConfig(image=IMAGE | dict(pool="mean"), text=LLAMA | {"vocab_size": 9},
                                 **(LLAVA | dict(projector="linear")))  # fmt: skip
     with pytest.raises(ConfigError, match=r"model.net.projector to mlp \(now 'linear'.*model.net.image.pool to cls"):

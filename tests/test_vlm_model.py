@@ -155,7 +155,7 @@ def test_text_logits_are_the_gpt_fed_the_joined_embeddings():
     assert model.num_image_tokens(16, 16) == 4 and model.image_token_id == VOCAB
     with torch.no_grad():
         logits = model(ids, images)
-        patches = model.image.encoder.norm(model.image.hidden_state(images, -1)[:, 1:])  # no class token; normed
+        patches = model.image.hidden_state(images, -1)[:, 1:]  # the class token dropped
         tokens = model.projector(pixel_shuffle(patches, (4, 4), 2))
         for row, p in enumerate(places):
             embeddings = torch.cat([model.text.embed(ids[row, :p]), tokens[row], model.text.embed(ids[row, p + 1 :])])
@@ -168,13 +168,13 @@ def test_text_logits_are_the_gpt_fed_the_joined_embeddings():
 
 
 def test_image_layer_reads_that_block_before_the_final_norm_or_after_it():
-    model = small_vlm(image_layer=-2, projector="linear", pixel_shuffle=1, image_norm=False)
+    model = small_vlm(image_layer=-2, projector="linear", pixel_shuffle=1)
     images = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         x = model.image.embed(images)
         x = model.image.encoder.layers[0](x)[:, 1:]
         torch.testing.assert_close(model.image_tokens(images), model.projector.linear_1(x))
-        normed = small_vlm(image_layer=-2, projector="linear", pixel_shuffle=1)  # the same weights (seed 0)
+        normed = small_vlm(image_layer=-2, projector="linear", pixel_shuffle=1, image_norm=True)  # the same weights
         expected = normed.projector.linear_1(normed.image.encoder.norm(x))
         torch.testing.assert_close(normed.image_tokens(images), expected)
     assert model.num_image_tokens(16, 16) == 16
@@ -292,10 +292,9 @@ def test_a_training_step_reaches_every_part():
     ).backward()
     unreached = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
-    assert unreached == frozen == []  # the final norm is read (image_norm)
-    unnormed = small_vlm(image_norm=False)  # LLaVA's: the final norm is not read
-    frozen = [name for name, p in unnormed.named_parameters() if not p.requires_grad]
-    assert frozen == ["image.encoder.norm.weight", "image.encoder.norm.bias"]
+    assert unreached == frozen == ["image.encoder.norm.weight", "image.encoder.norm.bias"]  # the final norm: not read
+    normed = small_vlm(image_norm=True)  # the final norm is read
+    assert [name for name, p in normed.named_parameters() if not p.requires_grad] == []
     earlier = small_vlm(image_layer=-2)  # the blocks after image_layer are not read either
     unread = {name.split(".")[3] for name, p in earlier.named_parameters() if "layers" in name and not p.requires_grad}
     assert unread == {str(earlier.config.image.n_layers - 1)}

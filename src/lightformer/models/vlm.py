@@ -56,8 +56,9 @@ class VisionLanguageConfig:
         image_attention: "bidirectional": the K image tokens attend to each other both ways (PaliGemma's prefix);
             "causal": as text (LLaVA's). The text is causal either way.
         image_norm: the patch tokens pass through the tower's final norm before the pixel shuffle (SigLIP's features,
-            nanoVLM's; Qwen2-VL's merger normalises them too): the projector reads tokens of one scale, not the
-            residual stream's few huge channels; false: the residual stream, as LLaVA reads ``hidden_states``.
+            nanoVLM's; Qwen2-VL's merger normalises them too), so the projector reads tokens of one scale rather than
+            the residual stream's few huge channels; false (the default): the residual stream, as LLaVA reads
+            ``hidden_states``.
     """
 
     image: ViTConfig = field(default_factory=lambda: ViTConfig(**IMAGE_DEFAULTS))
@@ -66,7 +67,7 @@ class VisionLanguageConfig:
     projector: Projector = "mlp"
     image_layer: int = -1
     image_attention: ImageAttention = "bidirectional"
-    image_norm: bool = True
+    image_norm: bool = False
 
     def __post_init__(self) -> None:
         for name, config_class, defaults in (("image", ViTConfig, IMAGE_DEFAULTS), ("text", GPTConfig, TEXT_DEFAULTS)):
