@@ -22,7 +22,7 @@ the Open Clip Art Library's titles, categories and keywords, the text of printed
 - emoji: "What is this emoji?" → its Unicode name in lower case; training in the style not held out, val and test in
   the held-out style (val: the names that ``carved`` picks by ``emoji_val_fraction``).
 
-**Groups**: "<source>/<kind>/held-out" for val and test records; with ``seen`` > 0, the first ``seen`` training images
+**Groups**: "<source>/<kind>/held-out" for val and test records; with ``seen`` > 0, ``seen`` training images (evenly spaced)
 of each source are also val and test records of "<source>/<kind>/seen". Training records carry their seen group.
 
 **Pixels**: RGB uint8 at the canvas; batches normalised with the mean and standard deviation of each channel over
@@ -86,7 +86,7 @@ from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.nn.checks import check_at_least
 
-FORMAT_VERSION = 1  # bump when what a prepared folder holds, or how an image is drawn, changes meaning
+FORMAT_VERSION = 2  # bump when what a prepared folder holds, or how an image is drawn, changes meaning
 QUESTIONS = {  # source → question kind → the question ("{n}": the word's number)
     "clipart": {"name": "What is this?", "category": "Which category?", "keywords": "Name its keywords."},
     "lines": {"read": "What does it say?", "word": "What is word {n}?"},
@@ -408,8 +408,10 @@ class VisualQADataModule(ChatRecords):
         return self._with_seen(found, index)
 
     def _with_seen(self, found: dict[str, list], index: dict[str, int]) -> dict[str, list]:
-        """``found`` with its first ``seen`` training items added to val and test (their seen groups)."""
-        seen = found["train"][: self.source.seen]
+        """``found`` with ``seen`` of its training items, evenly spaced over them (every category's drawings, not the
+        first folder's), added to val and test (their seen groups)."""
+        train, count = found["train"], self.source.seen
+        seen = train[:: max(1, len(train) // count)][:count] if count else []
         for split in ("val", "test"):
             found[split] = found[split] + seen
         return found
