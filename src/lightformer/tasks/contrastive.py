@@ -49,6 +49,7 @@ from lightformer.training.tensorboard import (
     markdown_text,
     similarity_figure,
     tensorboard_writer,
+    unnormalised,
 )
 
 Batch = dict[str, Any]
@@ -375,18 +376,12 @@ class ContrastiveTask(Task):
         rows = ["| image | caption | likeliest texts |", "|---|---|---|"]
         probabilities = self.probabilities(similarities[: len(images)])
         for i, (image, caption) in enumerate(zip(images, captions, strict=True)):
-            writer.add_image(f"val/sample_{i}", self._pixels(image), step)
+            writer.add_image(f"val/sample_{i}", unnormalised(image, self.data_facts), step)
             values, indices = probabilities[i].topk(min(TOP_TEXTS, len(texts)))
             pairs = zip(values.tolist(), indices.tolist(), strict=True)
             top = ", ".join(f"{markdown_text(texts[j])} ({p:.0%})" for p, j in pairs)
             rows.append(f"| sample_{i} | {markdown_text(caption)} | {top} |")
         writer.add_text("val/top_texts", "\n".join(rows), step)
-
-    def _pixels(self, image: Tensor) -> Tensor:
-        """A normalised image ``(C, H, W)`` back in [0, 1], for TensorBoard."""
-        mean = torch.tensor(self.data_facts.normalize_mean).view(-1, 1, 1)
-        std = torch.tensor(self.data_facts.normalize_std).view(-1, 1, 1)
-        return (image.float() * std + mean).clamp(0, 1)
 
     # --- the commands' work --------------------------------------------------------------------------------
 

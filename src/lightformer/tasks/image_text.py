@@ -40,6 +40,7 @@ from lightformer.training.tensorboard import (
     reading_figure,
     tensorboard_logger,
     tensorboard_writer,
+    unnormalised,
 )
 
 Batch = dict[str, Tensor | list[str]]
@@ -326,7 +327,7 @@ class ImageToTextTask(Task):
         if writer is not None and self._samples and not self.trainer.sanity_checking:
             step = logging_step(self.trainer)
             for i, (image, _, _) in enumerate(self._samples):
-                writer.add_image(f"val/sample_{i}", self._pixels(image), step)
+                writer.add_image(f"val/sample_{i}", unnormalised(image, self.data_facts), step)
             rows = ["| reference | reading |", "|---|---|"] + [f"| {t} | {r} |" for _, t, r in self._samples]
             writer.add_text("val/readings", "\n".join(rows), step)
 
@@ -364,12 +365,6 @@ class ImageToTextTask(Task):
             with atomic_open(path) as f:
                 f.write(text.getvalue().encode())
             rank_zero_info(f"wrote {path}: {len(rows)} readings")
-
-    def _pixels(self, image: Tensor) -> Tensor:
-        """A normalised image ``(C, H, W)`` back in [0, 1], for TensorBoard."""
-        mean = torch.tensor(self.data_facts.normalize_mean).view(-1, 1, 1)
-        std = torch.tensor(self.data_facts.normalize_std).view(-1, 1, 1)
-        return (image.float() * std + mean).clamp(0, 1)
 
     # --- reading -------------------------------------------------------------------------------------------
 

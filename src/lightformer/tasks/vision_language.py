@@ -40,6 +40,7 @@ from lightformer.training.tensorboard import (
     reading_figure,
     tensorboard_logger,
     tensorboard_writer,
+    unnormalised,
 )
 
 Batch = dict[str, Any]
@@ -301,7 +302,7 @@ class VisionLanguageTask(TextTask):
             step = logging_step(self.trainer)
             rows = ["| image | question | answer | reference |", "|---|---|---|---|"]
             for i, (image, question, answer, reference) in enumerate(self._samples):
-                writer.add_image(f"val/sample_{i}", self._pixels(image), step)
+                writer.add_image(f"val/sample_{i}", unnormalised(image, self.data_facts), step)
                 cells = (markdown_text(text) for text in (question, answer, reference))
                 rows.append(f"| sample_{i} | " + " | ".join(cells) + " |")
             writer.add_text("val/answers", "\n".join(rows), step)
@@ -311,12 +312,6 @@ class VisionLanguageTask(TextTask):
 
     def on_test_epoch_end(self) -> None:
         self._log_metrics("test")
-
-    def _pixels(self, image: Tensor) -> Tensor:
-        """A normalised image ``(C, H, W)`` back in [0, 1], for TensorBoard."""
-        mean = torch.tensor(self.data_facts.normalize_mean).view(-1, 1, 1)
-        std = torch.tensor(self.data_facts.normalize_std).view(-1, 1, 1)
-        return (image.float() * std + mean).clamp(0, 1)
 
     # --- answering -----------------------------------------------------------------------------------------
 

@@ -303,6 +303,13 @@ def similarity_figure(similarities: Tensor, captions: Sequence[str], title: str)
     return figure
 
 
+def unnormalised(image: Tensor, facts: Any) -> Tensor:
+    """An image ``(C, H, W)`` normalised as the data's ``facts`` say (``DataFacts.normalize_mean`` and
+    ``normalize_std``) back in [0, 1], to be shown."""
+    mean, std = (torch.tensor(values).view(-1, 1, 1) for values in (facts.normalize_mean, facts.normalize_std))
+    return (image.float() * std + mean).clamp(0, 1)
+
+
 def markdown_text(text: str) -> str:
     """``text`` as literal Markdown on one line (a table cell): special characters escaped, line breaks as spaces."""
     text = re.sub(r"([\\`*_\[\]#|])", r"\\\1", text)

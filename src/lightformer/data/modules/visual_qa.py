@@ -22,8 +22,9 @@ the Open Clip Art Library's titles, categories and keywords, the text of printed
 - emoji: "What is this emoji?" → its Unicode name in lower case; training in the style not held out, val and test in
   the held-out style (val: the names that ``carved`` picks by ``emoji_val_fraction``).
 
-**Groups**: "<source>/<kind>/held-out" for val and test records; with ``seen`` > 0, ``seen`` training images (evenly spaced)
-of each source are also val and test records of "<source>/<kind>/seen". Training records carry their seen group.
+**Groups**: "<source>/<kind>/held-out" for val and test records; with ``seen`` > 0, ``seen`` training images of each
+source (evenly spaced) are also val and test records of "<source>/<kind>/seen". Training records carry their seen
+group.
 
 **Pixels**: RGB uint8 at the canvas; batches normalised with the mean and standard deviation of each channel over
 ``STATS_IMAGES`` training images spread evenly over the split (measured in preparation, in the facts).

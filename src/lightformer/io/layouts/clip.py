@@ -61,20 +61,28 @@ _LAYER = {"norm1": "layer_norm1", "self_attn.proj": "self_attn.out_proj", "norm2
           "ffn.fc1": "mlp.fc1", "ffn.fc2": "mlp.fc2"}  # fmt: skip
 
 
-def check_clip_shape(config: Any) -> None:
-    """``ConfigError`` naming every field of ``config`` (a ``ContrastiveConfig``) that ``CLIPModel`` cannot hold, and
-    the value that would fit."""
+def tower_misfits(config: Any, needs: dict[str, dict[str, tuple]], why: dict[str, str]) -> list[str]:
+    """What a Hugging Face layout cannot hold of a two-tower ``config`` whose image tower is ``image``: each field
+    of ``needs`` (part, "" or "image." or "text." → field → the values that fit) with its value now and ``why``, and a
+    non-square image or patch."""
     wrong = []
-    for part, needs in CLIP_NEEDS.items():
+    for part, part_needs in needs.items():
         tower = getattr(config, part.rstrip(".")) if part else config
-        for misfit in misfits(tower, needs):
+        for misfit in misfits(tower, part_needs):
             name, value = misfit.split("=", 1)
-            fits = "|".join(str(v).lower() if isinstance(v, bool) else str(v) for v in needs[name])
-            wrong.append(f"model.net.{part}{name} to {fits} (now {value}: {WHY[name]})")
+            fits = "|".join(str(v).lower() if isinstance(v, bool) else str(v) for v in part_needs[name])
+            wrong.append(f"model.net.{part}{name} to {fits} (now {value}: {why[name]})")
     image, patch = as_pair(config.image.image_size), as_pair(config.image.patch_size)
     if image[0] != image[1] or patch[0] != patch[1]:
         wrong.append(f"model.net.image.image_size={config.image.image_size} and patch_size={config.image.patch_size} "
-                     "(CLIP takes square images and patches)")  # fmt: skip
+                     "to a square's side each (CLIP takes square images and patches)")  # fmt: skip
+    return wrong
+
+
+def check_clip_shape(config: Any) -> None:
+    """``ConfigError`` naming every field of ``config`` (a ``ContrastiveConfig``) that ``CLIPModel`` cannot hold, and
+    the value that would fit."""
+    wrong = tower_misfits(config, CLIP_NEEDS, WHY)
     if wrong:
         raise ConfigError(f"--layout hf: this contrastive model's shape does not fit CLIPModel. Change "
                           f"{'; '.join(wrong)}")  # fmt: skip

@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from lightformer.errors import ConfigError
-from lightformer.io.hf_layouts import HF_ACTIVATIONS, HFModel, config_ids, fast_tokenizer, hf_layout, misfits
-from lightformer.io.layouts.clip import CLIP_NEEDS, clip_image_processor, clip_to_hf
+from lightformer.io.hf_layouts import HF_ACTIVATIONS, HFModel, config_ids, fast_tokenizer, hf_layout
+from lightformer.io.layouts.clip import CLIP_NEEDS, clip_image_processor, clip_to_hf, tower_misfits
 from lightformer.io.layouts.gpt import GPT_LAYOUTS, gpt_hf_config, gpt_to_hf
 from lightformer.nn.checks import as_pair
 
@@ -52,17 +52,7 @@ IMAGE_TOKEN = "<image>"
 def check_llava_shape(config: Any) -> None:
     """``ConfigError`` naming every field of ``config`` (a ``VisionLanguageConfig``) that
     ``LlavaForConditionalGeneration`` cannot hold, and the value that would fit."""
-    wrong = []
-    for part, needs in LLAVA_NEEDS.items():
-        tower = getattr(config, part.rstrip(".")) if part else config
-        for misfit in misfits(tower, needs):
-            name, value = misfit.split("=", 1)
-            fits = "|".join(str(v).lower() if isinstance(v, bool) else str(v) for v in needs[name])
-            wrong.append(f"model.net.{part}{name} to {fits} (now {value}: {WHY[name]})")
-    image, patch = as_pair(config.image.image_size), as_pair(config.image.patch_size)
-    if image[0] != image[1] or patch[0] != patch[1]:
-        wrong.append(f"model.net.image.image_size={config.image.image_size} and patch_size={config.image.patch_size} "
-                     "to a square's side each (CLIP takes square images and patches)")  # fmt: skip
+    wrong = tower_misfits(config, LLAVA_NEEDS, WHY)
     if wrong:
         raise ConfigError(
             f"--layout hf: this vision-language model's shape does not fit LlavaForConditionalGeneration. Change "
