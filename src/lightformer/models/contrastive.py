@@ -17,7 +17,7 @@ padding hidden by the attention's key mask), and its features are the mean over 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 import torch
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightformer.models.gpt import GPT, GPTConfig
-from lightformer.models.vision_text import tower_config
+from lightformer.models.vision_text import build_towers
 from lightformer.models.vit import VisionTransformer, ViTConfig
 from lightformer.nn.checks import check_at_least, check_choice, check_set
 
@@ -75,18 +75,8 @@ class ContrastiveConfig:
     text_pool: TextPool = "eos"
 
     def __post_init__(self) -> None:
-        for name, config_class, defaults in (("image", ViTConfig, IMAGE_DEFAULTS), ("text", GPTConfig, TEXT_DEFAULTS)):
-            try:
-                tower = tower_config(config_class, getattr(self, name), defaults)
-            except ValueError as error:
-                raise ValueError(f"the {name} tower: {error}") from None
-            object.__setattr__(self, name, tower)
-        if self.image.num_classes not in (None, 0):
-            raise ValueError(
-                f"image.num_classes={self.image.num_classes}: the image tower of a contrastive model has no classifier "
-                "head; leave image.num_classes out (or 0)"
-            )
-        object.__setattr__(self, "image", replace(self.image, num_classes=0))
+        towers = {"image": (ViTConfig, IMAGE_DEFAULTS), "text": (GPTConfig, TEXT_DEFAULTS)}
+        build_towers(self, towers, "a contrastive model")
         if not self.text.tie_weights:
             raise ValueError(
                 "text.tie_weights=false: the text tower of a contrastive model uses no LM head, so its head must be "

@@ -66,6 +66,27 @@ def tower_config(config_class: type, given: Any, defaults: dict[str, Any]) -> An
         raise ValueError(str(error)) from None
 
 
+def build_towers(
+    config: Any, towers: dict[str, tuple[type, dict]], what: str, label: str = "the {} tower", **image_fields: Any
+) -> None:
+    """Set each tower of a frozen two-tower ``config`` (its field → the tower's config class and defaults) as
+    ``tower_config`` builds it (a ValueError names the tower: ``label``), the first (the ViT) without a classifier
+    head: a ``num_classes`` given is refused, naming ``what`` the model is; ``image_fields`` are set on it too."""
+    for name, (config_class, defaults) in towers.items():
+        try:
+            tower = tower_config(config_class, getattr(config, name), defaults)
+        except ValueError as error:
+            raise ValueError(f"{label.format(name)}: {error}") from None
+        object.__setattr__(config, name, tower)
+    name = next(iter(towers))
+    image = getattr(config, name)
+    if image.num_classes not in (None, 0):
+        noun = "image tower" if name == "image" else name
+        raise ValueError(f"{name}.num_classes={image.num_classes}: the {noun} of {what} has no classifier head; leave "
+                         f"{name}.num_classes out (or 0)")  # fmt: skip
+    object.__setattr__(config, name, replace(image, num_classes=0, **image_fields))
+
+
 @dataclass(frozen=True)
 class VisionEncoderDecoderConfig:
     """The shape of an image-to-text model: its two towers' configs whole, as Hugging Face's
@@ -92,21 +113,8 @@ class VisionEncoderDecoderConfig:
     RENAMED: ClassVar[dict[str, tuple[str, ...]]] = FLAT_FIELDS
 
     def __post_init__(self) -> None:
-        for name, config_class, defaults in (
-            ("encoder", ViTConfig, ENCODER_DEFAULTS),
-            ("decoder", GPTConfig, DECODER_DEFAULTS),
-        ):
-            try:
-                tower = tower_config(config_class, getattr(self, name), defaults)
-            except ValueError as error:
-                raise ValueError(f"the {name}: {error}") from None
-            object.__setattr__(self, name, tower)
-        if self.encoder.num_classes not in (None, 0):
-            raise ValueError(
-                f"encoder.num_classes={self.encoder.num_classes}: the encoder of an image-to-text model has no "
-                "classifier head; leave encoder.num_classes out (or 0)"
-            )
-        object.__setattr__(self, "encoder", replace(self.encoder, num_classes=0, pool="mean"))
+        towers = {"encoder": (ViTConfig, ENCODER_DEFAULTS), "decoder": (GPTConfig, DECODER_DEFAULTS)}
+        build_towers(self, towers, "an image-to-text model", "the {}", pool="mean")
         check_at_least("decoder.block_size", self.decoder.block_size, 2)
 
     @classmethod

@@ -15,7 +15,7 @@ token's (which predicts the token after the image).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import torch
@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from lightformer.generation import ConditionedDecoder
 from lightformer.models.gpt import GPT, GPTConfig
-from lightformer.models.vision_text import tower_config
+from lightformer.models.vision_text import build_towers
 from lightformer.models.vit import VisionTransformer, ViTConfig
 from lightformer.nn import DecoderCache, record_attention
 from lightformer.nn.checks import as_pair, check_at_least, check_choice, check_set
@@ -70,18 +70,8 @@ class VisionLanguageConfig:
     image_norm: bool = False
 
     def __post_init__(self) -> None:
-        for name, config_class, defaults in (("image", ViTConfig, IMAGE_DEFAULTS), ("text", GPTConfig, TEXT_DEFAULTS)):
-            try:
-                tower = tower_config(config_class, getattr(self, name), defaults)
-            except ValueError as error:
-                raise ValueError(f"the {name} tower: {error}") from None
-            object.__setattr__(self, name, tower)
-        if self.image.num_classes not in (None, 0):
-            raise ValueError(
-                f"image.num_classes={self.image.num_classes}: the image tower of a vision-language model has no "
-                "classifier head; leave image.num_classes out (or 0)"
-            )
-        object.__setattr__(self, "image", replace(self.image, num_classes=0))
+        towers = {"image": (ViTConfig, IMAGE_DEFAULTS), "text": (GPTConfig, TEXT_DEFAULTS)}
+        build_towers(self, towers, "a vision-language model")
         check_at_least("pixel_shuffle", self.pixel_shuffle, 1)
         if self.image.image_size is not None:
             check_grid(self.image.image_size, self.image.patch_size, self.pixel_shuffle)
