@@ -64,7 +64,7 @@ class TaskSpec:
         commands: the commands that take its checkpoints alone (``lightformer <name> --ckpt_path ...``): name →
             function of keyword options (``jsonargparse.auto_cli`` reads their types and docstrings; the first
             line of a docstring is the command's description).
-        list_options: command → its option that takes several values, also given as shells pass them
+        list_options: command → its option (or options) that take several values, also given as shells pass them
             (``--images a.png b.png``).
         layouts: name → a form ``export --layout NAME`` writes its model in, besides "lightformer" (every task's).
         carried: keys that a checkpoint of it written through the Python API before every checkpoint named its
@@ -74,7 +74,7 @@ class TaskSpec:
     task: type
     data: tuple[type, ...]
     commands: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
-    list_options: Mapping[str, str] = field(default_factory=dict)
+    list_options: Mapping[str, str | tuple[str, ...]] = field(default_factory=dict)
     layouts: Mapping[str, Layout] = field(default_factory=dict)
     carried: tuple[str, ...] = ()
 
@@ -87,7 +87,7 @@ def register(
     *,
     data: type | tuple[type, ...],
     commands: Mapping[str, Callable[..., Any]] | None = None,
-    list_options: Mapping[str, str] | None = None,
+    list_options: Mapping[str, str | tuple[str, ...]] | None = None,
     layouts: Mapping[str, Layout] | None = None,
     carried: tuple[str, ...] = (),
 ) -> TaskSpec:

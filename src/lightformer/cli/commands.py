@@ -118,7 +118,7 @@ def average(*, ckpt_paths: list[str] | str, output: str, last: int | None = None
 COMMANDS = {"export": export, "average": average}
 
 
-def checkpoint_commands() -> dict[str, tuple[Callable, str | None]]:
+def checkpoint_commands() -> dict[str, tuple[Callable, str | tuple[str, ...] | None]]:
     """The commands that take a checkpoint alone: every registered task's (``lightformer.registry``), then
     ``export`` and ``average``; each with its option that takes several values, if any."""
     found = {
@@ -128,7 +128,7 @@ def checkpoint_commands() -> dict[str, tuple[Callable, str | None]]:
     return found | {name: (run, lists.get(name)) for name, run in COMMANDS.items()}
 
 
-def task_command(name: str, args: list[str]) -> tuple[Callable, str | None] | None:
+def task_command(name: str, args: list[str]) -> tuple[Callable, str | tuple[str, ...] | None] | None:
     """The command ``name`` of a task outside lightformer, registered by its module, which the ``_class_path`` of the
     checkpoint that ``--ckpt_path`` names imports; None: no such command. The command's function (whose signature
     ``auto_cli`` parses the rest by) is known only from the checkpoint, so ``--ckpt_path`` alone is read first, as

@@ -397,8 +397,10 @@ def main(argv: list[str] | None = None) -> None:
         elif found is not None:
             from jsonargparse import auto_cli
 
-            run, list_option = found
-            rest = _gather_list_option(args[1:], list_option) if list_option else args[1:]
+            run, list_options = found
+            rest = args[1:]
+            for option in (list_options,) if isinstance(list_options, str) else list_options or ():
+                rest = _gather_list_option(rest, option)
             auto_cli(run, args=rest, prog=f"lightformer {command}")
         elif {"-h", "--help"} & set(args) and any(a in ("-c", "--config") or a.startswith("--config=") for a in args):
             task_help(command, args[1:])

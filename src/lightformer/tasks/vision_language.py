@@ -516,6 +516,6 @@ register(
     VisionLanguageTask,
     data=(VisualQADataModule, ConversationFilesDataModule),
     commands={"ask": ask},
-    list_options={"ask": "--images"},
+    list_options={"ask": ("--images", "--question")},
     layouts={"hf": llava.HF},
 )
