@@ -82,6 +82,8 @@ def test_lines_are_read_and_their_nth_word_asked(qa):
             n = int(word["question"].removeprefix("What is word ").removesuffix("?"))
             assert 1 <= len(read["answer"].split()) <= 4 and read["answer"].split()[n - 1] == word["answer"]
             assert read["image"] == word["image"]
+            assert read["text"] == word["text"] == read["answer"]  # the text the image shows: the CTC loss's target
+    assert {r["text"] for r in records(qa, "train") if groups[r["group"]].startswith("clipart/")} == {""}
 
 
 def test_val_and_test_hold_held_out_and_seen_groups_training_only_seen(qa):
@@ -126,6 +128,10 @@ def test_batches_hold_one_canvas_and_the_contracts_keys(qa):
                 answer = [t for t in labels[row].tolist() if t != IGNORE]
                 assert qa.tokenizer.decode(answer) == batch["answer"][row]  # labels on the answer (and its EOS) only
                 assert (labels[row, : length - 1] == IGNORE).all()
+                transcript = batch["transcript"][row, : int(batch["transcript_length"][row])].tolist()
+                if batch["question"][row] == QUESTIONS["lines"]["read"]:
+                    assert transcript == qa.tokenizer.encode(batch["answer"][row])
+                assert (batch["transcript_length"][row] > 0) == (images.shape[-1] == 128)  # lines only
     assert shapes == {(32, 32), (32, 128)}
 
 

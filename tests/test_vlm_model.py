@@ -283,6 +283,20 @@ def test_refusals_name_what_is_wrong():
         small_vlm(text=TEXT | dict(depth=2))
 
 
+def test_the_ctc_head_reads_the_projectors_patches_column_by_column_from_the_top():
+    model = small_vlm(ctc_head=True)
+    images = torch.randn(2, 3, 16, 32)  # a grid of 4 × 8 patches
+    ids = ids_with_placeholder([1, 2], 6)
+    logits, reading = model(ids, images, ctc=True)
+    torch.testing.assert_close(logits, model(ids, images), rtol=0, atol=0)  # the same pass as without it
+    patches = model.patch_tokens(images)  # row-major
+    assert reading.shape == (2, 32, VOCAB)
+    for row, column in [(0, 0), (3, 0), (0, 1), (2, 5), (3, 7)]:
+        torch.testing.assert_close(reading[:, column * 4 + row], model.ctc_head(patches[:, row * 8 + column]))
+    with pytest.raises(ValueError, match="this model has no CTC head: build it with ctc_head=true"):
+        small_vlm()(ids, images, ctc=True)
+
+
 def test_a_training_step_reaches_every_part():
     model = small_vlm().train()
     ids = ids_with_placeholder([1, 3], 8)

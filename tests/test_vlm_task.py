@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from lightformer.errors import ConfigError
 from lightformer.models.gpt import GPT, GPTConfig, extend_positions
@@ -147,6 +148,51 @@ def test_data_whose_text_and_image_outgrow_the_positions_is_refused_naming_the_b
     shuffled.check_data(facts, "fit")
     with pytest.raises(ConfigError, match=r"model.beam_size=0 must be at least 1"):
         VisionLanguageTask(net=net, data_facts=facts, beam_size=0)
+
+
+def test_the_ctc_loss_is_ctcs_per_character_over_the_rows_that_show_a_text():
+    from lightformer.facts import DataFacts
+    from lightformer.tasks.vision_language import VisionLanguageTask
+
+    facts = DataFacts(vocab_size=20, pad_id=0, image_size=(16, 32), in_channels=3, image_fit="line", max_length=12)
+    net = dict(image=dict(patch_size=4, **TINY), text=dict(block_size=64, **TINY), ctc_head=True)
+    torch.manual_seed(0)
+    task = VisionLanguageTask(net=net, data_facts=facts, ctc_weight=0.5)
+    ids = torch.randint(3, 20, (3, 8))
+    ids[:, 1] = 20  # the placeholder
+    images, labels = torch.randn(3, 3, 16, 32), torch.randint(3, 20, (3, 8))
+    transcript = torch.tensor([[5, 6, 6, 7], [0, 0, 0, 0], [9, 4, 0, 0]])
+    lengths = torch.tensor([4, 0, 2])
+    answers, ctc = task._joint_loss(ids, images, labels, transcript, lengths)
+    torch.testing.assert_close(answers, task._answer_loss(ids, images, labels))
+    reading = task.model(ids, images, ctc=True)[1].log_softmax(-1)
+    by_row = [F.ctc_loss(reading[i].unsqueeze(1), transcript[i : i + 1, : lengths[i]], [32], [int(lengths[i])],
+                         blank=0) for i in (0, 2)]  # fmt: skip  (each row's loss per character)
+    torch.testing.assert_close(ctc, (by_row[0] + by_row[1]) / 2)
+    _, none = task._joint_loss(ids, images, labels, transcript, torch.zeros(3, dtype=torch.long))
+    assert none == 0  # no row shows a text: nothing to spell
+    with pytest.raises(ConfigError, match=r"model.ctc_weight=0.5 must be at least 0, and above 0 only with "
+                                          r"model.net.ctc_head=true"):  # fmt: skip
+        VisionLanguageTask(net=net | {"ctc_head": False}, data_facts=facts, ctc_weight=0.5)
+    unused = VisionLanguageTask(net=net, data_facts=facts)  # a head the loss does not train: frozen, as DDP needs
+    assert not any(p.requires_grad for p in unused.model.ctc_head.parameters())
+
+
+def test_the_answers_attention_is_laid_out_on_the_grid_of_any_patch_shape():
+    from lightformer.data.preparation.tokenizers import Tokenizer
+    from lightformer.facts import DataFacts
+    from lightformer.tasks.vision_language import VisionLanguageTask
+
+    tokenizer = Tokenizer.train_char(["Q: What does it say?\nA: a line"])
+    facts = DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+                      image_size=(32, 64), in_channels=3, image_fit="line", max_length=30)  # fmt: skip
+    for patch, shuffle, grid in (([32, 4], 1, (1, 16)), ([8, 4], 2, (2, 8)), (8, 2, (2, 4))):
+        net = dict(image=dict(patch_size=patch, **TINY), text=dict(block_size=64, **TINY), pixel_shuffle=shuffle)
+        task = VisionLanguageTask(net=net, data_facts=facts)
+        prompt = task.prompt_ids("What does it say?")
+        tokens, maps = task.answer_attention(torch.tensor(prompt), len(prompt), torch.randn(3, 32, 64), "a line")
+        assert len(tokens) == 7 and maps.shape == (7, *grid)  # "a line" and EOS, over the image's tokens
+        assert (maps >= 0).all() and (maps.sum((1, 2)) <= 1 + 1e-5).all()  # a share of each token's attention
 
 
 def test_ask_refuses_options_that_say_no_question_before_reading_a_checkpoint(tmp_path):

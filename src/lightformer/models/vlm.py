@@ -59,6 +59,11 @@ class VisionLanguageConfig:
             nanoVLM's; Qwen2-VL's merger normalises them too), so the projector reads tokens of one scale rather than
             the residual stream's few huge channels; false (the default): the residual stream, as LLaVA reads
             ``hidden_states``.
+        ctc_head: a linear layer from each of the tower's patch tokens (those the projector reads, before the pixel
+            shuffle) to the vocabulary, for a CTC loss against the text an image shows (``VisionLanguageTask``'s
+            ``ctc_weight``; joint CTC-attention training, as ``VisionEncoderDecoderConfig``'s): it teaches the tower
+            to tell characters apart in reading order before the language model has learnt to look. A training aid:
+            answers are always the language model's, and an export leaves the head out.
     """
 
     image: ViTConfig = field(default_factory=lambda: ViTConfig(**IMAGE_DEFAULTS))
@@ -68,6 +73,7 @@ class VisionLanguageConfig:
     image_layer: int = -1
     image_attention: ImageAttention = "bidirectional"
     image_norm: bool = False
+    ctc_head: bool = False
 
     def __post_init__(self) -> None:
         towers = {"image": (ViTConfig, IMAGE_DEFAULTS), "text": (GPTConfig, TEXT_DEFAULTS)}
@@ -162,6 +168,7 @@ class VisionLanguageModel(nn.Module):
             config.pixel_shuffle**2 * config.image.d_model, config.text.d_model, config.projector
         )
         self.text = GPT(config.text)
+        self.ctc_head = nn.Linear(config.image.d_model, config.text.vocab_size) if config.ctc_head else None
         self.image_token_id = config.text.vocab_size
         self.block_size = config.text.block_size
 
@@ -182,13 +189,25 @@ class VisionLanguageModel(nn.Module):
         h, w = self.grid(height, width)
         return h * w // self.config.pixel_shuffle**2
 
-    def image_tokens(self, images: Tensor) -> Tensor:
-        """Images ``(batch, C, H, W)`` → their K embeddings ``(batch, K, text.d_model)``."""
-        grid = self.grid(*images.shape[-2:])
+    def patch_tokens(self, images: Tensor) -> Tensor:
+        """Images ``(batch, C, H, W)`` → the tower's patch tokens the projector reads ``(batch, h·w, d)``, row-major."""
         tokens = self.image.hidden_state(images, self.config.image_layer)[:, self.image.num_prefix_tokens :]
-        if self.config.image_norm:
-            tokens = self.image.encoder.norm(tokens)
-        return self.projector(pixel_shuffle(tokens, grid, self.config.pixel_shuffle))
+        return self.image.encoder.norm(tokens) if self.config.image_norm else tokens
+
+    def image_tokens(self, images: Tensor, patches: Tensor | None = None) -> Tensor:
+        """Images ``(batch, C, H, W)`` (or their ``patch_tokens``) → their K embeddings ``(batch, K, text.d_model)``."""
+        grid = self.grid(*images.shape[-2:])
+        patches = self.patch_tokens(images) if patches is None else patches
+        return self.projector(pixel_shuffle(patches, grid, self.config.pixel_shuffle))
+
+    def reading_logits(self, images: Tensor, patches: Tensor) -> Tensor:
+        """The CTC head's logits of each patch token ``(batch, h·w, vocab_size)`` in reading order: column by column
+        from the left, each column from the top."""
+        if self.ctc_head is None:
+            raise ValueError("this model has no CTC head: build it with ctc_head=true")
+        h, w = self.grid(*images.shape[-2:])
+        columns = patches.unflatten(1, (h, w)).transpose(1, 2).flatten(1, 2)
+        return self.ctc_head(columns)
 
     def _placeholders(self, ids: Tensor) -> Tensor:
         """Each row's placeholder position ``(batch,)``; ValueError unless every row holds exactly one (in training
@@ -229,10 +248,13 @@ class VisionLanguageModel(nn.Module):
         span = torch.zeros(b, t + k - 1, dtype=torch.bool, device=ids.device).scatter(1, image_at, True)
         return joined, span, aligned
 
-    def forward(self, ids: Tensor, images: Tensor, cache: DecoderCache | None = None) -> Tensor:
+    def forward(
+        self, ids: Tensor, images: Tensor, cache: DecoderCache | None = None, ctc: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Ids ``(batch, T)``, one placeholder per row, and images ``(batch, C, H, W)`` → logits ``(batch, T,
         vocab_size)`` aligned with the ids. With ``cache``: the call that starts it holds the placeholder; later
-        calls continue with text ids alone (``images`` are then not read)."""
+        calls continue with text ids alone (``images`` are then not read). With ``ctc``, also the CTC head's logits
+        of the patches in reading order (``reading_logits``), from the same pass of the tower."""
         if cache is not None and cache.length > 0:
             if (ids == self.image_token_id).any():
                 raise ValueError("the image placeholder goes in the call that starts the cache, not in a later one")
@@ -244,11 +266,13 @@ class VisionLanguageModel(nn.Module):
                 f"{ids.shape[1] + k - 1} positions, more than text.block_size={self.block_size}: shorten the text "
                 f"to at most {self.block_size - k + 1} ids, or use smaller images or a larger pixel_shuffle"
             )
-        joined, span, aligned = self._join(ids, self.image_tokens(images))
+        patches = self.patch_tokens(images)
+        joined, span, aligned = self._join(ids, self.image_tokens(images, patches))
         bidirectional = span if self.config.image_attention == "bidirectional" else None
         features = self.text.features(cache=cache, embeddings=joined, bidirectional=bidirectional)
         features = features.gather(1, aligned[..., None].expand(-1, -1, features.shape[-1]))
-        return self.text.lm_head(features)
+        logits = self.text.lm_head(features)
+        return (logits, self.reading_logits(images, patches)) if ctc else logits
 
     def incremental_decoder(self, images: Tensor, beam_size: int = 1) -> ConditionedDecoder:
         """A decoder for ``lightformer.generation`` bound to ``images`` (rows repeated per beam): its first call holds

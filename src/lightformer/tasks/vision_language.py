@@ -113,6 +113,10 @@ class VisionLanguageTask(TextTask):
     Args:
         net: the model's shape (``VisionLanguageConfig``).
         label_smoothing: of the answers' targets.
+        ctc_weight: the weight of a CTC loss of the image tower's patches (the model's ``ctc_head``, in reading order)
+            against the text each image shows (the batch's "transcript": a printed line's; records without one bear
+            none), added in training to the answers' loss (joint CTC-attention training: the tower learns to tell
+            characters apart while the language model has yet to look).
         beam_size: beam width at test time and for ``ask`` (1 = greedy).
         max_answer_tokens: the longest answer generated, in tokens (None: as many as the positions hold).
         num_logged_samples: validation images shown in TensorBoard with their question, answer and reference.
@@ -133,12 +137,19 @@ class VisionLanguageTask(TextTask):
         self,
         net: VisionLanguageConfig = VisionLanguageConfig(),
         label_smoothing: float = 0.0,
+        ctc_weight: float = 0.0,
         beam_size: int = 1,
         max_answer_tokens: int | None = None,
         num_logged_samples: int = 4,
         **common: Any,
     ) -> None:
         super().__init__(net, **common)
+        if ctc_weight < 0 or (ctc_weight > 0 and self.model.ctc_head is None):
+            raise ConfigError(
+                f"model.ctc_weight={ctc_weight} must be at least 0, and above 0 only with model.net.ctc_head=true"
+            )
+        if self.model.ctc_head is not None and ctc_weight == 0:
+            self.model.ctc_head.requires_grad_(False)  # unused: frozen, as DDP wants every trained parameter used
         if beam_size < 1:
             raise ConfigError(f"model.beam_size={beam_size} must be at least 1 (1 is greedy decoding)")
         if max_answer_tokens is not None and max_answer_tokens < 1:
@@ -211,14 +222,37 @@ class VisionLanguageTask(TextTask):
         return self.compiled(self._answer_loss)(batch["ids"], batch["images"], batch["labels"])
 
     def _answer_loss(self, ids: Tensor, images: Tensor, labels: Tensor) -> Tensor:
-        logits = self.model(ids, images)
+        return self._cross_entropy(self.model(ids, images), labels)
+
+    def _cross_entropy(self, logits: Tensor, labels: Tensor) -> Tensor:
         return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE,
                                label_smoothing=self.hparams.label_smoothing)  # fmt: skip
 
+    def _joint_loss(
+        self, ids: Tensor, images: Tensor, labels: Tensor, transcript: Tensor, lengths: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The answers' cross-entropy and the CTC loss of the patches against each image's transcript (PAD as CTC's
+        blank; per character, averaged over the rows that have a transcript; 0 where none has; a text longer than the
+        patches can spell counts zero), from one pass of the tower."""
+        logits, reading = self.model(ids, images, ctc=True)
+        log_probs = reading.float().log_softmax(-1).transpose(0, 1)  # (patches, batch, vocab)
+        patches = torch.full_like(lengths, log_probs.shape[0])
+        per_row = F.ctc_loss(log_probs, transcript, patches, lengths, blank=self.data_facts.pad_id,
+                             reduction="none", zero_infinity=True)  # fmt: skip
+        has_text = (lengths > 0).float()
+        ctc = (per_row / lengths.clamp(min=1) * has_text).sum() / has_text.sum().clamp(min=1)
+        return self._cross_entropy(logits, labels), ctc
+
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        loss = self._loss(batch)
-        self.log_train({"train/loss": loss})
-        return loss
+        weight = self.hparams.ctc_weight
+        if weight == 0:
+            loss = self._loss(batch)
+            self.log_train({"train/loss": loss})
+            return loss
+        inputs = (batch[key] for key in ("ids", "images", "labels", "transcript", "transcript_length"))
+        answers, ctc = self.compiled(self._joint_loss)(*inputs)
+        self.log_train({"train/loss": answers, "train/ctc_loss": ctc})
+        return answers + weight * ctc
 
     def model_inputs(self, batch: Batch) -> tuple[Tensor, Tensor]:
         return batch["ids"], batch["images"]
@@ -410,11 +444,8 @@ class VisionLanguageTask(TextTask):
         weights = self.model.image_attention(full, image[None])[0]  # (T, K)
         rows = weights[prompt_length - 1 : prompt_length - 1 + len(answer_ids)]  # the positions that wrote the answer
         tokens = [self.tokenizer.decode([i], skip_special=False) for i in answer_ids]
-        height, width = image.shape[-2:]
-        side = self.model.config.image.patch_size
-        side = side if isinstance(side, int) else side[0]
-        step = side * self.model.config.pixel_shuffle
-        return tokens, rows.float().reshape(len(tokens), height // step, width // step)
+        (height, width), s = self.model.grid(*image.shape[-2:]), self.model.config.pixel_shuffle
+        return tokens, rows.float().reshape(len(tokens), height // s, width // s)
 
     def _log_image_attention(self, batch: Batch, answer: str) -> None:
         """Where the model looked as it answered the first validation question: a panel per answer token over the

@@ -1,10 +1,10 @@
 """What the vision-language data modules share once their question-answer records are prepared: records
-{"image": PNG, "question", "answer", "group"} (or {"image", "turns": JSON}) read by index and laid out by the chat
+{"image": PNG, "question", "answer", "group", "text"} (or {"image", "turns": JSON}) read by index and laid out by the chat
 template, batches of one canvas (``CanvasBatchSampler``: one small integer per record held, its canvas's index, read
 from the manifest's runs), normalised with the training images' mean and standard deviation of each channel.
 
     records ──decode, jitter (train), ChatTemplate.encode──> {"images": (B, 3, H, W) float32, "ids", "labels",
-      "prompt_length", "group", "answer", "question"}
+      "prompt_length", "group", "answer", "question", "transcript"}
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ STATS_IMAGES = 512  # training images the pixels' mean and standard deviation ar
 
 class QARecords(LineImages):
     """A prepared split by index: item i is {"image": uint8 (3, H, W), "ids", "labels" (int64, the chat template's),
-    "prompt_length", "group", "question", "answer" (the first turn's)}: of a record's question and answer, or of its
-    "turns" (JSON [[question, answer], ...]); with ``augment``, the image jittered by draws from (seed, epoch,
-    i)."""
+    "prompt_length", "group", "question", "answer" (the first turn's), "transcript" (the ids of the text the image
+    shows; none where unknown)}: of a record's question and answer, or of its "turns" (JSON [[question, answer],
+    ...]); with ``augment``, the image jittered by draws from (seed, epoch, i)."""
 
     mode = "RGB"
 
@@ -51,24 +51,30 @@ class QARecords(LineImages):
         prompt = self.template.prompt(tokenizer, turns[0][0], tokenizer.vocab_size)
         return {"image": torch.from_numpy(image.transpose(2, 0, 1).copy()), "ids": ids, "labels": labels,
                 "prompt_length": len(prompt), "group": int(record["group"]), "question": turns[0][0],
-                "answer": turns[0][1]}  # fmt: skip
+                "answer": turns[0][1], "transcript": tokenizer.encode(record.get("text") or "")}  # fmt: skip
 
 
 def collate_qa(items: list[dict], mean, std, pad_id: int) -> dict:
     """Items of one canvas → the vision-language batch: "images" (B, 3, H, W) float32 normalised, "ids" right-padded
-    with ``pad_id``, "labels" padded with -100, "prompt_length", "group" (int64), "answer", "question"."""
+    with ``pad_id``, "labels" padded with -100, "prompt_length", "group" (int64), "answer", "question", "transcript"
+    (B, at least 1) padded with ``pad_id`` and "transcript_length" (0: the image's text is unknown)."""
     mean, std = (torch.tensor(v, dtype=torch.float32).view(-1, 1, 1) for v in (mean, std))
     images = torch.stack([item["image"] for item in items]).float().div_(255).sub_(mean).div_(std)
     longest = max(len(item["ids"]) for item in items)
     ids = torch.full((len(items), longest), pad_id, dtype=torch.int64)
     labels = torch.full((len(items), longest), IGNORE, dtype=torch.int64)
+    transcripts = [item.get("transcript", []) for item in items]
+    transcript = torch.full((len(items), max(1, *map(len, transcripts))), pad_id, dtype=torch.int64)
     for row, item in enumerate(items):
         ids[row, : len(item["ids"])] = torch.tensor(item["ids"])
         labels[row, : len(item["labels"])] = torch.tensor(item["labels"])
+        transcript[row, : len(transcripts[row])] = torch.tensor(transcripts[row], dtype=torch.int64)
     return {"images": images, "ids": ids, "labels": labels,
             "prompt_length": torch.tensor([item["prompt_length"] for item in items], dtype=torch.int64),
             "group": torch.tensor([item["group"] for item in items], dtype=torch.int64),
-            "answer": [item["answer"] for item in items], "question": [item["question"] for item in items]}  # fmt: skip
+            "answer": [item["answer"] for item in items], "question": [item["question"] for item in items],
+            "transcript": transcript,
+            "transcript_length": torch.tensor([len(t) for t in transcripts], dtype=torch.int64)}  # fmt: skip
 
 
 def channel_statistics(split_dir: Path, count: int) -> tuple[tuple[float, ...], tuple[float, ...]]:

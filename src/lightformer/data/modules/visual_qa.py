@@ -3,9 +3,10 @@ the Open Clip Art Library's titles, categories and keywords, the text of printed
 
     sources ──questions of QUESTIONS, answers read from the source──> units (one source, one canvas each)
       ──draw / fit each image, every core, in pieces (``prepare_records``)──> <prepare.dir>/visual-qa-<hash>/
-        train | val | test records {"image": PNG (RGB, at its canvas), "question", "answer", "group"}, prepared.json
+        train | val | test records {"image": PNG (RGB, at its canvas), "question", "answer", "group", "text"},
+        prepared.json
       records ──decode, chat template (``ChatTemplate``), one canvas per batch (``CanvasBatchSampler``)──>
-        {"images", "ids", "labels", "prompt_length", "group", "answer", "question"}
+        {"images", "ids", "labels", "prompt_length", "group", "answer", "question", "transcript"}
 
 **Questions** (``QUESTIONS``; one (image, question, answer) per record):
 - clip art: "What is this?" → its title (drawings that have one); "Which category?" → its top-level category as
@@ -21,6 +22,9 @@ the Open Clip Art Library's titles, categories and keywords, the text of printed
   and made RGB; train the official train split, val the first half of the official test split, test the second.
 - emoji: "What is this emoji?" → its Unicode name in lower case; training in the style not held out, val and test in
   the held-out style (val: the names that ``carved`` picks by ``emoji_val_fraction``).
+
+**Text**: a record's "text" is the text its image shows, where the source knows it (a printed line's; "" for the
+others): the target of the task's CTC loss on the image tower (``VisionLanguageTask``'s ``ctc_weight``).
 
 **Groups**: "<source>/<kind>/held-out" for val and test records; with ``seen`` > 0, ``seen`` training images of each
 source (evenly spaced) are also val and test records of "<source>/<kind>/seen". Training records carry their seen
@@ -87,7 +91,7 @@ from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.nn.checks import check_at_least
 
-FORMAT_VERSION = 2  # bump when what a prepared folder holds, or how an image is drawn, changes meaning
+FORMAT_VERSION = 3  # bump when what a prepared folder holds, or how an image is drawn, changes meaning
 QUESTIONS = {  # source → question kind → the question ("{n}": the word's number)
     "clipart": {"name": "What is this?", "category": "Which category?", "keywords": "Name its keywords."},
     "lines": {"read": "What does it say?", "word": "What is word {n}?"},
@@ -200,10 +204,11 @@ class Unit(NamedTuple):
 
 
 def qa_records(unit: Unit, options: VisualQASource, drawer: LineDrawer | None, tokenizer_json: str, seed: int):
-    """The records {"image": PNG, "question", "answer", "group"} of ``unit``, one image at a time; returns the longest
-    ids (the chat template's, of one turn) it made."""
+    """The records {"image": PNG, "question", "answer", "group", "text"} of ``unit``, one image at a time; returns the
+    longest ids (the chat template's, of one turn) it made."""
     tokenizer, longest = worker_tokenizer(tokenizer_json), 0
     for position, item in enumerate(unit.items):
+        text = ""  # what the image shows, where the source knows it
         if unit.source == "clipart":
             path = Path(options.clipart_root) / "png" / f"{item}.png"
             try:
@@ -224,7 +229,7 @@ def qa_records(unit: Unit, options: VisualQASource, drawer: LineDrawer | None, t
         else:
             split, index = unit.line_split, item
             line, image = drawer.line(split, index)
-            words = line.text.split()
+            text, words = line.text, line.text.split()
             rng = np.random.default_rng(np.random.SeedSequence((seed, 2, ("train", "val", "test").index(split), index)))
             n = int(rng.integers(1, len(words) + 1))
             questions = [(unit.groups["read"], QUESTIONS["lines"]["read"], line.text),
@@ -232,7 +237,7 @@ def qa_records(unit: Unit, options: VisualQASource, drawer: LineDrawer | None, t
         png = png_bytes(image.convert("RGB"))
         for group, question, answer in questions:
             longest = max(longest, len(ChatTemplate().encode(tokenizer, [(question, answer)], tokenizer.vocab_size)[0]))
-            yield {"image": png, "question": question, "answer": answer, "group": group}
+            yield {"image": png, "question": question, "answer": answer, "group": group, "text": text}
     return {"longest": longest}
 
 
