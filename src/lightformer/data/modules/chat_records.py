@@ -1,7 +1,7 @@
 """What the vision-language data modules share once their question-answer records are prepared: records
 {"image": PNG, "question", "answer", "group", "text"} (or {"image", "turns": JSON}) read by index and laid out by the
-chat template, batches of one canvas (``CanvasBatchSampler``: one small integer per record held, its canvas's index, read
-from the manifest's runs), normalised with the training images' mean and standard deviation of each channel.
+chat template, batches of one canvas (``CanvasBatchSampler``: one small integer per record held, its canvas's index,
+read from the manifest's runs), normalised with the training images' mean and standard deviation of each channel.
 
     records ──decode, jitter (train), ChatTemplate.encode──> {"images": (B, 3, H, W) float32, "ids", "labels",
       "prompt_length", "group", "answer", "question", "transcript"}
