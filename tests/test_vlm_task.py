@@ -166,8 +166,10 @@ def test_the_ctc_loss_is_ctcs_per_character_over_the_rows_that_show_a_text():
     answers, ctc = task._joint_loss(ids, images, labels, transcript, lengths)
     torch.testing.assert_close(answers, task._answer_loss(ids, images, labels))
     reading = task.model(ids, images, ctc=True)[1].log_softmax(-1)
-    by_row = [F.ctc_loss(reading[i].unsqueeze(1), transcript[i : i + 1, : lengths[i]], [32], [int(lengths[i])],
-                         blank=0) for i in (0, 2)]  # fmt: skip  (each row's loss per character)
+    by_row = [
+        F.ctc_loss(reading[i].unsqueeze(1), transcript[i : i + 1, : lengths[i]], [32], [int(lengths[i])], blank=0)
+        for i in (0, 2)
+    ]  # each row's loss per character
     torch.testing.assert_close(ctc, (by_row[0] + by_row[1]) / 2)
     _, none = task._joint_loss(ids, images, labels, transcript, torch.zeros(3, dtype=torch.long))
     assert none == 0  # no row shows a text: nothing to spell
