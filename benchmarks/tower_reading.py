@@ -16,10 +16,10 @@ import argparse
 import time
 
 import torch
-import torch.nn.functional as F
 from torchmetrics.functional.text import char_error_rate
 
 from lightformer.data import VisualQADataModule
+from lightformer.tasks.image_text import ctc_per_character
 from lightformer.tasks.vision_language import VisionLanguageTask
 from lightformer.tasks.warm_start import load_matching
 
@@ -66,20 +66,16 @@ def main() -> None:
     trained = [p for p in [*model.image.parameters(), *model.ctc_head.parameters()] if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.05)
 
-    def reading(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """The CTC loss (per character) of ``batch`` and its log-probabilities (patches, batch, vocab)."""
-        images = batch["images"]
-        log_probs = model.reading_logits(images, model.patch_tokens(images)).float().log_softmax(-1).transpose(0, 1)
-        lengths = batch["transcript_length"]
-        patches = torch.full_like(lengths, log_probs.shape[0])
-        return F.ctc_loss(log_probs, batch["transcript"], patches, lengths, blank=pad, zero_infinity=True), log_probs
+    def reading(batch: dict) -> torch.Tensor:
+        """The CTC head's logits of ``batch``'s patches in reading order (batch, patches, vocab)."""
+        return model.reading_logits(batch["images"], model.patch_tokens(batch["images"]))
 
     @torch.no_grad()
     def validation_cer() -> float:
         model.eval()
         said, meant = [], []
         for batch in line_batches(data.val_dataloader()):
-            best = reading(batch)[1].argmax(-1).T.tolist()
+            best = reading(batch).argmax(-1).tolist()
             for row, path in enumerate(best):
                 tokens = [t for i, t in enumerate(path) if t != pad and (i == 0 or t != path[i - 1])]
                 said.append(tokenizer.decode(tokens))
@@ -99,7 +95,7 @@ def main() -> None:
             for group in optimizer.param_groups:
                 group["lr"] = args.lr * min(1.0, (step + 1) / 100)  # warm-up, then constant
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = reading(batch)[0]
+                loss = ctc_per_character(reading(batch), batch["transcript"], batch["transcript_length"], pad).mean()
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trained, 1.0)

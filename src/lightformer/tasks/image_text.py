@@ -157,6 +157,17 @@ def read_line_windows(readings: list[str], spans: list[tuple[int, int]]) -> str:
     return joined
 
 
+def ctc_per_character(patch_logits: Tensor, targets: Tensor, lengths: Tensor, blank: int) -> Tensor:
+    """Each row's CTC loss of its patches' logits ``(batch, patches, vocab)`` (in reading order) against the first
+    ``lengths`` ids of its row of ``targets`` ``(batch, L)``, per character ``(batch,)`` (a row of no target: over one);
+    ``blank`` is CTC's blank; a text longer than the patches can spell counts zero. Their mean is ``F.ctc_loss``'s
+    "mean"."""
+    log_probs = patch_logits.float().log_softmax(-1).transpose(0, 1)  # (patches, batch, vocab)
+    patches = torch.full_like(lengths, log_probs.shape[0])
+    per_row = F.ctc_loss(log_probs, targets, patches, lengths, blank=blank, reduction="none", zero_infinity=True)
+    return per_row / lengths.clamp(min=1)
+
+
 def image_text_loss(
     logits: Tensor,
     tgt: Tensor,
@@ -174,11 +185,8 @@ def image_text_loss(
     )
     if patch_logits is None:
         return loss
-    log_probs = patch_logits.float().log_softmax(-1).transpose(0, 1)  # (patches, batch, vocab)
     lengths = (tgt != pad_id).sum(1) - 2  # the text's tokens, BOS and EOS left out
-    patches = torch.full_like(lengths, log_probs.shape[0])
-    ctc = F.ctc_loss(log_probs, tgt[:, 1:-1], patches, lengths, blank=pad_id, zero_infinity=True)
-    return loss + ctc_weight * ctc
+    return loss + ctc_weight * ctc_per_character(patch_logits, tgt[:, 1:-1], lengths, pad_id).mean()
 
 
 class ImageToTextTask(Task):

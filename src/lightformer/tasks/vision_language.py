@@ -31,6 +31,7 @@ from lightformer.models.vlm import VisionLanguageConfig, VisionLanguageModel
 from lightformer.registry import register
 from lightformer.tasks.base import TextTask
 from lightformer.tasks.command_support import load_task, paths_of, require, unreadable_images, utf8_text
+from lightformer.tasks.image_text import ctc_per_character
 from lightformer.training.callbacks import raise_if_non_finite
 from lightformer.training.flops import FlopCounter
 from lightformer.training.tensorboard import (
@@ -235,12 +236,9 @@ class VisionLanguageTask(TextTask):
         blank; per character, averaged over the rows that have a transcript; 0 where none has; a text longer than the
         patches can spell counts zero), from one pass of the tower."""
         logits, reading = self.model(ids, images, ctc=True)
-        log_probs = reading.float().log_softmax(-1).transpose(0, 1)  # (patches, batch, vocab)
-        patches = torch.full_like(lengths, log_probs.shape[0])
-        per_row = F.ctc_loss(log_probs, transcript, patches, lengths, blank=self.data_facts.pad_id,
-                             reduction="none", zero_infinity=True)  # fmt: skip
+        per_row = ctc_per_character(reading, transcript, lengths, self.data_facts.pad_id)
         has_text = (lengths > 0).float()
-        ctc = (per_row / lengths.clamp(min=1) * has_text).sum() / has_text.sum().clamp(min=1)
+        ctc = (per_row * has_text).sum() / has_text.sum().clamp(min=1)
         return self._cross_entropy(logits, labels), ctc
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:

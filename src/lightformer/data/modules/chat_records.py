@@ -63,7 +63,7 @@ def collate_qa(items: list[dict], mean, std, pad_id: int) -> dict:
     longest = max(len(item["ids"]) for item in items)
     ids = torch.full((len(items), longest), pad_id, dtype=torch.int64)
     labels = torch.full((len(items), longest), IGNORE, dtype=torch.int64)
-    transcripts = [item.get("transcript", []) for item in items]
+    transcripts = [item["transcript"] for item in items]
     transcript = torch.full((len(items), max(1, *map(len, transcripts))), pad_id, dtype=torch.int64)
     for row, item in enumerate(items):
         ids[row, : len(item["ids"])] = torch.tensor(item["ids"])
