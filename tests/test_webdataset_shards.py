@@ -158,20 +158,28 @@ def test_no_shard_or_no_tar_is_refused_naming_the_option(tmp_path):
         ImageTextFiles(train="train.parquet")
 
 
-def test_the_shards_benchmark_builds_prepares_and_measures_on_a_tiny_budget(tmp_path):
-    """benchmarks/caption_shards.py end to end: the drawings repeated into shards, prepared in a fresh process, its
-    peaks printed (no figure asserted)."""
+@pytest.mark.parametrize("layout", ["shards", "llava"])
+def test_the_preparation_benchmark_builds_prepares_and_measures_on_a_tiny_budget(tmp_path, layout):
+    """benchmarks/image_text_preparation.py end to end, both layouts: the drawings repeated into shards or LLaVA
+    records, prepared in a fresh process, its peaks printed (no figure asserted)."""
     import subprocess
     import sys
 
     if not Path("/usr/share/openclipart/png").is_dir():
         pytest.skip("apt-get install openclipart-png openclipart-svg")
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "caption_shards.py"
-    options = ["--pairs", "30", "--drawings", "4", "--size", "16", "--workers", "1", "--val-fraction", "0.3"]
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "image_text_preparation.py"
+    options = ["--layout", layout, "--pairs", "30", "--drawings", "4", "--size", "16", "--workers", "1",
+               "--val-fraction", "0.3"]  # fmt: skip
     out = subprocess.run([sys.executable, str(script), *options, "--work", str(tmp_path)], capture_output=True,
                          text=True, check=True)  # fmt: skip
     row = json.loads(out.stdout.splitlines()[0])
     assert row["pairs"] == 30 and sum(row["images"].values()) == 30
     assert row["parent_peak_gb"] > 0 and row["sum_peak_gb"] >= row["largest_worker_peak_gb"] > 0
-    with tarfile.open(tmp_path / "shards-30" / "00000.tar") as tar:
-        assert len(tar.getnames()) == 60  # an image and a caption each
+    if layout == "shards":
+        with tarfile.open(tmp_path / "shards-30" / "00000.tar") as tar:
+            assert len(tar.getnames()) == 60  # an image and a caption each
+    else:
+        records = [json.loads(line) for line in (tmp_path / "llava-30" / "train.jsonl").read_text().splitlines()]
+        assert len(records) == 30 and len(list((tmp_path / "llava-30" / "images").glob("*.jpg"))) == 4
+        assert [turn["from"] for turn in records[5]["conversations"]] == ["human", "gpt", "human", "gpt"]
+        assert records[5]["conversations"][3]["value"] == "1"  # the second copy of drawing 1

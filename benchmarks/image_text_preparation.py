@@ -1,11 +1,16 @@
-"""Preparing image-caption pairs from webdataset shards: time and peak memory as the pairs grow (the bar: flat
-memory at 20,000 and 200,000), for shards built by repeating the Open Clip Art Library's drawings.
+"""Preparing images with their texts as the corpus grows: time and peak memory (the bar: flat memory at 20,000 and
+200,000), for webdataset caption shards or LLaVA conversation files, built by repeating the Open Clip Art Library's
+drawings.
 
-    python benchmarks/caption_shards.py --pairs 20000 200000
+    python benchmarks/image_text_preparation.py --pairs 20000 200000                  # webdataset shards
+    python benchmarks/image_text_preparation.py --layout llava --pairs 20000 200000   # LLaVA conversations
 
-The shards (img2dataset's layout: ``00000.tar`` of 10,000 ``<key>.jpg`` + ``<key>.txt``, each drawing fitted to
-``--size`` pixels once and repeated under new keys) go under ``--work`` and are kept for the next run. Each size is
-prepared in a fresh process (``ImageTextFilesDataModule``, ``source.train`` the shards' folder, every core or
+``--layout shards``: img2dataset's layout, ``00000.tar`` of 10,000 ``<key>.jpg`` + ``<key>.txt``, each drawing fitted
+to ``--size`` pixels once and repeated under new keys, prepared by ``ImageTextFilesDataModule``. ``--layout llava``:
+one ``train.jsonl`` of LLaVA records, two turns each ("What is this?" and its caption, then "Which copy is this?"
+and its number), over the distinct drawings written once as JPEG files (a record names one by its path), prepared by
+``ConversationFilesDataModule`` (its tokenizer trained on the conversations, as a user without one gets). The corpora
+go under ``--work`` and are kept for the next run. Each size is prepared in a fresh process (every core or
 ``--workers``); peak RSS is measured as data_scale.py measures it, the largest of the process
 (``getrusage(RUSAGE_SELF)``) and of its preparation workers (``RUSAGE_CHILDREN``), and also as the largest sum over
 the process and its workers, sampled every 0.1 s from /proc. The prepared folder is removed after each size.
@@ -28,6 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PER_SHARD = 10_000
+ROLES = ("human", "gpt")
 MOST_PIXELS = 20_000_000  # drawings larger than this are not among those repeated (they take seconds each to read)
 
 
@@ -73,6 +79,26 @@ def build_shards(folder: Path, pairs: int, pool: list[tuple[bytes, str]]) -> Pat
     return folder
 
 
+def build_conversations(folder: Path, records: int, pool: list[tuple[bytes, str]]) -> Path:
+    """``records`` LLaVA records in ``folder/train.jsonl`` (kept: built once) over the pool's drawings, each written
+    once as ``images/NNNN.jpg``; returns the file."""
+    done, path = folder / "done.json", folder / "train.jsonl"
+    if done.is_file() and json.loads(done.read_text()) == records:
+        return path
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "images").mkdir(parents=True)
+    for n, (image, _) in enumerate(pool):
+        (folder / "images" / f"{n:04d}.jpg").write_bytes(image)
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(records):
+            drawing, copy = i % len(pool), i // len(pool)
+            turns = [("<image>\nWhat is this?", pool[drawing][1]), ("Which copy is this?", str(copy))]
+            conversations = [{"from": ROLES[n % 2], "value": value} for n, value in enumerate(sum(turns, ()))]
+            f.write(json.dumps({"id": i, "image": f"images/{drawing:04d}.jpg", "conversations": conversations}) + "\n")
+    done.write_text(json.dumps(records))
+    return path
+
+
 def tree_rss_kb(pid: int) -> int:
     """The resident memory (kB) of ``pid`` and its descendants, from /proc."""
     children: dict[int, list[int]] = {}
@@ -96,8 +122,8 @@ def tree_rss_kb(pid: int) -> int:
     return total
 
 
-def prepare(shards: str, prepared: str, size: int, workers: int | None, val_fraction: float) -> None:
-    """In the measured process: prepare the shards, then print the peaks as JSON."""
+def prepare(layout: str, corpus: str, prepared: str, size: int, workers: int | None, val_fraction: float) -> None:
+    """In the measured process: prepare the corpus, then print the peaks as JSON."""
     peak = {"sum_kb": 0}
     stop = threading.Event()
 
@@ -107,17 +133,25 @@ def prepare(shards: str, prepared: str, size: int, workers: int | None, val_frac
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+    from lightformer.data.modules.conversation_files import ConversationFiles, ConversationFilesDataModule
     from lightformer.data.modules.image_text_files import ImageTextFiles, ImageTextFilesDataModule
     from lightformer.data.preparation.prepare import PrepareConfig
 
     start = time.perf_counter()
-    source = ImageTextFiles(train=shards, height=size, width=size, channels=3, fit="resize", val_fraction=val_fraction)
-    data = ImageTextFilesDataModule(source, prepare=PrepareConfig(dir=prepared, num_workers=workers))
+    where = PrepareConfig(dir=prepared, num_workers=workers)
+    if layout == "shards":
+        source = ImageTextFiles(train=corpus, height=size, width=size, channels=3, fit="resize",
+                                val_fraction=val_fraction)  # fmt: skip
+        data = ImageTextFilesDataModule(source, prepare=where)
+    else:
+        data = ConversationFilesDataModule(ConversationFiles(corpus, image_size=size, val_fraction=val_fraction),
+                                           prepare=where)  # fmt: skip
     data.prepare_data()
     wall = time.perf_counter() - start
+    counts = data.manifest["images" if layout == "shards" else "records"]
     stop.set()
     sampler.join()
-    print(json.dumps({"wall_s": round(wall, 1), "images": data.manifest["images"],
+    print(json.dumps({"wall_s": round(wall, 1), "images": counts,
                       "parent_peak_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 3),
                       "largest_worker_peak_gb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6, 3),
                       "sum_peak_gb": round(peak["sum_kb"] / 1e6, 3)}))  # fmt: skip
@@ -125,26 +159,30 @@ def prepare(shards: str, prepared: str, size: int, workers: int | None, val_frac
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", type=int, nargs="+", default=[20_000, 200_000])
+    parser.add_argument("--layout", choices=["shards", "llava"], default="shards", help="webdataset or LLaVA JSONL")
+    parser.add_argument("--pairs", type=int, nargs="+", default=[20_000, 200_000], help="images (with their texts)")
     parser.add_argument("--drawings", type=int, default=1000, help="distinct drawings repeated")
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=None, help="preparing processes (default: every core)")
     parser.add_argument("--val-fraction", type=float, default=0.01, help="carved for validation by the key's hash")
-    parser.add_argument("--work", default="/tmp/lightformer-caption-shards")
-    parser.add_argument("--prepare", nargs=2, metavar=("SHARDS", "PREPARED"), help=argparse.SUPPRESS)
+    parser.add_argument("--work", default="/tmp/lightformer-image-text-preparation")
+    parser.add_argument("--prepare", nargs=2, metavar=("CORPUS", "PREPARED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.prepare:
-        prepare(*args.prepare, args.size, args.workers, args.val_fraction)
+        prepare(args.layout, *args.prepare, args.size, args.workers, args.val_fraction)
         return
     work = Path(args.work)
     pool = drawings(args.drawings, args.size)
     rows = []
     for pairs in args.pairs:
-        shards = build_shards(work / f"shards-{pairs}", pairs, pool)
+        if args.layout == "shards":
+            corpus = build_shards(work / f"shards-{pairs}", pairs, pool)
+        else:
+            corpus = build_conversations(work / f"llava-{pairs}", pairs, pool)
         prepared = work / "prepared"
         shutil.rmtree(prepared, ignore_errors=True)
-        command = [sys.executable, __file__, "--size", str(args.size), "--val-fraction", str(args.val_fraction),
-                   "--prepare", str(shards), str(prepared)]  # fmt: skip
+        command = [sys.executable, __file__, "--layout", args.layout, "--size", str(args.size), "--val-fraction",
+                   str(args.val_fraction), "--prepare", str(corpus), str(prepared)]  # fmt: skip
         command += ["--workers", str(args.workers)] if args.workers else []
         result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         if result.returncode != 0:
