@@ -33,7 +33,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PER_SHARD = 10_000
-ROLES = ("human", "gpt")
 MOST_PIXELS = 20_000_000  # drawings larger than this are not among those repeated (they take seconds each to read)
 
 
@@ -82,6 +81,8 @@ def build_shards(folder: Path, pairs: int, pool: list[tuple[bytes, str]]) -> Pat
 def build_conversations(folder: Path, records: int, pool: list[tuple[bytes, str]]) -> Path:
     """``records`` LLaVA records in ``folder/train.jsonl`` (kept: built once) over the pool's drawings, each written
     once as ``images/NNNN.jpg``; returns the file."""
+    from lightformer.data.modules.conversation_files import ROLES
+
     done, path = folder / "done.json", folder / "train.jsonl"
     if done.is_file() and json.loads(done.read_text()) == records:
         return path
@@ -148,10 +149,9 @@ def prepare(layout: str, corpus: str, prepared: str, size: int, workers: int | N
                                            prepare=where)  # fmt: skip
     data.prepare_data()
     wall = time.perf_counter() - start
-    counts = data.manifest["images" if layout == "shards" else "records"]
     stop.set()
     sampler.join()
-    print(json.dumps({"wall_s": round(wall, 1), "images": counts,
+    print(json.dumps({"wall_s": round(wall, 1), "images": data.manifest[data.counted],
                       "parent_peak_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 3),
                       "largest_worker_peak_gb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6, 3),
                       "sum_peak_gb": round(peak["sum_kb"] / 1e6, 3)}))  # fmt: skip
