@@ -307,10 +307,14 @@ def main() -> None:
     results = [run_seed(args, seed, hp, data, facts, bf16) for seed in args.seeds]
     print()
     keys = [k for k in results[0][0] if k != "name"]
-    print(f"{'model':<12} " + " ".join(f"{k:>15}" for k in keys))
+    print(f"{'model':<20} " + " ".join(f"{k:>15}" for k in keys))
     for i in range(2):
+        name = results[0][i]["name"]
+        if len(args.seeds) > 1:  # each seed, then their mean: a seed moves either model by more than the gap
+            for seed, rows in zip(args.seeds, results, strict=True):
+                print(f"{f'{name} seed {seed}':<20} " + " ".join(f"{rows[i][k]:>15.4f}" for k in keys))
         means = {k: statistics.mean(rows[i][k] for rows in results) for k in keys}
-        print(f"{results[0][i]['name']:<12} " + " ".join(f"{means[k]:>15.4f}" for k in keys))
+        print(f"{f'{name} mean':<20} " + " ".join(f"{means[k]:>15.4f}" for k in keys))
     ratio = statistics.mean(rows[0]["images/s"] / rows[1]["images/s"] for rows in results)
     print(f"speed ratio ours/OpenCLIP: {ratio:.3f} (images/s; > 1 means lightformer is faster)")
 

@@ -34,7 +34,15 @@ it measured.
   config's own bar, ≤ 3% after its 15 minutes, needs a run of its own);
 - printed-lines: the same config as shipped (its validations, its learning-rate decay fitted to its time) on the same
   tenth of its lines for 5 of its 15 minutes, then ``lightformer test`` of its last checkpoint: the test CER on the
-  unseen typefaces and unseen text, the figure of its bar, in the 9 to 10 minutes that a lease can give one part.
+  unseen typefaces and unseen text, the figure of its bar, in the 9 to 10 minutes that a lease can give one part;
+- clip: configs/contrastive/clipart_gpu.yaml in ``fit`` (compiled, batches of 512): images/s and MFU;
+- vlm: configs/vlm/vlm_gpu.yaml in ``fit`` on drawings and printed lines, both towers from scratch (no run of the
+  other families on the machine to start them), with the tokenizer of a one-step run of the language model's config
+  (the one vlm_gpu.yaml's text tower reads): images/s and MFU.
+
+The last two need the Open Clip Art Library, which the GPU machines lack: ``bash benchmarks/gpu_wheels.sh --clipart``
+packs a sixth of its drawings and the typefaces (instead of Ding's dictionary and Fashion-MNIST), for a second check
+``gpu_check.py --parts clip vlm`` (the first check's 8 minutes do not reach them).
 
 ``--dry-run`` runs the same parts through the same code on the CPU: tiny models on tiny data, the cpu trainer
 preset (fp32), no compilation, a few steps; tests/test_gpu_check.py runs it.
@@ -76,11 +84,15 @@ import peers
 REPO = Path(__file__).resolve().parents[1]
 WHEELS, SITE = REPO / ".whl", Path("/tmp/site")
 FONTS = REPO / "data" / "fonts"  # gpu_wheels.sh's typefaces, unpacked here on the GPU machine
-LM, DING, VIT, IMAGE_TEXT = (
+CLIPART = REPO / "data" / "openclipart"  # gpu_wheels.sh --clipart's drawings (png/, svg/), unpacked there too
+LIBRARY = Path("/usr/share/openclipart")  # the whole library (Debian's openclipart-png, openclipart-svg)
+LM, DING, VIT, IMAGE_TEXT, CLIP, VLM = (
     "configs/lm/austen_bpe_gpu.yaml",
     "configs/translation/ding_de_en_gpu.yaml",
     "configs/vision/vit_fashion_mnist.yaml",
     "configs/image_text/printed_lines_gpu.yaml",
+    "configs/contrastive/clipart_gpu.yaml",
+    "configs/vlm/vlm_gpu.yaml",
 )
 THROUGHPUT = "velocity/train/device/"  # ThroughputMonitor's curves, as lightformer's TensorBoardLogger names them
 THROUGHPUT_WINDOW = 20  # steps per throughput reading (lightformer.training.callbacks.Throughput's window)
@@ -89,7 +101,7 @@ TAIL_LINES = 40  # of a failed part's output, in the report
 
 
 PARTS = ("data", "lm", "peers", "ding", "ding-compiled", "tests", "vit", "overhead-lm", "overhead-ding", "image-text",
-         "printed-lines")  # fmt: skip
+         "printed-lines", "clip", "vlm")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,7 @@ class Sizes:
 
     device: str
     dtype: torch.dtype  # of the training steps' matrix multiplies, for the peaks
-    fit_steps: dict[str, int]  # lm, ding, image-text, printed-lines: steps in fit (at most)
+    fit_steps: dict[str, int]  # lm, ding, image-text, printed-lines, clip, vlm: steps in fit (at most)
     first_reading: dict[str, int]  # the same parts: the throughput readings from this step on count
     max_time: dict[str, str]  # ding: it stops after its steps or this much training; printed-lines: its config's
     # training time (15 minutes) in the check's place
@@ -117,8 +129,11 @@ GPU = Sizes(
         "printed-lines": 100_000,  # the last: its config's bound
         "ding-eager": 50,
         "ding-compiled": 50,
+        "clip": 300,
+        "vlm-tokenizer": 1,  # the language model's run that writes the tokenizer the vlm part reads
+        "vlm": 300,
     },  # fmt: skip
-    first_reading={"lm": 100, "ding": 50, "image-text": 100, "printed-lines": 500},
+    first_reading={"lm": 100, "ding": 50, "image-text": 100, "printed-lines": 500, "clip": 100, "vlm": 100},
     max_time={"ding": "00:00:01:30", "printed-lines": "00:00:05:00"},
     overhead={"vit": (200, 20), "overhead-lm": (60, 10), "overhead-ding": (60, 10)},
     peers="--device cuda --shape gpt2-small --tasks lm --precisions bf16 --compile on --round-seconds 1",
@@ -134,13 +149,25 @@ GPU = Sizes(
         "overhead-ding": 120,
         "image-text": 270,
         "printed-lines": 550,  # rendering 50,000 lines, 5 minutes of training with its validations, the test
+        "clip": 240,  # preparing the drawings, compiling, the steps
+        "vlm": 300,  # a step of the language model (its tokenizer), rendering the lines, the steps
     },
 )
 DRY_RUN = Sizes(
     device="cpu",
     dtype=torch.float32,
-    fit_steps={"lm": 40, "ding": 40, "image-text": 30, "printed-lines": 40, "ding-eager": 6, "ding-compiled": 6},
-    first_reading={"lm": 20, "ding": 20, "image-text": 20, "printed-lines": 20},
+    fit_steps={
+        "lm": 40,
+        "ding": 40,
+        "image-text": 30,
+        "printed-lines": 40,
+        "ding-eager": 6,
+        "ding-compiled": 6,
+        "clip": 40,
+        "vlm-tokenizer": 1,
+        "vlm": 40,
+    },
+    first_reading={"lm": 20, "ding": 20, "image-text": 20, "printed-lines": 20, "clip": 20, "vlm": 20},
     max_time={"ding": "00:00:01:00", "printed-lines": "00:00:00:10"},
     overhead={"vit": (6, 2), "overhead-lm": (6, 2), "overhead-ding": (6, 2)},
     peers="--tasks lm --precisions fp32 --compile off --steps 2 --round-seconds 0 --rounds 1 --warmup 1 --threads 1 "
@@ -189,7 +216,13 @@ class Outcome:
 def plan(sizes: Sizes, dry_run: bool, work: Path, peaks: Peaks) -> list[Part]:
     """The check's parts, in ``PARTS``' order; their runs log under ``work``."""
     fonts = [f"--data.source.font_dir={FONTS}"] if FONTS.is_dir() else []  # else the machine's own
-    gpu = {VIT: ["--config=configs/trainer/gpu.yaml"], IMAGE_TEXT: ["--data.source.train_lines=50000", *fonts]}
+    library = str(CLIPART if CLIPART.is_dir() else LIBRARY)  # gpu_wheels.sh --clipart's, else the machine's own
+    gpu = {
+        VIT: ["--config=configs/trainer/gpu.yaml"],
+        IMAGE_TEXT: ["--data.source.train_lines=50000", *fonts],
+        CLIP: [f"--data.source.root={library}"],
+        VLM: [f"--data.source.clipart_root={library}", "--data.source.train_lines=20000", *fonts],
+    }
     options = dry_run_options(work) if dry_run else gpu
     python = sys.executable
 
@@ -216,6 +249,11 @@ def plan(sizes: Sizes, dry_run: bool, work: Path, peaks: Peaks) -> list[Part]:
     bucketed = ["--data.batches.length_multiple=16", "--trainer.max_time=null"]
     compiled = ["env", "TORCH_LOGS=recompiles", *fit("ding-compiled", DING, *bucketed,
                                                      *([] if dry_run else ["--model.compile=true"]))]  # fmt: skip
+    # the vision-language model from scratch (no run of the other families here to start it), with the tokenizer of
+    # a one-step run of the language model's config (vlm_gpu.yaml's text tower reads that config's tokenizer)
+    tokenizer = work / "vlm-tokenizer" / "austen_bpe" / "version_0" / "tokenizer.json"
+    vlm = ["--model.init.checkpoint=null", "--model.init.modules={}", f"--data.tokenizer.file={tokenizer}",
+           "--data.source.sources=[clipart,lines]"]  # fmt: skip
     return [
         Part("data", "each config's tokenizer and token shards, prepared once per machine",
              [lightformer("prepare", config) for config in (LM, DING, VIT)], prepared_folders),
@@ -256,19 +294,29 @@ def plan(sizes: Sizes, dry_run: bool, work: Path, peaks: Peaks) -> list[Part]:
              lambda output: [*fit_figures(printed_lines, whole, "images", peaks),
                              validation_figure(printed_lines, "val/cer"),
                              test_figure(output, "test/cer", bar=0.03)]),
+        Part("clip", f"contrastive image-text (`{CLIP}`) in fit on the drawings: images/s and MFU after compilation",
+             [fit("clip", CLIP)], lambda output: fit_figures(work / "clip", sizes.first_reading["clip"], "images",
+                                                             peaks)),
+        Part("vlm", f"the vision-language model (`{VLM}`, both towers from scratch) in fit on drawings and printed "
+             "lines: images/s and MFU",
+             [fit("vlm-tokenizer", LM, "--model.compile=false"), fit("vlm", VLM, *vlm)],
+             lambda output: fit_figures(work / "vlm", sizes.first_reading["vlm"], "images", peaks)),
     ]  # fmt: skip
 
 
 def dry_run_options(work: Path) -> dict[str, list[str]]:
-    """Each config's options in the dry run: the cpu trainer preset in fp32, no compilation, a tiny model, and for the
-    two GPU configs tiny data written into ``work`` (a sentence repeated, sentence pairs made of letters)."""
+    """Each config's options in the dry run: the cpu trainer preset in fp32, no compilation, a tiny model, and tiny
+    data written into ``work`` (a sentence repeated, sentence pairs made of letters, a hundredth of the clip art)."""
     sentence = "It is a truth universally acknowledged, that a single man in possession of a good fortune.\n"
     corpus = work / "corpus.txt"
     corpus.write_text(sentence * 600)  # no epoch ends within the few steps timed
     pairs = work / "pairs.tsv"
     pairs.write_text("".join(f"{a} {b} {c}\t{c} {b} {a}\n" for a in "abcd" for b in "efgh" for c in "ijkl"))
+    library = clipart_sample(LIBRARY, work / "openclipart", every=100)
     cpu = ["--config=configs/trainer/cpu.yaml", "--trainer.precision=32-true", "--model.compile=false"]
     prepared = f"--data.prepare.dir={work / 'prepared'}"
+    loader = ["--data.loader.batch_size=8", "--data.loader.num_workers=0", "--data.loader.pin_memory=false"]
+    towers = [f"--model.net.{tower}.{field}" for tower in ("image", "text") for field in ("d_model=32", "n_heads=2")]
     return {
         LM: [*cpu, "--data.source.corpus=null", f"--data.source.train_files=[{corpus}]", prepared,
              "--data.tokenizer.vocab_size=300", "--data.block_size=32", "--data.loader.batch_size=4",
@@ -287,7 +335,27 @@ def dry_run_options(work: Path) -> dict[str, list[str]]:
                      *[f"--model.net.{tower}.{field}" for tower in ("encoder", "decoder")
                        for field in ("n_layers=1", "d_model=32", "n_heads=2", "d_ff=64")],
                      "--trainer.log_every_n_steps=10", "--trainer.val_check_interval=20"],
+        CLIP: [*cpu, f"--data.source.root={library}", "--data.source.image_size=32", prepared, *loader,
+               "--data.tokenizer.vocab_size=300", *towers, "--model.net.image.patch_size=16",
+               "--model.net.image.n_layers=1", "--model.net.text.n_layers=1", "--model.net.text.block_size=128",
+               "--model.net.embed_dim=16"],
+        VLM: [*cpu, f"--data.source.clipart_root={library}", "--data.source.drawing_size=32",
+              "--data.source.line_width=128", "--data.source.train_lines=32", "--data.source.val_lines=4",
+              "--data.source.test_lines=4", "--data.source.seen=2", prepared, *loader, *towers,
+              "--model.net.image.patch_size=16", "--model.net.image.n_layers=2", "--model.net.text.n_layers=1"],
     }  # fmt: skip
+
+
+def clipart_sample(library: Path, target: Path, every: int) -> Path:
+    """Every ``every``-th drawing of the Open Clip Art Library at ``library`` (its PNG and its SVG, linked) in a
+    library of the same layout at ``target``."""
+    for png in sorted((library / "png").rglob("*.png"))[::every]:
+        name = png.relative_to(library / "png").with_suffix("")
+        for kind in ("png", "svg"):
+            link = target / kind / name.with_suffix(f".{kind}")
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(library / kind / name.with_suffix(f".{kind}"))
+    return target
 
 
 # --- reading the figures -----------------------------------------------------------------------------------------
@@ -454,14 +522,15 @@ def python_path() -> list[str]:
 
 def unpack_data() -> list[str]:
     """The offline data that gpu_wheels.sh packed into .whl/data/, unpacked where the configs read it, unless it is
-    there already: Austen's novels, Ding's dictionary, Fashion-MNIST, the typefaces (into ``FONTS``). Returns what it
-    unpacked."""
+    there already: Austen's novels, Ding's dictionary, Fashion-MNIST, the typefaces (into ``FONTS``), the drawings
+    (into ``CLIPART``). Returns what it unpacked."""
     packed = WHEELS / "data"
     unpacked = []
-    if (packed / "fonts.tar.xz").is_file() and not FONTS.exists():
-        with tarfile.open(packed / "fonts.tar.xz") as fonts:
-            fonts.extractall(FONTS, filter="data")
-        unpacked.append(str(FONTS))
+    for archive, folder in (("fonts.tar.xz", FONTS), ("openclipart.tar.xz", CLIPART)):
+        if (packed / archive).is_file() and not folder.exists():
+            with tarfile.open(packed / archive) as files:
+                files.extractall(folder, filter="data")
+            unpacked.append(str(folder))
     targets = {"austen.txt.gz": REPO / "data/austen/austen.txt", "de-en.xz": Path("/usr/share/trans/de-en")}
     targets |= {path.name: REPO / "data/FashionMNIST/raw" / path.stem for path in packed.glob("*-ubyte.xz")}
     for name, target in targets.items():
