@@ -1,5 +1,6 @@
 """benchmarks/peers.py, dropout.py, image_text_vs_hf.py, record_reads.py and clip_vs_openclip.py end to end on a tiny
-budget (or their models checked against each other): the real code path, no timing assertions."""
+budget (or their models checked against each other), and vlm_reading_variants.py's two changes: the real code path, no
+timing assertions."""
 
 import importlib
 import json
@@ -141,3 +142,26 @@ def test_openclip_built_from_our_weights_gives_our_embeddings():
         mine_images, mine_texts = ours(images, ids)
         torch.testing.assert_close(encode_image(images), mine_images, atol=1e-5, rtol=0)
         torch.testing.assert_close(encode_text(ids), mine_texts, atol=1e-5, rtol=0)
+
+
+def test_the_reading_variants_scramble_only_lowercase_letters_and_join_columns_of_patches():
+    """benchmarks/vlm_reading_variants.py: the scrambled text keeps every character but the lowercase letters; the
+    strips join each column of 4 patches, top first, into one token of the width a 2 × 2 block had."""
+    sys.path.insert(0, str(PEERS.parent))
+    try:
+        variants = importlib.import_module("vlm_reading_variants")
+    finally:
+        sys.path.remove(str(PEERS.parent))
+    text = "Emma Woodhouse, handsome, clever, and rich.\n" * 3
+    scrambled = variants.scrambled(text)
+    assert len(scrambled) == len(text) and scrambled != text
+    assert re.sub("[a-z]", "x", scrambled) == re.sub("[a-z]", "x", text)
+    assert variants.scrambled(text) == scrambled  # seeded
+    rows, columns = 4, 3
+    patches = torch.arange(rows * columns, dtype=torch.float32).reshape(1, rows * columns, 1) * torch.tensor([1, -1])
+    tokens = variants.strips(patches, (rows, columns), 2)
+    assert tokens.shape == (1, columns, 4 * 2)
+    for column in range(columns):  # channels (row in the strip, channel): patch (row, column) is row * columns + column
+        assert tokens[0, column, 0::2].tolist() == [row * columns + column for row in range(rows)]
+    with pytest.raises(ValueError, match="strips join 4 patches a token: run it with pixel_shuffle=2, not 3"):
+        variants.strips(patches, (rows, columns), 3)
