@@ -85,7 +85,6 @@ REPO = Path(__file__).resolve().parents[1]
 WHEELS, SITE = REPO / ".whl", Path("/tmp/site")
 FONTS = REPO / "data" / "fonts"  # gpu_wheels.sh's typefaces, unpacked here on the GPU machine
 CLIPART = REPO / "data" / "openclipart"  # gpu_wheels.sh --clipart's drawings (png/, svg/), unpacked there too
-LIBRARY = Path("/usr/share/openclipart")  # the whole library (Debian's openclipart-png, openclipart-svg)
 LM, DING, VIT, IMAGE_TEXT, CLIP, VLM = (
     "configs/lm/austen_bpe_gpu.yaml",
     "configs/translation/ding_de_en_gpu.yaml",
@@ -216,12 +215,14 @@ class Outcome:
 def plan(sizes: Sizes, dry_run: bool, work: Path, peaks: Peaks) -> list[Part]:
     """The check's parts, in ``PARTS``' order; their runs log under ``work``."""
     fonts = [f"--data.source.font_dir={FONTS}"] if FONTS.is_dir() else []  # else the machine's own
-    library = str(CLIPART if CLIPART.is_dir() else LIBRARY)  # gpu_wheels.sh --clipart's, else the machine's own
+    packed = CLIPART.is_dir()  # gpu_wheels.sh --clipart's drawings, else the machine's own library (the default)
+    drawings = [f"--data.source.root={CLIPART}"] if packed else []
+    qa_drawings = [f"--data.source.clipart_root={CLIPART}"] if packed else []
     gpu = {
         VIT: ["--config=configs/trainer/gpu.yaml"],
         IMAGE_TEXT: ["--data.source.train_lines=50000", *fonts],
-        CLIP: [f"--data.source.root={library}"],
-        VLM: [f"--data.source.clipart_root={library}", "--data.source.train_lines=20000", *fonts],
+        CLIP: drawings,
+        VLM: [*qa_drawings, "--data.source.train_lines=20000", *fonts],
     }
     options = dry_run_options(work) if dry_run else gpu
     python = sys.executable
@@ -312,7 +313,9 @@ def dry_run_options(work: Path) -> dict[str, list[str]]:
     corpus.write_text(sentence * 600)  # no epoch ends within the few steps timed
     pairs = work / "pairs.tsv"
     pairs.write_text("".join(f"{a} {b} {c}\t{c} {b} {a}\n" for a in "abcd" for b in "efgh" for c in "ijkl"))
-    library = clipart_sample(LIBRARY, work / "openclipart", every=100)
+    from lightformer.data.raw.openclipart import OPENCLIPART_ROOT  # here: src/ is on the path once python_path() ran
+
+    library = clipart_sample(Path(OPENCLIPART_ROOT), work / "openclipart", every=100)
     cpu = ["--config=configs/trainer/cpu.yaml", "--trainer.precision=32-true", "--model.compile=false"]
     prepared = f"--data.prepare.dir={work / 'prepared'}"
     loader = ["--data.loader.batch_size=8", "--data.loader.num_workers=0", "--data.loader.pin_memory=false"]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the GPU machines lack for the GPU check, into .whl/ (59 MB, 49 MB with --fonts, 57 MB with --clipart; the device
-# tool carries at most 64 MiB with the repository's 5 MB): the wheels of lightformer's dependencies that their image has not, and the offline data of the check's
-# configs, compressed.
+# tool carries at most 64 MiB with the repository's 5 MB): the wheels of lightformer's dependencies that their image
+# has not, and the offline data of the check's configs, compressed.
 #
 #   bash benchmarks/gpu_wheels.sh            # here, from the repository root, with access to a package index
 #   python3 benchmarks/gpu_check.py          # there: installs .whl/*.whl into /tmp/site if jsonargparse or litdata is
@@ -60,9 +60,9 @@ import re
 import tarfile
 from pathlib import Path
 
-from lightformer.data.raw.openclipart import drawing_image
+from lightformer.data.raw.openclipart import OPENCLIPART_ROOT, drawing_image
 
-root = Path("/usr/share/openclipart")
+root = Path(OPENCLIPART_ROOT)
 
 
 def add(archive: tarfile.TarFile, name: str, data: bytes) -> None:
