@@ -17,7 +17,7 @@
 # The versions are constraints.txt's (the tested stack); a pure-Python wheel (py3-none-any) matches any platform.
 # The data: Austen's novels (data/austen/austen.txt, which any Austen run here writes), Ding (Debian's trans-de-en)
 # and Fashion-MNIST (data/FashionMNIST/raw/, which any Fashion-MNIST run here writes). With --fonts, the typefaces the
-# image-text configs render their lines in (the font files under /usr/share/fonts that lightformer's rendering uses,
+# image-text configs render their lines in (the font files under /usr/share/fonts that rendering.TYPEFACES declares,
 # from the packages of debian-packages.txt: 19 MB packed) instead of Fashion-MNIST (26 MB), so that the GPU machine
 # renders in the same 47 families as this one and .whl/ stays under the device tool's 64 MiB:
 # `bash benchmarks/gpu_wheels.sh --fonts`, then `gpu_check.py --parts image-text ...`. With --clipart, the typefaces
@@ -46,9 +46,9 @@ python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --im
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${pins[@]}"
 
-fonts() {  # the typefaces rendering uses, by their paths under /usr/share/fonts
-    .venv/bin/python -c "from lightformer.data.raw.rendering import discover_fonts
-print('\\n'.join(p.removeprefix('/usr/share/fonts/') for paths in discover_fonts().values() for p in paths))" |
+fonts() {  # the declared typefaces (rendering.TYPEFACES), by their paths under /usr/share/fonts
+    .venv/bin/python -c "from lightformer.data.raw.rendering import TYPEFACES
+print('\\n'.join(f for packages in TYPEFACES.values() for files in packages.values() for f in files))" |
         tar -C /usr/share/fonts -cJf .whl/data/fonts.tar.xz -T -
 }
 

@@ -26,7 +26,7 @@ from torchmetrics.text import CharErrorRate
 from lightformer.data.modules.image_text import split_sentences
 from lightformer.data.raw.corpora import austen_text
 from lightformer.data.raw.image_files import to_normalised_tensor
-from lightformer.data.raw.rendering import LineStyle, LineTooWide, discover_fonts, ink_mask, render_line
+from lightformer.data.raw.rendering import LineStyle, LineTooWide, declared_fonts, ink_mask, render_line
 from lightformer.tasks.image_text import ImageToTextTask
 
 
@@ -70,7 +70,7 @@ def main() -> None:
 
     task = ImageToTextTask.load_from_checkpoint(args.ckpt_path, map_location="cpu", weights_only=True)
     height, width = task.model.config.encoder.image_size
-    font = discover_fonts()[args.family][0]
+    font = declared_fonts()[args.family][0]
     style = LineStyle()
     texts = stretches(" ".join(split_sentences("austen", str(austen_text(args.corpus)))["test"]), args.chars,
                       args.lines, args.seed)  # fmt: skip

@@ -141,7 +141,7 @@ def vision_task() -> Task:
 
 def translation_task() -> Task:
     import translation_vs_torch
-    from lightformer.data.preparation.tokenizers import PAD_ID, SPECIAL_TOKENS
+    from lightformer.tokenization.text import PAD_ID, SPECIAL_TOKENS
 
     model, data = config_args("translation/ding_de_en.yaml")
     vocab_size, length = data["tokenizer"]["vocab_size"], 32

@@ -87,12 +87,12 @@ IMAGE_TEXT = ["fit", "--config=configs/image_text/printed_lines.yaml", "--traine
         (
             [*MLM, "--model.net.max_len=16"],
             r"model.net.max_len=16 is shorter than the data's examples: data.segment_"
-            r"tokens=64 makes examples of up to 128 tokens .*; set model.net.max_len >= "
+            r"tokens=64 makes examples of up to 128 positions .*; set model.net.max_len >= "
             r"128 or data.segment_tokens <= 8$",
         ),
         (
             [*T5, "--model.net.max_len=16"],
-            r"model.net.max_len=16 is shorter than the data's sequences: data.segment_"
+            r"model.net.max_len=16 is shorter than the data's sources or targets: data.segment_"
             r"tokens=64 makes sources or targets of up to 58 positions, .*; set model."
             r"net.max_len >= 58 or data.segment_tokens <= 17$",
         ),
@@ -112,9 +112,8 @@ IMAGE_TEXT = ["fit", "--config=configs/image_text/printed_lines.yaml", "--traine
         ),
         (
             [*CLASSIFY, "--model.net.max_len=16", "--data.max_tokens=64"],
-            r"data.max_tokens=64 is larger than model.net"
-            r".max_len=16, .*; set data.max_tokens <= 16 "
-            r"or model.net.max_len >= 64$",
+            r"model.net.max_len=16 is shorter than the data's texts: data.max_tokens=64 makes texts of up to 64 "
+            r"positions .*; set model.net.max_len >= 64 or data.max_tokens <= 16$",
         ),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
@@ -228,8 +227,9 @@ def test_a_max_len_shorter_than_the_longest_sentence_is_refused_in_one_line_at_s
     """Known only once the data is read (the longest sentence kept): a traceback from the task's set-up before."""
     found = refused(["fit", *task_args("translation", tmp_path), "--model.net.max_len=2", "--trainer.max_steps=1"])
     assert re.fullmatch(
-        r"lightformer: the data's longest sentence has \d+ positions \(at most data.batches.max_sentence_tokens\) but "
-        r"model.net.max_len=2, .*; set data.batches.max_sentence_tokens <= 2 .* or model.net.max_len >= \d+",
+        r"lightformer: model.net.max_len=2 is shorter than the data's sentences: the data has sentences of up to "
+        r"(\d+) positions \(at most data.batches.max_sentence_tokens\), .*; set model.net.max_len >= \1 or "
+        r"data.batches.max_sentence_tokens <= 2 \(longer train pairs are dropped, val/test ids cut\)",
         found,
     ), found
     assert not list(tmp_path.rglob("*.ckpt"))
@@ -243,9 +243,9 @@ def test_a_length_multiple_below_one_or_padding_past_max_len_is_refused(tmp_path
     args = ["--data.batches.length_multiple=32", "--model.net.max_len=24", "--trainer.max_steps=1"]
     found = refused(["fit", *task_args("translation", tmp_path / "b"), *args])
     assert re.fullmatch(
-        r"lightformer: the data's longest sentence has 32 positions once padded to a multiple of "
-        r"data.batches.length_multiple=32 .* but model.net.max_len=24, .*; set data.batches.max_sentence_tokens <= 24 "
-        r".* or model.net.max_len >= 32",
+        r"lightformer: model.net.max_len=24 is shorter than the data's sentences: the data has sentences of up to 32 "
+        r"positions once padded to a multiple of data.batches.length_multiple=32 .*; set model.net.max_len >= 32 or "
+        r"data.batches.max_sentence_tokens <= 24 .*",
         found,
     ), found
     assert not list(tmp_path.rglob("*.ckpt"))
@@ -322,7 +322,8 @@ def test_translate_reports_cut_lines_and_names_a_file_that_is_not_utf8(trained, 
     long_line.write_text("a b c\n" + " ".join(["abcdefgh"] * 10) + "\n", encoding="utf-8")
     main(["translate", f"--ckpt_path={trained['translation']}", f"--input={long_line}", "--beam_size=1"])
     captured = capsys.readouterr()
-    assert "line 2 of --input has" in captured.err and "the model reads at most 15, so its end is cut" in captured.err
+    assert "line 2 of --input has" in captured.err  # its end of sentence counted, as the limit counts it
+    assert "the model reads at most 16 (model.net.max_len), so its end is cut" in captured.err
     assert "line 1 " not in captured.err and len(captured.out.splitlines()) == 2
 
     latin1 = tmp_path / "latin1.de"
@@ -1164,7 +1165,7 @@ def test_the_advice_on_a_non_finite_loss_follows_the_runs_settings(tmp_path):
 
 def test_a_loaded_tokenizer_that_lacks_the_datas_characters_is_refused_or_warned_with_counts(tmp_path):
     """Before: a start's 81-token tokenizer encoded `_` (2,868 times), `X`, `Z` and `£` of Austen as <unk> silently."""
-    from lightformer.data.preparation.tokenizers import Tokenizer
+    from lightformer.tokenization.text import Tokenizer
     from tiny_runs import CORPUS
 
     file = Tokenizer.train_char([CORPUS.replace("e", "").replace(",", "")]).save(tmp_path / "tokenizer.json")
@@ -1206,9 +1207,9 @@ def contrastive_checkpoint(path: Path) -> str:
     """A contrastive task's checkpoint, untrained (the commands' refusals come before any answer)."""
     import lightning
 
-    from lightformer.data.preparation.tokenizers import Tokenizer
     from lightformer.facts import DataFacts
     from lightformer.tasks.contrastive import ContrastiveTask
+    from lightformer.tokenization.text import Tokenizer
 
     tokenizer = Tokenizer.train_char(["a red circle"])
     facts = DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
@@ -1310,3 +1311,351 @@ def test_the_visual_qa_data_refuses_options_and_missing_sources_naming_the_field
     with pytest.raises(DataError, match=r"data.source.train: .*train.jsonl, line 1: field 'image' is missing"):
         data.prepare_data()
     assert not any((tmp_path / "prepared").iterdir())  # the half-made folder removed
+
+
+# --- the typefaces of the rendered lines: declared, each file checked ---------------------------------------------
+
+
+def test_a_missing_declared_typeface_is_named_with_its_family_file_and_package(tmp_path, monkeypatch):
+    """Before: the lines were drawn in whatever fonts /usr/share/fonts held; now in rendering.TYPEFACES' files, each
+    checked before any work (empty stand-ins here: only their presence is checked then)."""
+    from lightformer.data import ImageTextDataModule
+    from lightformer.data.modules.image_text import ImageTextSource
+    from lightformer.data.preparation.prepare import PrepareConfig
+    from lightformer.data.raw import rendering
+    from lightformer.errors import DataError
+
+    for file in (f for packages in rendering.TYPEFACES.values() for files in packages.values() for f in files):
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / file).touch()
+    (tmp_path / "truetype/liberation2/LiberationSans-Bold.ttf").unlink()
+    monkeypatch.setattr(rendering, "FONT_ROOT", tmp_path)
+    with pytest.raises(DataError) as error:
+        ImageTextDataModule(ImageTextSource(), prepare=PrepareConfig(dir=str(tmp_path / "prepared")))
+    assert re.fullmatch(
+        r"data\.source\.font_dir: 1 file\(s\) of the declared typefaces \(rendering\.TYPEFACES\) are missing under "
+        r".*: Liberation Sans's .*/truetype/liberation2/LiberationSans-Bold\.ttf, of fonts-liberation2\. apt-get "
+        r"install fonts-liberation2 \(debian-packages\.txt installs every one\), or set data\.source\.font_dir to a "
+        r"folder of fonts of your own",
+        str(error.value),
+    ), error.value
+    assert not (tmp_path / "prepared").exists()
+
+
+# --- commands over texts and images: one rule each (command_support.check_texts, image_files.open_image) ----------
+
+
+def vlm_checkpoint(path: Path, fit: str = "resize") -> str:
+    """A vision-language task's checkpoint, untrained, of 48 text positions and 16 × 16 images of one token, whose
+    char tokenizer lacks 'ä' and '∑'; answers of at most 2 tokens."""
+    import lightning
+
+    from lightformer.facts import DataFacts
+    from lightformer.tasks.vision_language import VisionLanguageTask
+    from lightformer.tokenization.text import Tokenizer
+
+    tokenizer = Tokenizer.train_char(["Q: What colour is it? Which?\nA: red"])
+    facts = DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+                      image_size=(16, 16), in_channels=3, image_fit=fit, max_length=30, normalize_mean=(0.5,) * 3,
+                      normalize_std=(0.5,) * 3)  # fmt: skip
+    tiny = dict(n_layers=1, d_model=16, n_heads=2, d_ff=32)
+    net = dict(image=dict(patch_size=8, **tiny), text=dict(block_size=48, **tiny))
+    task = VisionLanguageTask(net=net, data_facts=facts, max_answer_tokens=2)
+    torch.save({"state_dict": task.state_dict(), "hyper_parameters": dict(task.hparams),
+                "pytorch-lightning_version": lightning.__version__}, path)  # fmt: skip
+    return str(path)
+
+
+def test_ask_refuses_a_question_longer_than_the_positions_and_names_characters_outside_the_vocabulary(tmp_path, capsys):
+    """Before: a question of 520 characters on a model of 48 positions printed an empty line, nothing on standard
+    error, exit status 0; 'ä' and '∑' became <unk> without the warning generate gives."""
+    image = tmp_path / "a.png"
+    Image.new("RGB", (8, 8), "red").save(image)
+    ask = ["ask", f"--ckpt_path={vlm_checkpoint(tmp_path / 'vlm.ckpt')}", f"--images={image}"]
+    question = ("What colour is it? " * 28)[:514] + "Which?"
+    assert refused([*ask, f"--question={question}"]) == (
+        "lightformer: --question 'What colour is it? What colour is it? Wh'… has 530 tokens with the chat template's, "
+        "the image's 1 token in place of its placeholder and one for the answer; the model reads at most 48 "
+        "(model.net.text.block_size): shorten it by at least 482 characters"
+    )
+    assert capsys.readouterr().out == ""
+    main([*ask, "--question=Whät colour is ∑?"])
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "warning: the question's characters 'ä', '∑' are not in the model's vocabulary (it never saw them in "
+        "training): they become <unk>\n"
+    )
+    assert len(captured.out.splitlines()) == 1
+
+
+def test_the_text_commands_refuse_or_cut_with_a_warning_what_outgrows_the_positions(tmp_path, capsys):
+    """ask's rule (command_support.check_texts) in every command over texts. Before: generate read the last 16 tokens
+    of a longer prompt, zero-shot and embed cut a long prompt or text, each without a word; fill-mask's refusal
+    named neither the option's field nor how much to cut."""
+    prompt = "It is a truth universally acknowledged"
+    main(["generate", f"--ckpt_path={OLD / 'lm.ckpt'}", f"--prompt={prompt}", "--max_new_tokens=1", "--seed=0"])
+    assert capsys.readouterr().err == (
+        f"warning: --prompt has {len(prompt)} tokens; the model reads at most 16 (model.net.block_size), so its start "
+        "is cut: the model reads its last 16\n"
+    )
+    message = refused(["fill-mask", f"--ckpt_path={OLD / 'mlm.ckpt'}", f"--text={prompt * 3} [MASK]."])
+    assert re.fullmatch(r"lightformer: --text has (\d+) tokens with \[CLS\] and \[SEP\]; the model reads at most 32 "
+                        r"\(model\.net\.max_len\): shorten it by at least \d+ tokens", message), message  # fmt: skip
+    ckpt = contrastive_checkpoint(tmp_path / "clip.ckpt")  # 8 text positions
+    image = tmp_path / "a.png"
+    Image.new("RGB", (8, 8), "red").save(image)
+    main(["zero-shot", f"--ckpt_path={ckpt}", "--labels=red,a red circle", f"--images={image}", "--prompts={}"])
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "warning: --labels: the prompt 'a red circle' of 'a red circle' has 14 tokens with BOS and EOS; the model "
+        "reads at most 8 (model.net.text.block_size), so its end is cut\n"
+    )
+    texts = tmp_path / "texts.txt"
+    texts.write_text("red\na red circle\n", encoding="utf-8")
+    main(["embed", f"--ckpt_path={ckpt}", f"--texts={texts}", f"--output={tmp_path}/t.safetensors"])
+    assert capsys.readouterr().err.startswith(
+        f"warning: line 2 of --texts {texts} has 14 tokens with BOS and EOS; the model reads at most 8 "
+        "(model.net.text.block_size), so its end is cut\nwrote "
+    )
+
+
+def test_zero_shot_keeps_each_label_once_with_a_warning_and_counts_the_labels_after(tmp_path, capsys):
+    """Before: `--labels red,circle,red` printed 'red' twice, its probability split between the copies and a --top
+    place taken; `--labels red,red` passed the two-label check."""
+    ckpt = contrastive_checkpoint(tmp_path / "clip.ckpt")
+    image = tmp_path / "a.png"
+    Image.new("RGB", (8, 8), "red").save(image)
+    listed = tmp_path / "labels.txt"
+    listed.write_text("red\ncircle\nred\n", encoding="utf-8")
+    for labels in ("red,circle,red", str(listed)):
+        main(["zero-shot", f"--ckpt_path={ckpt}", f"--labels={labels}", f"--images={image}", "--prompts={}"])
+        captured = capsys.readouterr()
+        assert sorted(re.findall(r"(\w+) \(\d", captured.out)) == ["circle", "red"], captured.out
+        assert captured.err == (
+            "warning: --labels gives 'red' (2 times): each label is kept once (a copy would split its probability)\n"
+        )
+    assert refused(["zero-shot", f"--ckpt_path={ckpt}", "--labels=red, red", f"--images={image}"]) == (
+        "lightformer: --labels='red, red' gives 1 label(s) once repeats are left out: give at least two, separated "
+        "by commas ('cat,dog,bird'), or a file of one label a line"
+    )
+
+
+def test_zero_shot_and_ask_name_an_unreadable_image_with_the_same_advice(tmp_path):
+    """Before: a model that fits drawings (`image_fit: drawing`, the clip art's) gave PIL's words alone, "cannot
+    identify image file '…'", where a model that resizes added what would be valid."""
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"no image")
+    advice = (
+        f"lightformer: --images: {broken} is not a readable image file (cannot identify image file '{broken}'): give "
+        "PNG, JPEG or another image file that PIL reads"
+    )
+    clip = Path(contrastive_checkpoint(tmp_path / "clip.ckpt"))
+    checkpoint = torch.load(clip, weights_only=True)
+    checkpoint["hyper_parameters"]["data_facts"]["image_fit"] = "drawing"
+    torch.save(checkpoint, clip)
+    assert refused(["zero-shot", f"--ckpt_path={clip}", "--labels=red,circle", f"--images={broken}"]) == advice
+    vlm = vlm_checkpoint(tmp_path / "vlm.ckpt", fit="drawing")
+    for fit in ("drawing", "resize"):
+        ask = ["ask", f"--ckpt_path={vlm}", f"--images={broken}", "--question=Which?", f"--fit={fit}"]
+        assert refused(ask) == advice
+
+
+def png_of_size(path: Path, width: int, height: int) -> Path:
+    """A 1-bit PNG that says it is ``width`` × ``height`` pixels, of no pixel data (its size is all that is read)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
+    return path
+
+
+def test_an_image_above_pillows_decompression_bomb_limit_is_read_with_one_warning_and_twice_it_refused(
+    tmp_path, capsys, monkeypatch
+):
+    """Before: ask printed Pillow's two-line DecompressionBombWarning for a 12000 × 12000 photo, and above twice the
+    limit (179 megapixels) its DecompressionBombError was "a bug in lightformer". Now the photo is read with one
+    warning line naming it and its size (here Pillow's limit lowered, for a small image to be over it); a file above
+    twice the limit is refused before it is decoded."""
+    vlm = vlm_checkpoint(tmp_path / "vlm.ckpt")
+    bomb = png_of_size(tmp_path / "bomb.png", 14000, 14000)
+    assert refused(["ask", f"--ckpt_path={vlm}", f"--images={bomb}", "--question=Which?"]) == (
+        f"lightformer: --images: {bomb} is 14000 × 14000 pixels (196 megapixels), more than the 179 megapixels an "
+        "image file may have (twice Pillow's decompression-bomb limit: a file this large can be an attack that fills "
+        "the memory as it is decoded); reduce it first, e.g. `convert in.png -resize 8000x8000 out.png` (the model "
+        "sees it far smaller)"
+    )
+    import warnings
+
+    photo = tmp_path / "photo.png"
+    Image.new("RGB", (30, 20), "red").save(photo)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 500)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)  # Pillow's own lines: none
+        main(["ask", f"--ckpt_path={vlm}", f"--images={photo}", "--question=Which?"])
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"warning: {photo} is 30 × 20 pixels (0.0006 megapixels), more than Pillow's decompression-bomb limit of "
+        "0.0005 megapixels: decoded all the same (above 0.001 megapixels an image file is refused)\n"
+    )
+    assert len(captured.out.splitlines()) == 1
+
+
+# --- records bounded as they are read, a shard image's clean reason, null in model.init, a refused run's folder ------
+
+
+def _llava(answer: str) -> str:
+    import json
+
+    turns = [{"from": "human", "value": "<image>\nWhat is it?"}, {"from": "gpt", "value": answer}]
+    return json.dumps({"image": "a.png", "conversations": turns})
+
+
+def _conversations(tmp_path: Path, path: Path, **options):
+    from lightformer.data import ConversationFilesDataModule
+    from lightformer.data.modules.conversation_files import ConversationFiles
+    from lightformer.data.preparation.prepare import PrepareConfig
+
+    Image.new("RGB", (40, 24), "red").save(path.parent / "a.png")
+    source = ConversationFiles(train=str(path), val_fraction=0.0, image_size=32, **options)
+    return ConversationFilesDataModule(source, prepare=PrepareConfig(dir=str(tmp_path / "prepared"), num_workers=1))
+
+
+def test_a_conversation_longer_than_max_tokens_is_refused_as_it_is_read_naming_the_file_and_line(tmp_path):
+    """A 10 MB answer was prepared whole (20 s, 4.3 GB at the peak) and refused only at set-up, naming neither file
+    nor line. Now its line is refused as the file is first read, never held whole (data.source.max_tokens × 128
+    bytes at most); a record within that but of more ids than max_tokens once they are counted, before its image is
+    loaded; a record of a JSON list by its characters, before a tokenizer is trained on it."""
+    import tracemalloc
+
+    from lightformer.errors import DataError
+
+    path = tmp_path / "train.jsonl"
+    path.write_text(f"{_llava('red')}\n{_llava('very ' * 2_000_000)}\n{_llava('red')}\n", encoding="utf-8")
+    data = _conversations(tmp_path, path)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError) as error:
+            data.prepare_data()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(error.value) == (
+        f"data.source.train: {path}, line 2 is longer than 524,288 bytes: more than data.source.max_tokens=4096 "
+        "tokens can take (128 bytes a token at most); shorten it, or raise data.source.max_tokens if the model holds "
+        "longer texts"
+    )
+    assert peak < 4 * 2**20, peak  # the 10 MB line was never read whole
+    path.write_text(f"{_llava('red')}\n{_llava('very ' * 100)}\n", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^data.source.train: {path}, line 2: the record is 5\d\d tokens long \(its "
+                       r"turns in the chat template, .*\), more than data.source.max_tokens=64: shorten its "
+                       r"conversation or split it into records, or raise data.source.max_tokens"):  # fmt: skip
+        _conversations(tmp_path, path, max_tokens=64).prepare_data()
+    listed = tmp_path / "list.json"
+    listed.write_text(f"[{_llava('red')}, {_llava('x' * 9000)}]", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^data.source.train: {listed}, record 1: field conversations is longer "
+                       r"than 8,192 characters: more than data.source.max_tokens=64 tokens"):  # fmt: skip
+        _conversations(tmp_path, listed, max_tokens=64).prepare_data()
+    assert not any((tmp_path / "prepared").iterdir())
+
+
+def test_a_caption_longer_than_max_tokens_is_refused_as_it_is_read_naming_the_line_or_the_shards_key(tmp_path):
+    """The same bound on image-text files (image-to-text, contrastive): a JSONL, CSV or TSV line, a COCO caption, a
+    webdataset shard's caption member (a .txt by its size, unread), before anything is prepared."""
+    import io
+    import json
+    import tarfile
+
+    from lightformer.data.modules.image_text_files import ImageTextFiles, ImageTextFilesDataModule
+    from lightformer.data.preparation.prepare import PrepareConfig
+    from lightformer.errors import DataError
+
+    def prepare(train: Path) -> None:
+        source = ImageTextFiles(train=str(train), val_fraction=0, max_tokens=16)
+        ImageTextFilesDataModule(source, prepare=PrepareConfig(dir=str(tmp_path / "prepared"))).prepare_data()
+
+    Image.new("L", (40, 16), 255).save(tmp_path / "a.png")
+    long = "a cat " * 400  # 2,400 characters: more than 16 tokens × 128
+    rows = [{"file": "a.png", "text": "a cat"}, {"file": "a.png", "text": long}]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    (tmp_path / "c.tsv").write_text(f"file\ttext\na.png\ta cat\na.png\t{long}\n", encoding="utf-8")
+    coco = {"images": [{"id": 1, "file_name": "a.png"}], "annotations": [{"image_id": 1, "caption": long}]}
+    (tmp_path / "c.json").write_text(json.dumps(coco), encoding="utf-8")
+    for name, where in (("c.jsonl", "line 2"), ("c.tsv", "line 3"), ("c.json", "annotations[0]: the caption")):
+        with pytest.raises(DataError, match=rf"^data.source.train: {tmp_path / name}, {re.escape(where)} is longer "
+                           r"than 2,048 characters: more than data.source.max_tokens=16 tokens can take"):  # fmt: skip
+            prepare(tmp_path / name)
+    (tmp_path / "shards").mkdir()
+    with tarfile.open(tmp_path / "shards" / "00000.tar", "w") as tar:
+        for name, data in (("000000000.png", (tmp_path / "a.png").read_bytes()), ("000000000.txt", long.encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(DataError, match=rf"^data.source.train: {tmp_path}/shards/00000.tar, key '000000000': the "
+                       r"caption member.txt \(2,400 bytes\) is longer than 2,048 bytes"):  # fmt: skip
+        prepare(tmp_path / "shards")
+
+
+def test_a_webdataset_image_that_is_not_one_is_named_with_a_reason_free_of_python_objects(tmp_path):
+    """Its reason was PIL's "cannot identify image file <_io.BytesIO object at 0x7f…>"."""
+    import io
+    import tarfile
+
+    from lightformer.data.modules.image_text_files import ImageTextFiles, ImageTextFilesDataModule
+    from lightformer.data.preparation.prepare import PrepareConfig
+    from lightformer.errors import DataError
+
+    (tmp_path / "shards").mkdir()
+    with tarfile.open(tmp_path / "shards" / "00000.tar", "w") as tar:
+        for name, data in (("000000000.jpg", b"not a jpeg"), ("000000000.txt", b"a cat")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    source = ImageTextFiles(train=str(tmp_path / "shards"), val_fraction=0, height=16, width=16, fit="resize")
+    data = ImageTextFilesDataModule(source, prepare=PrepareConfig(dir=str(tmp_path / "prepared"), num_workers=1))
+    with pytest.raises(DataError) as error:
+        data.prepare_data()
+    assert str(error.value) == (
+        f"data.source.train: {tmp_path}/shards/00000.tar, key '000000000': the image is not readable (not an image: "
+        "PIL recognises no image format in it)"
+    )
+
+
+def test_null_for_model_init_modules_freeze_or_skip_means_none_and_for_its_other_fields_is_refused(tmp_path):
+    """``--model.init.modules null`` ended in a traceback and "a bug in lightformer" (``'{}'`` worked)."""
+    args = ["fit", *task_args("lm", tmp_path), "--trainer.max_steps=1"]
+    nulls = ["--model.init.modules", "null", "--model.init.freeze=null", "--model.init.skip", "null"]
+    init = cli_main([*args[1:], *nulls], run=False).model.init_config  # built as fit builds it
+    assert (init.modules, init.freeze, init.skip, init.sources()) == ({}, (), (), [])
+    assert refused([*args, "--model.init.strict=null"]) == (
+        "lightformer: model.init: strict=None: give true (refuse a start that leaves tensors fresh) or false"
+    )
+    assert refused([*args, "--model.init.pretrained_lr_scale", "null"]).startswith(
+        "lightformer: model.init: pretrained_lr_scale=None: give a number, at least 0"
+    )
+
+
+def test_a_fit_refused_at_setup_leaves_no_run_folder_behind(tmp_path):
+    """A fit refused as the trainer set up (after the logger had made version_0 and written its config and events
+    file there) left that folder, and the next run became version_1. A folder that was there before the fit, or that
+    holds anything but what a fit writes as it starts, is kept."""
+    from lightformer.cli.runs import RunFolderLock
+
+    args = ["fit", *task_args("translation", tmp_path), "--model.net.max_len=2", "--trainer.max_steps=1"]
+    assert "but model.net.max_len=2" in refused(args)
+    assert (tmp_path / "runs").is_dir() and not list((tmp_path / "runs").glob("*/version_*"))
+    for existed in (True, False):
+        folder = tmp_path / f"kept_{existed}" / "version_0"
+        if existed:
+            folder.mkdir(parents=True)
+        lock = RunFolderLock()
+        lock.take(str(folder))
+        if not existed:
+            (folder / "checkpoints").mkdir()
+            (folder / "checkpoints" / "last.ckpt").write_bytes(b"weights")
+        (folder / "config.yaml").write_text("seed_everything: 0\n", encoding="utf-8")
+        assert not lock.remove_if_unused() and folder.is_dir()
+        lock.release()

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from lightformer.data.objectives.chat import IGNORE, ChatTemplate
-from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, Tokenizer
 from lightformer.errors import DataError
+from lightformer.tokenization.text import BOS_ID, EOS_ID, Tokenizer
 
 TOKENIZER = Tokenizer.train_char(["QA: ?\nabcdxyz<>image"])
 IMAGE = TOKENIZER.vocab_size  # the placeholder: outside the tokenizer

@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
 from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
-from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.io.checkpoints import InitConfig
@@ -28,6 +27,7 @@ from lightformer.tasks.contrastive import (
     recalls,
     zero_shot,
 )
+from lightformer.tokenization.text import Tokenizer
 from lightformer.training.tensorboard import TensorBoardLogger
 
 SHAPES = ("circle", "square", "triangle")
@@ -265,7 +265,11 @@ def test_a_text_tower_shorter_than_the_longest_caption_is_refused_naming_the_fie
     facts = data.data_facts()
     task = ContrastiveTask(net=dict(image=dict(patch_size=4, **TINY), text=dict(block_size=8, **TINY)),
                            data_facts=facts)  # fmt: skip
-    with pytest.raises(ConfigError, match=r"19 tokens.*model.net.text.block_size=8.*>= 19"):
+    message = (
+        r"^model.net.text.block_size=8 is shorter than the data's captions: the data has captions of up to 19 "
+        r"positions \(BOS and EOS included\).*; set model.net.text.block_size >= 19 or give the data shorter captions$"
+    )
+    with pytest.raises(ConfigError, match=message):
         task.check_data(facts, "validate")
 
 

@@ -13,12 +13,12 @@ import torch
 
 from lightformer import tasks
 from lightformer.data.modules.base import DataModule
-from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.errors import CheckpointError, ConfigError
 from lightformer.facts import DataFacts
 from lightformer.io.checkpoints import facts_of_checkpoint
 from lightformer.models.gpt import GPTConfig
 from lightformer.tasks import LanguageModelTask
+from lightformer.tokenization.text import Tokenizer
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "lightformer"
 TINY_GPT = GPTConfig(n_layers=1, n_heads=2, d_model=16)
@@ -176,3 +176,50 @@ def test_a_fine_tuning_config_takes_the_shape_of_the_checkpoint_it_starts_from(t
                       init_args=Namespace(net=net, init=Namespace(checkpoint=str(path))))  # fmt: skip
     take_shape_from_init_checkpoint(model, given)
     assert net == Namespace(d_model=256, n_layers=2, dropout=0.1, vocab_size=None, max_len=128)
+
+
+def test_every_registered_task_declares_a_position_table_its_model_has():
+    """A task's ``position_table`` names a size of its model's config (a dotted path into a tower), and the fields
+    under which the model has none are fields of it too: no task checks the data against a field its model lacks."""
+    from lightformer.registry import built_in
+    from lightformer.tasks.config_values import config_defaults
+
+    declaring = set()
+    for name, spec in built_in().items():
+        table = spec.task.position_table
+        if table is None:
+            continue
+        declaring.add(name)
+        for path in (table.net_field, *table.absent_when):
+            value = config_defaults(spec.task.net_class())
+            for part in path.split("."):
+                assert isinstance(value, dict) and part in value, f"{name}: model.net.{path} is no field of its model"
+                value = value[part]
+            if path == table.net_field:
+                assert isinstance(value, int), f"{name}: model.net.{path}={value!r} is not a size"
+    assert declaring >= {"ContrastiveTask", "DenoisingTask", "ImageToTextTask", "MaskedLanguageModelTask",
+                         "TextClassificationTask", "TranslationTask", "VisionLanguageTask"}  # fmt: skip
+
+
+def test_the_position_table_is_checked_from_the_config_alone_before_the_data():
+    """The one check, before the data is prepared: the data module's options and their bound (``ConfigFacts``) in
+    the message; no table where the model has none; a tower's field given nested or dotted (a ``Namespace``)."""
+    from jsonargparse import Namespace
+
+    from lightformer.data.modules.base import ConfigFacts
+    from lightformer.tasks import ContrastiveTask, DenoisingTask
+
+    data = ConfigFacts(DataFacts(max_length=58), {"max_length": "data.segment_tokens=64"},
+                       {"max_length": lambda bound: f"data.segment_tokens <= {bound // 4}"})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^model.net.max_len=16 is shorter than the data's sources or targets: data."
+                                          r"segment_tokens=64 makes sources or targets of up to 58 positions, and the "
+                                          r"model's position table must hold them; set model.net.max_len >= 58 or "
+                                          r"data.segment_tokens <= 4$"):  # fmt: skip
+        DenoisingTask.check_lengths_before_data(Namespace(max_len=16), data)
+    DenoisingTask.check_lengths_before_data(Namespace(max_len=16, position="none"), data)  # no position table
+    DenoisingTask.check_lengths_before_data(Namespace(max_len=58), data)
+    with pytest.raises(ConfigError, match=r"^model.net.text.block_size=8 is shorter .* >= 58 or data.segment_tokens"):
+        ContrastiveTask.check_lengths_before_data({"text": {"block_size": 8}}, data)
+    with pytest.raises(ConfigError, match=r"^model.net.text.block_size=9 is shorter .* >= 58 or data.segment_tokens"):
+        ContrastiveTask.check_lengths_before_data(Namespace(text=Namespace(block_size=9)), data)
+    ContrastiveTask.check_lengths_before_data(Namespace(), data)  # the default tower: 64 positions

@@ -11,12 +11,12 @@ from lightformer.data import ImageDataModule, TextDataModule, TranslationDataMod
 from lightformer.data.modules.images import ImageSource
 from lightformer.data.modules.translation import PairBatches, PairSource
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
-from lightformer.data.preparation.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer
 from lightformer.data.raw.image_files import load_image
 from lightformer.data.raw.sources import TextSource
 from lightformer.models import GPT, EncoderDecoderConfig, GPTConfig, VisionTransformer, ViTConfig
 from lightformer.nn import MultiHeadAttention
 from lightformer.tasks import LanguageModelTask, TranslationTask
+from lightformer.tokenization.text import MIN_BPE_VOCAB_SIZE, Tokenizer
 from tiny_runs import FactsOnly, with_data
 
 TINY_LM = dict(n_layers=1, n_heads=2, d_model=16)
@@ -107,9 +107,10 @@ def test_3_sequences_longer_than_the_position_table(tmp_path):
     facts = datamodule.data_facts()
     sizes = dict(src_vocab_size=facts.src_vocab_size, tgt_vocab_size=facts.tgt_vocab_size)
     task = with_data(translator(**sizes, max_len=8), datamodule)
-    with pytest.raises(ValueError, match=r"max_sentence_tokens\) but model\.net\.max_len=8") as error:
+    with pytest.raises(ValueError, match=r"model\.net\.max_len=8 is shorter than the data's sentences: .* \(at most "
+                                         r"data.batches.max_sentence_tokens\)") as error:  # fmt: skip
         task.setup("fit")
-    assert "set data.batches.max_sentence_tokens <= 8" in str(error.value)
+    assert f"set model.net.max_len >= {facts.max_length} or data.batches.max_sentence_tokens <= 8" in str(error.value)
     with_data(translator(**sizes, max_len=32), datamodule).setup("fit")  # fits: no error
 
 

@@ -8,7 +8,6 @@ import pytest
 import torch
 from PIL import Image
 
-from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw.image_files import fit_image, to_normalised_tensor
 from lightformer.errors import ConfigError
 from lightformer.io.hf_layouts import export_hf, read_hf_config, read_hf_state_dict
@@ -22,6 +21,7 @@ from lightformer.io.layouts.clip import (
 from lightformer.io.layouts.vit import vit_hf_config
 from lightformer.models import ViTConfig
 from lightformer.models.contrastive import ContrastiveConfig, ContrastiveModel
+from lightformer.tokenization.text import Tokenizer
 
 CAPTIONS = ["a red apple", "dog face", "an apple pie on a plate", "sheep"]
 IMAGE = dict(image_size=16, patch_size=8, in_channels=3, d_model=32, n_layers=2, n_heads=4, d_ff=64, pre_norm=True)

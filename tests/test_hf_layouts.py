@@ -20,7 +20,6 @@ from PIL import Image
 from lightformer.cli.checks import take_shape_from_init_checkpoint
 from lightformer.cli.commands import export
 from lightformer.cli.main import cli_main, main
-from lightformer.data.preparation.tokenizers import MASK, Tokenizer
 from lightformer.errors import ConfigError
 from lightformer.generation import generate
 from lightformer.io.checkpoints import InitConfig, pretrained_weights
@@ -35,6 +34,7 @@ from lightformer.tasks import (
     TextClassificationTask,
     TranslationTask,
 )
+from lightformer.tokenization.text import MASK, Tokenizer
 from tiny_runs import build, last_checkpoint, task_args
 
 transformers.utils.logging.disable_progress_bar()

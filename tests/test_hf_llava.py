@@ -6,11 +6,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.errors import ConfigError
 from lightformer.io.hf_layouts import export_hf
 from lightformer.io.layouts.llava import IMAGE_TOKEN, check_llava_shape, vlm_hf_model, vlm_model
 from lightformer.models.vlm import VisionLanguageConfig, VisionLanguageModel
+from lightformer.tokenization.text import Tokenizer
 
 TEXTS = ["Q: what is this?\nA: a red apple", "Q: what does it say?\nA: dog face"]
 IMAGE = dict(image_size=16, patch_size=4, in_channels=3, d_model=32, n_layers=3, n_heads=4, d_ff=64, pre_norm=True)

@@ -15,13 +15,13 @@ from lightformer.cli.main import cli_main
 from lightformer.data.modules import image_tokens
 from lightformer.data.modules.image_tokens import ImageTokenDataModule
 from lightformer.data.modules.images import CARVE, ImageLoaderConfig, ImageSource
-from lightformer.data.objectives.pixels import PaletteConfig, PixelTokenizer
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.raw.image_files import load_image
 from lightformer.errors import CheckpointError
 from lightformer.facts import DataFacts
 from lightformer.models.gpt import GPTConfig
 from lightformer.tasks.image_gpt import ImageGPTTask, bits_per_dim, completion_rows, probe, sample_images
+from lightformer.tokenization.pixels import PaletteConfig, PixelTokenizer
 from lightformer.training.tensorboard import image_grid
 from tiny_runs import FactsOnly, with_data
 

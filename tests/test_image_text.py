@@ -12,7 +12,7 @@ from PIL import Image
 
 from lightformer.cli.main import cli_main, main
 from lightformer.data.raw.image_files import fit_line
-from lightformer.data.raw.rendering import discover_fonts
+from lightformer.data.raw.rendering import missing_typefaces
 from lightformer.facts import DataFacts
 from lightformer.tasks.image_text import (
     ImageToTextTask,
@@ -23,7 +23,7 @@ from lightformer.tasks.image_text import (
 )
 from tiny_runs import last_checkpoint, run_cli, task_args
 
-pytestmark = pytest.mark.skipif(not discover_fonts(), reason="no fonts under /usr/share/fonts")
+pytestmark = pytest.mark.skipif(bool(missing_typefaces()), reason="the declared typefaces are not all installed")
 
 
 def test_a_line_of_any_size_is_fitted_to_the_canvas_as_lines_are_rendered():

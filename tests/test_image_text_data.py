@@ -1,4 +1,5 @@
-"""Image-to-text data: fonts found and grouped by family, lines rendered the same for a seed and otherwise for another,
+"""Image-to-text data: the declared typefaces (an extra font installed beside them changes nothing) and a user's font
+folder's fonts grouped by family, lines rendered the same for a seed and otherwise for another,
 text and typefaces held out, batches of the contract's shapes that decode back to their text, the Austen LM's
 character tokenizer, German lines of Ding's sentences with their own characters, fonts that cannot draw the text
 refused, bad options refused naming their field, rendering one line at a time, jitter and an exact mid-epoch
@@ -19,6 +20,7 @@ from PIL import Image
 import lightformer.data.modules.image_text as image_text
 from lightformer.data.loading.streaming import Records
 from lightformer.data.modules.image_text import (
+    DEFAULT_HELD_OUT,
     ImageTextDataModule,
     ImageTextSource,
     LineDrawer,
@@ -31,18 +33,28 @@ from lightformer.data.modules.image_text import (
 from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.modules.text import TextDataModule
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
-from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, Tokenizer
+from lightformer.data.raw import rendering
 from lightformer.data.raw.corpora import DING_FILE, CorpusUnavailableError, austen_text, split_of
-from lightformer.data.raw.rendering import LineStyle, LineTooWide, discover_fonts, render_line
+from lightformer.data.raw.rendering import (
+    FONT_ROOT,
+    SKIPPED_FAMILIES,
+    TYPEFACES,
+    LineStyle,
+    LineTooWide,
+    missing_typefaces,
+    render_line,
+    typefaces,
+)
 from lightformer.data.raw.sources import TextSource
 from lightformer.errors import ConfigError
+from lightformer.tokenization.text import BOS_ID, EOS_ID, Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_ROOT = str(REPO / "data")
 TINY = dict(train_lines=160, val_lines=32, test_lines=32, data_root=DATA_ROOT)
 RENDER = RenderConfig(height=24, width=256)
 
-pytestmark = pytest.mark.skipif(not discover_fonts(), reason="no fonts under /usr/share/fonts")
+pytestmark = pytest.mark.skipif(bool(missing_typefaces()), reason="the declared typefaces are not all installed")
 
 
 @pytest.fixture(scope="module")
@@ -78,19 +90,59 @@ def drawer(austen: str, seed: int, **options) -> LineDrawer:
 # --- fonts and rendering ---------------------------------------------------------------------------------------
 
 
-def test_fonts_are_text_fonts_grouped_by_family():
-    fonts = discover_fonts()
-    assert "D050000L" not in fonts and "Standard Symbols PS" not in fonts  # dingbats and symbols
-    if "Go" in fonts:  # fonts-go (debian-packages.txt) installs Go Smallcaps beside it: its lowercase is capitals
-        assert "Go Smallcaps" not in fonts
+def test_the_typefaces_are_the_declared_text_fonts_and_a_users_folder_is_searched(tmp_path):
+    fonts = typefaces()  # data.source.font_dir's default
+    assert len(fonts) == 47 and not SKIPPED_FAMILIES & set(fonts) and set(DEFAULT_HELD_OUT) <= set(fonts)
     for family in ("DejaVu Sans", "Liberation Serif", "Nimbus Roman"):
-        if family in fonts:
-            assert len(fonts[family]) >= 4  # weights and slants of one family, one file each
-    assert len({path for paths in fonts.values() for path in paths}) == sum(map(len, fonts.values()))
+        assert len(fonts[family]) >= 4  # weights and slants of one family, one file each
+    assert len({path for paths in fonts.values() for path in paths}) == sum(map(len, fonts.values())) == 234
+    listed = set((REPO / "debian-packages.txt").read_text(encoding="utf-8").split())
+    assert {package for packages in TYPEFACES.values() for package in packages} <= listed
+    # a folder of the user's own: every text font in it, one file per (family, style), the .otf before the .t1;
+    # dingbats and Go's small capitals (fonts-go installs them beside Go) left out
+    for name in ("opentype/urw-base35/D050000L.otf", "opentype/urw-base35/P052-Roman.otf",
+                 "type1/urw-base35/P052-Roman.t1", "fonts-go/Go-Smallcaps.ttf", "fonts-go/Go-Regular.ttf"):  # fmt: skip
+        (tmp_path / Path(name).name).symlink_to(FONT_ROOT / name)
+    assert typefaces(str(tmp_path)) == {"Go": (str(tmp_path / "Go-Regular.ttf"),),
+                                        "P052": (str(tmp_path / "P052-Roman.otf"),)}  # fmt: skip
+
+
+def test_a_font_installed_beside_the_declared_ones_never_changes_the_lines(austen, tmp_path, monkeypatch):
+    """Before: every font under /usr/share/fonts was used, so a browser's fonts-liberation 1.07 beside
+    fonts-liberation2 changed the lines' pixels (and the b1bd12e checkpoint's normalisation no longer matched)."""
+    from fontTools.ttLib import TTFont
+
+    declared = {family: [Path(p).relative_to(FONT_ROOT) for p in paths] for family, paths in typefaces().items()}
+    before = [drawer(austen, 3).line(split, 0) for split in ("train", "val")]
+    root = tmp_path / "fonts"  # the declared files, and another "Liberation Sans" "Regular" where 1.07's would be
+    for file in (f for packages in TYPEFACES.values() for files in packages.values() for f in files):
+        (root / file).parent.mkdir(parents=True, exist_ok=True)
+        (root / file).symlink_to(FONT_ROOT / file)
+    extra = root / "truetype" / "liberation" / "LiberationSans-Regular.ttf"
+    ours = FONT_ROOT / "truetype" / "liberation2" / "LiberationSans-Regular.ttf"
+    extra.parent.mkdir(parents=True)
+    font = TTFont(FONT_ROOT / "fonts-go" / "Go-Regular.ttf")  # Go's design under Liberation Sans's name
+    for record in font["name"].names:
+        record.string = {1: "Liberation Sans", 16: "Liberation Sans", 2: "Regular", 17: "Regular"}.get(
+            record.nameID, record.string)  # fmt: skip
+    font.save(extra)
+    assert rendering.font_family(extra) == rendering.font_family(ours)  # discovery took the first: this one
+
+    def emma(path: Path) -> bytes:
+        return render_line("Emma", str(path), LineStyle(size=0.9), 32, 128).tobytes()
+
+    assert emma(extra) != emma(ours)  # and it draws other pixels
+
+    monkeypatch.setattr(rendering, "FONT_ROOT", root)
+    assert {family: [Path(p).relative_to(root) for p in paths] for family, paths in typefaces().items()} == declared
+    after = [drawer(austen, 3).line(split, 0) for split in ("train", "val")]
+    for (line, image), (line_after, image_after) in zip(before, after, strict=True):
+        assert Path(line_after.font).relative_to(root) == Path(line.font).relative_to(FONT_ROOT)
+        assert replace(line_after, font=line.font) == line and image_after.tobytes() == image.tobytes()
 
 
 def test_a_line_is_dark_on_light_left_aligned_and_too_wide_refused():
-    font = next(iter(discover_fonts().values()))[0]
+    font = next(iter(typefaces().values()))[0]
     image = render_line("Emma", font, LineStyle(margin=3, contrast=1.0, background=1.0), 32, 256)
     pixels = np.asarray(image)
     assert image.mode == "L" and pixels.shape == (32, 256)
@@ -235,7 +287,7 @@ def test_the_ding_corpus_missing_says_how_to_install_it(tmp_path):
 
 
 def test_a_font_that_cannot_draw_the_text_is_refused_naming_it_and_the_characters():
-    font = discover_fonts()["DejaVu Sans"][0]
+    font = typefaces()["DejaVu Sans"][0]
     check_glyphs({"DejaVu Sans": (font,)}, "Grüße, Anne!")  # draws all of these
     with pytest.raises(ValueError, match=rf"data\.source\.font_dir: 1 font.*{font}: '漢字'"):
         check_glyphs({"DejaVu Sans": (font,)}, "Grüße 漢字")
@@ -248,7 +300,7 @@ def test_a_font_that_cannot_draw_the_text_is_refused_naming_it_and_the_character
     ("make", "field"),
     [
         (lambda: ImageTextSource(held_out_families=("Comic Sans MS",)), "data.source.held_out_families"),
-        (lambda: ImageTextSource(held_out_families=tuple(discover_fonts())), "data.source.held_out_families"),
+        (lambda: ImageTextSource(held_out_families=tuple(typefaces())), "data.source.held_out_families"),
         (lambda: ImageTextSource(min_words=5, max_words=3), "data.source.max_words"),
         (lambda: ImageTextSource(min_words=0), "data.source.min_words"),
         (lambda: ImageTextSource(max_chars=0), "data.source.max_chars"),

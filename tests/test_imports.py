@@ -213,3 +213,17 @@ def test_a_module_that_moved_into_a_sub_package_imports_under_its_old_name_with_
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["lightformer.training.callbacks", str(len(MOVED_MODULES))]
+
+
+def test_nothing_below_the_data_imports_it():
+    """The tokenizers sit below data/, io/ and facts.py, which all read them (a checkpoint carries its tokenizer, a
+    layout writes it, the facts compare it): no arrow runs back up into data/ from io/, facts.py or tokenization/,
+    and tokenization/ imports only the package's shared errors and files."""
+    graph = import_graph(PACKAGE)
+    below = [name for name in graph if name.startswith(("lightformer.io", "lightformer.tokenization"))]
+    below.append("lightformer.facts")
+    upward = {name: sorted(t for t in graph[name] if t.startswith("lightformer.data")) for name in below}
+    assert not {name: targets for name, targets in upward.items() if targets}, upward
+    tokenization = {t for name in below if name.startswith("lightformer.tokenization") for t in graph[name]}
+    outside = {t for t in tokenization if not t.startswith("lightformer.tokenization")}
+    assert outside <= {"lightformer.io.files", "lightformer.errors"}, outside

@@ -122,7 +122,7 @@ def test_fit_writes_tensorboard_scalars_and_samples_and_a_checkpoint_that_genera
 
 def test_loaded_checkpoint_keeps_tokenizer_and_weights(tmp_path):
     torch.manual_seed(0)
-    from lightformer.data.preparation.tokenizers import Tokenizer
+    from lightformer.tokenization.text import Tokenizer
 
     tokenizer = Tokenizer.train_char(["abcdef \n"])
     facts = DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size)
@@ -142,8 +142,8 @@ def test_loaded_checkpoint_keeps_tokenizer_and_weights(tmp_path):
 
 
 def test_tokenizer_larger_than_model_vocabulary_is_refused(tmp_path):
-    from lightformer.data.preparation.tokenizers import Tokenizer
     from lightformer.errors import ConfigError
+    from lightformer.tokenization.text import Tokenizer
 
     task = LanguageModelTask(net=GPTConfig(vocab_size=5, block_size=8, n_layers=1, n_heads=1, d_model=8))
     tokenizer = Tokenizer.train_char(["abcdef"])

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from lightformer.data.objectives import pixels
-from lightformer.data.objectives.pixels import PixelTokenizer, downsample
+from lightformer.tokenization import pixels
+from lightformer.tokenization.pixels import PixelTokenizer, downsample
 
 
 def random_images(batch: int, channels: int, size: int, seed: int = 0) -> torch.Tensor:

@@ -23,11 +23,11 @@ from lightformer.data.objectives.masking import (
     reconstruct_from_spans,
     span_corruption,
 )
-from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from lightformer.data.raw.corpora import source_files
 from lightformer.data.raw.sources import TextSource, read_piece
 from lightformer.tasks.denoising import sentinel_numbers, sentinel_spans
 from lightformer.tasks.masked_lm import MaskedLanguageModelTask, fill_mask
+from lightformer.tokenization.text import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from tiny_runs import Crash, CrashAt, RecordBatchDigests, build, events_of, last_checkpoint, quiet_run_args, task_args
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]

@@ -32,7 +32,6 @@ from lightformer.data.modules.classification import (
     split_sentences,
 )
 from lightformer.data.preparation.prepare import MANIFEST, PrepareConfig, TokenizerConfig
-from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
 from lightformer.data.raw.corpora import (
     AUSTEN_NOVELS,
     CorpusUnavailableError,
@@ -45,6 +44,7 @@ from lightformer.data.raw.sources import TextSource, read_piece
 from lightformer.facts import DataFacts
 from lightformer.models.bert import BertConfig, BertForPreTraining
 from lightformer.tasks.text_classification import TextClassificationTask
+from lightformer.tokenization.text import BOS_ID, EOS_ID, MASK, PAD_ID, Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "classify" / "austen_scratch.yaml"

@@ -22,10 +22,10 @@ from lightformer.data.loading.streaming import EvaluationWindows, LoaderConfig
 from lightformer.data.modules.text import TextDataModule
 from lightformer.data.preparation import prepare
 from lightformer.data.preparation.prepare import PrepareConfig, PreparedText, TokenizerConfig, prepare_text
-from lightformer.data.preparation.tokenizers import EOS_ID, Tokenizer
 from lightformer.data.raw import corpora, sources
 from lightformer.data.raw.corpora import CorpusUnavailableError, austen_text, download, source_files
 from lightformer.data.raw.sources import TextSource, format_of, read_piece, split_pieces
+from lightformer.tokenization.text import EOS_ID, Tokenizer
 
 WORDS = ["the", "of", "and", "to", "a", "in", "was", "her", "it", "that", "she", "be", "not", "had", "he"]
 

@@ -8,7 +8,7 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models
 
-from lightformer.data.preparation.tokenizers import (
+from lightformer.tokenization.text import (
     BOS,
     BOS_ID,
     EOS,

@@ -21,7 +21,6 @@ from lightformer.data.loading.sampling import TokenBudgetBatchSampler
 from lightformer.data.loading.sequences import collate_pairs
 from lightformer.data.modules.translation import PairBatches, PairSource, TranslationDataModule
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
-from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from lightformer.data.raw import sources
 from lightformer.data.raw.corpora import (
     DING_FILE,
@@ -32,6 +31,7 @@ from lightformer.data.raw.corpora import (
     split_bucket,
     split_of,
 )
+from lightformer.tokenization.text import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 needs_ding = pytest.mark.skipif(
     not Path(DING_FILE).is_file(), reason=f"the Ding dictionary {DING_FILE} is absent (apt-get install trans-de-en)"

@@ -6,12 +6,12 @@ import pytest
 import torch
 from torchmetrics.functional.text import char_error_rate
 
-from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.generation import beam_search
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.models.vision_text import VisionEncoderDecoder, VisionEncoderDecoderConfig
 from lightformer.nn import record_attention
 from lightformer.tasks import ImageToTextTask
+from lightformer.tokenization.text import Tokenizer
 
 VOCAB = 20
 ENCODER = dict(image_size=(16, 48), in_channels=1, patch_size=(16, 4), d_model=32, n_heads=2, n_layers=2)
@@ -128,9 +128,9 @@ def digit_line(text: str, width: int = 32) -> torch.Tensor:
 
 
 def digit_task(**options):
-    from lightformer.data.preparation.tokenizers import Tokenizer
     from lightformer.facts import DataFacts
     from lightformer.tasks.image_text import ImageToTextTask
+    from lightformer.tokenization.text import Tokenizer
 
     tokenizer = Tokenizer.train_char(["0123456789"])
     facts = DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,

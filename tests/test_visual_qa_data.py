@@ -22,7 +22,7 @@ from lightformer.data.modules.visual_qa import QUESTIONS, VisualQASource
 from lightformer.data.objectives.chat import IGNORE, ChatTemplate
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
 from lightformer.data.raw import openclipart
-from lightformer.data.raw.rendering import discover_fonts
+from lightformer.data.raw.rendering import missing_typefaces
 from lightformer.errors import DataError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ PICKED = [SHEEP, "animals/crawfish1_ganson", "animals/crawfish1_bw_ganson", "foo
 
 @pytest.fixture(scope="module")
 def qa(tmp_path_factory) -> VisualQADataModule:
-    if not (ROOT / "svg").is_dir() or not (ROOT / "png").is_dir() or not discover_fonts():
+    if not (ROOT / "svg").is_dir() or not (ROOT / "png").is_dir() or missing_typefaces():
         pytest.skip("apt-get install openclipart-png openclipart-svg, and fonts")
     root = tmp_path_factory.mktemp("qa")
     for name in PICKED:

@@ -142,7 +142,12 @@ def test_data_whose_text_and_image_outgrow_the_positions_is_refused_naming_the_b
                       canvases={"resize": [16, 16], "line": [16, 64]})  # fmt: skip
     net = dict(image=dict(patch_size=4, **TINY), text=dict(block_size=64, **TINY))
     task = VisionLanguageTask(net=net, data_facts=facts)
-    with pytest.raises(ConfigError, match=r"its line images \(16 × 64 pixels\) 16 image tokens.*block_size >= 75"):
+    message = (
+        r"^model.net.text.block_size=64 is shorter than the data's texts: the data has texts of up to 75 positions "
+        r"\(60 tokens and 16 image tokens of its line images of 16 × 64 pixels, the image placeholder counted once\)"
+        r".*; set model.net.text.block_size >= 75 or give the data shorter texts$"
+    )
+    with pytest.raises(ConfigError, match=message):
         task.check_data(facts, "fit")
     shuffled = VisionLanguageTask(net=net | {"pixel_shuffle": 4}, data_facts=facts)  # 1 + 4 tokens: it fits
     shuffled.check_data(facts, "fit")
@@ -181,9 +186,9 @@ def test_the_ctc_loss_is_ctcs_per_character_over_the_rows_that_show_a_text():
 
 
 def test_the_answers_attention_is_laid_out_on_the_grid_of_any_patch_shape():
-    from lightformer.data.preparation.tokenizers import Tokenizer
     from lightformer.facts import DataFacts
     from lightformer.tasks.vision_language import VisionLanguageTask
+    from lightformer.tokenization.text import Tokenizer
 
     tokenizer = Tokenizer.train_char(["Q: What does it say?\nA: a line"])
     facts = DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,

@@ -8,9 +8,9 @@ import warnings
 
 __version__ = "0.1.0"
 
-# The modules that left the package root for a sub-package (commit after b1bd12e), by their old names: a config or a
-# script written before (``class_path: lightformer.callbacks.ModelCheckpoint``) still imports them, with a warning
-# that gives the new name.
+# The modules that moved (out of the package root after b1bd12e; the tokenizers out of data/ after 42e7f06), by
+# their old names: a config or a script written before (``class_path: lightformer.callbacks.ModelCheckpoint``) still
+# imports them, with a warning that gives the new name.
 MOVED_MODULES = {
     "lightformer.callbacks": "lightformer.training.callbacks",
     "lightformer.distributed": "lightformer.training.distributed",
@@ -26,6 +26,9 @@ MOVED_MODULES = {
     "lightformer.config_checks": "lightformer.cli.checks",
     "lightformer.runs": "lightformer.cli.runs",
     "lightformer.commands": "lightformer.cli.commands",
+    # the tokenizers left data/ for a package of their own, below data/, io/ and facts.py (after 42e7f06)
+    "lightformer.data.preparation.tokenizers": "lightformer.tokenization.text",
+    "lightformer.data.objectives.pixels": "lightformer.tokenization.pixels",
 }
 
 

@@ -92,7 +92,7 @@ class DataFacts:
     def differences(self, data: DataFacts) -> list[str]:
         """What ``data``'s facts say otherwise than these (a model's): one line per fact, empty when they agree.
         Tokenizers agree when they map the same tokens to the same ids, whatever their JSON's formatting."""
-        from lightformer.data.preparation.tokenizers import Tokenizer
+        from lightformer.tokenization.text import Tokenizer
 
         found = []
         for item in dataclasses.fields(self):

@@ -193,9 +193,10 @@ def check_checkpoint_files(subcommand: str, config) -> None:
 
 
 def check_lengths_before_data(config) -> None:
-    """The task's check of the data's sequence lengths against ``model.net.max_len`` from the config alone, before
-    the data is prepared: ``check_lengths_before_data`` of the task class, where it has one, given the facts that the
-    data module's options decide (``DataModule.facts_from_config``)."""
+    """The check of the data's longest sequence against the model's position table (the task's ``position_table``)
+    from the config alone, before the data is prepared: ``check_lengths_before_data`` of the task class (every
+    ``Task``'s, ``DataContract``), given the facts that the data module's options decide
+    (``DataModule.facts_from_config``)."""
     model, data = config.get("model"), config.get("data")
     if not model or not model.get("class_path") or not model.get("init_args") or not data or not data.get("class_path"):
         return
@@ -304,10 +305,17 @@ def net_fields_given(given: Namespace) -> set[str]:
     return set(_leaves(net.as_dict())) if isinstance(net, Namespace) else set()
 
 
+# The fields of a model's shape that change what its weights compute without changing their shapes: given otherwise
+# than a start's checkpoint, its weights would load without a word into another function (post-norm weights into a
+# pre-norm model, learned positions' layers under rotary ones).
+KIND_FIELDS = ("position", "norm", "norm_first", "activation")
+
+
 def take_shape_from_init_checkpoint(model: Namespace, given: set[str]) -> None:
     """A new run that starts from a lightformer checkpoint (``model.init.checkpoint``) builds its model in that
     checkpoint's shape: each field of ``model.net`` that the command line does not give (``given``), and that the
-    data does not fill, takes the checkpoint model's value, so that a fine-tuning config does not retype it."""
+    data does not fill, takes the checkpoint model's value, so that a fine-tuning config does not retype it; a field
+    of ``KIND_FIELDS`` given otherwise than the checkpoint's is refused by name."""
     init = model.init_args.get("init") if model.get("init_args") else None
     path = init.get("checkpoint") if init else None
     task_class = class_of(model.class_path)
@@ -327,6 +335,13 @@ def take_shape_from_init_checkpoint(model: Namespace, given: set[str]) -> None:
     taken = []
     for name, value in _leaves(saved).items():  # dotted paths into a nested config: "encoder.n_layers"
         given_here = any(name == g or name.startswith(f"{g}.") or g.startswith(f"{name}.") for g in given)
+        if given_here and name.rpartition(".")[2] in KIND_FIELDS and name in net and net[name] != value:
+            raise ConfigError(
+                f"model.net.{name}={net[name]!r} is given, but model.init.checkpoint {path} was trained with "
+                f"{name}={value!r}: its weights would compute another function in this model. Remove "
+                f"model.net.{name} from the config and the command line (the checkpoint's is taken), or set it to "
+                f"{value!r}"
+            )
         if name in net and not given_here and name not in task_class.net_from_data and net[name] != value:
             net[name] = value
             taken.append(f"{name}={value}")

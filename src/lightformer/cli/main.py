@@ -208,6 +208,21 @@ class LightformerCLI(LightningCLI):
                 "them: --model.init.checkpoint=<the checkpoint> instead of --ckpt_path"
             )
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        """LightningCLI's (``before_<command>``, the trainer's command, ``after_<command>``), and a fit refused (a
+        ``ConfigError`` or ``CheckpointError``: at set-up, or after a fit with no training batch) before its first
+        step leaves no run folder it made behind (``RunFolderLock.remove_if_unused``): the next run takes its
+        version. An override of Lightning 2.6's private method: should Lightning rename it,
+        ``test_a_fit_refused_at_setup_leaves_no_run_folder_behind`` (``tests/test_bad_inputs.py``) fails."""
+        try:
+            super()._run_subcommand(subcommand)
+        except (ConfigError, CheckpointError):
+            if subcommand == "fit" and self.trainer.global_step == 0:
+                for callback in self.trainer.callbacks:
+                    if isinstance(callback, RunFolderLock):
+                        callback.remove_if_unused()
+            raise
+
     def before_fit(self) -> None:
         """Hold the run folder before the data is prepared (``RunFolderLock``). Rank 0 alone resolves the folder
         here, before the processes of a DDP run are connected; the others learn it by broadcast at set-up."""

@@ -5,6 +5,7 @@ the TensorBoard run it belongs to: a resumed fit goes on in the run it resumes, 
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -41,18 +42,26 @@ class RunFolderLock(Callback):
     and process id), taken by rank 0 and removed when the fit ends, also by an exception; one left by a killed
     process does not block the next run. The command line takes it before the fit starts (``before_fit``: before the
     data is prepared and anything is written there); a fit started otherwise takes it at set-up. Only ``fit`` takes
-    it: ``test`` writes its results into the tested run's folder, and ``validate`` beside it."""
+    it: ``test`` writes its results into the tested run's folder, and ``validate`` beside it.
+
+    A fit refused before its first step (``remove_if_unused``) leaves no folder that it made itself behind, so that the
+    next run does not become ``version_1``."""
 
     FILE = "run.lock"
+    # What a fit writes into its run folder as it starts, before its first step: nothing a user needs of a refused one.
+    STARTING_FILES = frozenset({FILE, "config.yaml", "hparams.yaml", "tokenizer.json", "src_tokenizer.json",
+                                "tgt_tokenizer.json"})  # fmt: skip
 
     def __init__(self) -> None:
         self.held: Path | None = None
+        self.made: Path | None = None  # the run folder, where this fit made it (it did not exist before)
 
     def take(self, log_dir: str | None) -> None:
         """Hold ``log_dir`` (this process must be rank 0), or raise ``ConfigError`` naming the live run holding it."""
         if self.held is not None or not log_dir:
             return
         path = Path(log_dir) / self.FILE
+        made = not path.parent.exists()
         path.parent.mkdir(parents=True, exist_ok=True)
         holder = take_lock(path)
         if holder is not None:
@@ -62,7 +71,7 @@ class RunFolderLock(Callback):
                 "give this run a folder of its own (another --trainer.logger.init_args.version, or none for the next "
                 f"free one), or wait for that run to end (if it ended without removing {path}, remove it)"
             )
-        self.held = path
+        self.held, self.made = path, path.parent if made else None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit" and trainer.logger is not None:
@@ -80,6 +89,21 @@ class RunFolderLock(Callback):
         if self.held is not None:
             release_lock(self.held)
             self.held = None
+
+    def remove_if_unused(self) -> bool:
+        """Remove the run folder when this fit made it and it holds nothing but what a fit writes as it starts
+        (``STARTING_FILES``, TensorBoard's event files, empty folders): for a fit refused before its first step (the
+        caller knows). Never a folder that was there before, nor one holding a checkpoint or any other file."""
+        folder, self.made = self.made, None
+        if folder is None or not folder.is_dir():
+            return False
+        for path in folder.rglob("*"):
+            starting = path.name in self.STARTING_FILES or path.name.startswith("events.out.tfevents.")
+            if path.is_symlink() or not (path.is_dir() or starting):
+                return False
+        self.release()
+        shutil.rmtree(folder, ignore_errors=True)
+        return True
 
 
 def no_training_batch(trainer: L.Trainer) -> str:

@@ -11,7 +11,7 @@ from lightformer.data.modules.pretraining import MaskedLMDataModule, SpanCorrupt
 from lightformer.data.modules.text import TextDataModule
 from lightformer.data.modules.translation import TranslationDataModule
 from lightformer.data.modules.visual_qa import VisualQADataModule
-from lightformer.data.preparation.tokenizers import Tokenizer
+from lightformer.tokenization import Tokenizer
 
 __all__ = [
     "ClipArtDataModule",

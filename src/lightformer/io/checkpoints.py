@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from lightformer.errors import CheckpointError, ConfigError
 from lightformer.facts import DataFacts
 from lightformer.io.files import atomic_open
 from lightformer.nn.checks import check_at_least
+from lightformer.tokenization.text import Tokenizer
+from lightformer.tokenization.vocabulary import TOKENIZER_FILES, Vocabulary, folder_vocabulary
 
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "callbacks", "loops")
 
@@ -152,6 +155,14 @@ class InitConfig:
     modules: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name, empty in (("freeze", ()), ("skip", ()), ("modules", {})):
+            if getattr(self, name) is None:  # null (``--model.init.modules null``): none, as [] or {} says
+                object.__setattr__(self, name, empty)
+        if not isinstance(self.strict, bool):
+            raise ValueError(f"strict={self.strict}: give true (refuse a start that leaves tensors fresh) or false")
+        if self.pretrained_lr_scale is None:
+            raise ValueError("pretrained_lr_scale=None: give a number, at least 0 (1.0: the loaded weights learn at "
+                             "the rate of the new ones)")  # fmt: skip
         check_at_least("pretrained_lr_scale", self.pretrained_lr_scale, 0.0)
         for path, file in self.modules.items():
             if not path or path.startswith(".") or path.endswith(".") or not file:
@@ -336,7 +347,7 @@ def facts_of_checkpoint(checkpoint: dict[str, Any]) -> DataFacts | None:
             facts[f"{side}_tokenizer"] = checkpoint[f"{side}_tokenizer"]
             facts[f"{side}_vocab_size"] = _vocab_size(checkpoint[f"{side}_tokenizer"])
     if isinstance(checkpoint.get("pixel_tokenizer"), dict):
-        from lightformer.data.objectives.pixels import PixelTokenizer
+        from lightformer.tokenization.pixels import PixelTokenizer
 
         facts["palette"] = checkpoint["pixel_tokenizer"]
         facts["vocab_size"] = PixelTokenizer.from_dict(checkpoint["pixel_tokenizer"]).vocab_size
@@ -357,23 +368,13 @@ def facts_of_checkpoint(checkpoint: dict[str, Any]) -> DataFacts | None:
 
 
 def _vocab_size(tokenizer_json: str) -> int:
-    from lightformer.data.preparation.tokenizers import Tokenizer
-
     return Tokenizer.from_str(tokenizer_json, source="the checkpoint's tokenizer").vocab_size
 
 
-def checkpoint_tokenizer(path: str, option: str = "model.init.checkpoint"):
-    """The tokenizer (a ``Tokenizer``) a run's checkpoint (``.ckpt``: its facts) or a lightformer export
-    (``.safetensors``: the hyperparameters in its metadata, or an older export's "lightformer.tokenizer") carries, or
-    None (no tokenizer there: Hugging Face weights, an image model)."""
-    from lightformer.data.preparation.tokenizers import Tokenizer
-
-    if Path(path).is_dir():  # a Hugging Face model folder (``export --layout hf``): its tokenizer.json, if ours
-        file = Path(path) / "tokenizer.json"
-        try:
-            return Tokenizer.from_file(file) if file.is_file() else None
-        except ValueError:  # another vocabulary layout (GPT-2's, BERT's WordPiece): nothing lightformer encodes with
-            return None
+def checkpoint_tokenizer(path: str, option: str = "model.init.checkpoint") -> Tokenizer | None:
+    """The lightformer tokenizer a run's checkpoint (``.ckpt``: its facts) or a lightformer export (``.safetensors``:
+    the hyperparameters in its metadata, or an older export's "lightformer.tokenizer") carries; None: it carries
+    none (Hugging Face or timm weights, an image model)."""
     if path.endswith(".safetensors"):
         from safetensors import safe_open
 
@@ -387,22 +388,59 @@ def checkpoint_tokenizer(path: str, option: str = "model.init.checkpoint"):
     return Tokenizer.from_str(stored, source=f"the tokenizer of {path}") if isinstance(stored, str) else None
 
 
+def start_vocabulary(path: str, option: str = "model.init.checkpoint") -> tuple[Vocabulary | None, Path | None]:
+    """The vocabulary a start's weights were trained with, whatever made it, and the lightformer tokenizer file that
+    encodes data with it (None where there is none): a run's checkpoint or export (its tokenizer; the run's
+    ``tokenizer.json`` beside its ``checkpoints/``), or a Hugging Face folder's tokenizer files of any kind (its
+    ``tokenizer.json`` where it is lightformer's, as our exports write it). (None, None): no tokenizer there."""
+    folder = Path(path)
+    if folder.is_dir():
+        file = folder / "tokenizer.json"
+        try:
+            return Tokenizer.from_file(file).vocabulary(), file
+        except (FileNotFoundError, ValueError):  # none, or another library's: read as it is below
+            pass
+        try:
+            return folder_vocabulary(folder), None
+        except ValueError as error:
+            raise CheckpointError(f"{option} {path}: {error}") from None
+    saved = checkpoint_tokenizer(path, option)
+    run_file = folder.parent.parent / "tokenizer.json"  # beside a run's checkpoints/ folder
+    in_a_run = folder.parent.name == "checkpoints" and run_file.is_file()
+    return (saved.vocabulary() if saved else None), (run_file if in_a_run else None)
+
+
 def check_start_tokenizer(path: str, option: str, data_tokenizer: str) -> None:
-    """Refuse to start from the checkpoint ``path`` (the one ``option`` names) on data encoded with another tokenizer
-    (JSON) than the one it was trained with: the data's ids would stand for other tokens in its weights."""
+    """Refuse to start from the checkpoint or folder ``path`` (the one ``option`` names) on data encoded with another
+    tokenizer (JSON) than the one its weights were trained with, whatever that tokenizer's kind: the data's ids would
+    stand for other tokens in its weights. A Hugging Face folder with no tokenizer file is started with a warning
+    (nothing to compare)."""
     if "://" in path:  # a remote checkpoint: not read twice
         return
-    from lightformer.data.preparation.tokenizers import Tokenizer
-
-    saved = checkpoint_tokenizer(path, option)
-    difference = saved.difference(Tokenizer.from_str(data_tokenizer, source="the data's tokenizer")) if saved else None
+    saved, tokenizer_file = start_vocabulary(path, option)
+    data = Tokenizer.from_str(data_tokenizer, source="the data's tokenizer").vocabulary()
+    if saved is None:
+        if Path(path).is_dir():
+            rank_zero_warn(
+                f"{option} {path} holds no tokenizer ({', '.join(TOKENIZER_FILES)}): lightformer cannot check that "
+                "its token weights were trained on the ids of the data's tokenizer"
+            )
+        return
+    difference = saved.difference(data)
     if difference is None:
         return
-    run_file = Path(path).parent.parent / "tokenizer.json"  # beside a run's checkpoints/ folder
-    in_a_run = Path(path).parent.name == "checkpoints" and run_file.is_file()
-    suggested = run_file if in_a_run else "<that run's tokenizer.json>"
+    if tokenizer_file is not None or not Path(path).is_dir():
+        remedy = (
+            "encode the data with that tokenizer: "
+            f"data.init_args.tokenizer.file={tokenizer_file or '<that run’s tokenizer.json>'}"
+        )
+    else:
+        remedy = (
+            "lightformer's data is encoded with lightformer's own tokenizers (char, bpe) only, so this folder's "
+            "token weights cannot start a model on it: start from a lightformer run, export or Hugging Face export "
+            "whose tokenizer is the data's"
+        )
     raise CheckpointError(
         f"{option} {path} was trained with another tokenizer than the data's (checkpoint vs data: {difference}), so "
-        f"the ids of this data would stand for other tokens in the loaded weights; encode the data with that run's "
-        f"tokenizer: data.init_args.tokenizer.file={suggested}"
+        f"the ids of this data would stand for other tokens in the loaded weights; {remedy}"
     )

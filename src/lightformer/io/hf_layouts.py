@@ -111,7 +111,7 @@ def fast_tokenizer(tokenizer: Any, frame: Callable[[Any, Any], dict[str, Any]] |
     from tokenizers import Tokenizer as RawTokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from lightformer.data.preparation.tokenizers import BOS, EOS, PAD, UNK
+    from lightformer.tokenization.text import BOS, EOS, PAD, UNK
 
     raw = RawTokenizer.from_str(tokenizer.to_str())
     roles = dict(bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK)

@@ -31,7 +31,6 @@ from torchmetrics import Metric
 
 from lightformer.config_groups import as_config
 from lightformer.data.modules.base import DataModule
-from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.io.checkpoints import InitConfig
@@ -48,6 +47,7 @@ from lightformer.tasks.optim import (
     warn_if_schedule_kept,
 )
 from lightformer.tasks.warm_start import WarmStart
+from lightformer.tokenization.text import Tokenizer
 from lightformer.training.distributed import layer_stacks, set_gathered, shard_model
 from lightformer.training.flops import FlopCounter
 from lightformer.training.internals import attached_trainer, hand_over_loader_states, should_update_logs

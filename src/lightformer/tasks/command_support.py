@@ -1,9 +1,11 @@
 """What the commands that take a checkpoint alone need, the tasks' own (``generate``, ``translate``, ``read``, ...)
 and ``lightformer.cli.commands``' alike: the checkpoint's task rebuilt for the command on a device this machine has
 (``load_task``: another task's checkpoint refused, naming the command that takes it), their options' checks
-(``paths_of``, ``require``, ``check_sampling_options``, ``utf8_text``, ``read_stdin``) and the one rule of the commands
-that take many images (``unreadable_images``). It imports none of the tasks' modules (only their base class, for
-types), so each of them can import it.
+(``paths_of``, ``require``, ``check_sampling_options``, ``utf8_text``, ``read_stdin``), their warnings (``warn``: one
+line on standard error), the one rule of the commands over texts (``check_texts``: characters outside the vocabulary
+named, a text longer than the model's positions refused or cut with a warning) and the one rule of the commands that
+take many images (``unreadable_images``). It imports none of the tasks' modules (only their base class, for types),
+so each of them can import it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from lightformer.registry import built_in, spec_of
 
 if TYPE_CHECKING:
     from lightformer.tasks.base import Task
+    from lightformer.tokenization.text import Tokenizer
+
+SHOWN = 10  # the texts a warning names one by one; the others are counted
 
 
 def task_class_of(checkpoint: dict) -> type[Task] | None:
@@ -107,6 +112,65 @@ def read_stdin(option: str = "standard input") -> str:
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as error:
         raise ConfigError(str(not_utf8(option, data, error, line=data.count(b"\n", 0, error.start) + 1))) from None
+
+
+def warn(message: str) -> None:
+    """A command's warning: one line on standard error, after "warning: "; the command goes on."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def quote(text: str, most: int = 40) -> str:
+    """``text`` quoted for a message, cut to its first ``most`` characters ("…" after them)."""
+    return repr(text) if len(text) <= most else repr(text[:most]) + "…"
+
+
+def check_texts(
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    what: str,
+    names: Sequence[str],
+    positions: Sequence[int],
+    limit: int,
+    field: str,
+    cut: str | None = None,
+    counted: str = "",
+) -> None:
+    """The one rule of the commands over texts (``generate``, ``ask``, ``translate``, ``fill-mask``, ``zero-shot``,
+    ``embed``), before the model reads them:
+
+    - the characters of ``texts`` that the model's tokenizer lacks (they become <unk>) are named in one warning, "the
+      prompt's characters '∑', 'é' are not in the model's vocabulary ..." (``what``: "the prompt's");
+    - a text whose ``positions`` (each text's, named by ``names``; ``counted`` says what they count beside its own
+      tokens, " with [CLS] and [SEP]") exceed the model's ``limit`` (set by the config's ``field``) is refused with
+      ``cut=None``: ``ConfigError`` naming it, the limit and how much shorter it must be; else it is named in a warning
+      saying what the command keeps, its start (``cut="end"``: its end is cut) or its end (``cut="start"``). Never an
+      empty answer for it with nothing said.
+    """
+    if cut not in (None, "end", "start"):
+        raise ValueError(f"cut={cut!r}: give None (refuse), 'end' or 'start'")
+    unknown = list(dict.fromkeys(c for text in texts for c in tokenizer.unknown_characters(text)))
+    if unknown:
+        many = len(unknown) > 1
+        warn(
+            f"{what} character{'s' * many} {', '.join(map(repr, unknown))} {'are' if many else 'is'} not in the "
+            "model's vocabulary (it never saw them in training): they become <unk>"
+        )
+    long = [(name, n) for name, n in zip(names, positions, strict=True) if n > limit]
+    if not long:
+        return
+    unit = "characters" if tokenizer.kind == "char" else "tokens"
+    if cut is None:
+        name, n = long[0]
+        more = f" (and {len(long) - 1} more)" if len(long) > 1 else ""
+        raise ConfigError(
+            f"{name} has {n} tokens{counted}; the model reads at most {limit} ({field}): shorten it by at least "
+            f"{n - limit} {unit}{more}"
+        )
+    kept = "its end is cut" if cut == "end" else f"its start is cut: the model reads its last {limit}"
+    for name, n in long[:SHOWN]:
+        warn(f"{name} has {n} tokens{counted}; the model reads at most {limit} ({field}), so {kept}")
+    if len(long) > SHOWN:
+        warn(f"{len(long) - SHOWN} more texts have more than {limit} tokens{counted}: each is cut likewise")
 
 
 def unreadable_images(paths: Sequence[str], answers: Sequence[object], command: str) -> None:

@@ -1,5 +1,5 @@
 """A config's values before anything is built: the command line's checks before any data is prepared read the task's
-arguments from the config itself (``class_of``, ``net_config_values``, ``config_defaults``)."""
+arguments from the config itself (``class_of``, ``net_value``, ``config_defaults``)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,18 @@ def class_of(class_path: str) -> type | None:
     return found if isinstance(found, type) else None
 
 
-def net_config_values(net: Mapping | None, config_class: type) -> dict[str, Any]:
-    """``model.net`` as given in a config, the defaults of ``config_class`` (a dataclass) filled in."""
-    defaults = {field.name: field.default for field in dataclasses.fields(config_class)}
-    given = dataclasses.asdict(net) if dataclasses.is_dataclass(net) else dict(net or {})
-    return {**defaults, **given}
+def net_value(net: Any, config_class: type, path: str) -> Any:
+    """The field ``path`` of ``model.net`` (dotted: a tower's, "text.block_size") as a config gives it (a dict, a
+    dataclass or a jsonargparse ``Namespace``, whose keys are dotted), else the default of ``config_class``."""
+    return _value_at(net, config_defaults(config_class), path)
+
+
+def _value_at(given: Any, defaults: Mapping[str, Any], path: str) -> Any:
+    values = dataclasses.asdict(given) if dataclasses.is_dataclass(given) else dict(given or {})
+    if path in values:
+        return values[path]
+    head, _, rest = path.partition(".")
+    return _value_at(values.get(head), defaults[head], rest) if rest else defaults[head]
 
 
 def config_defaults(config_class: type) -> dict[str, Any]:

@@ -27,22 +27,25 @@ from torchmetrics import MeanMetric
 
 from lightformer.data.modules.captioned_images import ClipArtDataModule, EmojiDataModule
 from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
-from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw import openclipart
 from lightformer.data.raw.image_files import fit_image, load_image, to_normalised_tensor
 from lightformer.errors import ConfigError
-from lightformer.facts import DataFacts
 from lightformer.io.layouts import clip
 from lightformer.models.contrastive import ContrastiveConfig, ContrastiveModel
 from lightformer.registry import register
 from lightformer.tasks.base import Task
 from lightformer.tasks.command_support import (
+    check_texts,
     load_task,
     paths_of,
+    quote,
     require,
     unreadable_images,
     utf8_text,
+    warn,
 )
+from lightformer.tasks.data_contract import PositionTable
+from lightformer.tokenization.text import Tokenizer
 from lightformer.training.callbacks import raise_if_non_finite
 from lightformer.training.tensorboard import (
     logging_step,
@@ -148,6 +151,7 @@ class ContrastiveTask(Task):
         "text.vocab_size": "vocab_size",
         "pad_id": "pad_id",
     }
+    position_table = PositionTable("text.block_size", "captions", counted="BOS and EOS included")
     items_name = "images"
     variable_shapes = True  # captions padded to the batch's longest
     hparam_metrics = (
@@ -179,16 +183,6 @@ class ContrastiveTask(Task):
     @property
     def tokenizer(self) -> Tokenizer | None:
         return self.fact_tokenizer("tokenizer")
-
-    def check_data(self, facts: DataFacts, stage: str) -> None:
-        super().check_data(facts, stage)
-        longest, block = facts.max_length, self.model.config.text.block_size
-        if longest is not None and longest > block:
-            raise ConfigError(
-                f"the data's longest caption has {longest} tokens (BOS and EOS included) but "
-                f"model.net.text.block_size={block}, the length of the text tower's position table, which must hold "
-                f"them; set model.net.text.block_size >= {longest} or give the data shorter captions"
-            )
 
     # --- training ------------------------------------------------------------------------------------------
 
@@ -241,6 +235,11 @@ class ContrastiveTask(Task):
                 tgt[i, : len(row)] = torch.tensor(row)
             found.append(self.model.encode_text(tgt.to(self.device)).float())
         return torch.cat(found) if found else torch.zeros(0, self.model.config.embed_dim, device=self.device)
+
+    def text_positions(self, texts: Sequence[str]) -> list[int]:
+        """The positions each text takes in the text tower, BOS and EOS counted (``encode_texts`` keeps the first
+        ``text.block_size``, EOS last)."""
+        return [len(ids) for ids in self.tokenizer.encode_batch(list(texts), add_bos=True, add_eos=True)]
 
     @torch.no_grad()
     def class_embeddings(self, names: Sequence[str], templates: Sequence[str] | None = None) -> Tensor:
@@ -401,7 +400,7 @@ class ContrastiveTask(Task):
         size = config.image_size
         height, width = (size, size) if isinstance(size, int) else size
         if facts.image_fit == "drawing":  # on white, cropped to its ink, centred: as the clip art and emoji data
-            image = openclipart.drawing_image(path, height)
+            image = openclipart.drawing_image(path, height, trusted_pixels=None)  # a user's file
         else:
             image = fit_image(load_image(path, config.in_channels), height, width, facts.image_fit or "resize")
         return to_normalised_tensor(facts.normalize_mean, facts.normalize_std)(image)
@@ -448,12 +447,16 @@ def read_labels(labels: str) -> list[str]:
         names = [line.strip() for line in text.splitlines()]
     else:
         names = [name.strip() for name in utf8_text(labels, "--labels").split(",")]
-    names = [name for name in names if name]
+    given = [name for name in names if name]
+    names = list(dict.fromkeys(given))  # each label once: copies would split its probability and take --top places
+    repeated = [f"{name!r} ({given.count(name)} times)" for name in names if given.count(name) > 1]
     require(
         len(names) >= 2,
-        f"--labels={labels!r} gives {len(names)} label(s): give at least two, separated by commas "
-        "('cat,dog,bird'), or a file of one label a line",
+        f"--labels={labels!r} gives {len(names)} label(s){' once repeats are left out' * bool(repeated)}: give at "
+        "least two, separated by commas ('cat,dog,bird'), or a file of one label a line",
     )
+    if repeated:
+        warn(f"--labels gives {', '.join(repeated)}: each label is kept once (a copy would split its probability)")
     return names
 
 
@@ -473,7 +476,8 @@ def zero_shot(
 
     Print one line per image, in the order given: its ``top`` likeliest labels and their probabilities (the softmax
     over the labels of the scaled similarities; for a sigmoid model, each label's own sigmoid), with a contrastive
-    checkpoint alone. Each label is said to the text tower in every prompt template (averaged, as CLIP does).
+    checkpoint alone. Each label is said to the text tower in every prompt template (averaged, as CLIP does); a label
+    given twice is kept once (with a warning).
     A file that is not a readable image prints an empty line (and its reason on standard error), and the others
     are classified all the same; when no image could be read, the command fails (exit status 1).
 
@@ -499,6 +503,11 @@ def zero_shot(
     names = read_labels(str(labels))
     task = load_task(ckpt_path, ContrastiveTask, "zero-shot", device)
     task.eval()
+    said = [(name, template.replace("{}", name)) for name in names for template in templates or task.templates]
+    check_texts(task.tokenizer, [text for _, text in said], "the prompts'",
+                [f"--labels: the prompt {quote(text)} of {quote(name)}" for name, text in said],
+                task.text_positions([text for _, text in said]), task.model.config.text.block_size,
+                "model.net.text.block_size", cut="end", counted=" with BOS and EOS")  # fmt: skip
     paths = paths_of(images, "--images", "image file", ".png")
     classes = task.class_embeddings(names, templates)
     held: list[tuple[str, Tensor | Exception]] = []  # the unreadable images before the first one read
@@ -568,6 +577,10 @@ def embed(
     task = load_task(ckpt_path, ContrastiveTask, "embed", device)
     task.eval()
     if texts is not None:
+        lines = [f"line {number} of --texts {path}" for number in range(1, len(names) + 1)]
+        check_texts(task.tokenizer, names, "the texts'", lines, task.text_positions(names),
+                    task.model.config.text.block_size, "model.net.text.block_size", cut="end",
+                    counted=" with BOS and EOS")  # fmt: skip
         kind, rows = "texts", task.encode_texts(names, batch_size).cpu()
     else:
         kind, paths = "images", paths_of(images, "--images", "image file", ".png")

@@ -1,7 +1,9 @@
 """The contract between the data and the model, as a task keeps it: the model's config filled from the data's facts
 (``net_config``, ``sizes_from_data``), the one check of the data module's facts against the task's at set-up
-(``take_data_facts``, ``check_data``) and against a checkpoint's (``take_checkpoint_facts``), and the facts read
-once for the task (``fact``: its tokenizers, classes, palette).
+(``take_data_facts``, ``check_data``) and against a checkpoint's (``take_checkpoint_facts``), the one check of the
+data's longest sequence against the model's position table (``PositionTable``: from the config alone before the data
+is prepared, ``check_lengths_before_data``, and at set-up, ``check_positions``), and the facts read once for the task
+(``fact``: its tokenizers, classes, palette).
 
 ``DataContract`` is a part of ``lightformer.tasks.Task`` (which sets ``data_facts`` and ``_parsed`` up and calls
 these from its hooks), not a class of its own use.
@@ -12,17 +14,63 @@ from __future__ import annotations
 import operator
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any
 
-from lightformer.data.preparation.tokenizers import Tokenizer
+from lightformer.data.modules.base import ConfigFacts
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.io.checkpoints import check_start_tokenizer, facts_of_checkpoint, under
-from lightformer.tasks.config_values import config_defaults
+from lightformer.tasks.config_values import config_defaults, net_value
+from lightformer.tokenization.text import Tokenizer
 
 # The fields of a model's config that may be larger than the data's (``check_data``).
 CAPACITIES = frozenset({"vocab_size", "src_vocab_size", "tgt_vocab_size", "block_size"})
+
+
+@dataclass(frozen=True)
+class PositionTable:
+    """The model's position table, which must hold the data's longest sequence (``DataFacts.max_length``): what a task
+    declares of it as its ``position_table``, beside its ``net_from_data``; ``DataContract`` checks it.
+
+    Args:
+        net_field: the field of ``model.net`` that sizes it (dotted: a tower's, "text.block_size").
+        sequences: what the data's sequences are called in messages, in the plural ("captions").
+        counted: what their lengths count besides their text's tokens, in words ("BOS and EOS included"; "": none).
+        shorter: once the data is read, the data options' values under which its sequences fit a number of positions
+            (before, the data module's ``ConfigFacts.within`` says it); None: "give the data shorter <sequences>".
+        absent_when: values of ``model.net``'s fields under which the model has no position table to check
+            ({"position": "none"}).
+    """
+
+    net_field: str
+    sequences: str
+    counted: str = ""
+    shorter: Callable[[int], str] | None = None
+    absent_when: Mapping[str, Any] = field(default_factory=dict)
+
+    def absent(self, net: Callable[[str], Any]) -> bool:
+        """Whether the model has no position table (``absent_when``), ``net`` reading a field of its config."""
+        return any(net(name) == value for name, value in self.absent_when.items())
+
+    def check(
+        self, size: int, longest: int, beyond: str = "", options: str | None = None, within: Callable | None = None
+    ) -> None:
+        """ConfigError, in the one message of every task, when sequences of up to ``longest`` positions (``beyond``:
+        the words for what they take besides the data's ``max_length``) outgrow a table of ``size``; ``options``,
+        ``within``: the data options that make that length and their values that would fit (``ConfigFacts``), when
+        the config alone is checked."""
+        if longest <= size:
+            return
+        source = f"{options} makes" if options is not None else "the data has"
+        shorter = within or self.shorter
+        fix = shorter(size) if shorter is not None else f"give the data shorter {self.sequences}"
+        counted = f" ({self.counted})" if self.counted else ""
+        raise ConfigError(
+            f"model.net.{self.net_field}={size} is shorter than the data's {self.sequences}: {source} {self.sequences} "
+            f"of up to {longest} positions{beyond}{counted}, and the model's position table must hold them; set "
+            f"model.net.{self.net_field} >= {longest} or {fix}"
+        )
 
 
 class DataContract:
@@ -34,12 +82,20 @@ class DataContract:
     # The modules whose weights stand for token ids ("" the whole model): a start that loads none of them needs no
     # tokenizer of the data's (a vision-language model's image tower from a contrastive run of another vocabulary).
     token_modules: tuple[str, ...] = ("",)
+    # The position table that must hold the data's longest sequence; None: no such check (the model has none, or the
+    # data fills its size: ``net_from_data``).
+    position_table: PositionTable | None = None
+
+    @classmethod
+    def net_class(cls) -> type:
+        """The config dataclass of the task's model (the type of its ``net`` argument)."""
+        return typing.get_type_hints(cls.__init__)["net"]
 
     def net_config(self, net: Any) -> Any:
         """The model's config: ``net`` (a config dataclass or its dict), its fields in ``net_from_data`` filled from
         ``data_facts``. Such a field set to another value than the data's (in a config, or by an old checkpoint) is
         refused: the data decides it."""
-        config_class = typing.get_type_hints(type(self).__init__)["net"]
+        config_class = self.net_class()
         given = asdict(net) if is_dataclass(net) else dict(net or {})
         defaults = config_defaults(config_class)
         for path, value in self.sizes_from_data(self.data_facts).items():  # a dotted path into a nested config
@@ -93,9 +149,9 @@ class DataContract:
 
     def check_data(self, facts: DataFacts, stage: str) -> None:
         """Refuse data the model cannot hold: its sizes (``net_from_data``) must be the model's, except that the
-        model's vocabularies and context may be larger than the data's; and a new fit's ``model.init`` checkpoints
-        must have been trained with the data's tokenizer, where they carry one. A task adds its own checks (the data's
-        ``max_length`` against the model's position table, a token its loss needs)."""
+        model's vocabularies and context may be larger than the data's; a new fit's ``model.init`` checkpoints
+        must have been trained with the data's tokenizer, where they carry one; and the model's position table must
+        hold the data's longest sequence (``check_positions``). A task adds its own checks (a token its loss needs)."""
         starting = stage == "fit" and self.init_config.sources() and self.trainer.ckpt_path is None
         if starting and facts.tokenizer is not None:
             for path, file, option in self.init_config.sources():
@@ -111,6 +167,38 @@ class DataContract:
                     f"the data gives {name}={value} but the model has model.net.{name}={built}, which must be {need} "
                     "it; use the data settings the model was built for"
                 )
+        self.check_positions(facts)
+
+    def positions_beyond(self, facts: DataFacts) -> list[tuple[int, str]]:
+        """The positions the data's longest sequence takes in the model besides its ``max_length``, each with the
+        words that say what takes them (one entry per kind of example: a vision-language model's image tokens for
+        each kind of image); default: none. It needs the model: before the data is prepared
+        (``check_lengths_before_data``) the data module's ``max_length`` counts every position."""
+        return [(0, "")]
+
+    def check_positions(self, facts: DataFacts) -> None:
+        """Refuse data whose longest sequence (``max_length`` and ``positions_beyond``) outgrows the model's
+        ``position_table``."""
+        table, config = self.position_table, self.model.config
+        if table is None or table.absent(lambda name: operator.attrgetter(name)(config)):
+            return
+        beyond = self.positions_beyond(facts)  # may refuse the data itself (images the model's patches do not tile)
+        for extra, words in beyond if facts.max_length is not None else ():
+            table.check(operator.attrgetter(table.net_field)(config), facts.max_length + extra, words)
+
+    @classmethod
+    def check_lengths_before_data(cls, net: Any, data: ConfigFacts) -> None:
+        """Refuse, from the config alone (``net``: its ``model.net``), before any data is prepared, a position table
+        shorter than the sequences the data module's options make (``DataModule.facts_from_config``);
+        ``check_positions`` checks again at set-up."""
+        table, longest = cls.position_table, data.facts.max_length
+        if table is None or longest is None:
+            return
+        config_class = cls.net_class()
+        value = lambda name: net_value(net, config_class, name)
+        if not table.absent(value):
+            options, within = data.options.get("max_length"), data.within.get("max_length")
+            table.check(value(table.net_field), longest, "", options, within)
 
     def fact(self, name: str, read: Callable[[Any], Any]) -> Any:
         """The fact ``name`` of ``data_facts`` read by ``read`` (a tokenizer from its JSON, a palette from its dict)

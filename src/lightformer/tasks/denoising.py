@@ -7,7 +7,6 @@ Only the evaluation differs: instead of BLEU, the share of dropped spans the mod
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -15,16 +14,13 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lightformer.data.modules.base import ConfigFacts
 from lightformer.data.modules.pretraining import SpanCorruptionDataModule
-from lightformer.data.preparation.tokenizers import Tokenizer, sentinel
-from lightformer.errors import ConfigError
-from lightformer.facts import DataFacts
 from lightformer.models.seq2seq import EncoderDecoderConfig
 from lightformer.nn.checks import check_at_least
 from lightformer.registry import register
-from lightformer.tasks.config_values import net_config_values
+from lightformer.tasks.data_contract import PositionTable
 from lightformer.tasks.translation import Batch, TranslationTask
+from lightformer.tokenization.text import Tokenizer, sentinel
 from lightformer.training.callbacks import raise_if_non_finite
 from lightformer.training.tensorboard import logging_step, markdown_text, tensorboard_writer
 
@@ -55,6 +51,12 @@ class DenoisingTask(TranslationTask):
     """
 
     hparam_metrics = ("val/span_acc", "val/loss", "test/span_acc", "test/loss")
+    position_table = PositionTable(
+        "max_len",
+        "sources or targets",
+        shorter=lambda positions: "lower data.segment_tokens",
+        absent_when={"position": "none"},
+    )
 
     def __init__(
         self,
@@ -82,21 +84,6 @@ class DenoisingTask(TranslationTask):
         self.val_span_acc, self.test_span_acc = MeanMetric(), MeanMetric()
         self._sentinel_ids: dict[int, int] | None = None  # sentinel id → its number, from the tokenizer
         self._sentinel_id_tensor: Tensor | None = None  # their ids, on the model's device
-
-    def check_data(self, facts: DataFacts, stage: str) -> None:
-        if facts.max_length is not None and self.model.config.position != "none":  # before the translator's check
-            check_spans_fit(self.model.max_len, facts.max_length)
-        super().check_data(facts, stage)
-
-    @classmethod
-    def check_lengths_before_data(cls, net: Mapping | None, data: ConfigFacts) -> None:
-        """Refuse, from the config alone (before any data is prepared), a ``model.net.max_len`` shorter than the
-        sources or targets the data module's options make (``DataModule.facts_from_config``). ``setup`` checks any
-        data module with a ``max_length`` again."""
-        net = net_config_values(net, EncoderDecoderConfig)
-        if data.facts.max_length is not None and net["position"] != "none":
-            options, within = data.options.get("max_length"), data.within.get("max_length")
-            check_spans_fit(net["max_len"], data.facts.max_length, options, within)
 
     # --- training: the decoder's loss, and optionally the encoder's at the sentinels ---------------------------
 
@@ -181,23 +168,6 @@ class DenoisingTask(TranslationTask):
         for start, end in zip(starts[:-1], starts[1:], strict=True):
             spans.setdefault(numbers[ids[start]], tuple(ids[start + 1 : end]))
         return spans
-
-
-def check_spans_fit(
-    max_len: int, max_length: int, options: str | None = None, within: Callable[[int], str] | None = None
-) -> None:
-    """ConfigError when the span-corrupted sources or targets (``max_length`` positions) do not fit the model's
-    position table of ``max_len``; ``options``, ``within``: the data options that make that length, and their values
-    that would fit (``ConfigFacts``), when the config alone is checked."""
-    if max_length <= max_len:
-        return
-    given = f"{options} makes" if options is not None else "the data has"
-    fits = within(max_len) if within is not None else "lower data.segment_tokens"
-    raise ConfigError(
-        f"model.net.max_len={max_len} is shorter than the data's sequences: {given} sources or targets of up to "
-        f"{max_length} positions, and the model's position table must hold them; set model.net.max_len >= "
-        f"{max_length} or {fits}"
-    )
 
 
 def sentinel_spans(src: Tensor, tgt: Tensor, sentinel_ids: Tensor, eos_id: int) -> tuple[Tensor, Tensor, Tensor]:

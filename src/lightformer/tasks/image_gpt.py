@@ -24,7 +24,6 @@ import yaml
 from torch import Tensor
 
 from lightformer.data.modules.image_tokens import ImageTokenDataModule
-from lightformer.data.objectives.pixels import PixelTokenizer, downsample
 from lightformer.errors import ConfigError, DataError
 from lightformer.generation import check_sampling, generate
 from lightformer.io.checkpoints import read_checkpoint
@@ -33,6 +32,7 @@ from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.registry import register
 from lightformer.tasks.command_support import check_sampling_options, load_task, paths_of
 from lightformer.tasks.language_model import LanguageModelTask
+from lightformer.tokenization.pixels import PixelTokenizer, downsample
 from lightformer.training.callbacks import raise_if_non_finite
 from lightformer.training.tensorboard import image_grid, logging_step, tensorboard_logger, tensorboard_writer
 

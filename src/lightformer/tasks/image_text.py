@@ -22,10 +22,8 @@ from torchmetrics.text import CharErrorRate, SacreBLEUScore, WordErrorRate
 
 from lightformer.data.modules.image_text import ImageTextDataModule
 from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
-from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw.image_files import fit_image, fit_line, load_image, to_normalised_tensor
 from lightformer.errors import ConfigError, DataError
-from lightformer.facts import DataFacts
 from lightformer.generation import beam_search
 from lightformer.io.files import atomic_open
 from lightformer.models.vision_text import VisionEncoderDecoder, VisionEncoderDecoderConfig
@@ -33,6 +31,8 @@ from lightformer.nn import record_attention
 from lightformer.registry import register
 from lightformer.tasks.base import Task
 from lightformer.tasks.command_support import load_task, paths_of, require, unreadable_images
+from lightformer.tasks.data_contract import PositionTable
+from lightformer.tokenization.text import Tokenizer
 from lightformer.training.callbacks import raise_if_non_finite
 from lightformer.training.tensorboard import (
     attention_figure,
@@ -212,6 +212,7 @@ class ImageToTextTask(Task):
         "encoder.in_channels": "in_channels",
         "decoder.vocab_size": "vocab_size",
     }
+    position_table = PositionTable("decoder.block_size", "lines", counted="BOS and EOS included")
     items_name = "images"
     variable_shapes = True  # texts padded to the batch's longest
     hparam_metrics = ("val/cer", "val/loss", "test/cer", "test/wer", "test/exact")
@@ -255,16 +256,6 @@ class ImageToTextTask(Task):
     @property
     def pad_id(self) -> int:
         return self.data_facts.pad_id
-
-    def check_data(self, facts: DataFacts, stage: str) -> None:
-        super().check_data(facts, stage)
-        longest, max_len = facts.max_length, self.model.block_size
-        if longest is not None and longest > max_len:
-            raise ConfigError(
-                f"the data's longest text has {longest} tokens (BOS and EOS included) but "
-                f"model.net.decoder.block_size={max_len}, the length of the decoder's position table, which must hold "
-                f"them; set model.net.decoder.block_size >= {longest} or give the data shorter lines"
-            )
 
     # --- training and evaluation ---------------------------------------------------------------------------
 

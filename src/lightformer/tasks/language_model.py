@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import torch
@@ -16,7 +15,7 @@ from lightformer.io.layouts import gpt
 from lightformer.models.gpt import GPT, GPTConfig
 from lightformer.registry import register
 from lightformer.tasks.base import TextTask
-from lightformer.tasks.command_support import check_sampling_options, load_task, require, utf8_text
+from lightformer.tasks.command_support import check_sampling_options, check_texts, load_task, require, utf8_text
 from lightformer.training.callbacks import raise_if_non_finite
 from lightformer.training.tensorboard import logging_step, tensorboard_writer
 
@@ -170,13 +169,8 @@ def generate(
     require(num_samples >= 1, f"--num_samples={num_samples} must be at least 1")
     prompt = utf8_text(prompt, "--prompt")
     task = load_task(ckpt_path, LanguageModelTask, "generate", device)
-    unknown = task.tokenizer.unknown_characters(prompt)
-    if unknown:
-        print(
-            f"warning: the prompt's characters {', '.join(map(repr, unknown))} are not in the model's vocabulary "
-            "(it never saw them in training): they become <unk>",
-            file=sys.stderr,
-        )
+    check_texts(task.tokenizer, [prompt], "the prompt's", ["--prompt"], [len(task.tokenizer.encode(prompt))],
+                task.model.config.block_size, "model.net.block_size", cut="start")  # fmt: skip
     texts = task.generate_text(prompt, max_new_tokens, temperature, top_k, top_p, num_samples, seed)
     for i, text in enumerate(texts):
         if i:

@@ -7,7 +7,6 @@ adds the loss, the metrics, TensorBoard samples of the model filling in masked p
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -15,18 +14,17 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lightformer.data.modules.base import ConfigFacts
 from lightformer.data.modules.pretraining import MaskedLMDataModule
 from lightformer.data.objectives.masking import IGNORE_INDEX
-from lightformer.data.preparation.tokenizers import MASK, Tokenizer
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.io.layouts import bert
 from lightformer.models.bert import BertConfig, BertForPreTraining
 from lightformer.registry import register
 from lightformer.tasks.base import TextTask
-from lightformer.tasks.command_support import load_task, utf8_text
-from lightformer.tasks.config_values import net_config_values
+from lightformer.tasks.command_support import check_texts, load_task, utf8_text
+from lightformer.tasks.data_contract import PositionTable
+from lightformer.tokenization.text import MASK, Tokenizer
 from lightformer.training.callbacks import raise_if_non_finite
 from lightformer.training.tensorboard import logging_step, render_masked, tensorboard_writer
 
@@ -56,6 +54,12 @@ class MaskedLanguageModelTask(TextTask):
 
     model_class = BertForPreTraining
     net_from_data = {"vocab_size": "vocab_size", "pad_id": "pad_id"}
+    position_table = PositionTable(
+        "max_len",
+        "examples",
+        counted="two segments with [CLS] and [SEP]",
+        shorter=lambda positions: f"data.segment_tokens <= {positions // 2}",
+    )
 
     def __init__(
         self, net: BertConfig = BertConfig(), nsp_weight: float = 1.0, num_logged_samples: int = 4, **common: Any
@@ -72,8 +76,6 @@ class MaskedLanguageModelTask(TextTask):
 
     def check_data(self, facts: DataFacts, stage: str) -> None:
         super().check_data(facts, stage)
-        if facts.max_length is not None:
-            check_segments_fit(self.model.config.max_len, facts.max_length)
         if facts.tokenizer is not None:  # a ValueError naming it when the data's tokenizer has no mask token
             Tokenizer.from_str(facts.tokenizer, source="the data's tokenizer").token_id(MASK)
 
@@ -135,19 +137,9 @@ class MaskedLanguageModelTask(TextTask):
         RoBERTa's <mask>, a marker takes the space before it: "a [MASK] day" asks for one token after "a", spaces
         included (" fine").
         """
-        if self.tokenizer is None:
-            raise RuntimeError("this model has no tokenizer: train it with a text data module or load a checkpoint")
         if top_k < 1:
             raise ValueError(f"top_k={top_k} must be at least 1")
-        pieces = MASK_MARKERS.split(text)
-        if len(pieces) < 2:
-            raise ValueError(f"the text has no mask marker ('[MASK]' or {MASK!r}) to fill in: {text!r}")
-        mask_id = self.tokenizer.token_id(MASK)
-        ids = [self.tokenizer.bos_id]
-        for piece in pieces[:-1]:
-            ids += [*self.tokenizer.encode(piece.removesuffix(" ")), mask_id]
-        ids += self.tokenizer.encode(pieces[-1])
-        ids.append(self.tokenizer.eos_id)
+        ids, mask_id = self.mask_ids(text), self.tokenizer.token_id(MASK)
         if len(ids) > self.model.config.max_len:
             raise ValueError(
                 f"the text is {len(ids)} tokens long with [CLS] and [SEP]; the model reads at most "
@@ -168,6 +160,19 @@ class MaskedLanguageModelTask(TextTask):
             for row_ids, row_p in zip(top.indices.tolist(), top.values.tolist(), strict=True)
         ]
 
+    def mask_ids(self, text: str) -> list[int]:
+        """The ids the model reads for ``text``: [CLS], its pieces with [MASK] at each marker (which takes the space
+        before it), [SEP]."""
+        if self.tokenizer is None:
+            raise RuntimeError("this model has no tokenizer: train it with a text data module or load a checkpoint")
+        pieces = MASK_MARKERS.split(text)
+        if len(pieces) < 2:
+            raise ValueError(f"the text has no mask marker ('[MASK]' or {MASK!r}) to fill in: {text!r}")
+        ids = [self.tokenizer.bos_id]
+        for piece in pieces[:-1]:
+            ids += [*self.tokenizer.encode(piece.removesuffix(" ")), self.tokenizer.token_id(MASK)]
+        return ids + [*self.tokenizer.encode(pieces[-1]), self.tokenizer.eos_id]
+
     def _log_samples(self) -> None:
         """A table of validation passages: the masked input, and the model's fill-in against the original."""
         writer = tensorboard_writer(self)
@@ -184,33 +189,6 @@ class MaskedLanguageModelTask(TextTask):
             masked, filled = render_masked(self.tokenizer, inputs.tolist(), labels.tolist(), predictions.tolist())
             rows.append(f"| {masked} | {filled} |")
         writer.add_text("val/fill_mask", "\n".join(rows), logging_step(self.trainer))
-
-    @classmethod
-    def check_lengths_before_data(cls, net: Mapping | None, data: ConfigFacts) -> None:
-        """Refuse, from the config alone (before any data is prepared), a ``model.net.max_len`` shorter than the
-        examples the data module's options make (``DataModule.facts_from_config``). ``setup`` checks again."""
-        if data.facts.max_length is not None:
-            max_len = net_config_values(net, BertConfig)["max_len"]
-            check_segments_fit(
-                max_len, data.facts.max_length, data.options.get("max_length"), data.within.get("max_length")
-            )
-
-
-def check_segments_fit(
-    max_len: int, max_length: int, options: str | None = None, within: Callable[[int], str] | None = None
-) -> None:
-    """ConfigError when a masked-LM example of ``max_length`` tokens (two segments, with [CLS] and the [SEP]s) does
-    not fit the model's position table of ``max_len``; ``options``, ``within``: the data options that make that
-    length, and their values that would fit (``ConfigFacts``), when the config alone is checked."""
-    if max_length <= max_len:
-        return
-    given = f"{options} makes" if options is not None else "the data has"
-    fits = within(max_len) if within is not None else f"data.segment_tokens <= {max_len // 2}"
-    raise ConfigError(
-        f"model.net.max_len={max_len} is shorter than the data's examples: {given} examples of up to {max_length} "
-        f"tokens (two segments with [CLS] and [SEP]), and the model's position table must hold them; set "
-        f"model.net.max_len >= {max_length} or {fits}"
-    )
 
 
 class _Metrics(torch.nn.Module):
@@ -273,10 +251,9 @@ def fill_mask(*, ckpt_path: str, text: str, top_k: int = 5, device: str = "cpu")
     if not MASK_MARKERS.search(text):
         raise ConfigError(f"--text={text!r} has no mask marker: put [MASK] (or {MASK}) where a token is to be filled")
     task = load_task(ckpt_path, MaskedLanguageModelTask, "fill-mask", device)
-    try:
-        ranked = task.fill_mask(text, top_k)
-    except ValueError as error:  # a text longer than the model reads
-        raise ConfigError(f"--text: {error}") from None
+    check_texts(task.tokenizer, MASK_MARKERS.split(text), "the text's", ["--text"], [len(task.mask_ids(text))],
+                task.model.config.max_len, "model.net.max_len", counted=" with [CLS] and [SEP]")  # fmt: skip
+    ranked = task.fill_mask(text, top_k)
     best = iter([tokens[0][0] for tokens in ranked])
 
     def bracketed(match: re.Match) -> str:  # the most likely token, in brackets after its leading space

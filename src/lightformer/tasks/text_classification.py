@@ -8,7 +8,6 @@ matrix. The tokenizer and the class names travel inside the checkpoint, so a che
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -17,15 +16,12 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
-from lightformer.data.modules.base import ConfigFacts
 from lightformer.data.modules.classification import TextClassificationDataModule
-from lightformer.errors import ConfigError
-from lightformer.facts import DataFacts
 from lightformer.io.layouts import bert
 from lightformer.models.bert import BertConfig, BertForSequenceClassification
 from lightformer.registry import register
 from lightformer.tasks.base import TextTask
-from lightformer.tasks.config_values import net_config_values
+from lightformer.tasks.data_contract import PositionTable
 from lightformer.training.callbacks import raise_if_non_finite
 
 Batch = dict[str, Tensor | list[str]]
@@ -52,6 +48,12 @@ class TextClassificationTask(TextTask):
 
     model_class = BertForSequenceClassification
     net_from_data = {"vocab_size": "vocab_size", "pad_id": "pad_id", "num_classes": "num_classes"}
+    position_table = PositionTable(
+        "max_len",
+        "texts",
+        counted="[CLS] and [SEP] included",
+        shorter=lambda positions: f"data.max_tokens <= {positions}",
+    )
 
     def __init__(self, net: BertConfig = BertConfig(), label_smoothing: float = 0.0, **common: Any) -> None:
         if not 0 <= label_smoothing < 1:
@@ -74,11 +76,6 @@ class TextClassificationTask(TextTask):
     def max_tokens(self) -> int | None:
         """The longest text of the data in tokens, [CLS] and [SEP] included (``data.max_tokens``)."""
         return getattr(self.data_facts, "max_length", None)
-
-    def check_data(self, facts: DataFacts, stage: str) -> None:
-        super().check_data(facts, stage)
-        if facts.max_length is not None:
-            check_texts_fit(self.model.config.max_len, facts.max_length)
 
     # --- training and evaluation ------------------------------------------------------------------------------
 
@@ -169,23 +166,6 @@ class TextClassificationTask(TextTask):
             ]
         self.train(was_training)
         return ranked
-
-    @classmethod
-    def check_lengths_before_data(cls, net: Mapping | None, data: ConfigFacts) -> None:
-        """Refuse, from the config alone (before any data is prepared), texts longer than ``model.net.max_len``
-        (the data module's ``max_length``: ``DataModule.facts_from_config``); ``setup`` checks again."""
-        if data.facts.max_length is not None:
-            check_texts_fit(net_config_values(net, BertConfig)["max_len"], data.facts.max_length)
-
-
-def check_texts_fit(max_len: int, max_tokens: int) -> None:
-    """ConfigError when texts of up to ``max_tokens`` tokens do not fit the model's position table of ``max_len``."""
-    if max_tokens > max_len:
-        raise ConfigError(
-            f"data.max_tokens={max_tokens} is larger than model.net.max_len={max_len}, the length of the model's "
-            f"position table, which must hold every text; set data.max_tokens <= {max_len} or model.net.max_len >= "
-            f"{max_tokens}"
-        )
 
 
 register(TextClassificationTask, data=TextClassificationDataModule, layouts={"hf": bert.CLASSIFIER_HF})

@@ -13,7 +13,6 @@ from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
 from lightformer.data.modules.translation import TranslationDataModule
-from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.generation import beam_search
@@ -24,7 +23,9 @@ from lightformer.models.seq2seq import EncoderDecoder, EncoderDecoderConfig
 from lightformer.nn import record_attention
 from lightformer.registry import register
 from lightformer.tasks.base import Task
-from lightformer.tasks.command_support import load_task, read_stdin, require
+from lightformer.tasks.command_support import check_texts, load_task, read_stdin, require
+from lightformer.tasks.data_contract import PositionTable
+from lightformer.tokenization.text import Tokenizer
 from lightformer.training.callbacks import raise_if_non_finite
 from lightformer.training.tensorboard import attention_figure, logging_step, tensorboard_logger, tensorboard_writer
 
@@ -51,6 +52,15 @@ class TranslationTask(Task):
 
     model_class = EncoderDecoder
     net_from_data = {"src_vocab_size": "src_vocab_size", "tgt_vocab_size": "tgt_vocab_size", "pad_id": "pad_id"}
+    position_table = PositionTable(
+        "max_len",
+        "sentences",
+        counted="at most data.batches.max_sentence_tokens",
+        shorter=lambda positions: (
+            f"data.batches.max_sentence_tokens <= {positions} (longer train pairs are dropped, val/test ids cut)"
+        ),
+        absent_when={"position": "none"},
+    )
 
     def __init__(
         self,
@@ -80,19 +90,11 @@ class TranslationTask(Task):
     def tgt_tokenizer(self) -> Tokenizer | None:
         return self.fact_tokenizer("tgt_tokenizer")
 
-    def check_data(self, facts: DataFacts, stage: str) -> None:
-        super().check_data(facts, stage)
-        longest, max_len = facts.max_length, self.model.max_len
-        if longest is not None and longest > max_len and self.model.config.position != "none":
-            padded = (f" once padded to a multiple of data.batches.length_multiple={facts.length_multiple}"
-                      if facts.length_multiple is not None else "")  # fmt: skip
-            raise ConfigError(
-                f"the data's longest sentence has {longest} positions{padded} (at most "
-                "data.batches.max_sentence_tokens) but "
-                f"model.net.max_len={max_len}, the length of the model's position table, which must hold them; set "
-                f"data.batches.max_sentence_tokens <= {max_len} (longer train pairs are dropped, val/test ids cut) or "
-                f"model.net.max_len >= {longest}"
-            )
+    def positions_beyond(self, facts: DataFacts) -> list[tuple[int, str]]:
+        """None: the data's ``max_length`` counts a batch's padding to ``length_multiple`` already; said so."""
+        if facts.length_multiple is None:
+            return [(0, "")]
+        return [(0, f" once padded to a multiple of data.batches.length_multiple={facts.length_multiple}")]
 
     items_name = "target tokens"  # what throughput counts
     variable_shapes = True  # batches padded to their longest sequence
@@ -202,11 +204,10 @@ class TranslationTask(Task):
             )
         return self.tgt_tokenizer.decode_batch(self.decode_ids(src, beam_size))
 
-    def too_long(self, sentences: list[str]) -> list[tuple[int, int]]:
-        """(index, token count) of the sentences longer than the model reads (``translate`` cuts them)."""
-        limit = self.model.max_len - 1
-        lengths = [len(ids) + 1 for ids in self.src_tokenizer.encode_batch([s.strip() for s in sentences])]
-        return [(i, length) for i, length in enumerate(lengths) if length > limit]
+    def source_positions(self, sentences: list[str]) -> list[int]:
+        """The positions each sentence takes in the encoder, its end of sentence counted (``translate`` keeps the
+        first ``model.net.max_len``)."""
+        return [len(ids) + 1 for ids in self.src_tokenizer.encode_batch([s.strip() for s in sentences])]
 
     def translate(self, sentences: list[str], beam_size: int | None = None) -> list[str]:
         """Translate raw source sentences (tokenized with the model's own source tokenizer)."""
@@ -272,12 +273,9 @@ def translate(
         lines = read_lines(input, "--input") if input != "-" else read_stdin().splitlines()
     except ValueError as error:  # not UTF-8: the message names the file, the byte and its line
         raise ConfigError(str(error)) from None
-    for number, length in task.too_long(lines):
-        print(
-            f"warning: line {number + 1} of --input has {length} tokens; the model reads at most "
-            f"{task.model.max_len - 1}, so its end is cut",
-            file=sys.stderr,
-        )
+    names = [f"line {number} of --input" for number in range(1, len(lines) + 1)]
+    check_texts(task.src_tokenizer, lines, "the input's", names, task.source_positions(lines), task.model.max_len,
+                "model.net.max_len", cut="end", counted=" with its end of sentence")  # fmt: skip
     blank = [number for number, line in enumerate(lines) if not line.strip()]
     if blank:
         shown = ", ".join(str(number + 1) for number in blank[:10]) + (

@@ -30,7 +30,16 @@ from lightformer.models.gpt import GPT
 from lightformer.models.vlm import VisionLanguageConfig, VisionLanguageModel
 from lightformer.registry import register
 from lightformer.tasks.base import TextTask
-from lightformer.tasks.command_support import load_task, paths_of, require, unreadable_images, utf8_text
+from lightformer.tasks.command_support import (
+    check_texts,
+    load_task,
+    paths_of,
+    quote,
+    require,
+    unreadable_images,
+    utf8_text,
+)
+from lightformer.tasks.data_contract import PositionTable
 from lightformer.tasks.image_text import ctc_per_character
 from lightformer.training.callbacks import raise_if_non_finite
 from lightformer.training.flops import FlopCounter
@@ -129,6 +138,7 @@ class VisionLanguageTask(TextTask):
         "image.in_channels": "in_channels",
         "text.vocab_size": "vocab_size",
     }
+    position_table = PositionTable("text.block_size", "texts")  # and their image's tokens: ``positions_beyond``
     items_name = "images"
     variable_shapes = True  # texts padded to the batch's longest; images of a few shapes
     token_modules = ("text",)  # the image tower and projector read no token id
@@ -196,25 +206,25 @@ class VisionLanguageTask(TextTask):
         return found or {"resize": default}
 
     def check_data(self, facts: DataFacts, stage: str) -> None:
-        """Refuse data the model cannot hold: a canvas its patches and pixel shuffle do not tile, or a record whose
-        text and image tokens together outgrow the text tower's positions (the longest text counted with the most
-        image tokens)."""
+        """The contract's checks (the text tower's positions hold the longest text with its image's tokens:
+        ``positions_beyond``); then the metrics of the data's groups."""
         super().check_data(facts, stage)
         if facts.groups:
             self.make_metrics(facts.groups)
-        block = self.model.config.text.block_size
+
+    def positions_beyond(self, facts: DataFacts) -> list[tuple[int, str]]:
+        """A record's text and its image's tokens share the text tower's positions: for each kind of image of
+        ``facts``, its tokens less the placeholder they take the place of. A canvas the model's patches and pixel
+        shuffle do not tile is refused."""
+        beyond = []
         for kind, (height, width) in self.canvases(facts).items():
             try:
                 tokens = self.model.num_image_tokens(height, width)
             except ValueError as error:
                 raise ConfigError(f"the data's {kind} images ({height} × {width} pixels): {error}") from None
-            if facts.max_length is not None and facts.max_length - 1 + tokens > block:
-                raise ConfigError(
-                    f"the data's longest text has {facts.max_length} tokens and its {kind} images ({height} × {width} "
-                    f"pixels) {tokens} image tokens, {facts.max_length - 1 + tokens} positions in all (the image "
-                    f"placeholder counted once), but model.net.text.block_size={block}; set model.net.text.block_size "
-                    f">= {facts.max_length - 1 + tokens} or give the data shorter texts"
-                )
+            words = f" ({facts.max_length} tokens and {tokens} image tokens of its {kind} images of {height} × {width}"
+            beyond.append((tokens - 1, words + " pixels, the image placeholder counted once)"))
+        return beyond
 
     # --- training and evaluation ---------------------------------------------------------------------------
 
@@ -380,14 +390,25 @@ class VisionLanguageTask(TextTask):
         """The ids that ask ``question`` of an image: the chat template's prompt, with the image's placeholder."""
         return self.template.prompt(self.tokenizer, question, self.model.image_token_id)
 
+    def canvas(self, fit: str | None = None) -> tuple[str, int, int]:
+        """The way an image is fitted (``fit``; default: the data's way) and the height and width of its canvas."""
+        canvases = self.canvases()
+        fit = fit or self.data_facts.image_fit or next(iter(canvases))
+        return fit, *canvases.get(fit, next(iter(canvases.values())))
+
+    def prompt_positions(self, question: str, fit: str | None = None) -> int:
+        """The text positions that asking ``question`` of an image fitted as ``fit`` takes, one for the answer counted:
+        the chat template's prompt with the image's tokens in place of its placeholder."""
+        _, height, width = self.canvas(fit)
+        return len(self.prompt_ids(question)) - 1 + self.model.num_image_tokens(height, width) + 1
+
     def image_tensor(self, path: str, fit: str | None = None) -> Tensor:
         """An image file as the model's input ``(3, H, W)``: fitted as ``fit`` says (default: the data's way) to that
         kind's canvas, as in training, and normalised."""
-        facts, canvases = self.data_facts, self.canvases()
-        fit = fit or facts.image_fit or next(iter(canvases))
-        height, width = canvases.get(fit, next(iter(canvases.values())))
+        facts = self.data_facts
+        fit, height, width = self.canvas(fit)
         if fit == "drawing":
-            image = openclipart.drawing_image(path, height)
+            image = openclipart.drawing_image(path, height, trusted_pixels=None)  # a user's file
         elif fit == "pad":  # LLaVA-1.5's: padded to a square, then resized
             image = fit_image(pad_square(load_image(path, 3)), height, width, "resize")
         else:
@@ -485,6 +506,21 @@ def read_questions(path: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def check_questions(task: VisionLanguageTask, questions: Sequence[str], fit: str | None, file: str | None) -> None:
+    """``check_texts``, the rule of every command over texts, for ``ask``'s questions (of ``--questions file`` or
+    ``--question``): characters outside the vocabulary named in a warning; a question that leaves no position for
+    the answer, with the chat template and the image's tokens, refused naming it and the limit (a question cut
+    short would be another question)."""
+    asked = list(dict.fromkeys(questions))
+    _, height, width = task.canvas(fit)
+    k = task.model.num_image_tokens(height, width)
+    names = [f"--questions {file}: the question {quote(q)}" if file else f"--question {quote(q)}" for q in asked]
+    check_texts(task.tokenizer, asked, "the question's" if len(asked) == 1 else "the questions'", names,
+                [task.prompt_positions(q, fit) for q in asked], task.model.block_size, "model.net.text.block_size",
+                counted=f" with the chat template's, the image's {k} token{'s' * (k != 1)} in place of its placeholder "
+                "and one for the answer")  # fmt: skip
+
+
 def ask(
     ckpt_path: str | None = None,
     images: list[str] | str | None = None,
@@ -501,7 +537,9 @@ def ask(
     ``--question`` is asked of each of ``--images`` (image by image, question by question); or ``--questions`` gives
     one image and its question a line. Each image is fitted to the model's canvas as in training. A file that is not a
     readable image prints an empty line for each of its questions (and its reason on standard error), and the other
-    questions are answered all the same; when no image could be read, the command fails (exit status 1).
+    questions are answered all the same; when no image could be read, the command fails (exit status 1). A question
+    that leaves the model no position for its answer is refused, and characters outside the model's vocabulary are
+    named in a warning (the rule of every command over texts).
 
     Example: ``ask --ckpt_path best.ckpt --images photo.png --question "What is this?"``.
 
@@ -534,6 +572,7 @@ def ask(
         pairs = [(path, q) for path in paths_of(images, "--images", "image file", ".png") for q in asked]
     task = load_task(ckpt_path, VisionLanguageTask, "ask", device)
     task.eval()
+    check_questions(task, [q for _, q in pairs], fit, questions)
     answers = task.ask_files(pairs, fit, beam_size, batch_size)
     per_image = {path: answer for (path, _), answer in zip(pairs, answers, strict=True)}  # its error, or an answer
     unreadable_images(list(per_image), list(per_image.values()), "ask")  # named; refused when none could be read

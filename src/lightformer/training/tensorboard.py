@@ -42,7 +42,7 @@ from lightformer.data.objectives.masking import IGNORE_INDEX
 from lightformer.training import internals
 
 if TYPE_CHECKING:
-    from lightformer.data.preparation.tokenizers import Tokenizer
+    from lightformer.tokenization.text import Tokenizer
 
 # Curves that only count up (the epoch; ThroughputMonitor's running totals of time, batches, samples and items):
 # their rates are logged, so they would only push the curves that matter down the page.

@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightformer.data.preparation.caching import SameDataOnResume, read_manifest
 from lightformer.data.preparation.prepare import TOKENIZER, prepared_folder
-from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.facts import DataFacts
+from lightformer.tokenization.text import Tokenizer
 
 STAGE_OF = {"train": "fit", "val": "validate", "test": "test"}  # the stage whose set-up opens a split
 

@@ -52,13 +52,13 @@ from lightformer.data.preparation.prepare import (
     split_location,
 )
 from lightformer.data.preparation.records import RecordSplit
-from lightformer.data.preparation.tokenizers import PAD_ID
 from lightformer.data.raw import emoji, openclipart
 from lightformer.data.raw.rendering import png_bytes
 from lightformer.data.raw.sources import SPLITS
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.nn.checks import check_at_least
+from lightformer.tokenization.text import PAD_ID
 
 FORMAT_VERSION = 1  # bump when what a prepared folder holds, or how an image is drawn, changes meaning
 PIECE_IMAGES = 250  # images per piece a preparing process fits and writes before taking the next

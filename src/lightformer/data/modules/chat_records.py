@@ -23,8 +23,8 @@ from lightformer.data.loading.streaming import Records
 from lightformer.data.modules.image_text import ImageTextRecords, LineImages, jitter
 from lightformer.data.objectives.chat import IGNORE, ChatTemplate
 from lightformer.data.preparation.prepare import split_location, worker_tokenizer
-from lightformer.data.preparation.tokenizers import PAD_ID
 from lightformer.errors import DataError
+from lightformer.tokenization.text import PAD_ID
 
 STATS_IMAGES = 512  # training images the pixels' mean and standard deviation are measured on
 

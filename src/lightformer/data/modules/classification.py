@@ -78,13 +78,13 @@ from lightformer.data.preparation.prepare import (
     worker_tokenizer,
 )
 from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
-from lightformer.data.preparation.tokenizers import EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, sentinel
 from lightformer.data.raw.corpora import AUSTEN_NOVELS, austen_text, split_austen_text, split_of_line
 from lightformer.data.raw.sources import SPLIT_PREFIX, SPLITS, Piece, line_pieces, piece_lines, stage_splits
 from lightformer.errors import ConfigError, DataError
 from lightformer.facts import DataFacts
 from lightformer.io.files import as_list, expand_patterns, read_utf8, sha256_of
 from lightformer.nn.checks import check_at_least
+from lightformer.tokenization.text import EOS_ID, MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, sentinel
 
 # The special tokens a BERT / T5 pretraining run's BPE is trained with (after PAD, BOS = [CLS], EOS = [SEP], UNK).
 EXTRA_SPECIAL_TOKENS = (MASK, *(sentinel(i) for i in range(100)))

@@ -12,7 +12,10 @@ Images resolve against ``image_folder`` (default: the file's own folder) and are
 mean, ``PAD_COLOUR``, then resized). Without a val file, ``val_fraction`` of the training records (by a hash of the
 record's image path) are carved out for validation, as ``image_text_files`` carves. A record that is not a JSON object,
 without an image, with an image that does not load, or whose turns are not human, gpt, human, gpt, ...: a DataError
-naming the file, the line (or list index) and the field. Every record is one group, "files/answer/held-out".
+naming the file, the line (or list index) and the field. So is a record longer than ``max_tokens``: a JSONL line of
+more than ``max_tokens × TOKEN_BYTES`` bytes as the file is first read (a line is never read whole beyond that), a
+record's text of more than as many characters before it is tokenized, and its ids (the chat template's) once they are
+counted, before its image is loaded. Every record is one group, "files/answer/held-out".
 
 Tokenizer: ``tokenizer.file`` (the language model's run's ``tokenizer.json``: the text tower starts from it; the
 characters it lacks under the ``max_unknown`` rule), else one trained on the conversations (characters or BPE).
@@ -21,7 +24,7 @@ characters it lacks under the ``max_unknown`` rule), else one trained on the con
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -30,7 +33,14 @@ from PIL import Image
 
 from lightformer.config_groups import as_config
 from lightformer.data.modules.chat_records import ChatRecords, channel_statistics
-from lightformer.data.modules.image_text_files import carved
+from lightformer.data.modules.image_text_files import (
+    MAX_TOKENS,
+    TOKEN_BYTES,
+    bounded_lines,
+    carved,
+    line_too_long,
+    source_key,
+)
 from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.objectives.chat import ChatTemplate
 from lightformer.data.preparation.caching import file_stamp
@@ -48,6 +58,7 @@ from lightformer.data.raw.rendering import jpeg_bytes
 from lightformer.data.raw.sources import SPLITS
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
+from lightformer.nn.checks import check_at_least
 
 FORMAT_VERSION = 1  # bump when what a prepared folder holds, or how an image is fitted, changes meaning
 PIECE_RECORDS = 500  # records per piece a preparing process reads and writes before taking the next
@@ -68,6 +79,10 @@ class ConversationFiles:
         val_fraction: share of the training records carved out for validation when there is no ``val``.
         image_size: the square canvas's side in pixels, a multiple of 16.
         fit: "resize" (stretched to the square) or "pad" (LLaVA-1.5's: padded to a square, then resized).
+        max_tokens: the most ids a record may have (its turns in the chat template, BOS, EOS and the image's
+            placeholder counted): a longer record is refused naming its file and line, a JSONL line of more than
+            ``max_tokens × TOKEN_BYTES`` bytes before it is parsed. The model's ``text.block_size`` must hold the
+            data's longest record and its image's tokens (checked at set-up).
     """
 
     train: str
@@ -77,6 +92,7 @@ class ConversationFiles:
     val_fraction: float = 0.05
     image_size: int = 64
     fit: Literal["resize", "pad"] = "resize"
+    max_tokens: int = MAX_TOKENS
 
     def __post_init__(self) -> None:
         for split in SPLITS:
@@ -91,6 +107,7 @@ class ConversationFiles:
                              "grid: patch 8 × pixel shuffle 2)")  # fmt: skip
         if self.fit not in ("resize", "pad"):
             raise ValueError(f"data.source.fit={self.fit!r} is not a way to fit an image; valid: 'resize', 'pad'")
+        check_at_least("data.source.max_tokens", self.max_tokens, 1)
 
 
 def pad_square(image: Image.Image, colour: tuple[int, int, int] = PAD_COLOUR) -> Image.Image:
@@ -101,10 +118,11 @@ def pad_square(image: Image.Image, colour: tuple[int, int, int] = PAD_COLOUR) ->
     return canvas
 
 
-def read_pieces(path: Path, field: str) -> list[tuple[str, int, int, int]]:
+def read_pieces(path: Path, field: str, max_tokens: int = MAX_TOKENS) -> list[tuple[str, int, int, int]]:
     """A file's pieces as (path, byte offset or list index, first line number, records) of at most
     ``PIECE_RECORDS`` records, read one line at a time (a JSON list: loaded to count it); a DataError naming the
-    field and file when it is not there."""
+    field and file when it is not there, or the line when it is longer than a record of ``max_tokens`` tokens can be
+    (``TOKEN_BYTES`` bytes a token: no more of it is read)."""
     if not path.is_file():
         raise DataError(f"data.source.{field}: {path} does not exist; give a .jsonl or .json file of LLaVA records")
     found = []
@@ -112,9 +130,14 @@ def read_pieces(path: Path, field: str) -> list[tuple[str, int, int, int]]:
         count = len(_json_list(path, field))
         return [(str(path), start, start, min(PIECE_RECORDS, count - start))
                 for start in range(0, count, PIECE_RECORDS)]  # fmt: skip
+    limit, where = max_tokens * TOKEN_BYTES, f"data.source.{field}: {path}"
+
+    def too_long(number: int) -> DataError:
+        return line_too_long(f"{where}, line {number}", limit, max_tokens, "bytes")
+
     with path.open("rb") as f:
         offset = 0
-        for number, line in enumerate(f, start=1):
+        for number, line in bounded_lines(f, limit, too_long):
             if line.strip():
                 if not found or found[-1][3] >= PIECE_RECORDS:
                     found.append((str(path), offset, number, 0))
@@ -155,8 +178,9 @@ def piece_entries(piece: tuple[str, int, int, int], field: str):
             number += 1
 
 
-def turns_of(record: object, where: str) -> list[tuple[str, str]]:
-    """A record's (question, answer) turns, or a DataError naming where and which field is wrong."""
+def turns_of(record: object, where: str, max_tokens: int = MAX_TOKENS) -> list[tuple[str, str]]:
+    """A record's (question, answer) turns, or a DataError naming where and which field is wrong, or that its text
+    is longer than a record of ``max_tokens`` tokens can be (``TOKEN_BYTES`` characters a token)."""
     if not isinstance(record, dict):
         raise DataError(f"{where} is not a JSON object with 'image' and 'conversations'")
     if not isinstance(record.get("image"), str) or not record["image"]:
@@ -172,6 +196,8 @@ def turns_of(record: object, where: str) -> list[tuple[str, str]]:
     if len(conversations) % 2:
         raise DataError(f"{where}: field conversations[{len(conversations) - 1}] is a question with no answer; the "
                         "turns go human, gpt, ... and end with gpt")  # fmt: skip
+    if sum(len(turn["value"]) for turn in conversations) > max_tokens * TOKEN_BYTES:
+        raise line_too_long(f"{where}: field conversations", max_tokens * TOKEN_BYTES, max_tokens)
     return [(conversations[i]["value"], conversations[i + 1]["value"]) for i in range(0, len(conversations), 2)]
 
 
@@ -186,13 +212,20 @@ def conversation_records(piece, field: str, keep: str | None, source: Conversati
     tokenizer, longest = worker_tokenizer(tokenizer_json), 0
     folder = Path(source.image_folder) if source.image_folder else Path(piece[0]).parent
     for where, record in piece_entries(piece, field):
-        turns = turns_of(record, where)
+        turns = turns_of(record, where, source.max_tokens)
         if not _keep(record, keep, source.val_fraction):
             continue
         try:
             ids = template.encode(tokenizer, turns, tokenizer.vocab_size)[0]
         except DataError as error:
             raise DataError(f"{where}: field conversations: {error}") from None
+        if len(ids) > source.max_tokens:
+            raise DataError(
+                f"{where}: the record is {len(ids):,} tokens long (its turns in the chat template, BOS, EOS and the "
+                f"image's place counted), more than data.source.max_tokens={source.max_tokens}: shorten its "
+                "conversation or split it into records, or raise data.source.max_tokens (model.net.text.block_size "
+                "must hold a record's tokens and its image's)"
+            )
         path = folder / record["image"]
         try:
             image = load_image(path, 3)
@@ -262,20 +295,21 @@ class ConversationFilesDataModule(ChatRecords):
         stamps = {split: file_stamp(path) if path.is_file() else str(path) for split, (path, _, _) in
                   self._files().items()}  # fmt: skip
         tokenizer = _tokenizer_key(self.tokenizer_config, ())
-        return {"format": FORMAT_VERSION, "files": stamps, "source": asdict(self.source), "tokenizer": tokenizer,
+        return {"format": FORMAT_VERSION, "files": stamps, "source": source_key(self.source), "tokenizer": tokenizer,
                 "template": self.template.as_dict()}  # fmt: skip
 
     def _build(self, folder: Path) -> dict:
         """``prepared_folder``'s build through ``prepare_records``: the tokenizer loaded or trained on the
         conversations, each split's pieces read, checked and fitted on every core."""
         files = self._files()
-        split_pieces = {split: read_pieces(path, field) for split, (path, field, _) in files.items()}
+        split_pieces = {split: read_pieces(path, field, self.source.max_tokens) for split, (path, field, _) in
+                        files.items()}  # fmt: skip
 
         def sample(splits: tuple[str, ...]):
             for split in splits:
                 for piece in split_pieces.get(split, []):
                     for where, record in piece_entries(piece, files[split][1]):
-                        for question, answer in turns_of(record, where):
+                        for question, answer in turns_of(record, where, self.source.max_tokens):
                             yield question.replace(self.template.image, "")
                             yield answer
             yield self.template.user + self.template.assistant

@@ -14,12 +14,16 @@ random, of at most ``max_chars`` characters; it is kept only if the md5 bucket o
 is its split too, so that no line of val or test is ever a train line, even a line of one common word. Ding's German
 sentences are split by that bucket alone (90% train, 5% val, 5% test), as the translation task splits its pairs.
 
-**Typefaces.** The fonts under ``source.font_dir`` (``rendering.discover_fonts``) are grouped by family; the
-``held_out_families`` are never trained on: val and test are rendered in them alone, the train split in every other
-family; every font used must draw every character of the corpus (checked before rendering: a missing glyph would
-render as a box). ``test_seen`` is a second test split, of the same texts (line i of both holds the same text, but
-for lines that had to be redrawn) rendered in the training families; ``source.test_fonts`` picks which of the two
-``test`` reads, so the same model is tested on typefaces it has and has not seen. Both are always prepared.
+**Typefaces.** Lines are drawn in the declared typefaces (``rendering.TYPEFACES``: 47 families, each file under
+/usr/share/fonts with its Debian package, checked before any work: a missing one is named with ``apt-get install
+<package>``) and in no other font installed, so the same options render the same lines on every machine; or, when
+``source.font_dir`` names a folder of the user's own, in every text font in it (``rendering.discover_fonts``),
+grouped by family. The ``held_out_families`` are never trained on: val and test are rendered in them alone, the
+train split in every other family; every font used must draw every character of the corpus (checked before
+rendering: a missing glyph would render as a box). ``test_seen`` is a second test split, of the same texts (line i
+of both holds the same text, but for lines that had to be redrawn) rendered in the training families;
+``source.test_fonts`` picks which of the two ``test`` reads, so the same model is tested on typefaces it has and has
+not seen. Both are always prepared.
 
 **Lines.** Line i of a split is drawn from (seed, split, i) alone: its text from one generator (the same for test and
 test_seen), its family, style, size, letter spacing, rotation, shear, blur, noise, contrast and background from
@@ -80,7 +84,6 @@ from lightformer.data.preparation.prepare import (
     worker_tokenizer,
 )
 from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
-from lightformer.data.preparation.tokenizers import PAD_ID, Tokenizer
 from lightformer.data.raw.corpora import (
     DING_FILE,
     austen_text,
@@ -91,17 +94,21 @@ from lightformer.data.raw.corpora import (
     split_of,
 )
 from lightformer.data.raw.rendering import (
+    SYSTEM_FONT_DIR,
     LineStyle,
     LineTooWide,
-    discover_fonts,
     missing_glyphs,
     png_bytes,
     render_line,
+    typefaces,
+    uses_declared_typefaces,
 )
 from lightformer.data.raw.sources import TextSource, stage_splits
+from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.io.files import read_utf8, sha256_of
 from lightformer.nn.checks import check_at_least
+from lightformer.tokenization.text import PAD_ID, Tokenizer
 
 CORPORA = ("austen", "ding")
 # bump when what a prepared folder holds, or how a line is drawn, changes meaning (2: images as litdata File leaves)
@@ -140,8 +147,10 @@ class ImageTextSource:
             them. Names as the fonts give them ("DejaVu Serif", "Nimbus Roman", "URW Gothic", ...).
         test_fonts: "unseen": the test split is rendered in the held-out families; "seen": the same texts rendered
             in the training families (changing it prepares nothing again).
-        font_dir: the folder searched for fonts (.ttf, .otf, .t1, .pfb). Every font used must draw every character
-            of the corpus (checked before rendering).
+        font_dir: "/usr/share/fonts" (the default): the declared typefaces (``rendering.TYPEFACES``, installed by
+            debian-packages.txt), nothing else there; another folder, of your own: every text font in it (.ttf, .otf,
+            .t1, .pfb), grouped by family. Every font used must draw every character of the corpus (checked before
+            rendering).
         data_root: where the built-in corpus is stored.
         ding_file: where the Ding dictionary is (``apt-get install trans-de-en`` puts it at the default).
     """
@@ -155,7 +164,7 @@ class ImageTextSource:
     test_lines: int = 1000
     held_out_families: tuple[str, ...] = DEFAULT_HELD_OUT
     test_fonts: Literal["unseen", "seen"] = "unseen"
-    font_dir: str = "/usr/share/fonts"
+    font_dir: str = SYSTEM_FONT_DIR  # "/usr/share/fonts": the declared typefaces
     data_root: str = "data"
     ding_file: str = DING_FILE
 
@@ -277,17 +286,19 @@ def check_glyphs(fonts: dict[str, tuple[str, ...]], characters: str) -> None:
 
 def split_families(source: ImageTextSource) -> dict[str, tuple[str, ...]]:
     """The font families of each prepared split: val and test the held-out ones, train and test_seen the others.
-    A held-out family that is not installed, or none left to train on, is a ValueError naming the field."""
-    installed = discover_fonts(source.font_dir)
+    A held-out family that is not among the typefaces (``rendering.typefaces``), or none left to train on, is a
+    ConfigError naming the field; a declared typeface's missing file, a DataError naming its package."""
+    installed = typefaces(source.font_dir)
     missing = [family for family in source.held_out_families if family not in installed]
     if missing:
-        raise ValueError(
-            f"data.source.held_out_families: {missing} {'is' if len(missing) == 1 else 'are'} not installed under "
-            f"{source.font_dir}; installed families: {list(installed)}"
+        where = "declared typefaces" if uses_declared_typefaces(source.font_dir) else f"fonts under {source.font_dir}"
+        raise ConfigError(
+            f"data.source.held_out_families: {missing} {'is' if len(missing) == 1 else 'are'} not among the {where}; "
+            f"valid: {list(installed)}"
         )
     training = tuple(family for family in installed if family not in source.held_out_families)
     if not training:
-        raise ValueError(
+        raise ConfigError(
             f"data.source.held_out_families={list(source.held_out_families)} leaves no family to train on; installed "
             f"families: {list(installed)}"
         )
@@ -321,7 +332,7 @@ class LineDrawer:
     families: tuple[tuple[str, tuple[str, ...]], ...]  # (split, its families)
 
     def fonts(self, split: str) -> list[tuple[str, tuple[str, ...]]]:
-        installed = discover_fonts(self.source.font_dir)
+        installed = typefaces(self.source.font_dir)
         return [(family, installed[family]) for family in dict(self.families)[split]]
 
     def _text(self, rng: np.random.Generator, sentences: tuple[str, ...]) -> str:
@@ -607,7 +618,7 @@ class ImageTextDataModule(ImageTextRecords):
 
     def _fingerprint(self) -> dict:
         """What the rendered lines depend on: the text, the fonts (paths and sizes), the options, the seed."""
-        installed = discover_fonts(self.source.font_dir)
+        installed = typefaces(self.source.font_dir)  # declared: the paths discovery found, so fingerprints stay
         used = sorted({family for families in self.families.values() for family in families})
         fonts = {family: [[path, os.path.getsize(path)] for path in installed[family]] for family in used}
         ignored = ("test_fonts", "data_root", "font_dir", "ding_file")  # the file's content is hashed

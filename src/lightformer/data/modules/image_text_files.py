@@ -19,7 +19,8 @@ glob of them or a folder of them, each holding members ``<key>.jpg|.jpeg|.png|.w
 ``<key>.json`` (its ``"caption"`` or ``"text"``; the ``.txt`` wins where both are given), one caption per image;
 other members are ignored. Each shard is one piece of the preparation, read as a stream (``tarfile``'s ``r|``):
 nothing of all the shards is held, not even a list of their entries. A key without a caption, a caption without an
-image, or an image that does not decode is a DataError naming the shard and the key. Validation is carved by the
+image, a caption longer than ``max_tokens`` tokens can be (below), or an image that does not decode is a DataError
+naming the shard and the key. Validation is carved by the
 hash of the key as it is of a file name.
 
 **Splits.** ``train`` is required; without ``val``, the images whose file name hashes below ``val_fraction`` are
@@ -27,7 +28,9 @@ carved from train (the same images whatever their order or number); ``test`` is 
 
 **Preparation** (``prepared_folder``, once per job, named by a hash of the annotation files' contents, each image's
 path, size and modification time, and the options): a missing image, a row without file or text, a COCO caption of
-no image, is a DataError naming the annotation file, the row and the file, before anything is written; each image is
+no image, a line longer than a text of ``max_tokens`` tokens can be (``TOKEN_BYTES`` characters a token: refused as
+it is read, before it is held whole), is a DataError naming the annotation file, the row and the file, before
+anything is written; each image is
 decoded in full and fitted to the canvas (``fit``: "line", as a text line, ``image_files.fit_line``; "resize", a
 photo) in the preparing processes, where an unreadable one is a DataError naming the same. The tokenizer is a file,
 or trained on the texts (``TokenizerConfig``: "char" on every split's, "bpe" on train's). Only the annotations'
@@ -55,6 +58,7 @@ from typing import Literal, NamedTuple
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from PIL import UnidentifiedImageError
 
 from lightformer.config_groups import as_config
 from lightformer.data.modules.image_text import (
@@ -85,12 +89,18 @@ from lightformer.data.raw.sources import SPLITS, line_pieces
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.io.files import sha256_of
+from lightformer.nn.checks import check_at_least
 
 FORMAT_VERSION = 2  # bump when what a prepared folder holds changes meaning (2: images as litdata File leaves)
 PIECE_IMAGES = 500  # images per piece a preparing process fits and writes before taking the next
 LAYOUTS = {".jsonl": "JSONL", ".csv": "CSV", ".tsv": "TSV", ".json": "COCO captions"}
 SHARD_IMAGES = (".jpg", ".jpeg", ".png", ".webp")  # a webdataset sample's image members (img2dataset's)
 SHARD_TEXTS = (".txt", ".json")  # its caption members (a .txt wins over a .json caption)
+MAX_TOKENS = 4096  # the default of ``max_tokens``: more tokens than any text of a model here holds
+# The most bytes of a file's line (or characters of a text) that one token of ``max_tokens`` may stand for: a token is
+# a character or a BPE piece of a few (4 on average in English), and JSON's escapes take at most 6 bytes a character,
+# so a longer line holds a text of more than ``max_tokens`` tokens, and is refused before it is parsed or held whole.
+TOKEN_BYTES = 128
 
 
 def is_shards(path: str) -> bool:
@@ -118,6 +128,10 @@ class ImageTextFiles:
         channels: 1 (grey) or 3 (RGB).
         fit: "line": a text line of any size, scaled to the height (at most the width), at the left on its own
             background; "resize": a photo, resized to height × width.
+        max_tokens: the most tokens a text may have: a line of an annotation file (a COCO caption, a shard's caption
+            member) longer than ``max_tokens × TOKEN_BYTES`` characters is refused as it is read, naming the file
+            and line, before it is held whole (the model's position table is held to the data's longest text at
+            set-up).
     """
 
     train: str
@@ -129,6 +143,7 @@ class ImageTextFiles:
     width: int = 384
     channels: int = 1
     fit: Literal["line", "resize"] = "line"
+    max_tokens: int = MAX_TOKENS
 
     def __post_init__(self) -> None:
         for split in SPLITS:
@@ -152,6 +167,7 @@ class ImageTextFiles:
             raise ValueError(f"data.source.channels={self.channels} is not supported; valid: 1 (grey), 3 (RGB)")
         if self.fit not in ("line", "resize"):
             raise ValueError(f"data.source.fit={self.fit!r} is not a way to fit an image; valid: 'line', 'resize'")
+        check_at_least("data.source.max_tokens", self.max_tokens, 1)
 
 
 class Entry(NamedTuple):
@@ -166,6 +182,35 @@ class Entry(NamedTuple):
 # --- reading the annotations -----------------------------------------------------------------------------------
 
 
+def bounded_lines(f, limit: int, too_long: Callable[[int], Exception]) -> Iterator[tuple[int, str | bytes]]:
+    """(number from 1, line) of each line of an open file (text or binary), none read with more than ``limit``
+    characters (bytes) besides its line break, so that memory stays bounded however long a line is; a longer line
+    raises ``too_long(its number)`` before any more of it is read."""
+    number = 0
+    while line := f.readline(limit + 2):  # a line of ``limit`` and its "\r\n" whole
+        number += 1
+        crlf, lf = (b"\r\n", b"\n") if isinstance(line, bytes) else ("\r\n", "\n")
+        if len(line) - (2 if line.endswith(crlf) else 1 if line.endswith(lf) else 0) > limit:
+            raise too_long(number)
+        yield number, line
+
+
+def line_too_long(where: str, limit: int, max_tokens: int, unit: str = "characters") -> DataError:
+    """The refusal of a line (``where``: the option, file and line) longer than ``limit`` ``unit``."""
+    return DataError(f"{where} is longer than {limit:,} {unit}: more than data.source.max_tokens={max_tokens} tokens "
+                     f"can take ({TOKEN_BYTES} {unit} a token at most); shorten it, or raise data.source.max_tokens if "
+                     "the model holds longer texts")  # fmt: skip
+
+
+def source_key(source) -> dict:
+    """A source's fields as its prepared folder's fingerprint holds them: ``max_tokens`` only where it is not the
+    default (a bound that refuses texts and changes none: the folders prepared before it keep their names)."""
+    fields = asdict(source)
+    if fields.get("max_tokens") == MAX_TOKENS:
+        del fields["max_tokens"]
+    return fields
+
+
 def _row(record: object, where: str, number: int) -> tuple[str, str, str]:
     """(file, text, "line N") of a JSONL, CSV or TSV row, or a DataError naming what it lacks."""
     record = record if isinstance(record, dict) else {}
@@ -176,17 +221,19 @@ def _row(record: object, where: str, number: int) -> tuple[str, str, str]:
     return str(record["file"]).strip(), str(record["text"]).strip(), f"line {number}"
 
 
-def _table_rows(path: Path, where: str):
+def _table_rows(path: Path, where: str, max_tokens: int):
+    limit = max_tokens * TOKEN_BYTES
     with open(path, encoding="utf-8-sig", newline="") as f:
+        lines = bounded_lines(f, limit, lambda number: line_too_long(f"{where}, line {number}", limit, max_tokens))
         if path.suffix.lower() == ".jsonl":
-            for number, line in enumerate(f, 1):
+            for number, line in lines:
                 if line.strip():
                     try:
                         yield _row(json.loads(line), where, number)
                     except json.JSONDecodeError as error:
                         raise DataError(f"{where}, line {number}: not a JSON object ({error})") from None
             return
-        reader = csv.DictReader(f, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+        reader = csv.DictReader((line for _, line in lines), delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
         if not {"file", "text"} <= set(reader.fieldnames or ()):
             raise DataError(f"{where}: the header row {reader.fieldnames} lacks the column 'file' or 'text'; the "
                             "first row names the columns, among them file and text")  # fmt: skip
@@ -194,7 +241,7 @@ def _table_rows(path: Path, where: str):
             yield _row(record, where, reader.line_num)
 
 
-def _coco_rows(data: dict, where: str):
+def _coco_rows(data: dict, where: str, max_tokens: int):
     try:
         names = {image["id"]: image["file_name"] for image in data["images"]}
     except (KeyError, TypeError) as error:
@@ -205,6 +252,8 @@ def _coco_rows(data: dict, where: str):
             raise DataError(f'{where}, annotations[{i}]: its image_id {image_id!r} is the id of no entry of "images"')
         if not isinstance(caption, str) or not caption.strip():
             raise DataError(f"{where}, annotations[{i}] (image {names[image_id]}): it has no caption")
+        if len(caption) > max_tokens * TOKEN_BYTES:
+            raise line_too_long(f"{where}, annotations[{i}]: the caption", max_tokens * TOKEN_BYTES, max_tokens)
         yield names[image_id], caption.strip(), f"annotations[{i}]"
 
 
@@ -217,9 +266,10 @@ def image_folders(annotation: Path, images: str | None) -> list[Path]:
     return [base, base / name] + ([] if images else [annotation.parent.parent / name])
 
 
-def read_annotations(path: Path, images: str | None, field: str) -> list[Entry]:
+def read_annotations(path: Path, images: str | None, field: str, max_tokens: int = MAX_TOKENS) -> list[Entry]:
     """The images of an annotation file, in the order first named, each with its texts; a file that is not there,
-    not of a layout, a row without file or text, a COCO caption of no image, or an image not found: a DataError
+    not of a layout, a row without file or text, a COCO caption of no image, an image not found, or a line (a COCO
+    caption) longer than ``max_tokens`` tokens can be (``TOKEN_BYTES`` characters each; not read whole): a DataError
     naming ``field``, the file, the row and the image."""
     where = f"data.source.{field}: {path}"
     if not path.is_file():
@@ -230,9 +280,9 @@ def read_annotations(path: Path, images: str | None, field: str) -> list[Entry]:
             data = json.loads(path.read_text(encoding="utf-8-sig"))
             if not (isinstance(data, dict) and {"images", "annotations"} <= data.keys()):
                 raise DataError(f'{where} is not COCO captions: a JSON object with "images" and "annotations"')
-            rows = _coco_rows(data, where)
+            rows = _coco_rows(data, where, max_tokens)
         else:
-            rows = _table_rows(path, where)
+            rows = _table_rows(path, where, max_tokens)
         for name, text, row in rows:
             grouped.setdefault(name, (row, []))[1].append(text)
     except (UnicodeDecodeError, json.JSONDecodeError, csv.Error) as error:
@@ -292,11 +342,14 @@ def _caption(suffix: str, data: bytes, where: str) -> str:
     return " ".join(caption.split()) if isinstance(caption, str) else ""
 
 
-def shard_samples(shard: Path, field: str, images: bool = True) -> Iterator[tuple[str, bytes | None, str]]:
+def shard_samples(
+    shard: Path, field: str, images: bool = True, max_tokens: int = MAX_TOKENS
+) -> Iterator[tuple[str, bytes | None, str]]:
     """(key, image bytes (None unless ``images``), caption) of each sample of a shard, read as a stream, one sample
-    at a time; a key without a caption or without an image, or a shard that is not a tar file: a DataError naming
-    ``field``, the shard and the key."""
-    where = f"data.source.{field}: {shard}"
+    at a time; a key without a caption or without an image, a caption member larger than a text of ``max_tokens``
+    tokens can be (``TOKEN_BYTES`` bytes each: refused by its size, unread), or a shard that is not a tar file: a
+    DataError naming ``field``, the shard and the key."""
+    where, limit = f"data.source.{field}: {shard}", max_tokens * TOKEN_BYTES
     key, image, caption, has_image = None, None, "", False
 
     def sample() -> tuple[str, bytes | None, str]:
@@ -324,7 +377,12 @@ def shard_samples(shard: Path, field: str, images: bool = True) -> Iterator[tupl
                     has_image = True
                     image = tar.extractfile(member).read() if images else None
                 elif not caption or suffix == ".txt":
+                    said = f"{where}, key {name!r}: the caption member{suffix}"
+                    if suffix == ".txt" and member.size > limit:  # refused unread (a .json may hold more fields)
+                        raise line_too_long(f"{said} ({member.size:,} bytes)", limit, max_tokens, "bytes")
                     caption = _caption(suffix, tar.extractfile(member).read(), f"{where}, key {name!r}") or caption
+                    if len(caption) > limit:
+                        raise line_too_long(f"{said}'s caption", limit, max_tokens)
             if key is not None:
                 yield sample()
     except (tarfile.TarError, OSError) as error:
@@ -335,17 +393,30 @@ def shard_records(shard: str, field: str, keep: str | None, fraction: float, sou
     """The records {"image", "file": "<shard>/<key>", "texts"} of a shard's samples (``keep``: "train" or "val" keeps
     those ``carved`` puts there; None: all), decoded in full and fitted one at a time; an image that does not decode
     is a DataError naming the shard and the key."""
-    for key, data, caption in shard_samples(Path(shard), field):
+    for key, data, caption in shard_samples(Path(shard), field, max_tokens=source.max_tokens):
         if keep is not None and carved(key, fraction) != (keep == "val"):
             continue
+        stream = io.BytesIO(data)
         try:
-            image = load_image(io.BytesIO(data), source.channels)
+            image = load_image(stream, source.channels)
         except (OSError, ValueError) as error:
-            raise DataError(f"data.source.{field}: {shard}, key {key!r}: the image is not readable ({error})") from None
+            raise DataError(f"data.source.{field}: {shard}, key {key!r}: the image is not readable "
+                            f"({unreadable_image(error, stream)})") from None  # fmt: skip
         image = fit_image(image, source.height, source.width, source.fit)
         encoded = png_bytes(image) if source.fit == "line" else jpeg_bytes(image)
         texts = json.dumps([caption], ensure_ascii=False)
         yield {"image": encoded, "file": f"{Path(shard).name}/{key}", "texts": texts}
+
+
+def unreadable_image(error: BaseException, stream: io.BytesIO) -> str:
+    """Why the bytes in ``stream`` are not an image ``load_image`` reads, in words that name no Python object (PIL's
+    message holds the stream's repr, ``<_io.BytesIO object at 0x…>``): not an image, cut short, or what was said."""
+    cause = error.__cause__ or error
+    if isinstance(cause, UnidentifiedImageError):
+        return "not an image: PIL recognises no image format in it"
+    if "truncated" in str(cause).lower():
+        return f"cut short: {cause}"
+    return str(cause).replace(str(stream), "it")
 
 
 # --- preparation and loading -----------------------------------------------------------------------------------
@@ -485,7 +556,7 @@ class ImageTextFilesDataModule(ImageTextRecords):
         """Each split's images and texts, read from the annotation files (val carved from train when not given); a
         split of webdataset shards has none here (``shards``)."""
         s = self.source
-        splits = {split: read_annotations(Path(getattr(s, split)), s.images, split)
+        splits = {split: read_annotations(Path(getattr(s, split)), s.images, split, s.max_tokens)
                   if getattr(s, split) and not is_shards(getattr(s, split)) else [] for split in SPLITS}  # fmt: skip
         if not s.val and s.val_fraction and not is_shards(s.train):
             train = splits["train"]
@@ -523,7 +594,7 @@ class ImageTextFilesDataModule(ImageTextRecords):
                 images.update(json.dumps([split, *file_stamp(Path(entry.path))]).encode())
         stamps = {"shards": {split: [file_stamp(path) for path in paths] for split, paths in shards.items()}}
         return {"format": FORMAT_VERSION, "annotations": annotations, "images": images.hexdigest(),
-                **(stamps if shards else {}), "source": asdict(self.source),
+                **(stamps if shards else {}), "source": source_key(self.source),
                 "tokenizer": _tokenizer_key(self.tokenizer_config, ())}  # fmt: skip
 
     def _rows(self) -> Iterator[tuple[str, list[str]]]:
@@ -535,7 +606,7 @@ class ImageTextFilesDataModule(ImageTextRecords):
         carve, fraction = self._carves_shards(), self.source.val_fraction
         for split, paths in self._shards.items():
             for path in paths:
-                for key, _, caption in shard_samples(path, split, images=False):
+                for key, _, caption in shard_samples(path, split, images=False, max_tokens=self.source.max_tokens):
                     yield ("val" if carve and split == "train" and carved(key, fraction) else split), [caption]
 
     def _build(self, folder: Path) -> dict:

@@ -36,11 +36,11 @@ from lightformer.data.modules.images import (
     image_loader,
 )
 from lightformer.data.objectives.augment import AugmentConfig
-from lightformer.data.objectives.pixels import PaletteConfig, PixelTokenizer, downsample
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.raw.sources import SPLITS
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
+from lightformer.tokenization.pixels import PaletteConfig, PixelTokenizer, downsample
 
 # A uniform colour palette has levels³ colours: more than this and the vocabulary (and the GPT's embedding and
 # output layers) grows past what Image GPT uses (512 k-means colours); k-means picks the colours that occur instead.

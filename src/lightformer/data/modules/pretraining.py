@@ -46,7 +46,11 @@ from lightformer.data.objectives.masking import (
     span_corruption_lengths,
 )
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
-from lightformer.data.preparation.tokenizers import (
+from lightformer.data.raw.sources import TextSource
+from lightformer.errors import DataError
+from lightformer.facts import DataFacts
+from lightformer.nn.checks import check_at_least
+from lightformer.tokenization.text import (
     BOS_ID,
     EOS_ID,
     MASK,
@@ -55,10 +59,6 @@ from lightformer.data.preparation.tokenizers import (
     Tokenizer,
     sentinel,
 )
-from lightformer.data.raw.sources import TextSource
-from lightformer.errors import DataError
-from lightformer.facts import DataFacts
-from lightformer.nn.checks import check_at_least
 
 
 def span_corruption_max_length(segment_tokens: int, noise_density: float, mean_span_length: float) -> int:

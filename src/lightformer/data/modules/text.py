@@ -23,11 +23,11 @@ from lightformer.data.preparation.prepare import (
     TokenizerConfig,
     prepare_text,
 )
-from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw.sources import TextSource, stage_splits
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.nn.checks import check_at_least
+from lightformer.tokenization.text import Tokenizer
 
 
 class TokenShards(DataModule):

@@ -48,7 +48,6 @@ from lightformer.data.preparation.prepare import (
     worker_tokenizer,
 )
 from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
-from lightformer.data.preparation.tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from lightformer.data.raw.corpora import (
     DING_FILE,
     Pair,
@@ -73,6 +72,7 @@ from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.io.files import as_list, expand_patterns, sha256_of
 from lightformer.nn.checks import check_at_least
+from lightformer.tokenization.text import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 # Bump when what a prepared folder holds changes meaning (extraction rules, split rule, record fields), so that
 # folders of an older format are not reused.

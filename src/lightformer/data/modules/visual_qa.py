@@ -77,7 +77,6 @@ from lightformer.data.preparation.prepare import (
     worker_tokenizer,
 )
 from lightformer.data.preparation.records import RecordSplit, prepare_records
-from lightformer.data.preparation.tokenizers import Tokenizer
 from lightformer.data.raw import emoji, openclipart
 from lightformer.data.raw.corpora import (
     DEBIAN_FASHION_MNIST_DIR,
@@ -85,11 +84,12 @@ from lightformer.data.raw.corpora import (
     austen_text,
     install_debian_fashion_mnist,
 )
-from lightformer.data.raw.rendering import discover_fonts, png_bytes
+from lightformer.data.raw.rendering import SYSTEM_FONT_DIR, png_bytes, typefaces
 from lightformer.data.raw.sources import SPLITS
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.nn.checks import check_at_least
+from lightformer.tokenization.text import Tokenizer
 
 FORMAT_VERSION = 3  # bump when what a prepared folder holds, or how an image is drawn, changes meaning
 QUESTIONS = {  # source → question kind → the question ("{n}": the word's number)
@@ -126,8 +126,8 @@ class VisualQASource:
         val_fraction, test_fraction: the clip art's drawings (by their variant's hash) held out for val and test.
         emoji_held_out_style: the emoji style of val and test ("symbola" or "noto").
         emoji_val_fraction: share of the held-out emoji (by name) in val; the rest are test.
-        font_dir, data_root: where the fonts are; where the Austen corpus and Fashion-MNIST (``FashionMNIST/raw``,
-            from Debian's dataset-fashion-mnist) are stored.
+        font_dir, data_root: the lines' typefaces (``ImageTextSource.font_dir``: the default, the declared ones); where
+            the Austen corpus and Fashion-MNIST (``FashionMNIST/raw``, from Debian's dataset-fashion-mnist) are stored.
     """
 
     sources: tuple[str, ...] = ("clipart", "lines")
@@ -147,7 +147,7 @@ class VisualQASource:
     test_fraction: float = 0.05
     emoji_held_out_style: str = "symbola"
     emoji_val_fraction: float = 0.5
-    font_dir: str = "/usr/share/fonts"
+    font_dir: str = SYSTEM_FONT_DIR  # "/usr/share/fonts": the declared typefaces
     data_root: str = "data"
 
     def __post_init__(self) -> None:
@@ -341,7 +341,7 @@ class VisualQADataModule(ChatRecords):
             files += [file_stamp(root / kind / f"{name}.{kind}")[1:] + [name, kind]
                       for name in openclipart.drawing_names(root) for kind in ("png", "svg")]  # fmt: skip
         if "lines" in s.sources:
-            installed = discover_fonts(s.font_dir)
+            installed = typefaces(s.font_dir)
             used = sorted({family for families in self.families.values() for family in families})
             files += [file_stamp(Path(path))[1:] + [family] for family in used for path in installed[family]]
             files.append(file_stamp(self._austen())[1:])

@@ -1,2 +1,3 @@
-"""What each objective does to a batch: BERT masking and T5 span corruption (``masking``), pixel palettes for
-Image GPT (``pixels``), image augmentation on the training device (``augment``)."""
+"""What each objective does to a batch: BERT masking and T5 span corruption (``masking``), image augmentation on the
+training device (``augment``), the vision-language chat layout (``chat``); Image GPT's pixel palettes are a
+tokenizer (``lightformer.tokenization.pixels``)."""

@@ -50,12 +50,12 @@ from litdata import File, TokensLoader, optimize
 from litdata.streaming.resolver import Dir
 
 from lightformer.data.preparation.caching import MANIFEST, content_hash, file_stamp, preparing, read_manifest
-from lightformer.data.preparation.tokenizers import MIN_BPE_VOCAB_SIZE, Tokenizer, token_dtype
 from lightformer.data.raw.corpora import source_files
 from lightformer.data.raw.sources import SPLITS, Piece, TextSource, read_piece
 from lightformer.errors import ConfigError, DataError
 from lightformer.io.files import atomic_open, atomic_write_bytes, sha256_of
 from lightformer.nn.checks import check_at_least
+from lightformer.tokenization.text import MIN_BPE_VOCAB_SIZE, Tokenizer, token_dtype
 
 FORMAT_VERSION = 1  # bump when what a prepared folder holds changes meaning
 TOKENIZER = "tokenizer.json"

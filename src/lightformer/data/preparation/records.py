@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lightformer.data.preparation.prepare import TokenizerConfig, load_or_train_tokenizer, write_records
-from lightformer.data.preparation.tokenizers import Tokenizer
+from lightformer.tokenization.text import Tokenizer
 
 
 @dataclass(frozen=True)

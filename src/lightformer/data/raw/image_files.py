@@ -7,8 +7,10 @@ A folder dataset follows torchvision's ``ImageFolder`` layout: ``<folder>/train/
 
 from __future__ import annotations
 
+import contextlib
 import io
-from collections.abc import Generator, Sequence
+import sys
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -21,6 +23,58 @@ from torchvision.transforms import v2
 
 from lightformer.errors import DataError
 
+_WARNED: set[str] = set()  # the large files warned of, once each in a process
+
+
+@contextlib.contextmanager
+def open_image(path: str | Path | BinaryIO, trusted_pixels: int | None = None) -> Iterator[Image.Image]:
+    """``Image.open(path)`` for decoding inside the ``with``, PIL's failures as ours: a missing file is a
+    FileNotFoundError, one that PIL cannot read (in the ``with`` too: a file cut short fails as it is decoded) a
+    DataError naming it, with what would be valid.
+
+    Pillow's decompression-bomb guard (``Image.MAX_IMAGE_PIXELS``, 89 megapixels) printed two lines of its own above
+    it and raised a traceback above twice it. Here a file above it (a 12000 × 12000 photo: 144 megapixels) is decoded,
+    with one warning line naming it and its size, once per file (a stream: none); one above twice it is refused
+    (DataError naming it, its size and the limit) before it is decoded. ``trusted_pixels``: a file the library ships,
+    decoded without a word up to this many pixels.
+    """
+    limit = Image.MAX_IMAGE_PIXELS
+    try:
+        Image.MAX_IMAGE_PIXELS = None  # the size is checked here, with the file's name
+        try:
+            opened = Image.open(path)
+        finally:
+            Image.MAX_IMAGE_PIXELS = limit
+        with opened:
+            width, height = opened.size
+            pixels = width * height
+            if trusted_pixels is not None:
+                if pixels > trusted_pixels:
+                    raise DataError(f"{path} is {width} × {height} pixels, more than the {trusted_pixels:,} decoded")
+            elif limit is not None and pixels > 2 * limit:
+                raise DataError(
+                    f"{path} is {width} × {height} pixels ({pixels / 1e6:.3g} megapixels), more than the "
+                    f"{2 * limit / 1e6:.3g} megapixels an image file may have (twice Pillow's decompression-bomb "
+                    "limit: a file this large can be an attack that fills the memory as it is decoded); reduce it "
+                    "first, e.g. `convert in.png -resize 8000x8000 out.png` (the model sees it far smaller)"
+                )
+            elif limit is not None and pixels > limit and isinstance(path, (str, Path)) and str(path) not in _WARNED:
+                _WARNED.add(str(path))
+                print(
+                    f"warning: {path} is {width} × {height} pixels ({pixels / 1e6:.3g} megapixels), more than "
+                    f"Pillow's decompression-bomb limit of {limit / 1e6:.3g} megapixels: decoded all the same (above "
+                    f"{2 * limit / 1e6:.3g} megapixels an image file is refused)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            yield opened
+    except FileNotFoundError:
+        raise FileNotFoundError(f"Image file not found: {path}") from None
+    except (UnidentifiedImageError, OSError) as error:
+        raise DataError(
+            f"{path} is not a readable image file ({error}): give PNG, JPEG or another image file that PIL reads"
+        ) from error
+
 
 def load_image(path: str | Path | BinaryIO, in_channels: int = 3, image_size: int | None = None) -> Image.Image:
     """Open an image file (or its bytes, as a binary stream) as a PIL image in mode "L" (in_channels=1) or "RGB"
@@ -31,30 +85,24 @@ def load_image(path: str | Path | BinaryIO, in_channels: int = 3, image_size: in
     integer or float pixels (PIL modes "I", "F") have no standard range and are refused. With `image_size`,
     the image is resized to image_size × image_size (aspect ratio not kept), as `ImageDataModule` does.
     Raises FileNotFoundError, or DataError (a ValueError) naming the file when it is missing, not a readable image,
-    or of such a mode.
+    of such a mode, or larger than an image file may be (``open_image``: above Pillow's decompression-bomb limit, it
+    is decoded with a warning).
     """
     modes = {1: "L", 3: "RGB"}
     if in_channels not in modes:
         raise ValueError(f"load_image: in_channels={in_channels} is not supported; use 1 (grey) or 3 (RGB)")
-    try:
-        with Image.open(path) as opened:
-            # Cameras store the orientation in EXIF instead of rotating pixels; apply it.
-            image = ImageOps.exif_transpose(opened)
-            if image.mode.startswith("I;16"):
-                image = Image.fromarray((np.asarray(image) >> 8).astype(np.uint8))
-            elif image.mode in ("I", "F"):
-                raise DataError(
-                    f"{path} has 32-bit {'integer' if image.mode == 'I' else 'float'} pixels (PIL mode "
-                    f"{image.mode!r}), which have no standard 8-bit range; save it with 8-bit channels (greyscale "
-                    f"or RGB, also with alpha) or as 16-bit greyscale"
-                )
-            image = image.convert(modes[in_channels])
-    except FileNotFoundError:
-        raise FileNotFoundError(f"Image file not found: {path}") from None
-    except (UnidentifiedImageError, OSError) as error:
-        raise DataError(
-            f"{path} is not a readable image file ({error}): give PNG, JPEG or another image file that PIL reads"
-        ) from error
+    with open_image(path) as opened:
+        # Cameras store the orientation in EXIF instead of rotating pixels; apply it.
+        image = ImageOps.exif_transpose(opened)
+        if image.mode.startswith("I;16"):
+            image = Image.fromarray((np.asarray(image) >> 8).astype(np.uint8))
+        elif image.mode in ("I", "F"):
+            raise DataError(
+                f"{path} has 32-bit {'integer' if image.mode == 'I' else 'float'} pixels (PIL mode "
+                f"{image.mode!r}), which have no standard 8-bit range; save it with 8-bit channels (greyscale "
+                f"or RGB, also with alpha) or as 16-bit greyscale"
+            )
+        image = image.convert(modes[in_channels])
     if image_size is not None:
         image = v2.functional.resize(image, [image_size, image_size], antialias=True)
     return image

@@ -17,16 +17,16 @@ words ``bw``, ``color``, ``colour``, and without trailing digits and underscores
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import re
-import warnings
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 from PIL import Image, ImageChops
+
+from lightformer.data.raw.image_files import open_image
 
 OPENCLIPART_ROOT = "/usr/share/openclipart"
 # Top-level categories left out of the classes, with why: their names do not say what the drawings show, or they
@@ -149,20 +149,6 @@ def read_drawings(root: str | Path, names: list[str], max_chars: int) -> Iterato
         yield Drawing(name, name.split("/", 1)[0], captions, keywords) if captions else name
 
 
-@contextlib.contextmanager
-def _trusted_sizes() -> Iterator[None]:
-    """Pillow's decompression-bomb limit raised to ``MAX_PIXELS`` (and its warning silenced) for the library's own
-    files, restored after."""
-    limit = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = MAX_PIXELS
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            yield
-    finally:
-        Image.MAX_IMAGE_PIXELS = limit
-
-
 def on_white(image: Image.Image) -> Image.Image:
     """An image of any mode as RGB, transparent parts on white."""
     if image.mode == "P" and "transparency" in image.info or image.mode in ("LA", "PA"):
@@ -187,11 +173,13 @@ def fit_square(image: Image.Image, size: int) -> Image.Image:
     return canvas
 
 
-def drawing_image(path: str | Path, size: int) -> Image.Image:
+def drawing_image(path: str | Path, size: int, trusted_pixels: int | None = MAX_PIXELS) -> Image.Image:
     """The PNG at ``path`` on a ``size`` × ``size`` white canvas. A PNG many times the canvas is put on white and
     reduced in strips of rows (``reduced_on_white``), so that no full-size copy of it is made beside the decoded
-    one; then it is fitted."""
-    with _trusted_sizes(), Image.open(path) as opened:
+    one; then it is fitted. A file that is not a readable image is a DataError naming it (``open_image``);
+    ``trusted_pixels``: the library's files are decoded without a word up to ``MAX_PIXELS``; None (a user's file):
+    Pillow's decompression-bomb limit applies, as ``open_image`` does."""
+    with open_image(path, trusted_pixels) as opened:
         opened.load()
         factor = max(1, max(opened.size) // (4 * size))
         image = reduced_on_white(opened, factor) if factor > 1 else on_white(opened)

@@ -1,5 +1,11 @@
-"""Printed text lines as images: the fonts installed under a folder, grouped by family, and one line of text rendered
-in one of them (Pillow), for image-to-text data (``data.modules.image_text``).
+"""Printed text lines as images: the typefaces they are drawn in, and one line of text rendered in one of them
+(Pillow), for image-to-text data (``data.modules.image_text``).
+
+The typefaces are declared, not discovered: ``TYPEFACES`` names each family's files under ``FONT_ROOT`` and the Debian
+package each comes from (``debian-packages.txt`` installs them all), and ``declared_fonts`` checks them, naming the
+package of a missing one. Another font installed beside them (a browser's older Liberation, say) is never used, so
+the same seed renders the same lines on every machine. A folder of a user's own (``data.source.font_dir``) is searched
+for every text font in it instead (``discover_fonts``); ``typefaces`` picks between the two.
 
 A line is drawn in dark ink on a light background, as a grey (mode "L") image of a fixed ``height × width``: the
 font's line box (ascent + descent) is a share ``size`` of the height, the glyphs are spaced by ``spacing`` em, the
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import string
 from dataclasses import dataclass
 from functools import lru_cache
@@ -20,6 +27,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
+from lightformer.errors import DataError
+
 FONT_SUFFIXES = (".ttf", ".otf", ".t1", ".pfb")  # in order of preference for one (family, style) in several files
 # Families whose letters are not letters (symbols, dingbats), a math font that repeats a text family's design, or
 # whose lowercase is drawn as small capitals (a reader trained on them would learn that "a" looks like "A"); Symbola
@@ -27,6 +36,8 @@ FONT_SUFFIXES = (".ttf", ".otf", ".t1", ".pfb")  # in order of preference for on
 SKIPPED_FAMILIES = frozenset({"D050000L", "Standard Symbols PS", "DejaVu Math TeX Gyre", "Go Smallcaps", "Symbola"})
 _CHECKED_CHARACTERS = string.ascii_letters + string.digits + ".,;:!?'\"-()"
 _REFERENCE_SIZE = 100  # the size at which a font's metrics are read, to size it by its line box
+SYSTEM_FONT_DIR = "/usr/share/fonts"  # data.source.font_dir's default: the declared TYPEFACES, nothing else there
+FONT_ROOT = Path(SYSTEM_FONT_DIR)  # where TYPEFACES' files are
 
 
 class LineTooWide(ValueError):
@@ -91,11 +102,66 @@ def renders_text(path: str | Path) -> bool:
     return not missing_glyphs(path)
 
 
+def typefaces(font_dir: str = SYSTEM_FONT_DIR) -> dict[str, tuple[str, ...]]:
+    """The typefaces lines are drawn in, by family (sorted), each family's files sorted by path: for
+    ``SYSTEM_FONT_DIR`` (``data.source.font_dir``'s default) the declared ones (``declared_fonts``), whatever else is
+    installed there; for any other folder, a user's own, every text font in it (``discover_fonts``)."""
+    return declared_fonts() if uses_declared_typefaces(font_dir) else discover_fonts(font_dir)
+
+
+def uses_declared_typefaces(font_dir: str) -> bool:
+    """Whether ``data.source.font_dir`` means the declared typefaces (it is ``SYSTEM_FONT_DIR``, the default)."""
+    return os.path.normpath(font_dir) == SYSTEM_FONT_DIR
+
+
+def declared_fonts(root: str | Path | None = None) -> dict[str, tuple[str, ...]]:
+    """``TYPEFACES``' files under ``root`` (default ``FONT_ROOT``), by family (sorted), each family's sorted: each file
+    is checked, and a missing one is a ``DataError`` naming its family, its path and its Debian package."""
+    return _declared_fonts(str(FONT_ROOT if root is None else root))
+
+
+def missing_typefaces(root: str | Path | None = None) -> dict[str, list[tuple[str, Path]]]:
+    """The files of ``TYPEFACES`` that are not under ``root`` (default ``FONT_ROOT``): Debian package → its (family,
+    path); {} when all are there."""
+    base = Path(FONT_ROOT if root is None else root)
+    missing: dict[str, list[tuple[str, Path]]] = {}
+    for family, packages in TYPEFACES.items():
+        for package, files in packages.items():
+            for file in files:
+                if not (base / file).is_file():
+                    missing.setdefault(package, []).append((family, base / file))
+    return missing
+
+
 @lru_cache(maxsize=8)
-def discover_fonts(font_dir: str = "/usr/share/fonts") -> dict[str, tuple[str, ...]]:
+def _declared_fonts(root: str) -> dict[str, tuple[str, ...]]:
+    missing = missing_typefaces(root)
+    if missing:
+
+        def named(package: str, gaps: list[tuple[str, Path]]) -> str:
+            (family, path), more = gaps[0], len(gaps) - 1
+            others = sorted({f for f, _ in gaps} - {family})
+            also = f" and {more} more (of {', '.join([family, *others])})" if more else ""
+            return f"{family}'s {path}{also}, of {package}"
+
+        listed = [named(package, gaps) for package, gaps in list(missing.items())[:3]]
+        listed += [f"and {len(missing) - 3} packages more"] if len(missing) > 3 else []
+        raise DataError(
+            f"data.source.font_dir: {sum(map(len, missing.values()))} file(s) of the declared typefaces "
+            f"(rendering.TYPEFACES) are missing under {root}: {'; '.join(listed)}. apt-get install {' '.join(missing)} "
+            "(debian-packages.txt installs every one), or set data.source.font_dir to a folder of fonts of your own"
+        )
+    return {family: tuple(sorted(str(Path(root, f)) for files in packages.values() for f in files))
+            for family, packages in sorted(TYPEFACES.items())}  # fmt: skip
+
+
+@lru_cache(maxsize=8)
+def discover_fonts(font_dir: str = SYSTEM_FONT_DIR) -> dict[str, tuple[str, ...]]:
     """The text fonts under ``font_dir``, by family (sorted): each family's files, one per style (the .ttf, else
     .otf, .t1, .pfb of a style installed in several formats), sorted by path. Symbol and dingbat fonts
-    (``SKIPPED_FAMILIES``) and fonts that do not draw ASCII letters (``renders_text``) are left out."""
+    (``SKIPPED_FAMILIES``) and fonts that do not draw ASCII letters (``renders_text``) are left out. Used for a
+    ``data.source.font_dir`` of the user's own; the default's typefaces are ``TYPEFACES``, which this found under
+    /usr/share/fonts when they were declared."""
     chosen: dict[tuple[str, str], Path] = {}
     files = sorted(p for p in Path(font_dir).rglob("*") if p.suffix.lower() in FONT_SUFFIXES and p.is_file())
     for path in sorted(files, key=lambda p: FONT_SUFFIXES.index(p.suffix.lower())):
@@ -208,3 +274,172 @@ def jpeg_bytes(image: Image.Image, quality: int = 95) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG", quality=quality)
     return buffer.getvalue()
+
+
+# --- the declared typefaces --------------------------------------------------------------------------------------
+
+# The typefaces of the rendered lines (``configs/image_text/``, the VLM's lines): family → {the Debian package: the
+# family's files of it, under FONT_ROOT}. 47 families, the 22 font packages of debian-packages.txt and
+# fonts-dejavu-extra; "DejaVu Serif", "P052" and "URW Gothic" are held out (``image_text.DEFAULT_HELD_OUT``). Written
+# from what ``discover_fonts()`` found under /usr/share/fonts with exactly these packages installed (Debian 12.11,
+# 2026-12-07; one file per (family, style), symbol fonts and fonts without ASCII glyphs left out), so that prepared
+# folders stay what they were; a family or file added here changes the data (and its fingerprint's "fonts").
+# fmt: off
+TYPEFACES: dict[str, dict[str, tuple[str, ...]]] = {
+    "Accanthis ADF Std": {"fonts-adf-accanthis": ("truetype/adf/AccanthisADFStd-Bold.otf",
+        "truetype/adf/AccanthisADFStd-BoldItalic.otf", "truetype/adf/AccanthisADFStd-Italic.otf",
+        "truetype/adf/AccanthisADFStd-Regular.otf")},
+    "Accanthis ADF Std No2": {"fonts-adf-accanthis": ("truetype/adf/AccanthisADFStdNo2-Bold.otf",
+        "truetype/adf/AccanthisADFStdNo2-BoldItalic.otf", "truetype/adf/AccanthisADFStdNo2-Italic.otf",
+        "truetype/adf/AccanthisADFStdNo2-Regular.otf")},
+    "Accanthis ADF Std No3": {"fonts-adf-accanthis": ("truetype/adf/AccanthisADFStdNo3-Bold.otf",
+        "truetype/adf/AccanthisADFStdNo3-BoldItalic.otf", "truetype/adf/AccanthisADFStdNo3-Italic.otf",
+        "truetype/adf/AccanthisADFStdNo3-Regular.otf")},
+    "Baskervald ADF Std": {"fonts-adf-baskervald": ("truetype/adf/BaskervaldADFStd-Bold.otf",
+        "truetype/adf/BaskervaldADFStd-BoldItalic.otf", "truetype/adf/BaskervaldADFStd-Heavy.otf",
+        "truetype/adf/BaskervaldADFStd-HeavyItalic.otf", "truetype/adf/BaskervaldADFStd-Italic.otf",
+        "truetype/adf/BaskervaldADFStd.otf")},
+    "C059": {"fonts-urw-base35": ("opentype/urw-base35/C059-BdIta.otf", "opentype/urw-base35/C059-Bold.otf",
+        "opentype/urw-base35/C059-Italic.otf", "opentype/urw-base35/C059-Roman.otf")},
+    "Caladea": {"fonts-crosextra-caladea": ("truetype/crosextra/Caladea-Bold.ttf",
+        "truetype/crosextra/Caladea-BoldItalic.ttf", "truetype/crosextra/Caladea-Italic.ttf",
+        "truetype/crosextra/Caladea-Regular.ttf")},
+    "Cantarell": {"fonts-cantarell": ("opentype/cantarell/Cantarell-Bold.otf",
+        "opentype/cantarell/Cantarell-ExtraBold.otf", "opentype/cantarell/Cantarell-Light.otf",
+        "opentype/cantarell/Cantarell-Regular.otf", "opentype/cantarell/Cantarell-Thin.otf")},
+    "Carlito": {"fonts-crosextra-carlito": ("truetype/crosextra/Carlito-Bold.ttf",
+        "truetype/crosextra/Carlito-BoldItalic.ttf", "truetype/crosextra/Carlito-Italic.ttf",
+        "truetype/crosextra/Carlito-Regular.ttf")},
+    "Charis SIL": {"fonts-sil-charis": ("truetype/charis/CharisSIL-Bold.ttf",
+        "truetype/charis/CharisSIL-BoldItalic.ttf", "truetype/charis/CharisSIL-Italic.ttf",
+        "truetype/charis/CharisSIL-Regular.ttf")},
+    "Courier Prime": {"fonts-courier-prime": ("opentype/courier-prime/Courier Prime Bold Italic.otf",)},
+    "Courier Prime Code": {"fonts-courier-prime": ("opentype/courier-prime/Courier Prime Code Italic.otf",
+        "opentype/courier-prime/Courier Prime Code.otf")},
+    "Courier Prime Sans": {"fonts-courier-prime": ("opentype/courier-prime/Courier Prime Sans Bold Italic.otf",)},
+    "DejaVu Sans": {"fonts-dejavu-core": ("truetype/dejavu/DejaVuSans-Bold.ttf", "truetype/dejavu/DejaVuSans.ttf"),
+        "fonts-dejavu-extra": ("truetype/dejavu/DejaVuSans-BoldOblique.ttf",
+        "truetype/dejavu/DejaVuSans-ExtraLight.ttf", "truetype/dejavu/DejaVuSans-Oblique.ttf",
+        "truetype/dejavu/DejaVuSansCondensed-Bold.ttf", "truetype/dejavu/DejaVuSansCondensed-BoldOblique.ttf",
+        "truetype/dejavu/DejaVuSansCondensed-Oblique.ttf", "truetype/dejavu/DejaVuSansCondensed.ttf")},
+    "DejaVu Sans Mono": {"fonts-dejavu-core": ("truetype/dejavu/DejaVuSansMono-Bold.ttf",
+        "truetype/dejavu/DejaVuSansMono.ttf"),
+        "fonts-dejavu-extra": ("truetype/dejavu/DejaVuSansMono-BoldOblique.ttf",
+        "truetype/dejavu/DejaVuSansMono-Oblique.ttf")},
+    "DejaVu Serif": {"fonts-dejavu-core": ("truetype/dejavu/DejaVuSerif-Bold.ttf", "truetype/dejavu/DejaVuSerif.ttf"),
+        "fonts-dejavu-extra": ("truetype/dejavu/DejaVuSerif-BoldItalic.ttf", "truetype/dejavu/DejaVuSerif-Italic.ttf",
+        "truetype/dejavu/DejaVuSerifCondensed-Bold.ttf", "truetype/dejavu/DejaVuSerifCondensed-BoldItalic.ttf",
+        "truetype/dejavu/DejaVuSerifCondensed-Italic.ttf", "truetype/dejavu/DejaVuSerifCondensed.ttf")},
+    "FreeMono": {"fonts-freefont-ttf": ("truetype/freefont/FreeMono.ttf", "truetype/freefont/FreeMonoBold.ttf",
+        "truetype/freefont/FreeMonoBoldOblique.ttf", "truetype/freefont/FreeMonoOblique.ttf")},
+    "FreeSans": {"fonts-freefont-ttf": ("truetype/freefont/FreeSans.ttf", "truetype/freefont/FreeSansBold.ttf",
+        "truetype/freefont/FreeSansBoldOblique.ttf", "truetype/freefont/FreeSansOblique.ttf")},
+    "FreeSerif": {"fonts-freefont-ttf": ("truetype/freefont/FreeSerif.ttf", "truetype/freefont/FreeSerifBold.ttf",
+        "truetype/freefont/FreeSerifBoldItalic.ttf", "truetype/freefont/FreeSerifItalic.ttf")},
+    "Gentium Book Plus": {"fonts-sil-gentiumplus": ("truetype/gentiumplus/GentiumBookPlus-Bold.ttf",
+        "truetype/gentiumplus/GentiumBookPlus-BoldItalic.ttf", "truetype/gentiumplus/GentiumBookPlus-Italic.ttf",
+        "truetype/gentiumplus/GentiumBookPlus-Regular.ttf")},
+    "Gentium Plus": {"fonts-sil-gentiumplus": ("truetype/gentiumplus/GentiumPlus-Bold.ttf",
+        "truetype/gentiumplus/GentiumPlus-BoldItalic.ttf", "truetype/gentiumplus/GentiumPlus-Italic.ttf",
+        "truetype/gentiumplus/GentiumPlus-Regular.ttf")},
+    "Gillius ADF": {"fonts-adf-gillius": ("truetype/adf/GilliusADF-Bold.otf", "truetype/adf/GilliusADF-BoldCond.otf",
+        "truetype/adf/GilliusADF-BoldCondItalic.otf", "truetype/adf/GilliusADF-BoldItalic.otf",
+        "truetype/adf/GilliusADF-Cond.otf", "truetype/adf/GilliusADF-CondItalic.otf",
+        "truetype/adf/GilliusADF-Italic.otf", "truetype/adf/GilliusADF-Regular.otf")},
+    "Gillius ADF No2": {"fonts-adf-gillius": ("truetype/adf/GilliusADFNo2-Bold.otf",
+        "truetype/adf/GilliusADFNo2-BoldCond.otf", "truetype/adf/GilliusADFNo2-BoldCondItalic.otf",
+        "truetype/adf/GilliusADFNo2-BoldItalic.otf", "truetype/adf/GilliusADFNo2-Cond.otf",
+        "truetype/adf/GilliusADFNo2-CondItalic.otf", "truetype/adf/GilliusADFNo2-Italic.otf",
+        "truetype/adf/GilliusADFNo2-Regular.otf")},
+    "Go": {"fonts-go": ("fonts-go/Go-Bold-Italic.ttf", "fonts-go/Go-Bold.ttf", "fonts-go/Go-Italic.ttf",
+        "fonts-go/Go-Regular.ttf")},
+    "Go Medium": {"fonts-go": ("fonts-go/Go-Medium-Italic.ttf", "fonts-go/Go-Medium.ttf")},
+    "Go Mono": {"fonts-go": ("fonts-go/Go-Mono-Bold-Italic.ttf", "fonts-go/Go-Mono-Bold.ttf",
+        "fonts-go/Go-Mono-Italic.ttf", "fonts-go/Go-Mono.ttf")},
+    "JetBrains Mono": {"fonts-jetbrains-mono": ("truetype/jetbrains-mono/JetBrainsMono-Bold.ttf",
+        "truetype/jetbrains-mono/JetBrainsMono-BoldItalic.ttf", "truetype/jetbrains-mono/JetBrainsMono-ExtraBold.ttf",
+        "truetype/jetbrains-mono/JetBrainsMono-ExtraBoldItalic.ttf",
+        "truetype/jetbrains-mono/JetBrainsMono-ExtraLight.ttf",
+        "truetype/jetbrains-mono/JetBrainsMono-ExtraLightItalic.ttf",
+        "truetype/jetbrains-mono/JetBrainsMono-Italic.ttf", "truetype/jetbrains-mono/JetBrainsMono-Light.ttf",
+        "truetype/jetbrains-mono/JetBrainsMono-LightItalic.ttf", "truetype/jetbrains-mono/JetBrainsMono-Medium.ttf",
+        "truetype/jetbrains-mono/JetBrainsMono-MediumItalic.ttf", "truetype/jetbrains-mono/JetBrainsMono-Regular.ttf",
+        "truetype/jetbrains-mono/JetBrainsMono-SemiBold.ttf",
+        "truetype/jetbrains-mono/JetBrainsMono-SemiBoldItalic.ttf", "truetype/jetbrains-mono/JetBrainsMono-Thin.ttf",
+        "truetype/jetbrains-mono/JetBrainsMono-ThinItalic.ttf")},
+    "Lato": {"fonts-lato": ("truetype/lato/Lato-Black.ttf", "truetype/lato/Lato-BlackItalic.ttf",
+        "truetype/lato/Lato-Bold.ttf", "truetype/lato/Lato-BoldItalic.ttf", "truetype/lato/Lato-Hairline.ttf",
+        "truetype/lato/Lato-HairlineItalic.ttf", "truetype/lato/Lato-Heavy.ttf", "truetype/lato/Lato-HeavyItalic.ttf",
+        "truetype/lato/Lato-Italic.ttf", "truetype/lato/Lato-Light.ttf", "truetype/lato/Lato-LightItalic.ttf",
+        "truetype/lato/Lato-Medium.ttf", "truetype/lato/Lato-MediumItalic.ttf", "truetype/lato/Lato-Regular.ttf",
+        "truetype/lato/Lato-Semibold.ttf", "truetype/lato/Lato-SemiboldItalic.ttf", "truetype/lato/Lato-Thin.ttf",
+        "truetype/lato/Lato-ThinItalic.ttf")},
+    "Liberation Mono": {"fonts-liberation2": ("truetype/liberation2/LiberationMono-Bold.ttf",
+        "truetype/liberation2/LiberationMono-BoldItalic.ttf", "truetype/liberation2/LiberationMono-Italic.ttf",
+        "truetype/liberation2/LiberationMono-Regular.ttf")},
+    "Liberation Sans": {"fonts-liberation2": ("truetype/liberation2/LiberationSans-Bold.ttf",
+        "truetype/liberation2/LiberationSans-BoldItalic.ttf", "truetype/liberation2/LiberationSans-Italic.ttf",
+        "truetype/liberation2/LiberationSans-Regular.ttf")},
+    "Liberation Serif": {"fonts-liberation2": ("truetype/liberation2/LiberationSerif-Bold.ttf",
+        "truetype/liberation2/LiberationSerif-BoldItalic.ttf", "truetype/liberation2/LiberationSerif-Italic.ttf",
+        "truetype/liberation2/LiberationSerif-Regular.ttf")},
+    "Nimbus Mono PS": {"fonts-urw-base35": ("opentype/urw-base35/NimbusMonoPS-Bold.otf",
+        "opentype/urw-base35/NimbusMonoPS-BoldItalic.otf", "opentype/urw-base35/NimbusMonoPS-Italic.otf",
+        "opentype/urw-base35/NimbusMonoPS-Regular.otf")},
+    "Nimbus Roman": {"fonts-urw-base35": ("opentype/urw-base35/NimbusRoman-Bold.otf",
+        "opentype/urw-base35/NimbusRoman-BoldItalic.otf", "opentype/urw-base35/NimbusRoman-Italic.otf",
+        "opentype/urw-base35/NimbusRoman-Regular.otf")},
+    "Nimbus Sans": {"fonts-urw-base35": ("opentype/urw-base35/NimbusSans-Bold.otf",
+        "opentype/urw-base35/NimbusSans-BoldItalic.otf", "opentype/urw-base35/NimbusSans-Italic.otf",
+        "opentype/urw-base35/NimbusSans-Regular.otf")},
+    "Nimbus Sans Narrow": {"fonts-urw-base35": ("opentype/urw-base35/NimbusSansNarrow-Bold.otf",
+        "opentype/urw-base35/NimbusSansNarrow-BoldOblique.otf", "opentype/urw-base35/NimbusSansNarrow-Oblique.otf",
+        "opentype/urw-base35/NimbusSansNarrow-Regular.otf")},
+    "Noto Mono": {"fonts-noto-mono": ("truetype/noto/NotoMono-Regular.ttf",)},
+    "Noto Sans Mono": {"fonts-noto-mono": ("truetype/noto/NotoSansMono-Bold.ttf",
+        "truetype/noto/NotoSansMono-Regular.ttf")},
+    "Open Sans": {"fonts-open-sans": ("truetype/open-sans/OpenSans-Bold.ttf",
+        "truetype/open-sans/OpenSans-BoldItalic.ttf", "truetype/open-sans/OpenSans-CondLight.ttf",
+        "truetype/open-sans/OpenSans-CondLightItalic.ttf", "truetype/open-sans/OpenSans-ExtraBold.ttf",
+        "truetype/open-sans/OpenSans-ExtraBoldItalic.ttf", "truetype/open-sans/OpenSans-Italic.ttf",
+        "truetype/open-sans/OpenSans-Light.ttf", "truetype/open-sans/OpenSans-LightItalic.ttf",
+        "truetype/open-sans/OpenSans-Regular.ttf", "truetype/open-sans/OpenSans-Semibold.ttf",
+        "truetype/open-sans/OpenSans-SemiboldItalic.ttf")},
+    "Open Sans Condensed": {"fonts-open-sans": ("truetype/open-sans/OpenSans-CondBold.ttf",)},
+    "P052": {"fonts-urw-base35": ("opentype/urw-base35/P052-Bold.otf", "opentype/urw-base35/P052-BoldItalic.otf",
+        "opentype/urw-base35/P052-Italic.otf", "opentype/urw-base35/P052-Roman.otf")},
+    "Quattrocento": {"fonts-quattrocento": ("opentype/quattrocento/Quattrocento-Regular.otf",)},
+    "Roboto": {"fonts-roboto-unhinted": ("truetype/roboto/unhinted/RobotoTTF/Roboto-Black.ttf",
+        "truetype/roboto/unhinted/RobotoTTF/Roboto-BlackItalic.ttf",
+        "truetype/roboto/unhinted/RobotoTTF/Roboto-Bold.ttf",
+        "truetype/roboto/unhinted/RobotoTTF/Roboto-BoldItalic.ttf",
+        "truetype/roboto/unhinted/RobotoTTF/Roboto-Italic.ttf", "truetype/roboto/unhinted/RobotoTTF/Roboto-Light.ttf",
+        "truetype/roboto/unhinted/RobotoTTF/Roboto-LightItalic.ttf",
+        "truetype/roboto/unhinted/RobotoTTF/Roboto-Medium.ttf",
+        "truetype/roboto/unhinted/RobotoTTF/Roboto-MediumItalic.ttf",
+        "truetype/roboto/unhinted/RobotoTTF/Roboto-Regular.ttf", "truetype/roboto/unhinted/RobotoTTF/Roboto-Thin.ttf",
+        "truetype/roboto/unhinted/RobotoTTF/Roboto-ThinItalic.ttf")},
+    "Roboto Condensed": {"fonts-roboto-unhinted": ("truetype/roboto/unhinted/RobotoCondensed-Bold.ttf",
+        "truetype/roboto/unhinted/RobotoCondensed-BoldItalic.ttf",
+        "truetype/roboto/unhinted/RobotoCondensed-Italic.ttf", "truetype/roboto/unhinted/RobotoCondensed-Light.ttf",
+        "truetype/roboto/unhinted/RobotoCondensed-LightItalic.ttf",
+        "truetype/roboto/unhinted/RobotoCondensed-Medium.ttf",
+        "truetype/roboto/unhinted/RobotoCondensed-MediumItalic.ttf",
+        "truetype/roboto/unhinted/RobotoCondensed-Regular.ttf")},
+    "Roboto Slab": {"fonts-roboto-slab": ("opentype/roboto/slab/RobotoSlab-Bold.otf",
+        "opentype/roboto/slab/RobotoSlab-Light.otf", "opentype/roboto/slab/RobotoSlab-Regular.otf",
+        "opentype/roboto/slab/RobotoSlab-Thin.otf")},
+    "URW Bookman": {"fonts-urw-base35": ("opentype/urw-base35/URWBookman-Demi.otf",
+        "opentype/urw-base35/URWBookman-DemiItalic.otf", "opentype/urw-base35/URWBookman-Light.otf",
+        "opentype/urw-base35/URWBookman-LightItalic.otf")},
+    "URW Gothic": {"fonts-urw-base35": ("opentype/urw-base35/URWGothic-Book.otf",
+        "opentype/urw-base35/URWGothic-BookOblique.otf", "opentype/urw-base35/URWGothic-Demi.otf",
+        "opentype/urw-base35/URWGothic-DemiOblique.otf")},
+    "Universalis ADF Std": {"fonts-adf-universalis": ("truetype/adf/UniversalisADFStd-Bold.otf",
+        "truetype/adf/UniversalisADFStd-BoldCond.otf", "truetype/adf/UniversalisADFStd-BoldCondIt.otf",
+        "truetype/adf/UniversalisADFStd-BoldItalic.otf", "truetype/adf/UniversalisADFStd-Cond.otf",
+        "truetype/adf/UniversalisADFStd-CondItalic.otf", "truetype/adf/UniversalisADFStd-Italic.otf",
+        "truetype/adf/UniversalisADFStd-Regular.otf")},
+    "Z003": {"fonts-urw-base35": ("opentype/urw-base35/Z003-MediumItalic.otf",)},
+}
+# fmt: on

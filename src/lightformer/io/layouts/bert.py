@@ -103,7 +103,7 @@ def bert_frame(raw: Any, tokenizer: Any) -> dict[str, Any]:
     """BERT's roles of our special tokens, and its framing of a text or a pair (``fast_tokenizer``'s ``frame``)."""
     from tokenizers import processors
 
-    from lightformer.data.preparation.tokenizers import BOS, EOS, MASK
+    from lightformer.tokenization.text import BOS, EOS, MASK
 
     roles: dict[str, Any] = dict(cls_token=BOS, sep_token=EOS,
                                  model_input_names=["input_ids", "token_type_ids", "attention_mask"])  # fmt: skip

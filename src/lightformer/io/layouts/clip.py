@@ -171,7 +171,7 @@ def clip_tokenizer(tokenizer: Any, block_size: int) -> Any:
     data does, [BOS] text [EOS], within the model's ``block_size`` positions."""
     from tokenizers import processors
 
-    from lightformer.data.preparation.tokenizers import BOS, EOS
+    from lightformer.tokenization.text import BOS, EOS
 
     data = json.loads(tokenizer.to_str())
     swap = {SWAP[0]: SWAP[1], SWAP[1]: SWAP[0]}

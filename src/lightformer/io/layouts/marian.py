@@ -172,7 +172,7 @@ def source_frame(raw: Any, tokenizer: Any) -> dict[str, Any]:
     """A source as the data frames it, A [EOS] (``fast_tokenizer``'s ``frame``)."""
     from tokenizers import processors
 
-    from lightformer.data.preparation.tokenizers import EOS
+    from lightformer.tokenization.text import EOS
 
     raw.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, tokenizer.eos_id)])
     return {}

@@ -23,6 +23,7 @@ from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
 from lightformer.io.files import atomic_write_bytes
+from lightformer.tokenization.vocabulary import Vocabulary, hf_vocabulary
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -79,17 +80,19 @@ class Tokenizer:
         """Wrap a Hugging Face tokenizer; `source` names where it came from, for error messages."""
         model_type = type(hf_tokenizer.model).__name__
         kinds = {"WordLevel": "char", "BPE": "bpe"}
+        ours = "lightformer encodes data with its own tokenizers only, as a run or an export writes them"
         if model_type not in kinds:
             raise ValueError(
                 f"{source}: tokenizer model type {model_type!r} is not supported; expected WordLevel "
-                "(character level) or BPE (byte-level BPE), as written by lightformer's Tokenizer.save"
+                f"(character level) or BPE (byte-level BPE), as written by lightformer's Tokenizer.save ({ours})"
             )
         for expected_id, token in enumerate(SPECIAL_TOKENS):
             found_id = hf_tokenizer.token_to_id(token)
             if found_id != expected_id:
                 raise ValueError(
                     f"{source}: special token {token!r} has id {found_id}, expected {expected_id} "
-                    f"(lightformer vocabularies start with {', '.join(SPECIAL_TOKENS)})"
+                    f"(lightformer vocabularies start with {', '.join(SPECIAL_TOKENS)}: {ours}, not another "
+                    "library's such as GPT-2's or BERT's)"
                 )
         # Match special tokens only when added explicitly, never inside the text (see module docstring).
         hf_tokenizer.encode_special_tokens = True
@@ -287,23 +290,16 @@ class Tokenizer:
     def __repr__(self) -> str:
         return f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size})"
 
+    def vocabulary(self) -> Vocabulary:
+        """Its ids (what a start's weights are compared by, against any tokenizer's: ``Vocabulary``)."""
+        return hf_vocabulary(self._hf_tokenizer, self.kind, "")
+
     def difference(self, other: Tokenizer) -> str | None:
         """None when `other` maps the same tokens to the same ids (same kind and vocabulary), else what differs:
         the kinds and sizes, and the first id that stands for another token."""
         if other is self or other.to_str() == self.to_str():
             return None
-        vocab = self._hf_tokenizer.get_vocab(with_added_tokens=True)
-        other_vocab = other._hf_tokenizer.get_vocab(with_added_tokens=True)
-        if self.kind == other.kind and vocab == other_vocab:
-            return None  # the same ids (the JSON differs in formatting or training metadata only)
-        sizes = (f"{tokenizer.kind} tokenizer of {tokenizer.vocab_size} tokens" for tokenizer in (self, other))
-        described = " vs ".join(sizes)
-        tokens = {i: token for token, i in vocab.items()}
-        other_tokens = {i: token for token, i in other_vocab.items()}
-        for i in sorted(tokens.keys() & other_tokens.keys()):
-            if tokens[i] != other_tokens[i]:
-                return f"{described}; id {i} is {tokens[i]!r} in the first, {other_tokens[i]!r} in the second"
-        return described
+        return self.vocabulary().difference(other.vocabulary())
 
     @staticmethod
     def _frame(ids: list[int], add_bos: bool, add_eos: bool) -> list[int]:
