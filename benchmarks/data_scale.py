@@ -29,7 +29,7 @@ def build_corpus(path: Path, size_mb: int) -> Path:
     """A file of ``size_mb`` MB: Austen's novels repeated (written in 4 MB appends, never held whole)."""
     if path.exists() and path.stat().st_size >= size_mb * 1_000_000:
         return path
-    from lightformer.data.raw.corpora import austen_text
+    from lightformer.data.sources.corpora import austen_text
 
     novels = austen_text(REPO / "data" / "austen").read_text(encoding="utf-8") + "\n"
     with open(path, "w", encoding="utf-8") as f:

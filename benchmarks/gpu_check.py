@@ -313,7 +313,9 @@ def dry_run_options(work: Path) -> dict[str, list[str]]:
     corpus.write_text(sentence * 600)  # no epoch ends within the few steps timed
     pairs = work / "pairs.tsv"
     pairs.write_text("".join(f"{a} {b} {c}\t{c} {b} {a}\n" for a in "abcd" for b in "efgh" for c in "ijkl"))
-    from lightformer.data.raw.openclipart import OPENCLIPART_ROOT  # here: src/ is on the path once python_path() ran
+    from lightformer.data.sources.openclipart import (
+        OPENCLIPART_ROOT,  # here: src/ is on the path once python_path() ran
+    )
 
     library = clipart_sample(Path(OPENCLIPART_ROOT), work / "openclipart", every=100)
     cpu = ["--config=configs/trainer/cpu.yaml", "--trainer.precision=32-true", "--model.compile=false"]

@@ -47,7 +47,7 @@ python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --im
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${pins[@]}"
 
 fonts() {  # the declared typefaces (rendering.TYPEFACES), by their paths under /usr/share/fonts
-    .venv/bin/python -c "from lightformer.data.raw.rendering import TYPEFACES
+    .venv/bin/python -c "from lightformer.data.sources.rendering import TYPEFACES
 print('\\n'.join(f for packages in TYPEFACES.values() for files in packages.values() for f in files))" |
         tar -C /usr/share/fonts -cJf .whl/data/fonts.tar.xz -T -
 }
@@ -60,7 +60,7 @@ import re
 import tarfile
 from pathlib import Path
 
-from lightformer.data.raw.openclipart import OPENCLIPART_ROOT, drawing_image
+from lightformer.data.sources.openclipart import OPENCLIPART_ROOT, drawing_image
 
 root = Path(OPENCLIPART_ROOT)
 

@@ -41,8 +41,8 @@ def drawings(count: int, size: int) -> list[tuple[bytes, str]]:
     drawings of at most ``MOST_PIXELS`` pixels."""
     from PIL import Image
 
-    from lightformer.data.raw import openclipart
-    from lightformer.data.raw.rendering import jpeg_bytes
+    from lightformer.data.sources import openclipart
+    from lightformer.data.sources.rendering import jpeg_bytes
 
     root = Path(openclipart.OPENCLIPART_ROOT)
     out = []

@@ -48,8 +48,8 @@ from torch.utils import flop_counter
 from torchmetrics.text import CharErrorRate
 
 from lightformer.data import ImageTextDataModule
+from lightformer.data.loading.streaming import ImageLoaderConfig
 from lightformer.data.modules.image_text import ImageTextSource
-from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.generation import beam_search
 from lightformer.models.vision_text import VisionEncoderDecoder, VisionEncoderDecoderConfig

@@ -24,9 +24,9 @@ import torch
 from torchmetrics.text import CharErrorRate
 
 from lightformer.data.modules.image_text import split_sentences
-from lightformer.data.raw.corpora import austen_text
-from lightformer.data.raw.image_files import to_normalised_tensor
-from lightformer.data.raw.rendering import LineStyle, LineTooWide, declared_fonts, ink_mask, render_line
+from lightformer.data.sources.corpora import austen_text
+from lightformer.data.sources.image_files import to_normalised_tensor
+from lightformer.data.sources.rendering import LineStyle, LineTooWide, declared_fonts, ink_mask, render_line
 from lightformer.tasks.image_text import ImageToTextTask
 
 

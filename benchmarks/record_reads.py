@@ -26,7 +26,7 @@ from litdata import StreamingDataset
 
 from lightformer.data.modules.image_text import ImageTextSource, LineDrawer, RenderConfig, line_records, split_families
 from lightformer.data.preparation.prepare import write_records, write_shards
-from lightformer.data.raw.corpora import austen_text
+from lightformer.data.sources.corpora import austen_text
 
 PIECE = 500  # lines per piece a writing process renders
 

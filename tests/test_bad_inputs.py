@@ -1300,7 +1300,7 @@ def test_the_visual_qa_data_refuses_options_and_missing_sources_naming_the_field
         VisualQASource(words=(3, 1))
     with pytest.raises(DataError, match=r"data.source.clipart_root='.*' does not hold .* apt-get install openclipart"):
         VisualQADataModule(VisualQASource(sources=("clipart",), clipart_root=str(tmp_path)))
-    monkeypatch.setattr("lightformer.data.raw.corpora.DEBIAN_FASHION_MNIST_DIR", tmp_path / "not-installed")
+    monkeypatch.setattr("lightformer.data.sources.corpora.DEBIAN_FASHION_MNIST_DIR", tmp_path / "not-installed")
     with pytest.raises(DataError, match=r"data.source.sources holds fashion_mnist but .* dataset-fashion-mnist"):
         VisualQADataModule(VisualQASource(sources=("fashion_mnist",), data_root=str(tmp_path)))
     with pytest.raises(ValueError, match=r"data.source.train='x.txt' is not a conversation file"):
@@ -1322,7 +1322,7 @@ def test_a_missing_declared_typeface_is_named_with_its_family_file_and_package(t
     from lightformer.data import ImageTextDataModule
     from lightformer.data.modules.image_text import ImageTextSource
     from lightformer.data.preparation.prepare import PrepareConfig
-    from lightformer.data.raw import rendering
+    from lightformer.data.sources import rendering
     from lightformer.errors import DataError
 
     for file in (f for packages in rendering.TYPEFACES.values() for files in packages.values() for f in files):

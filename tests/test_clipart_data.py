@@ -15,12 +15,11 @@ import torch
 from PIL import Image
 
 from lightformer.data import ClipArtDataModule
-from lightformer.data.loading.streaming import Records
+from lightformer.data.loading.streaming import ImageLoaderConfig, Records
 from lightformer.data.modules.captioned_images import ClipArtSource
-from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.preparation.prepare import PrepareConfig
-from lightformer.data.raw import openclipart
-from lightformer.data.raw.openclipart import captions_of, cut, split_of, svg_metadata, variant_key
+from lightformer.data.sources import openclipart
+from lightformer.data.sources.openclipart import captions_of, cut, split_of, svg_metadata, variant_key
 from lightformer.errors import DataError
 
 ROOT = Path(openclipart.OPENCLIPART_ROOT)
@@ -159,7 +158,7 @@ def test_a_folder_without_the_library_is_refused_naming_the_option(tmp_path):
 def test_the_commands_see_a_drawing_file_as_training_saw_it(clipart):
     """``zero-shot`` and ``embed`` fit an image file the data's way (``image_fit`` "drawing": on white, cropped to its
     ink, centred), so a drawing's file gives the model the pixels of its prepared record."""
-    from lightformer.data.raw.image_files import to_normalised_tensor
+    from lightformer.data.sources.image_files import to_normalised_tensor
     from lightformer.tasks.contrastive import ContrastiveTask
 
     facts = clipart.data_facts()

@@ -11,8 +11,8 @@ from lightformer.data import ImageDataModule, TextDataModule, TranslationDataMod
 from lightformer.data.modules.images import ImageSource
 from lightformer.data.modules.translation import PairBatches, PairSource
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
-from lightformer.data.raw.image_files import load_image
-from lightformer.data.raw.sources import TextSource
+from lightformer.data.sources.image_files import load_image
+from lightformer.data.sources.text import TextSource
 from lightformer.models import GPT, EncoderDecoderConfig, GPTConfig, VisionTransformer, ViTConfig
 from lightformer.nn import MultiHeadAttention
 from lightformer.tasks import LanguageModelTask, TranslationTask

@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lightformer.data.raw.image_files import fit_image, to_normalised_tensor
+from lightformer.data.sources.image_files import fit_image, to_normalised_tensor
 from lightformer.errors import ConfigError
 from lightformer.io.hf_layouts import export_hf, read_hf_config, read_hf_state_dict
 from lightformer.io.layouts.clip import (

@@ -10,12 +10,13 @@ import torchvision
 from PIL import Image
 from torchvision.transforms import v2
 
+from lightformer.data.loading.streaming import ImageLoaderConfig
 from lightformer.data.modules import images
-from lightformer.data.modules.images import ImageDataModule, ImageLoaderConfig, ImageSource
+from lightformer.data.modules.images import ImageDataModule, ImageSource
 from lightformer.data.objectives.augment import AugmentConfig
 from lightformer.data.preparation.prepare import PrepareConfig
-from lightformer.data.raw import corpora
-from lightformer.data.raw.image_files import load_image
+from lightformer.data.sources import corpora
+from lightformer.data.sources.image_files import load_image
 from lightformer.errors import DataError
 
 HAS_DEBIAN_FASHION_MNIST = corpora.DEBIAN_FASHION_MNIST_DIR.is_dir()

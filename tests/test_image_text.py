@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from lightformer.cli.main import cli_main, main
-from lightformer.data.raw.image_files import fit_line
-from lightformer.data.raw.rendering import missing_typefaces
+from lightformer.data.sources.image_files import fit_line
+from lightformer.data.sources.rendering import missing_typefaces
 from lightformer.facts import DataFacts
 from lightformer.tasks.image_text import (
     ImageToTextTask,

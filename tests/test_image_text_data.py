@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 import lightformer.data.modules.image_text as image_text
-from lightformer.data.loading.streaming import Records
+from lightformer.data.loading.streaming import ImageLoaderConfig, Records
 from lightformer.data.modules.image_text import (
     DEFAULT_HELD_OUT,
     ImageTextDataModule,
@@ -30,12 +30,11 @@ from lightformer.data.modules.image_text import (
     split_families,
     split_sentences,
 )
-from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.modules.text import TextDataModule
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
-from lightformer.data.raw import rendering
-from lightformer.data.raw.corpora import DING_FILE, CorpusUnavailableError, austen_text, split_of
-from lightformer.data.raw.rendering import (
+from lightformer.data.sources import rendering
+from lightformer.data.sources.corpora import DING_FILE, CorpusUnavailableError, austen_text, split_of
+from lightformer.data.sources.rendering import (
     FONT_ROOT,
     SKIPPED_FAMILIES,
     TYPEFACES,
@@ -45,7 +44,7 @@ from lightformer.data.raw.rendering import (
     render_line,
     typefaces,
 )
-from lightformer.data.raw.sources import TextSource
+from lightformer.data.sources.text import TextSource
 from lightformer.errors import ConfigError
 from lightformer.tokenization.text import BOS_ID, EOS_ID, Tokenizer
 

@@ -16,12 +16,11 @@ import torch
 from PIL import Image, ImageDraw
 
 from lightformer.cli.main import main
-from lightformer.data.loading.streaming import Records
+from lightformer.data.loading.streaming import ImageLoaderConfig, Records
 from lightformer.data.modules.image_text import jitter
 from lightformer.data.modules.image_text_files import ImageTextFiles, ImageTextFilesDataModule, carved
-from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.preparation.prepare import PrepareConfig
-from lightformer.data.raw.image_files import read_line_image
+from lightformer.data.sources.image_files import read_line_image
 from lightformer.errors import DataError
 from tiny_runs import events_of, quiet_run_args, tower_options
 

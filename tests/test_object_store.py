@@ -11,7 +11,7 @@ from moto.server import ThreadedMotoServer
 from lightformer.data.loading.streaming import EvaluationWindows, LoaderConfig, training_loader
 from lightformer.data.preparation import prepare as prepare_module
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig, prepare_text
-from lightformer.data.raw.sources import TextSource
+from lightformer.data.sources.text import TextSource
 
 TEXT = "".join(f"Sentence {i} of a corpus kept in a bucket, {i * 7919 % 1000} words long.\n" for i in range(400))
 

@@ -21,8 +21,8 @@ from lightformer.data.preparation import prepare
 from lightformer.data.preparation.caching import content_hash
 from lightformer.data.preparation.prepare import PrepareConfig, prepared_folder, write_records, write_shards
 from lightformer.data.preparation.records import summed
-from lightformer.data.raw.corpora import DING_FILE, CorpusUnavailableError, austen_text
-from lightformer.data.raw.rendering import missing_typefaces, typefaces
+from lightformer.data.sources.corpora import DING_FILE, CorpusUnavailableError, austen_text
+from lightformer.data.sources.rendering import missing_typefaces, typefaces
 
 
 def records_of(piece: tuple[int, int]):

@@ -23,8 +23,9 @@ from lightformer.data.objectives.masking import (
     reconstruct_from_spans,
     span_corruption,
 )
-from lightformer.data.raw.corpora import source_files
-from lightformer.data.raw.sources import TextSource, read_piece
+from lightformer.data.pieces import read_piece
+from lightformer.data.sources.corpora import source_files
+from lightformer.data.sources.text import TextSource
 from lightformer.tasks.denoising import sentinel_numbers, sentinel_spans
 from lightformer.tasks.masked_lm import MaskedLanguageModelTask, fill_mask
 from lightformer.tokenization.text import BOS_ID, EOS_ID, PAD_ID, Tokenizer

@@ -17,30 +17,26 @@ from lightning.pytorch.callbacks import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import lightformer.data.modules.classification as classification
-import lightformer.data.raw.sources as sources
+import lightformer.data.pieces as sources
 from lightformer.cli.main import cli_main
 from lightformer.data.loading.sampling import EpochShuffleSampler
 from lightformer.data.loading.streaming import LoaderConfig
-from lightformer.data.modules.classification import (
-    MIN_VOCAB_SIZE,
-    SPLITS,
-    PassageSource,
-    TextClassificationDataModule,
-    austen_passages,
-    novel_sentences,
-    read_labelled_tsv,
-    split_sentences,
-)
+from lightformer.data.modules.classification import MIN_VOCAB_SIZE, SPLITS, TextClassificationDataModule
+from lightformer.data.pieces import read_piece
 from lightformer.data.preparation.prepare import MANIFEST, PrepareConfig, TokenizerConfig
-from lightformer.data.raw.corpora import (
+from lightformer.data.sources.corpora import (
     AUSTEN_NOVELS,
     CorpusUnavailableError,
+    austen_passages,
     austen_text,
+    novel_sentences,
     source_files,
     split_austen_text,
     split_of,
+    split_sentences,
 )
-from lightformer.data.raw.sources import TextSource, read_piece
+from lightformer.data.sources.labelled import PassageSource, read_labelled_tsv
+from lightformer.data.sources.text import TextSource
 from lightformer.facts import DataFacts
 from lightformer.models.bert import BertConfig, BertForPreTraining
 from lightformer.tasks.text_classification import TextClassificationTask
@@ -307,7 +303,7 @@ def test_tsv_read_in_tiny_pieces_gives_the_same_records(tmp_path, monkeypatch):
 
     whole = prepared("whole")
     assert len(sources.line_pieces(train)) == 1
-    monkeypatch.setattr("lightformer.data.raw.sources.PIECE_BYTES", 1024)
+    monkeypatch.setattr("lightformer.data.pieces.PIECE_BYTES", 1024)
     assert len(sources.line_pieces(train)) > 10
     pieces = prepared("pieces")
     assert pieces.tokenizer.to_str() == whole.tokenizer.to_str()

@@ -18,13 +18,15 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from litdata import StreamingDataset, TokensLoader
 
+from lightformer.data import pieces as sources
 from lightformer.data.loading.streaming import EvaluationWindows, LoaderConfig
 from lightformer.data.modules.text import TextDataModule
+from lightformer.data.pieces import format_of, read_piece, split_pieces
 from lightformer.data.preparation import prepare
 from lightformer.data.preparation.prepare import PrepareConfig, PreparedText, TokenizerConfig, prepare_text
-from lightformer.data.raw import corpora, sources
-from lightformer.data.raw.corpora import CorpusUnavailableError, austen_text, download, source_files
-from lightformer.data.raw.sources import TextSource, format_of, read_piece, split_pieces
+from lightformer.data.sources import corpora
+from lightformer.data.sources.corpora import CorpusUnavailableError, austen_text, download, source_files
+from lightformer.data.sources.text import TextSource
 from lightformer.tokenization.text import EOS_ID, Tokenizer
 
 WORDS = ["the", "of", "and", "to", "a", "in", "was", "her", "it", "that", "she", "be", "not", "had", "he"]

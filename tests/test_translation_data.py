@@ -17,12 +17,12 @@ from lightning.pytorch.utilities.data import _update_dataloader
 from torch.utils.data import BatchSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from lightformer.data import pieces as sources
 from lightformer.data.loading.sampling import TokenBudgetBatchSampler
 from lightformer.data.loading.sequences import collate_pairs
 from lightformer.data.modules.translation import PairBatches, PairSource, TranslationDataModule
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
-from lightformer.data.raw import sources
-from lightformer.data.raw.corpora import (
+from lightformer.data.sources.corpora import (
     DING_FILE,
     CorpusUnavailableError,
     clean_ding_entry,

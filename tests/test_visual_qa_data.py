@@ -15,14 +15,13 @@ import torch
 
 from lightformer.data import ConversationFilesDataModule, VisualQADataModule
 from lightformer.data.loading.sampling import CanvasBatchSampler, ResumableDataLoader
-from lightformer.data.loading.streaming import Records
+from lightformer.data.loading.streaming import ImageLoaderConfig, Records
 from lightformer.data.modules.conversation_files import ConversationFiles
-from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.modules.visual_qa import QUESTIONS, VisualQASource
 from lightformer.data.objectives.chat import IGNORE, ChatTemplate
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
-from lightformer.data.raw import openclipart
-from lightformer.data.raw.rendering import missing_typefaces
+from lightformer.data.sources import openclipart
+from lightformer.data.sources.rendering import missing_typefaces
 from lightformer.errors import DataError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -191,7 +190,7 @@ def test_bad_options_are_refused_naming_the_field(options, field):
 
 
 def test_garments_are_named_as_torchvision_names_them_on_a_32_pixel_rgb_canvas(tmp_path):
-    from lightformer.data.raw.corpora import install_debian_fashion_mnist
+    from lightformer.data.sources.corpora import install_debian_fashion_mnist
 
     if not install_debian_fashion_mnist(REPO / "data"):
         pytest.skip("apt-get install dataset-fashion-mnist")
@@ -221,7 +220,7 @@ def test_garments_are_named_as_torchvision_names_them_on_a_32_pixel_rgb_canvas(t
 
 
 def test_emoji_are_asked_their_unicode_name_held_out_in_the_other_style(tmp_path):
-    from lightformer.data.raw import emoji
+    from lightformer.data.sources import emoji
 
     if not (Path(emoji.NOTO_EMOJI).is_file() and Path(emoji.SYMBOLA).is_file()):
         pytest.skip("apt-get install fonts-noto-color-emoji fonts-symbola")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lightformer.data.loading.streaming import Records
+from lightformer.data.loading.streaming import ImageLoaderConfig, Records
 from lightformer.data.modules.image_text_files import (
     ImageTextFiles,
     ImageTextFilesDataModule,
@@ -21,7 +21,6 @@ from lightformer.data.modules.image_text_files import (
     is_shards,
     shard_samples,
 )
-from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.errors import DataError
 

@@ -29,6 +29,14 @@ MOVED_MODULES = {
     # the tokenizers left data/ for a package of their own, below data/, io/ and facts.py (after 42e7f06)
     "lightformer.data.preparation.tokenizers": "lightformer.tokenization.text",
     "lightformer.data.objectives.pixels": "lightformer.tokenization.pixels",
+    # where data comes from: data/raw/ became data/sources/ (its text files' pieces data/pieces.py)
+    "lightformer.data.raw": "lightformer.data.sources",
+    "lightformer.data.raw.sources": "lightformer.data.pieces",
+    "lightformer.data.raw.corpora": "lightformer.data.sources.corpora",
+    "lightformer.data.raw.emoji": "lightformer.data.sources.emoji",
+    "lightformer.data.raw.image_files": "lightformer.data.sources.image_files",
+    "lightformer.data.raw.openclipart": "lightformer.data.sources.openclipart",
+    "lightformer.data.raw.rendering": "lightformer.data.sources.rendering",
 }
 
 
@@ -47,5 +55,7 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """The new module ran already, when it was imported under its own name."""
 
 
+# First of the finders: an old name inside a package that still exists under it (``lightformer.data.raw.corpora`` once
+# ``lightformer.data.raw`` is the sources package) would otherwise load the module a second time under the old name.
 if not any(isinstance(finder, MovedModuleFinder) for finder in sys.meta_path):
-    sys.meta_path.append(MovedModuleFinder())
+    sys.meta_path.insert(0, MovedModuleFinder())

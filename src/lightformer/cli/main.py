@@ -52,7 +52,7 @@ from lightformer.cli.runs import (
     show_progress,
 )
 from lightformer.data.modules.base import DataModule
-from lightformer.data.raw.corpora import CorpusUnavailableError
+from lightformer.data.sources.corpora import CorpusUnavailableError
 from lightformer.errors import CheckpointError, ConfigError, raise_as_bug, user_error
 from lightformer.facts import DataFacts
 from lightformer.training.callbacks import (

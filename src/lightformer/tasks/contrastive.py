@@ -27,8 +27,8 @@ from torchmetrics import MeanMetric
 
 from lightformer.data.modules.captioned_images import ClipArtDataModule, EmojiDataModule
 from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
-from lightformer.data.raw import openclipart
-from lightformer.data.raw.image_files import fit_image, load_image, to_normalised_tensor
+from lightformer.data.sources import openclipart
+from lightformer.data.sources.image_files import fit_image, load_image, to_normalised_tensor
 from lightformer.errors import ConfigError
 from lightformer.io.layouts import clip
 from lightformer.models.contrastive import ContrastiveConfig, ContrastiveModel

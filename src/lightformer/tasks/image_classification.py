@@ -19,7 +19,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from lightformer.data.modules.images import ImageDataModule
-from lightformer.data.raw.image_files import read_images
+from lightformer.data.sources.image_files import read_images
 from lightformer.errors import ConfigError
 from lightformer.io.layouts import vit
 from lightformer.models.vit import VisionTransformer, ViTConfig, attention_rollout

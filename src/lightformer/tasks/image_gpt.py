@@ -320,7 +320,7 @@ def completion_rows(task: ImageGPTTask, images: Tensor, num_completions: int, **
 def read_image_files(paths: list[str], tokenizer: PixelTokenizer) -> Tensor:
     """Image files → uint8 ``(n, C, S, S)`` at the palette's size: square images larger than S area-averaged as in
     training, others resized (antialiased)."""
-    from lightformer.data.raw.image_files import load_image
+    from lightformer.data.sources.image_files import load_image
 
     size, channels = tokenizer.image_size, tokenizer.channels
     images = []

@@ -20,8 +20,8 @@ from torchmetrics.text import SacreBLEUScore
 from lightformer.data.modules.conversation_files import ConversationFilesDataModule, pad_square
 from lightformer.data.modules.visual_qa import VisualQADataModule
 from lightformer.data.objectives.chat import ChatTemplate
-from lightformer.data.raw import openclipart
-from lightformer.data.raw.image_files import fit_image, load_image, to_normalised_tensor
+from lightformer.data.sources import openclipart
+from lightformer.data.sources.image_files import fit_image, load_image, to_normalised_tensor
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.generation import beam_search

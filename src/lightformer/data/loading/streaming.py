@@ -214,3 +214,23 @@ class Records(Dataset):
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["split_dir"])
+
+
+@dataclass(frozen=True)
+class ImageLoaderConfig:
+    """How image batches are loaded (``data.loader``).
+
+    Args:
+        batch_size: images per batch, in every split.
+        num_workers: DataLoader worker processes; 0 loads in the main process (for in-memory datasets a batch is one
+            slice of a tensor: workers only help image folders and TrivialAugment / RandAugment).
+        pin_memory: pin batches in page-locked memory for faster copies to a GPU.
+    """
+
+    batch_size: int = 128
+    num_workers: int = 0
+    pin_memory: bool = False
+
+    def __post_init__(self) -> None:
+        check_at_least("data.loader.batch_size", self.batch_size, 1)
+        check_at_least("data.loader.num_workers", self.num_workers, 0)

@@ -38,9 +38,10 @@ from typing import Literal
 
 from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler, map_loader
+from lightformer.data.loading.streaming import ImageLoaderConfig
 from lightformer.data.modules.image_text import ImageTextRecords
 from lightformer.data.modules.image_text_files import CaptionedImages, collate_captions, prepare_captioned
-from lightformer.data.modules.images import ImageLoaderConfig
+from lightformer.data.pieces import SPLITS
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
     PrepareConfig,
@@ -52,9 +53,8 @@ from lightformer.data.preparation.prepare import (
     split_location,
 )
 from lightformer.data.preparation.records import RecordSplit
-from lightformer.data.raw import emoji, openclipart
-from lightformer.data.raw.rendering import png_bytes
-from lightformer.data.raw.sources import SPLITS
+from lightformer.data.sources import emoji, openclipart
+from lightformer.data.sources.rendering import png_bytes
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.nn.checks import check_at_least

@@ -32,6 +32,7 @@ from typing import Literal
 from PIL import Image
 
 from lightformer.config_groups import as_config
+from lightformer.data.loading.streaming import ImageLoaderConfig
 from lightformer.data.modules.chat_records import ChatRecords, channel_statistics
 from lightformer.data.modules.image_text_files import (
     MAX_TOKENS,
@@ -41,8 +42,8 @@ from lightformer.data.modules.image_text_files import (
     line_too_long,
     source_key,
 )
-from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.objectives.chat import ChatTemplate
+from lightformer.data.pieces import SPLITS
 from lightformer.data.preparation.caching import file_stamp
 from lightformer.data.preparation.prepare import (
     TOKENIZER,
@@ -53,9 +54,8 @@ from lightformer.data.preparation.prepare import (
     worker_tokenizer,
 )
 from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
-from lightformer.data.raw.image_files import fit_image, load_image
-from lightformer.data.raw.rendering import jpeg_bytes
-from lightformer.data.raw.sources import SPLITS
+from lightformer.data.sources.image_files import fit_image, load_image
+from lightformer.data.sources.rendering import jpeg_bytes
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.nn.checks import check_at_least

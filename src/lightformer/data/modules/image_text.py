@@ -7,7 +7,7 @@ batches of (line image, token ids, text).
     "text", "family"}, prepared.json (the lines, families and redraws of each split, the pixels' mean and std)
     records ──decode, jitter (train), encode──> {"images": (B, 1, H, W) float32, "tgt": (B, T) int64, "text"}
 
-**Text.** Each novel's sentences (``classification.novel_sentences``: headings, title pages and editors' notes left
+**Text.** Each novel's sentences (``corpora.novel_sentences``: headings, title pages and editors' notes left
 out) are split by position as the text classifier's passages are: the first 80% train, the next 10% val, the last
 10% test. A line is a run of ``min_words`` to ``max_words`` consecutive words of one sentence of its split, drawn at
 random, of at most ``max_chars`` characters; it is kept only if the md5 bucket of its own text (``corpora.split_of``)
@@ -67,10 +67,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import EpochShuffleSampler, Key, evaluation_sampler, index_and_epoch, map_loader
-from lightformer.data.loading.streaming import Records
+from lightformer.data.loading.streaming import ImageLoaderConfig, Records
 from lightformer.data.modules.base import PreparedRecords
-from lightformer.data.modules.classification import TRAIN_SHARE, VAL_SHARE, novel_sentences
-from lightformer.data.modules.images import ImageLoaderConfig
+from lightformer.data.pieces import stage_splits
 from lightformer.data.preparation.caching import content_hash, preparing
 from lightformer.data.preparation.prepare import (
     TOKENIZER,
@@ -84,16 +83,19 @@ from lightformer.data.preparation.prepare import (
     worker_tokenizer,
 )
 from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
-from lightformer.data.raw.corpora import (
+from lightformer.data.sources.corpora import (
     DING_FILE,
+    TRAIN_SHARE,
+    VAL_SHARE,
     austen_text,
     ding_dictionary,
     extract_ding_pairs,
+    novel_sentences,
     source_files,
     split_austen_text,
     split_of,
 )
-from lightformer.data.raw.rendering import (
+from lightformer.data.sources.rendering import (
     SYSTEM_FONT_DIR,
     LineStyle,
     LineTooWide,
@@ -103,7 +105,7 @@ from lightformer.data.raw.rendering import (
     typefaces,
     uses_declared_typefaces,
 )
-from lightformer.data.raw.sources import TextSource, stage_splits
+from lightformer.data.sources.text import TextSource
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.io.files import read_utf8, sha256_of

@@ -61,6 +61,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from PIL import UnidentifiedImageError
 
 from lightformer.config_groups import as_config
+from lightformer.data.loading.streaming import ImageLoaderConfig
 from lightformer.data.modules.image_text import (
     MIN_HEIGHT,
     ImageTextRecords,
@@ -68,7 +69,7 @@ from lightformer.data.modules.image_text import (
     collate_lines,
     pixel_statistics,
 )
-from lightformer.data.modules.images import ImageLoaderConfig
+from lightformer.data.pieces import SPLITS, line_pieces
 from lightformer.data.preparation.caching import file_stamp
 from lightformer.data.preparation.prepare import (
     TOKENIZER,
@@ -83,9 +84,8 @@ from lightformer.data.preparation.prepare import (
     stem_of,
 )
 from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
-from lightformer.data.raw.image_files import fit_image, load_image
-from lightformer.data.raw.rendering import jpeg_bytes, png_bytes
-from lightformer.data.raw.sources import SPLITS, line_pieces
+from lightformer.data.sources.image_files import fit_image, load_image
+from lightformer.data.sources.rendering import jpeg_bytes, png_bytes
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.io.files import sha256_of

@@ -26,18 +26,12 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightformer.config_groups import as_config
+from lightformer.data.loading.streaming import ImageLoaderConfig
 from lightformer.data.modules.base import SplitLoaders
-from lightformer.data.modules.images import (
-    ImageDataModule,
-    ImageDatasetInfo,
-    ImageLoaderConfig,
-    ImageSource,
-    ImageSubset,
-    image_loader,
-)
+from lightformer.data.modules.images import ImageDataModule, ImageDatasetInfo, ImageSource, ImageSubset, image_loader
 from lightformer.data.objectives.augment import AugmentConfig
+from lightformer.data.pieces import SPLITS
 from lightformer.data.preparation.prepare import PrepareConfig
-from lightformer.data.raw.sources import SPLITS
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.tokenization.pixels import PaletteConfig, PixelTokenizer, downsample

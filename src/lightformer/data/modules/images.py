@@ -48,7 +48,7 @@ from torchvision.transforms import v2
 
 from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import EpochShuffleSampler, Key, evaluation_sampler, index_and_epoch, map_loader
-from lightformer.data.loading.streaming import Records
+from lightformer.data.loading.streaming import ImageLoaderConfig, Records
 from lightformer.data.modules.base import SplitLoaders
 from lightformer.data.objectives.augment import (
     AugmentConfig,
@@ -57,6 +57,7 @@ from lightformer.data.objectives.augment import (
     random_erasing,
     random_horizontal_flip,
 )
+from lightformer.data.pieces import SPLITS
 from lightformer.data.preparation.caching import content_hash, file_stamp, read_manifest
 from lightformer.data.preparation.prepare import (
     PrepareConfig,
@@ -67,8 +68,8 @@ from lightformer.data.preparation.prepare import (
     stem_of,
     write_records,
 )
-from lightformer.data.raw.corpora import DEBIAN_FASHION_MNIST_DIR, install_debian_fashion_mnist
-from lightformer.data.raw.image_files import (
+from lightformer.data.sources.corpora import DEBIAN_FASHION_MNIST_DIR, install_debian_fashion_mnist
+from lightformer.data.sources.image_files import (
     ImageFolderLayout,
     class_folder_files,
     image_file_records,
@@ -76,7 +77,6 @@ from lightformer.data.raw.image_files import (
     read_image_folder_layout,
     to_normalised_tensor,
 )
-from lightformer.data.raw.sources import SPLITS
 from lightformer.errors import ConfigError, DataError
 from lightformer.facts import DataFacts
 from lightformer.nn.checks import check_at_least
@@ -228,26 +228,6 @@ class ImageSource:
                 f"has {pool_size} images; give a count in [0, {pool_size}), or val_fraction in [0, 1)"
             )
         return val_size
-
-
-@dataclass(frozen=True)
-class ImageLoaderConfig:
-    """How image batches are loaded (``data.loader``).
-
-    Args:
-        batch_size: images per batch, in every split.
-        num_workers: DataLoader worker processes; 0 loads in the main process (for in-memory datasets a batch is one
-            slice of a tensor: workers only help image folders and TrivialAugment / RandAugment).
-        pin_memory: pin batches in page-locked memory for faster copies to a GPU.
-    """
-
-    batch_size: int = 128
-    num_workers: int = 0
-    pin_memory: bool = False
-
-    def __post_init__(self) -> None:
-        check_at_least("data.loader.batch_size", self.batch_size, 1)
-        check_at_least("data.loader.num_workers", self.num_workers, 0)
 
 
 def carve_splits(

@@ -46,7 +46,7 @@ from lightformer.data.objectives.masking import (
     span_corruption_lengths,
 )
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
-from lightformer.data.raw.sources import TextSource
+from lightformer.data.sources.text import TextSource
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.nn.checks import check_at_least

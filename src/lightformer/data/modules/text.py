@@ -17,13 +17,14 @@ from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import evaluation_sampler, map_loader
 from lightformer.data.loading.streaming import EvaluationWindows, LoaderConfig, training_loader, validation_subset
 from lightformer.data.modules.base import STAGE_OF, DataModule
+from lightformer.data.pieces import stage_splits
 from lightformer.data.preparation.prepare import (
     PrepareConfig,
     PreparedText,
     TokenizerConfig,
     prepare_text,
 )
-from lightformer.data.raw.sources import TextSource, stage_splits
+from lightformer.data.sources.text import TextSource
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.nn.checks import check_at_least

@@ -13,7 +13,7 @@ A record is one pair: its two sides' ids without special tokens and its two text
 only when batches are made, so de-en and en-de share the prepared folder. With BPE-dropout the folder also holds
 `bpe_dropout_segmentations` record splits `train-dropout-<k>` of the train pairs, each segmented anew.
 
-The Ding dictionary's extraction and the split of sentence pairs are described in ``lightformer.data.raw.corpora``.
+The Ding dictionary's extraction and the split of sentence pairs are described in ``lightformer.data.sources.corpora``.
 
 Its options are config groups (``PairSource``, ``TokenizerConfig``, ``PairBatches``, ``PrepareConfig``), each of
 which checks its own fields when it is built, naming the option as it is written (``data.source.src_file``).
@@ -36,6 +36,17 @@ from lightformer.data.loading.sampling import TokenBudgetBatchSampler, map_loade
 from lightformer.data.loading.sequences import bucket_lengths, collate_pairs
 from lightformer.data.loading.streaming import Records
 from lightformer.data.modules.base import STAGE_OF, PreparedRecords
+from lightformer.data.pieces import (
+    SPLIT_PREFIX,
+    SPLITS,
+    AlignedPiece,
+    Piece,
+    aligned_pieces,
+    first_line,
+    line_pieces,
+    piece_lines,
+    stage_splits,
+)
 from lightformer.data.preparation.caching import file_stamp, preparing
 from lightformer.data.preparation.prepare import (
     PrepareConfig,
@@ -48,25 +59,14 @@ from lightformer.data.preparation.prepare import (
     worker_tokenizer,
 )
 from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
-from lightformer.data.raw.corpora import (
+from lightformer.data.sources import check_one_source
+from lightformer.data.sources.corpora import (
     DING_FILE,
     Pair,
     ding_dictionary,
     extract_ding_pairs,
     split_of,
     split_of_line,
-)
-from lightformer.data.raw.sources import (
-    SPLIT_PREFIX,
-    SPLITS,
-    AlignedPiece,
-    Piece,
-    aligned_pieces,
-    check_one_source,
-    first_line,
-    line_pieces,
-    piece_lines,
-    stage_splits,
 )
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts

@@ -52,6 +52,7 @@ import torchvision
 from PIL import Image
 
 from lightformer.config_groups import as_config
+from lightformer.data.loading.streaming import ImageLoaderConfig
 from lightformer.data.modules.captioned_images import ClipArtDataModule
 from lightformer.data.modules.chat_records import ChatRecords, channel_statistics
 from lightformer.data.modules.image_text import (
@@ -64,8 +65,8 @@ from lightformer.data.modules.image_text import (
     split_sentences,
 )
 from lightformer.data.modules.image_text_files import carved
-from lightformer.data.modules.images import ImageLoaderConfig
 from lightformer.data.objectives.chat import ChatTemplate
+from lightformer.data.pieces import SPLITS
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
     PrepareConfig,
@@ -77,15 +78,14 @@ from lightformer.data.preparation.prepare import (
     worker_tokenizer,
 )
 from lightformer.data.preparation.records import RecordSplit, prepare_records
-from lightformer.data.raw import emoji, openclipart
-from lightformer.data.raw.corpora import (
+from lightformer.data.sources import emoji, openclipart
+from lightformer.data.sources.corpora import (
     DEBIAN_FASHION_MNIST_DIR,
     MNIST_RAW_FILES,
     austen_text,
     install_debian_fashion_mnist,
 )
-from lightformer.data.raw.rendering import SYSTEM_FONT_DIR, png_bytes, typefaces
-from lightformer.data.raw.sources import SPLITS
+from lightformer.data.sources.rendering import SYSTEM_FONT_DIR, png_bytes, typefaces
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.nn.checks import check_at_least

@@ -49,9 +49,10 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from litdata import File, TokensLoader, optimize
 from litdata.streaming.resolver import Dir
 
+from lightformer.data.pieces import SPLITS, Piece, read_piece
 from lightformer.data.preparation.caching import MANIFEST, content_hash, file_stamp, preparing, read_manifest
-from lightformer.data.raw.corpora import source_files
-from lightformer.data.raw.sources import SPLITS, Piece, TextSource, read_piece
+from lightformer.data.sources.corpora import source_files
+from lightformer.data.sources.text import TextSource
 from lightformer.errors import ConfigError, DataError
 from lightformer.io.files import atomic_open, atomic_write_bytes, sha256_of
 from lightformer.nn.checks import check_at_least

@@ -48,8 +48,9 @@ import zlib
 from collections.abc import Collection
 from pathlib import Path
 
+from lightformer.data.pieces import SPLITS, resolve_files
 from lightformer.data.preparation.caching import preparing
-from lightformer.data.raw.sources import TextSource, resolve_files
+from lightformer.data.sources.text import TextSource
 from lightformer.io.files import atomic_open, atomic_write_bytes, read_utf8, sha256_of
 
 Pair = tuple[str, str]
@@ -397,3 +398,69 @@ def source_files(source: TextSource) -> dict[str, list[Path]]:
         "val": resolve_files(list(source.val_files or []), "data.source.val_files"),
         "test": resolve_files(list(source.test_files or []), "data.source.test_files"),
     }
+
+
+TRAIN_SHARE, VAL_SHARE = 0.8, 0.1  # of each novel's passages, in order: train, val, then test
+
+
+Example = tuple[str, int, int]  # (text, class index, position: the passage's index in its novel)
+
+
+_CHAPTER = re.compile(r"^chapter\b", re.IGNORECASE)
+
+
+_HEADING = re.compile(r"^(?:chapter|volume)\b", re.IGNORECASE)
+
+
+_END_MARK = re.compile(r"^(?:the end|finis|a note on the text)$", re.IGNORECASE)
+
+
+_SENTENCE_END = re.compile(r"[.!?]['\"’”)\]_]*(?=\s)")
+
+
+_ABBREVIATION = re.compile(r"\b(?:Mr|Mrs|Dr|St|Messrs)\.$")
+
+
+MIN_SENTENCE_WORDS = 3
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """A paragraph's sentences by the rule of the module docstring (step 3), short fragments included."""
+    text = " ".join(paragraph.split())
+    sentences, start = [], 0
+    for end in _SENTENCE_END.finditer(text):
+        sentence = text[start : end.end()].strip()
+        if sentence and not _ABBREVIATION.search(sentence):  # "Mr. Darcy": an abbreviation ends no sentence
+            sentences.append(sentence)
+            start = end.end()
+    if text[start:].strip():
+        sentences.append(text[start:].strip())
+    return sentences
+
+
+def novel_sentences(novel: str) -> list[str]:
+    """The sentences of a novel's body, headings and fragments of fewer than three words dropped (steps 1-3)."""
+    lines = novel.split("\n")
+    first = next((i for i, line in enumerate(lines) if _CHAPTER.match(line.strip())), 0)
+    last = next((i for i in range(first, len(lines)) if _END_MARK.match(lines[i].strip())), len(lines))
+    sentences = []
+    for paragraph in re.split(r"\n[ \t]*\n", "\n".join(lines[first:last])):
+        paragraph = " ".join(paragraph.split())
+        if not paragraph or _HEADING.match(paragraph) or not re.search("[a-z]", paragraph):
+            continue
+        sentences += [s for s in split_sentences(paragraph) if len(s.split()) >= MIN_SENTENCE_WORDS]
+    return sentences
+
+
+def austen_passages(text: str, passage_sentences: int) -> dict[str, list[Example]]:
+    """Each split's (passage, novel index, passage index in its novel), novel by novel (steps 4 and 5)."""
+    splits: dict[str, list[Example]] = {split: [] for split in SPLITS}
+    for label, novel in enumerate(split_austen_text(text).values()):
+        sentences = novel_sentences(novel)
+        count = len(sentences) // passage_sentences
+        passages = [" ".join(sentences[i * passage_sentences : (i + 1) * passage_sentences]) for i in range(count)]
+        n_train, n_val = int(count * TRAIN_SHARE), int(count * (TRAIN_SHARE + VAL_SHARE))
+        for position, passage in enumerate(passages):
+            split = "train" if position < n_train else "val" if position < n_val else "test"
+            splits[split].append((passage, label, position))
+    return splits

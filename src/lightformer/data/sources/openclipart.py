@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from PIL import Image, ImageChops
 
-from lightformer.data.raw.image_files import open_image
+from lightformer.data.sources.image_files import open_image
 
 OPENCLIPART_ROOT = "/usr/share/openclipart"
 # Top-level categories left out of the classes, with why: their names do not say what the drawings show, or they

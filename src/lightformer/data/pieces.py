@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 from lightformer.errors import DataError
 from lightformer.io.files import expand_patterns, not_utf8
@@ -40,14 +40,6 @@ SPLIT_PREFIX = {"train": "", "val": "val_", "test": "test_"}  # of each split's 
 PIECE_BYTES = 8 << 20  # the most bytes of one piece: what one preparation worker holds at a time
 _FORMAT_OF_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 _SEARCH_BYTES = 1 << 16  # how far a text cut looks for a line break before it cuts between two characters
-
-
-def check_one_source(given: dict[str, bool], what: str) -> None:
-    """Refuse a ``data.source`` that gives other than exactly one of its sources (``given``: whether each, by name, is
-    set); ``what``: the kind of data and the sources the error lists."""
-    named = [name for name, is_given in given.items() if is_given]
-    if len(named) != 1:
-        raise ValueError(f"data.source needs exactly one source of {what}; got {', '.join(named) if named else 'none'}")
 
 
 def stage_splits(stage: str | None) -> tuple[str, ...]:
@@ -389,73 +381,3 @@ def _is_string(kind) -> bool:
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
     return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
-
-
-@dataclass(frozen=True)
-class TextSource:
-    """Where a text corpus comes from, and how it splits into train | val | test.
-
-    Args:
-        train_files: training text: files, globs (``**`` allowed; a glob's matches are sorted) or folders (every
-            file under them). ``.jsonl`` / ``.ndjson`` and ``.parquet`` files are records with a ``text_field``; any
-            other file is plain UTF-8 text.
-        val_files: validation text; default: the last ``val_fraction`` of the training text.
-        test_files: test text; default: the last ``test_fraction`` of the training text.
-        corpus: a built-in offline corpus: "austen" (Jane Austen's six novels, 4.0 M characters, fetched from a
-            Debian package into ``<data_root>/austen``).
-        url: download the training text from this URL into ``<data_root>/downloads/``.
-        sha256: the expected SHA-256 (hex) of the file at ``url``; None skips the check.
-        text_field: the field (JSONL) or column (Parquet) that holds each record's text.
-        val_fraction: share of the training text held out for validation, in [0, 1), when no ``val_files``.
-        test_fraction: share held out for testing, in [0, 1), when no ``test_files``.
-        split: where val and test are cut from the training files: "end" (of them all, in order) or "each_file"
-            (the same shares of the end of every file: each novel of corpus "austen").
-        data_root: where built-in and downloaded corpora are stored.
-    """
-
-    train_files: list[str] | None = None
-    val_files: list[str] | None = None
-    test_files: list[str] | None = None
-    corpus: str | None = None
-    url: str | None = None
-    sha256: str | None = None
-    text_field: str = "text"
-    val_fraction: float = 0.1
-    test_fraction: float = 0.0
-    split: Split = "end"
-    data_root: str = "data"
-
-    def __post_init__(self) -> None:
-        check_one_source({name: getattr(self, name) is not None for name in ("train_files", "corpus", "url")},
-                         "training text: train_files (files, globs or folders), corpus ('austen') or url")  # fmt: skip
-        if self.corpus not in (None, "austen"):
-            raise ValueError(f"data.source.corpus={self.corpus!r} is not a built-in corpus; valid: 'austen'")
-        if self.split not in get_args(Split):
-            raise ValueError(f"data.source.split={self.split!r} is not a way to split; valid: {get_args(Split)}")
-        for name in ("val_fraction", "test_fraction"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"data.source.{name}={getattr(self, name)} must be in [0, 1)")
-        held_out = (self.val_fraction if not self.val_files else 0) + (self.test_fraction if not self.test_files else 0)
-        if held_out >= 1:
-            raise ValueError(
-                f"data.source: val_fraction={self.val_fraction} + test_fraction={self.test_fraction} leaves no "
-                "training text; their sum must be below 1"
-            )
-
-    def pieces(self, files: dict[str, list[Path]], piece_bytes: int | None = None) -> dict[str, list[Piece]]:
-        """Each split's pieces, of ``files`` (each split's files: ``corpora.source_files``)."""
-        fractions = (self.val_fraction, self.test_fraction)
-        return split_pieces(files["train"], files, *fractions, piece_bytes or PIECE_BYTES, self.split)
-
-    def check_held_out(self, files: dict[str, list[Path]], pieces: dict[str, list[Piece]]) -> None:
-        """Refuse a ``val_fraction`` or ``test_fraction`` that left its split empty (``pieces`` of ``files``): the
-        text is cut only between lines (or records), and a short text has too few."""
-        for split, fraction in (("val", self.val_fraction), ("test", self.test_fraction)):
-            if fraction > 0 and not files[split] and not pieces[split]:
-                unit = "line breaks" if all(format_of(path) == "text" for path in files["train"]) else "records"
-                raise DataError(
-                    f"data.source.{split}_fraction={fraction} gives an empty {split} split: the training text is cut "
-                    f"only between {unit}, and {', '.join(str(path) for path in files['train'])} has too few for "
-                    f"{fraction:.0%} of it; give more text, the split's own files (data.source.{split}_files), or "
-                    f"data.source.{split}_fraction=0 for no {split} split"
-                )
