@@ -1645,7 +1645,7 @@ def test_a_fit_refused_at_setup_leaves_no_run_folder_behind(tmp_path):
     from lightformer.cli.runs import RunFolderLock
 
     args = ["fit", *task_args("translation", tmp_path), "--model.net.max_len=2", "--trainer.max_steps=1"]
-    assert "but model.net.max_len=2" in refused(args)
+    assert "model.net.max_len=2 is shorter than the data's sentences" in refused(args)
     assert (tmp_path / "runs").is_dir() and not list((tmp_path / "runs").glob("*/version_*"))
     for existed in (True, False):
         folder = tmp_path / f"kept_{existed}" / "version_0"

@@ -8,7 +8,7 @@ from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
 from lightformer.data.modules.image_tokens import ImageTokenDataModule
 from lightformer.data.modules.images import ImageDataModule
 from lightformer.data.modules.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
-from lightformer.data.modules.text import TextDataModule
+from lightformer.data.modules.text import TextData, TextDataModule
 from lightformer.data.modules.translation import TranslationDataModule
 from lightformer.data.modules.visual_qa import VisualQADataModule
 from lightformer.tokenization import Tokenizer
@@ -24,6 +24,7 @@ __all__ = [
     "MaskedLMDataModule",
     "SpanCorruptionDataModule",
     "TextClassificationDataModule",
+    "TextData",
     "TextDataModule",
     "Tokenizer",
     "TranslationDataModule",

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lightformer.data.modules.text import TextDataModule
+from lightformer.data.modules.text import TextData
 from lightformer.generation import generate as generate_tokens
 from lightformer.io.layouts import gpt
 from lightformer.models.gpt import GPT, GPTConfig
@@ -178,5 +178,5 @@ def generate(
         print(prompt + text)
 
 
-register(LanguageModelTask, data=TextDataModule, commands={"generate": generate}, layouts={"hf": gpt.HF},
+register(LanguageModelTask, data=TextData, commands={"generate": generate}, layouts={"hf": gpt.HF},
          carried=("tokenizer",))  # fmt: skip

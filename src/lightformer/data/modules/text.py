@@ -22,8 +22,10 @@ from lightformer.data.preparation.prepare import (
     PrepareConfig,
     PreparedText,
     TokenizerConfig,
+    prepare_documents,
     prepare_text,
 )
+from lightformer.data.sources import Source
 from lightformer.data.sources.text import TextSource
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
@@ -49,10 +51,15 @@ class TokenShards(DataModule):
     collate_fn = None  # makes a batch of the datasets' items (None: the default collate)
 
     def __init__(
-        self, source: TextSource, tokenizer: TokenizerConfig, loader: LoaderConfig, prepare: PrepareConfig, seed: int
+        self,
+        source: TextSource | Source,
+        tokenizer: TokenizerConfig,
+        loader: LoaderConfig,
+        prepare: PrepareConfig,
+        seed: int,
     ) -> None:
         super().__init__()
-        self.source = as_config(TextSource, source)
+        self.source = source if isinstance(source, Source) else as_config(TextSource, source)
         self.tokenizer_config = as_config(TokenizerConfig, tokenizer)
         self.tokenizer_config.check_used_by(type(self).__name__)
         self.loader = as_config(LoaderConfig, loader)
@@ -66,7 +73,8 @@ class TokenShards(DataModule):
         """The prepared tokenizer and shards, prepared on first use (once per job: see ``data.prepare``)."""
         if self._prepared is None:
             specials = tuple(self.special_tokens)
-            self._prepared = prepare_text(self.source, self.tokenizer_config, self.prepare_config, specials)
+            prepare = prepare_text if isinstance(self.source, TextSource) else prepare_documents
+            self._prepared = prepare(self.source, self.tokenizer_config, self.prepare_config, specials)
         return self._prepared
 
     @property
@@ -115,15 +123,13 @@ class TokenShards(DataModule):
         return map_loader(dataset, self.loader, sampler, resumable, drop_last=drop_last, collate_fn=self.collate_fn)
 
 
-class TextDataModule(TokenShards):
-    """Character- or BPE-level next-token prediction: batches of (x, y), each (batch, block_size) int64.
-
-    The source is prepared once (``data.prepare``: a tokenizer trained on a bounded sample, token shards written by
-    every core) into ``prepare.dir``, then streamed: memory stays flat whatever the corpus size, and a resumed run
-    continues mid-epoch exactly. An epoch is every non-overlapping window of the train split, in a new order.
+class TextData(TokenShards):
+    """Next-token prediction on the documents of any source (``lightformer.data.sources.Source`` whose records are
+    ``{"text": str}``, each ended by EOS): batches of (x, y), each (batch, block_size) int64. A user's own source is
+    one class (docs/data.md, "Your own source"); ``TextDataModule`` is this family with files of text.
 
     Args:
-        source: where the text comes from and how it splits (``TextSource``).
+        source: where the documents come from (a ``Source`` subclass, named by ``class_path``).
         tokenizer: the tokenizer to train or load (``TokenizerConfig``).
         loader: batch size, loader workers, validation windows (``LoaderConfig``).
         prepare: where and with how many processes the source is prepared (``PrepareConfig``).
@@ -133,7 +139,7 @@ class TextDataModule(TokenShards):
 
     def __init__(
         self,
-        source: TextSource = TextSource(corpus="austen"),
+        source: Source,
         tokenizer: TokenizerConfig = TokenizerConfig(),
         loader: LoaderConfig = LoaderConfig(),
         prepare: PrepareConfig = PrepareConfig(),
@@ -181,3 +187,31 @@ class TextDataModule(TokenShards):
                 f"tokens{shared}, fewer than one batch of data.loader.batch_size={self.loader.batch_size}; lower the "
                 "batch size or data.block_size, or give more training text"
             )
+
+
+class TextDataModule(TextData):
+    """Character- or BPE-level next-token prediction: batches of (x, y), each (batch, block_size) int64.
+
+    The source is prepared once (``data.prepare``: a tokenizer trained on a bounded sample, token shards written by
+    every core) into ``prepare.dir``, then streamed: memory stays flat whatever the corpus size, and a resumed run
+    continues mid-epoch exactly. An epoch is every non-overlapping window of the train split, in a new order.
+
+    Args:
+        source: where the text comes from and how it splits (``TextSource``).
+        tokenizer: the tokenizer to train or load (``TokenizerConfig``).
+        loader: batch size, loader workers, validation windows (``LoaderConfig``).
+        prepare: where and with how many processes the source is prepared (``PrepareConfig``).
+        block_size: tokens per training example (the model's context length).
+        seed: the shuffling's seed (the order depends on seed and epoch only).
+    """
+
+    def __init__(
+        self,
+        source: TextSource = TextSource(corpus="austen"),
+        tokenizer: TokenizerConfig = TokenizerConfig(),
+        loader: LoaderConfig = LoaderConfig(),
+        prepare: PrepareConfig = PrepareConfig(),
+        block_size: int = 64,
+        seed: int = 1337,
+    ) -> None:
+        super().__init__(source, tokenizer, loader, prepare, block_size, seed)

@@ -51,6 +51,7 @@ from litdata.streaming.resolver import Dir
 
 from lightformer.data.pieces import SPLITS, Piece, read_piece
 from lightformer.data.preparation.caching import MANIFEST, content_hash, file_stamp, preparing, read_manifest
+from lightformer.data.sources import Source
 from lightformer.data.sources.corpora import source_files
 from lightformer.data.sources.text import TextSource
 from lightformer.errors import ConfigError, DataError
@@ -252,6 +253,97 @@ def prepare_text(
         extra_special_tokens=extra_special_tokens,
     )
     return PreparedText(prepared_folder(prepare, stem_of(files["train"]), fingerprint, build))
+
+
+def prepare_documents(
+    source: Source,
+    tokenizer: TokenizerConfig,
+    prepare: PrepareConfig,
+    extra_special_tokens: tuple[str, ...] = (),
+) -> PreparedText:
+    """Prepare the documents of any ``Source`` (records ``{"text": str}``) as ``prepare_text`` prepares a
+    ``TextSource``'s files: a tokenizer on a bounded sample (the first ``tokenizer.sample_bytes`` of the sampled
+    splits' documents), then each split's documents encoded, each ended by EOS, into token shards by every core (one
+    process per ``source.inputs(split)`` part), in a folder named by ``source.stem()`` and the hash of
+    ``source.fingerprint()``."""
+    fingerprint = {
+        "format": FORMAT_VERSION,
+        "source": f"{type(source).__module__}.{type(source).__qualname__}",
+        "examples": source.fingerprint(),
+        "tokenizer": _tokenizer_key(tokenizer, extra_special_tokens),
+    }
+    build = partial(
+        _prepare_documents,
+        source=source,
+        config=tokenizer,
+        num_workers=prepare.num_workers,
+        extra_special_tokens=extra_special_tokens,
+    )
+    return PreparedText(prepared_folder(prepare, source.stem(), fingerprint, build))
+
+
+def _prepare_documents(
+    folder: Path, source: Source, config: TokenizerConfig, num_workers: int | None, extra_special_tokens: tuple
+) -> dict:
+    inputs = {split: list(source.inputs(split)) for split in SPLITS if split in source.splits}
+
+    def sample(splits: tuple[str, ...]) -> Iterator[str]:
+        left = config.sample_bytes
+        for part in (part for split in splits for part in inputs.get(split, [])):
+            for text in source_texts(source, part):
+                if left <= 0:
+                    return
+                left -= len(text.encode("utf-8"))
+                yield text
+
+    tokenizer = load_or_train_tokenizer(config, sample, extra_special_tokens)
+    tokenizer.save(folder / TOKENIZER)
+    encode = partial(encode_documents, source=source, tokenizer_json=tokenizer.to_str())
+    tokens = {}
+    for split, parts in inputs.items():
+        if parts:
+            write_shards(folder / split, encode, parts, num_workers, TokensLoader())
+            if (folder / split / "index.json").is_file() and (count := _count(folder / split, "dim")):
+                tokens[split] = count
+            else:
+                shutil.rmtree(folder / split, ignore_errors=True)  # a split the source holds no document of
+    if not tokens.get("train"):
+        raise DataError(f"data.source: {type(source).__name__} gives no training document (records('train'))")
+    rank_zero_info(f"prepared data: {folder} ({', '.join(f'{s} {n:,} tokens' for s, n in tokens.items())})")
+    return {"tokens": tokens, "vocab_size": tokenizer.vocab_size}
+
+
+def source_texts(source: Source, part: Any) -> Iterator[str]:
+    """The texts of the records ``source.records(part)`` yields, each checked: a mapping whose "text" is a string,
+    else a ``DataError`` naming the source, the part and the record."""
+    for index, record in enumerate(source.records(part)):
+        text = record.get("text") if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise DataError(
+                f"data.source: {type(source).__name__}.records({part!r}) gave {record!r:.80} as its record {index}: "
+                'a text source gives records {"text": str}'
+            )
+        if text:
+            yield text
+
+
+def encode_documents(part: Any, source: Source, tokenizer_json: str) -> Iterator[np.ndarray]:
+    """The token ids of the documents of ``source.records(part)``, each followed by EOS, as 1-D arrays of up to 1,024
+    documents (what ``optimize`` writes)."""
+    return documents_encoded(source_texts(source, part), worker_tokenizer(tokenizer_json))
+
+
+def documents_encoded(texts: Iterable[str], tokenizer: Tokenizer) -> Iterator[np.ndarray]:
+    """The token ids of ``texts``, each a document followed by EOS, as 1-D arrays of up to 1,024 documents."""
+    dtype = token_dtype(tokenizer.vocab_size)
+    batch: list[str] = []
+    for text in (*texts, None):
+        if text is not None:
+            batch.append(text)
+        if batch and (text is None or len(batch) == 1024):
+            ids = tokenizer.encode_batch(batch, add_eos=True)
+            yield np.fromiter((i for seq in ids for i in seq), dtype=dtype, count=sum(map(len, ids)))
+            batch = []
 
 
 def prepared_folder(prepare: PrepareConfig, stem: str, fingerprint: dict, build: Callable[[Path], dict]) -> Path:
@@ -661,20 +753,12 @@ def encode_piece(piece: Piece, tokenizer_json: str, text_field: str = "text"):
     """The token ids of a piece as 1-D arrays (what ``optimize`` writes): a text piece's running text, or each
     document of a JSONL or Parquet piece followed by EOS."""
     tokenizer = worker_tokenizer(tokenizer_json)
-    dtype = token_dtype(tokenizer.vocab_size)
     if piece.format == "text":
         for text in read_piece(piece, text_field):
             if text:
                 yield tokenizer.encode_to_array(text)
         return
-    batch: list[str] = []
-    for text in (*read_piece(piece, text_field), None):
-        if text is not None:
-            batch.append(text)
-        if batch and (text is None or len(batch) == 1024):
-            ids = tokenizer.encode_batch(batch, add_eos=True)
-            yield np.fromiter((i for seq in ids for i in seq), dtype=dtype, count=sum(map(len, ids)))
-            batch = []
+    yield from documents_encoded(read_piece(piece, text_field), tokenizer)
 
 
 def _count(folder: Path, what: str) -> int:

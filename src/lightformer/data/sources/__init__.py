@@ -1,7 +1,53 @@
 """Where examples come from: a text corpus of files (``text``: ``TextSource``, read in bounded pieces by
-``data.pieces``), the built-in offline corpora (``corpora``), image files (``image_files``), the Open Clip Art Library
-(``openclipart``), emoji (``emoji``), printed lines in the declared typefaces (``rendering``); and what every source
-checks (``check_one_source``)."""
+``data.pieces``), the built-in offline corpora (``corpora``), labelled texts (``labelled``), image files
+(``image_files``), the Open Clip Art Library (``openclipart``), emoji (``emoji``), printed lines in the declared
+typefaces (``rendering``); ``Source``, the whole contract of a source a user writes, and what every source checks."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+
+class Source:
+    """Where examples come from: subclass it (a frozen dataclass of the options), and a config names it
+    (``data.init_args.source: {class_path: mypkg.MySource, init_args: {...}}``) for a family that takes any source
+    (``lightformer.data.TextData``: records ``{"text": str}``, each a document, ended by EOS).
+
+    ``records(split)`` yields a split's examples; ``fingerprint()`` is everything they depend on (the files' stamps,
+    the options): the prepared folder is named by its hash and prepared again when it changes. Optional: ``inputs``
+    cuts a split into parts that the preparation's processes read in parallel (then ``records`` gets one of them),
+    ``stem`` names the prepared folder, ``splits`` lists the splits the source has."""
+
+    splits: ClassVar[tuple[str, ...]] = ("train", "val", "test")
+
+    def fingerprint(self) -> dict:
+        raise NotImplementedError(f"{type(self).__name__} does not say what its examples depend on (fingerprint)")
+
+    def records(self, split: Any) -> Iterator[dict]:
+        raise NotImplementedError(f"{type(self).__name__} does not say what its examples are (records)")
+
+    def inputs(self, split: str) -> list:
+        """The parts of ``split`` that ``records`` reads, each on its own (picklable); default: the split whole."""
+        return [split]
+
+    def stem(self) -> str:
+        """The prepared folder's readable name, before its hash."""
+        return type(self).__name__.lower()
+
+
+def file_stamps(paths: Iterable[str | Path]) -> list[list]:
+    """Each file's (name, size, modification time): what a source's examples depend on, read without the files."""
+    return [[os.fspath(path), (stat := os.stat(path)).st_size, stat.st_mtime_ns] for path in paths]
+
+
+def hashed(key: str, fraction: float) -> bool:
+    """Whether ``key`` falls in the share ``fraction`` of keys, by its SHA-256: the same key on every machine and
+    run, whatever else the source holds (a split carved by the examples' own names)."""
+    return int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:12], 16) < fraction * 16**12
 
 
 def check_one_source(given: dict[str, bool], what: str) -> None:
