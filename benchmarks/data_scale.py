@@ -4,6 +4,7 @@ built by repeating Jane Austen's novels.
 
     python benchmarks/data_scale.py --sizes-mb 40 400 4000 --tokenizer char
     python benchmarks/data_scale.py --rendered-lines 4000 50000 200000   # image to text: rendering lines
+    python benchmarks/data_scale.py --source-documents-mb 40 400         # a user's Source (TextData)
 
 Each measurement runs in a fresh process (`lightformer prepare` / `fit`); peak RSS is the largest of the process and
 its preparation workers (``getrusage(RUSAGE_CHILDREN)``). The corpora go under ``--work`` and are kept for the next run
@@ -14,13 +15,18 @@ runs. Repeated text is fine for memory and speed figures, not for quality ones.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+
+from lightformer.data.sources import Source, file_stamps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,8 +54,9 @@ PEAK = (
 def run(args: list[str]) -> tuple[float, float, str]:
     """(wall seconds, peak RSS in GB of the command and its workers, stdout) of a fresh process."""
     start = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks"), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
-        [sys.executable, "-c", PEAK, sys.executable, *args], cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-c", PEAK, sys.executable, *args], cwd=REPO, capture_output=True, text=True, env=env
     )
     wall = time.perf_counter() - start
     if result.returncode != 0:
@@ -101,6 +108,47 @@ def rendered_lines(counts: list[int], work: Path, workers: int) -> None:
         shutil.rmtree(prepared)
 
 
+@dataclass(frozen=True)
+class CorpusParagraphs(Source):
+    """A user's source as docs/data.md writes one: the paragraphs of ``file`` (blocks between blank lines), each a
+    document; every 20th validates. Read a line at a time: nothing holds the file."""
+
+    file: str
+    splits = ("train", "val")
+
+    def fingerprint(self) -> dict:
+        return {"file": file_stamps([self.file])}
+
+    def records(self, split: str) -> Iterator[dict]:
+        paragraph, index = [], 0
+        with open(self.file, encoding="utf-8") as lines:
+            for line in itertools.chain(lines, ["\n"]):  # a blank line ends the last paragraph
+                if line.strip():
+                    paragraph.append(line)
+                elif paragraph:
+                    if (index % 20 == 0) == (split == "val"):
+                        yield {"text": "".join(paragraph)}
+                    paragraph, index = [], index + 1
+
+
+def source_documents(sizes: list[int], work: Path, tokenizer: str) -> None:
+    """How preparing a user's ``Source`` (``TextData``: documents into token shards, ``prepare_documents``) grows with
+    its size: wall time and peak RSS of ``lightformer prepare``, per size."""
+    for size in sizes:
+        corpus = build_corpus(work / f"corpus-{size}mb.txt", size)
+        prepared = work / f"prepared-documents-{size}"
+        shutil.rmtree(prepared, ignore_errors=True)
+        config = work / "documents.yaml"
+        config.write_text(json.dumps({"data": {"class_path": "lightformer.data.TextData", "init_args": {
+            "source": {"class_path": "data_scale.CorpusParagraphs", "init_args": {"file": str(corpus)}},
+            "tokenizer": {"kind": tokenizer, "vocab_size": 8192}, "prepare": {"dir": str(prepared)}}}}))  # fmt: skip
+        wall, rss, _ = run(["-m", "lightformer", "prepare", "--config=configs/lm/austen_char.yaml", "--data=null",
+                            f"--config={config}"])  # fmt: skip
+        print(json.dumps({"documents_mb": size, "tokenizer": tokenizer, "prepare_s": round(wall, 1),
+                          "prepare_rss_gb": round(rss, 2)}), flush=True)  # fmt: skip
+        shutil.rmtree(prepared)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[40, 400])
@@ -108,10 +156,14 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/lightformer-data-scale"))
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rendered-lines", type=int, nargs="+", help="measure rendering this many text lines instead")
+    parser.add_argument("--source-documents-mb", type=int, nargs="+", help="measure a user's Source of these sizes")
     options = parser.parse_args()
     options.work.mkdir(parents=True, exist_ok=True)
     if options.rendered_lines:
         rendered_lines(options.rendered_lines, options.work, options.workers[-1])
+        return
+    if options.source_documents_mb:
+        source_documents(options.source_documents_mb, options.work, options.tokenizer)
         return
     rows = []
     for size in options.sizes_mb:

@@ -25,6 +25,7 @@ lengths) into its ``cache_dir``; LitData downloads the shards there as they are 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -334,15 +335,20 @@ def encode_documents(part: Any, source: Source, tokenizer_json: str) -> Iterator
 
 
 def documents_encoded(texts: Iterable[str], tokenizer: Tokenizer) -> Iterator[np.ndarray]:
-    """The token ids of ``texts``, each a document followed by EOS, as 1-D arrays of up to 1,024 documents."""
+    """The token ids of ``texts``, each a document followed by EOS, as 1-D arrays of up to 1,024 documents; the texts
+    read one at a time (a source's whole split may be one generator)."""
     dtype = token_dtype(tokenizer.vocab_size)
+    eos = np.array([tokenizer.eos_id], dtype=dtype)
     batch: list[str] = []
-    for text in (*texts, None):
+    for text in itertools.chain(texts, [None]):
         if text is not None:
             batch.append(text)
         if batch and (text is None or len(batch) == 1024):
-            ids = tokenizer.encode_batch(batch, add_eos=True)
-            yield np.fromiter((i for seq in ids for i in seq), dtype=dtype, count=sum(map(len, ids)))
+            if tokenizer.kind == "char":  # the same ids as encode's, by a table lookup (``encode_to_array``)
+                yield np.concatenate([ids for document in batch for ids in (tokenizer.encode_to_array(document), eos)])
+            else:
+                ids = tokenizer.encode_batch(batch, add_eos=True)
+                yield np.fromiter((i for seq in ids for i in seq), dtype=dtype, count=sum(map(len, ids)))
             batch = []
 
 
