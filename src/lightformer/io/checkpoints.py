@@ -430,10 +430,8 @@ def check_start_tokenizer(path: str, option: str, data_tokenizer: str) -> None:
     if difference is None:
         return
     if tokenizer_file is not None or not Path(path).is_dir():
-        remedy = (
-            "encode the data with that tokenizer: "
-            f"data.init_args.tokenizer.file={tokenizer_file or '<that run’s tokenizer.json>'}"
-        )
+        suggested = tokenizer_file or "<that run's tokenizer.json>"
+        remedy = f"encode the data with that tokenizer: data.init_args.tokenizer.file={suggested}"
     else:
         remedy = (
             "lightformer's data is encoded with lightformer's own tokenizers (char, bpe) only, so this folder's "
