@@ -212,15 +212,6 @@ PINNED = {
         "train": "d717878515a171b3e043f29c0c94043371e1eb0380658dfd488ad16f43a7b334",
         "val": "59176ff7adffe80089d16db610e8945ee28020fcd49b71332d80cc49af239926",
     },
-    "image_tokens": {
-        "folder": "images-1e2c0c4bab2b7fd3",
-        "manifest": "8efd461ae81b9d095ab1689ec153c677af52289dd22ffa1705cf71d2ea08b951",
-        "carve.json": "5abec6e4ce9ad838f781a7befa6c39285ca084eb522a3e3477d12ca4a867c01c",
-        "test": "6ee8b33ed65d42ddb6fe108c7df192ce38845c4d857ee8b855912e42f659be85",
-        "train": "d717878515a171b3e043f29c0c94043371e1eb0380658dfd488ad16f43a7b334",
-        "val": "59176ff7adffe80089d16db610e8945ee28020fcd49b71332d80cc49af239926",
-        "palette": "9309475ac015cf7c4798be7eefcc4ce78147bd17be8c6cc946106abdc934f343",
-    },
     "conversations": {
         "folder": "conversations-422740fefc60ed86",
         "manifest": "c612ad467d817ebe4bb9dcf0dc2788a9f5a0e149725406f2a7fcf3d36f721bb9",
@@ -259,6 +250,11 @@ PINNED = {
         "train": "7c1dabeb5982a7542c9170ee0550f8a063c7ee983e2ca53876853a6e6a829b3a",
         "val": "de4eb6cff664162a4c2cb965759f5e75bb7833f4cc0356a849fa089511aef16c",
     },
+}
+# Image GPT's data prepares the very folder of the image classifier's, and fits its palette on it.
+PINNED["image_tokens"] = {
+    **PINNED["image_folder"],
+    "palette": "9309475ac015cf7c4798be7eefcc4ce78147bd17be8c6cc946106abdc934f343",
 }
 # The installed fonts (paths and sizes) the rendered lines were pinned with: other fonts render other images.
 PINNED_FONTS = "4778255417b5909f"
