@@ -135,8 +135,9 @@ def prepare(layout: str, corpus: str, prepared: str, size: int, workers: int | N
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     from lightformer.data.modules.conversation_files import ConversationFiles, ConversationFilesDataModule
-    from lightformer.data.modules.image_text_files import ImageTextFiles, ImageTextFilesDataModule
+    from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
     from lightformer.data.preparation.prepare import PrepareConfig
+    from lightformer.data.sources.captions import ImageTextFiles
 
     start = time.perf_counter()
     where = PrepareConfig(dir=prepared, num_workers=workers)

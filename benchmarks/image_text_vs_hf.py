@@ -49,8 +49,8 @@ from torchmetrics.text import CharErrorRate
 
 from lightformer.data import ImageTextDataModule
 from lightformer.data.loading.streaming import ImageLoaderConfig
-from lightformer.data.modules.image_text import ImageTextSource
 from lightformer.data.preparation.prepare import PrepareConfig
+from lightformer.data.sources.lines import ImageTextSource
 from lightformer.generation import beam_search
 from lightformer.models.vision_text import VisionEncoderDecoder, VisionEncoderDecoderConfig
 from lightformer.tasks.compilation import DYNAMIC_COMPILE_OPTIONS

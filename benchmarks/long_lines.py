@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torchmetrics.text import CharErrorRate
 
-from lightformer.data.modules.image_text import split_sentences
 from lightformer.data.sources.corpora import austen_text
 from lightformer.data.sources.image_files import to_normalised_tensor
+from lightformer.data.sources.lines import split_sentences
 from lightformer.data.sources.rendering import LineStyle, LineTooWide, declared_fonts, ink_mask, render_line
 from lightformer.tasks.image_text import ImageToTextTask
 

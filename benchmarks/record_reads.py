@@ -24,9 +24,9 @@ from pathlib import Path
 
 from litdata import StreamingDataset
 
-from lightformer.data.modules.image_text import ImageTextSource, LineDrawer, RenderConfig, line_records, split_families
 from lightformer.data.preparation.prepare import write_records, write_shards
 from lightformer.data.sources.corpora import austen_text
+from lightformer.data.sources.lines import ImageTextSource, LineDrawer, RenderConfig, line_records, split_families
 
 PIECE = 500  # lines per piece a writing process renders
 

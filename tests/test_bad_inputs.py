@@ -1272,7 +1272,8 @@ def test_a_webdataset_shard_with_an_image_of_no_caption_is_refused_naming_the_sh
 
 def test_the_built_in_captioned_images_refuse_a_missing_library_or_font_naming_the_package(tmp_path):
     from lightformer.data import ClipArtDataModule, EmojiDataModule
-    from lightformer.data.modules.captioned_images import ClipArtSource, EmojiSource
+    from lightformer.data.sources.emoji import EmojiSource
+    from lightformer.data.sources.openclipart import ClipArtSource
     from lightformer.errors import DataError
 
     with pytest.raises(DataError, match=r"data.source.root='.*' does not hold .* apt-get install openclipart-png"):
@@ -1320,9 +1321,9 @@ def test_a_missing_declared_typeface_is_named_with_its_family_file_and_package(t
     """Before: the lines were drawn in whatever fonts /usr/share/fonts held; now in rendering.TYPEFACES' files, each
     checked before any work (empty stand-ins here: only their presence is checked then)."""
     from lightformer.data import ImageTextDataModule
-    from lightformer.data.modules.image_text import ImageTextSource
     from lightformer.data.preparation.prepare import PrepareConfig
     from lightformer.data.sources import rendering
+    from lightformer.data.sources.lines import ImageTextSource
     from lightformer.errors import DataError
 
     for file in (f for packages in rendering.TYPEFACES.values() for files in packages.values() for f in files):
@@ -1570,8 +1571,9 @@ def test_a_caption_longer_than_max_tokens_is_refused_as_it_is_read_naming_the_li
     import json
     import tarfile
 
-    from lightformer.data.modules.image_text_files import ImageTextFiles, ImageTextFilesDataModule
+    from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
     from lightformer.data.preparation.prepare import PrepareConfig
+    from lightformer.data.sources.captions import ImageTextFiles
     from lightformer.errors import DataError
 
     def prepare(train: Path) -> None:
@@ -1605,8 +1607,9 @@ def test_a_webdataset_image_that_is_not_one_is_named_with_a_reason_free_of_pytho
     import io
     import tarfile
 
-    from lightformer.data.modules.image_text_files import ImageTextFiles, ImageTextFilesDataModule
+    from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
     from lightformer.data.preparation.prepare import PrepareConfig
+    from lightformer.data.sources.captions import ImageTextFiles
     from lightformer.errors import DataError
 
     (tmp_path / "shards").mkdir()

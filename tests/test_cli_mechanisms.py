@@ -14,7 +14,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, auto_cli
 from lightformer.cli.checks import check_config_files, config_files, model_options_given
 from lightformer.cli.main import _gather_list_option, null_group_fields
 from lightformer.data import MaskedLMDataModule, SpanCorruptionDataModule, TextClassificationDataModule
-from lightformer.data.modules.base import ConfigFacts, DataModule
+from lightformer.data.module import ConfigFacts, DataModule
 from lightformer.errors import ConfigError, raised_by_jsonargparse, user_error
 
 

@@ -16,10 +16,9 @@ from PIL import Image
 
 from lightformer.data import ClipArtDataModule
 from lightformer.data.loading.streaming import ImageLoaderConfig, Records
-from lightformer.data.modules.captioned_images import ClipArtSource
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.sources import openclipart
-from lightformer.data.sources.openclipart import captions_of, cut, split_of, svg_metadata, variant_key
+from lightformer.data.sources.openclipart import ClipArtSource, captions_of, cut, split_of, svg_metadata, variant_key
 from lightformer.errors import DataError
 
 ROOT = Path(openclipart.OPENCLIPART_ROOT)

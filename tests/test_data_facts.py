@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lightformer import tasks
-from lightformer.data.modules.base import DataModule
+from lightformer.data.module import DataModule
 from lightformer.errors import CheckpointError, ConfigError
 from lightformer.facts import DataFacts
 from lightformer.io.checkpoints import facts_of_checkpoint
@@ -86,7 +86,7 @@ def test_no_task_module_reads_a_data_module_attribute():
 
 def test_every_data_module_states_its_facts():
     from lightformer import data
-    from lightformer.data.modules.base import DataModule
+    from lightformer.data.module import DataModule
 
     modules = [getattr(data, name) for name in data.__all__ if inspect.isclass(getattr(data, name))]
     modules = [module for module in modules if issubclass(module, DataModule)]
@@ -206,7 +206,7 @@ def test_the_position_table_is_checked_from_the_config_alone_before_the_data():
     the message; no table where the model has none; a tower's field given nested or dotted (a ``Namespace``)."""
     from jsonargparse import Namespace
 
-    from lightformer.data.modules.base import ConfigFacts
+    from lightformer.data.module import ConfigFacts
     from lightformer.tasks import ContrastiveTask, DenoisingTask
 
     data = ConfigFacts(DataFacts(max_length=58), {"max_length": "data.segment_tokens=64"},

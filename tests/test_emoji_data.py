@@ -14,9 +14,9 @@ from PIL import Image
 
 from lightformer.data import EmojiDataModule
 from lightformer.data.loading.streaming import ImageLoaderConfig, Records
-from lightformer.data.modules.captioned_images import EmojiSource
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.sources import emoji
+from lightformer.data.sources.emoji import EmojiSource
 from lightformer.errors import DataError
 
 pytestmark = pytest.mark.skipif(not (Path(emoji.NOTO_EMOJI).is_file() and Path(emoji.SYMBOLA).is_file()),

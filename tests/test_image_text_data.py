@@ -17,11 +17,15 @@ import pytest
 import torch
 from PIL import Image
 
-import lightformer.data.modules.image_text as image_text
+import lightformer.data.sources.lines as image_text
 from lightformer.data.loading.streaming import ImageLoaderConfig, Records
-from lightformer.data.modules.image_text import (
+from lightformer.data.modules.image_text import ImageTextDataModule
+from lightformer.data.modules.text import TextDataModule
+from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
+from lightformer.data.sources import rendering
+from lightformer.data.sources.corpora import DING_FILE, CorpusUnavailableError, austen_text, split_of
+from lightformer.data.sources.lines import (
     DEFAULT_HELD_OUT,
-    ImageTextDataModule,
     ImageTextSource,
     LineDrawer,
     RenderConfig,
@@ -30,10 +34,6 @@ from lightformer.data.modules.image_text import (
     split_families,
     split_sentences,
 )
-from lightformer.data.modules.text import TextDataModule
-from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
-from lightformer.data.sources import rendering
-from lightformer.data.sources.corpora import DING_FILE, CorpusUnavailableError, austen_text, split_of
 from lightformer.data.sources.rendering import (
     FONT_ROOT,
     SKIPPED_FAMILIES,

@@ -17,9 +17,10 @@ from PIL import Image, ImageDraw
 
 from lightformer.cli.main import main
 from lightformer.data.loading.streaming import ImageLoaderConfig, Records
-from lightformer.data.modules.image_text import jitter
-from lightformer.data.modules.image_text_files import ImageTextFiles, ImageTextFilesDataModule, carved
+from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
+from lightformer.data.objectives.augment import jitter
 from lightformer.data.preparation.prepare import PrepareConfig
+from lightformer.data.sources.captions import ImageTextFiles, carved
 from lightformer.data.sources.image_files import read_line_image
 from lightformer.errors import DataError
 from tiny_runs import events_of, quiet_run_args, tower_options
@@ -205,7 +206,7 @@ def test_the_training_loader_resumes_mid_epoch_exactly_and_rgb_is_jittered(coco)
 
 def test_images_are_fitted_and_written_one_at_a_time(tmp_path, monkeypatch):
     """Records leave the generator as each image is fitted: a piece's images are never held together."""
-    import lightformer.data.modules.image_text_files as image_text_files
+    import lightformer.data.sources.captions as image_text_files
 
     data = module(write_folder(tmp_path, "csv"), tmp_path, val_fraction=0)
     loaded = []

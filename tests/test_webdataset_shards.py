@@ -14,14 +14,9 @@ import pytest
 from PIL import Image
 
 from lightformer.data.loading.streaming import ImageLoaderConfig, Records
-from lightformer.data.modules.image_text_files import (
-    ImageTextFiles,
-    ImageTextFilesDataModule,
-    carved,
-    is_shards,
-    shard_samples,
-)
+from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
 from lightformer.data.preparation.prepare import PrepareConfig
+from lightformer.data.sources.captions import ImageTextFiles, carved, is_shards, shard_samples
 from lightformer.errors import DataError
 
 FORMATS = {".jpg": "JPEG", ".png": "PNG", ".webp": "WEBP"}

@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import IterableDataset
 
 from lightformer.cli.main import cli_main
-from lightformer.data.modules.base import DataModule
+from lightformer.data.module import DataModule
 from lightformer.facts import DataFacts
 
 REPO = Path(__file__).resolve().parents[1]

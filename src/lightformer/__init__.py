@@ -37,6 +37,8 @@ MOVED_MODULES = {
     "lightformer.data.raw.image_files": "lightformer.data.sources.image_files",
     "lightformer.data.raw.openclipart": "lightformer.data.sources.openclipart",
     "lightformer.data.raw.rendering": "lightformer.data.sources.rendering",
+    # the generic data module, which every family subclasses (the chain of bases below it dissolved)
+    "lightformer.data.modules.base": "lightformer.data.module",
 }
 
 

@@ -19,7 +19,7 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightformer.data.modules.base import DataModule
+from lightformer.data.module import DataModule
 from lightformer.errors import CheckpointError, ConfigError
 from lightformer.io.checkpoints import read_checkpoint, require_file
 from lightformer.io.hf_layouts import is_hf_folder, net_from_hf_folder

@@ -51,7 +51,7 @@ from lightformer.cli.runs import (
     resolve_auto_precision,
     show_progress,
 )
-from lightformer.data.modules.base import DataModule
+from lightformer.data.module import DataModule
 from lightformer.data.sources.corpora import CorpusUnavailableError
 from lightformer.errors import CheckpointError, ConfigError, raise_as_bug, user_error
 from lightformer.facts import DataFacts

@@ -30,7 +30,7 @@ from torch.optim import Optimizer
 from torchmetrics import Metric
 
 from lightformer.config_groups import as_config
-from lightformer.data.modules.base import DataModule
+from lightformer.data.module import DataModule
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.io.checkpoints import InitConfig

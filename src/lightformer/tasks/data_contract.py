@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any
 
-from lightformer.data.modules.base import ConfigFacts
+from lightformer.data.module import ConfigFacts
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.io.checkpoints import check_start_tokenizer, facts_of_checkpoint, under

@@ -31,16 +31,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from typing import Literal
 
 from lightformer.config_groups import as_config
+from lightformer.data.loading.pictures import CaptionedImages, collate_captions
 from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler, map_loader
 from lightformer.data.loading.streaming import ImageLoaderConfig
 from lightformer.data.modules.image_text import ImageTextRecords
-from lightformer.data.modules.image_text_files import CaptionedImages, collate_captions, prepare_captioned
+from lightformer.data.modules.image_text_files import prepare_captioned
 from lightformer.data.pieces import SPLITS
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
@@ -54,108 +54,17 @@ from lightformer.data.preparation.prepare import (
 )
 from lightformer.data.preparation.records import RecordSplit
 from lightformer.data.sources import emoji, openclipart
-from lightformer.data.sources.rendering import png_bytes
+from lightformer.data.sources.emoji import EmojiSource, emoji_records
+from lightformer.data.sources.openclipart import ClipArtSource, clipart_records
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
-from lightformer.nn.checks import check_at_least
 from lightformer.tokenization.text import PAD_ID
 
 FORMAT_VERSION = 1  # bump when what a prepared folder holds, or how an image is drawn, changes meaning
 PIECE_IMAGES = 250  # images per piece a preparing process fits and writes before taking the next
-MIN_SIZE = 16
-
-
-def _check_size(size: int) -> None:
-    if size < MIN_SIZE:
-        raise ValueError(f"data.source.image_size={size} must be at least {MIN_SIZE} pixels")
-
-
-@dataclass(frozen=True)
-class ClipArtSource:
-    """The Open Clip Art Library and how its drawings are split and drawn (``data.source``).
-
-    Args:
-        root: the library's folder, holding ``png/`` and ``svg/`` (``apt-get install openclipart-png
-            openclipart-svg``).
-        image_size: the square canvas's side in pixels.
-        val_fraction: share of the drawings (by a hash of their variant key) held out for validation.
-        test_fraction: share held out for test.
-        max_chars: most characters of a caption (cut at a word boundary).
-        keyword_captions: a training drawing's keywords are captions of it too, each alone ("mammal", "animal",
-            "ram"): the text tower then reads single words as it reads whole captions, and a prompt of one word (a
-            class's name) is a text of the kind it was trained on. Val and test keep the title, description and
-            listed keywords, so that retrieval ranks whole captions.
-    """
-
-    root: str = openclipart.OPENCLIPART_ROOT
-    image_size: int = 64
-    val_fraction: float = 0.05
-    test_fraction: float = 0.05
-    max_chars: int = 96
-    keyword_captions: bool = True
-
-    def __post_init__(self) -> None:
-        _check_size(self.image_size)
-        for name in ("val_fraction", "test_fraction"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"data.source.{name}={getattr(self, name)} must be in [0, 1)")
-        if self.val_fraction + self.test_fraction >= 1:
-            raise ValueError(f"data.source.val_fraction + test_fraction = {self.val_fraction + self.test_fraction} "
-                             "leaves nothing to train on: their sum must be below 1")  # fmt: skip
-        check_at_least("data.source.max_chars", self.max_chars, 8)
-
-
-@dataclass(frozen=True)
-class EmojiSource:
-    """The two emoji fonts, the style held out, the canvas (``data.source``).
-
-    Args:
-        held_out_style: "symbola" (Symbola's outlines: val and test; training in Noto's colours) or "noto".
-        noto_font: Noto Color Emoji's file (``apt-get install fonts-noto-color-emoji``).
-        symbola_font: Symbola's file (``apt-get install fonts-symbola``).
-        image_size: the square canvas's side in pixels.
-        val_fraction: share of the emoji (by a hash of the name) whose held-out image is val; the rest are test.
-    """
-
-    held_out_style: Literal["symbola", "noto"] = "symbola"
-    noto_font: str = emoji.NOTO_EMOJI
-    symbola_font: str = emoji.SYMBOLA
-    image_size: int = 64
-    val_fraction: float = 0.5
-
-    def __post_init__(self) -> None:
-        if self.held_out_style not in emoji.STYLES:
-            raise ValueError(f"data.source.held_out_style={self.held_out_style!r} is not a style; valid: "
-                             f"{list(emoji.STYLES)}")  # fmt: skip
-        _check_size(self.image_size)
-        if not 0 < self.val_fraction < 1:
-            raise ValueError(f"data.source.val_fraction={self.val_fraction} must be in (0, 1): val and test both hold "
-                             "held-out emoji")  # fmt: skip
 
 
 # --- records ---------------------------------------------------------------------------------------------------
-
-
-def clipart_records(piece: list[tuple[openclipart.Drawing, int]], root: str, size: int):
-    """The records {"image": the drawing's PNG on white fitted to the canvas, "file", "texts", "label"} of a piece of
-    (drawing, label), one at a time; a PNG that does not decode is a DataError naming it."""
-    for drawing, label in piece:
-        path = Path(root) / "png" / f"{drawing.name}.png"
-        try:
-            image = openclipart.drawing_image(path, size)
-        except (OSError, ValueError) as error:
-            raise DataError(f"data.source.root: {path} is not a readable PNG ({error})") from None
-        yield {"image": png_bytes(image), "file": drawing.name, "texts": json.dumps(drawing.captions),
-               "label": label}  # fmt: skip
-
-
-def emoji_records(piece: list[tuple[str, int]], style: str, font: str, size: int):
-    """The records {"image", "file": "U+1F34E", "texts": [its name], "label"} of a piece of (character, label) drawn
-    in ``style``."""
-    for character, label in piece:
-        image = emoji.draw(character, style, font, size)
-        yield {"image": png_bytes(image), "file": f"U+{ord(character):04X}",
-               "texts": json.dumps([emoji.caption(character)]), "label": label}  # fmt: skip
 
 
 # --- the data modules ------------------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler, map_loader
 from lightformer.data.loading.streaming import LoaderConfig, Records
-from lightformer.data.modules.base import ConfigFacts, PreparedRecords
+from lightformer.data.module import ConfigFacts, DataModule
 from lightformer.data.pieces import SPLITS, Piece, line_pieces, stage_splits
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
@@ -134,7 +134,7 @@ def collate_classification(items: list[dict], max_tokens: int, pad_id: int = PAD
 # --- the data module -------------------------------------------------------------------------------------------
 
 
-class TextClassificationDataModule(PreparedRecords):
+class TextClassificationDataModule(DataModule):
     """Labelled texts for a BERT classifier: batches {"ids": (B, T), "labels": (B,)}.
 
     Each text is encoded as [CLS] tokens [SEP] (the tokenizer's BOS and EOS), cut to `max_tokens` with [SEP] kept

@@ -32,16 +32,9 @@ from typing import Literal
 from PIL import Image
 
 from lightformer.config_groups import as_config
+from lightformer.data.loading.pictures import channel_statistics
 from lightformer.data.loading.streaming import ImageLoaderConfig
-from lightformer.data.modules.chat_records import ChatRecords, channel_statistics
-from lightformer.data.modules.image_text_files import (
-    MAX_TOKENS,
-    TOKEN_BYTES,
-    bounded_lines,
-    carved,
-    line_too_long,
-    source_key,
-)
+from lightformer.data.modules.chat_records import ChatRecords
 from lightformer.data.objectives.chat import ChatTemplate
 from lightformer.data.pieces import SPLITS
 from lightformer.data.preparation.caching import file_stamp
@@ -54,6 +47,7 @@ from lightformer.data.preparation.prepare import (
     worker_tokenizer,
 )
 from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
+from lightformer.data.sources.captions import MAX_TOKENS, TOKEN_BYTES, bounded_lines, carved, line_too_long, source_key
 from lightformer.data.sources.image_files import fit_image, load_image
 from lightformer.data.sources.rendering import jpeg_bytes
 from lightformer.errors import DataError

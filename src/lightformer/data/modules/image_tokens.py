@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightformer.config_groups import as_config
 from lightformer.data.loading.streaming import ImageLoaderConfig
-from lightformer.data.modules.base import SplitLoaders
+from lightformer.data.module import DataModule
 from lightformer.data.modules.images import ImageDataModule, ImageDatasetInfo, ImageSource, ImageSubset, image_loader
 from lightformer.data.objectives.augment import AugmentConfig
 from lightformer.data.pieces import SPLITS
@@ -109,7 +109,7 @@ def check_palette(palette: PaletteConfig, info: ImageDatasetInfo) -> None:
         )
 
 
-class ImageTokenDataModule(SplitLoaders):
+class ImageTokenDataModule(DataModule):
     """Images as sequences of palette ids for Image GPT: batches (x, y), each ``(batch, image_size²)`` int64.
 
     Args:

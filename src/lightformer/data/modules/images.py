@@ -49,7 +49,7 @@ from torchvision.transforms import v2
 from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import EpochShuffleSampler, Key, evaluation_sampler, index_and_epoch, map_loader
 from lightformer.data.loading.streaming import ImageLoaderConfig, Records
-from lightformer.data.modules.base import SplitLoaders
+from lightformer.data.module import DataModule
 from lightformer.data.objectives.augment import (
     AugmentConfig,
     normalize,
@@ -385,7 +385,7 @@ def image_loader(dataset: Dataset, loader: ImageLoaderConfig, seed: int, shuffle
     return map_loader(dataset, loader, sampler, shuffle, collate_fn=collate_images)
 
 
-class ImageDataModule(SplitLoaders):
+class ImageDataModule(DataModule):
     """Batches of images (batch, channels, image_size, image_size) and labels (batch,): uint8 from the loaders,
     normalised (and for training augmented) float32 once on the device.
 

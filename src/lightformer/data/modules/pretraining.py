@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 from lightformer.data.loading.sampling import EpochShuffleSampler, Key, index_and_epoch
 from lightformer.data.loading.sequences import collate_pairs
 from lightformer.data.loading.streaming import LoaderConfig, Windows
-from lightformer.data.modules.base import ConfigFacts
+from lightformer.data.module import ConfigFacts
 from lightformer.data.modules.text import TokenShards
 from lightformer.data.objectives.masking import (
     IGNORE_INDEX,

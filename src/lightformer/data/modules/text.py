@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import evaluation_sampler, map_loader
 from lightformer.data.loading.streaming import EvaluationWindows, LoaderConfig, training_loader, validation_subset
-from lightformer.data.modules.base import STAGE_OF, DataModule
+from lightformer.data.module import STAGE_OF, DataModule
 from lightformer.data.pieces import stage_splits
 from lightformer.data.preparation.prepare import (
     PrepareConfig,

@@ -35,7 +35,7 @@ from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import TokenBudgetBatchSampler, map_loader
 from lightformer.data.loading.sequences import bucket_lengths, collate_pairs
 from lightformer.data.loading.streaming import Records
-from lightformer.data.modules.base import STAGE_OF, PreparedRecords
+from lightformer.data.module import STAGE_OF, DataModule
 from lightformer.data.pieces import (
     SPLIT_PREFIX,
     SPLITS,
@@ -243,7 +243,7 @@ class PairBatches:
         return bucket_lengths(lengths, self.length_multiple, self.max_sentence_tokens)
 
 
-class TranslationDataModule(PreparedRecords):
+class TranslationDataModule(DataModule):
     """Sentence pairs for an encoder-decoder: batches {"src": (B, S), "tgt": (B, T), "src_text", "tgt_text"}.
 
     `src` is `encode(source) + [EOS]`; `tgt` is `[BOS] + encode(target) + [EOS]` (the task shifts it for teacher

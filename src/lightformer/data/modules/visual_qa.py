@@ -52,19 +52,10 @@ import torchvision
 from PIL import Image
 
 from lightformer.config_groups import as_config
+from lightformer.data.loading.pictures import channel_statistics
 from lightformer.data.loading.streaming import ImageLoaderConfig
 from lightformer.data.modules.captioned_images import ClipArtDataModule
-from lightformer.data.modules.chat_records import ChatRecords, channel_statistics
-from lightformer.data.modules.image_text import (
-    DEFAULT_HELD_OUT,
-    ImageTextSource,
-    LineDrawer,
-    RenderConfig,
-    austen_char_tokenizer,
-    split_families,
-    split_sentences,
-)
-from lightformer.data.modules.image_text_files import carved
+from lightformer.data.modules.chat_records import ChatRecords
 from lightformer.data.objectives.chat import ChatTemplate
 from lightformer.data.pieces import SPLITS
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
@@ -79,11 +70,21 @@ from lightformer.data.preparation.prepare import (
 )
 from lightformer.data.preparation.records import RecordSplit, prepare_records
 from lightformer.data.sources import emoji, openclipart
+from lightformer.data.sources.captions import carved
 from lightformer.data.sources.corpora import (
     DEBIAN_FASHION_MNIST_DIR,
     MNIST_RAW_FILES,
     austen_text,
     install_debian_fashion_mnist,
+)
+from lightformer.data.sources.lines import (
+    DEFAULT_HELD_OUT,
+    ImageTextSource,
+    LineDrawer,
+    RenderConfig,
+    austen_char_tokenizer,
+    split_families,
+    split_sentences,
 )
 from lightformer.data.sources.rendering import SYSTEM_FONT_DIR, png_bytes, typefaces
 from lightformer.errors import DataError

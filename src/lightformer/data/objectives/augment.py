@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -97,3 +98,16 @@ def normalize(images: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -
     mean_ = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
     std_ = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
     return (images.float() / 255 - mean_) / std_
+
+
+def jitter(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A training image ``(H, W)`` or ``(H, W, 3)`` uint8, lightly changed: contrast ×[0.8, 1.2] about its mean,
+    brightness ±20 levels, a shift of up to 2 pixels across and 1 down or up (the edges repeated)."""
+    pixels = image.astype(np.float32)
+    mean = pixels.mean()
+    pixels = (pixels - mean) * rng.uniform(0.8, 1.2) + mean + rng.uniform(-20, 20)
+    dx, dy = int(rng.integers(-2, 3)), int(rng.integers(-1, 2))
+    padded = np.pad(pixels, ((1, 1), (2, 2)) + ((0, 0),) * (image.ndim - 2), mode="edge")
+    h, w = image.shape[:2]
+    pixels = padded[1 - dy : 1 - dy + h, 2 - dx : 2 - dx + w]
+    return np.clip(np.rint(pixels), 0, 255).astype(np.uint8)

@@ -10,11 +10,17 @@ Sequences (flags, skin tones, ZWJ families) need CLDR names and are not drawn.
 
 from __future__ import annotations
 
+import json
 import unicodedata
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from PIL import Image, ImageChops, ImageDraw, ImageFont
+
+from lightformer.data.sources.image_files import check_canvas_size
+from lightformer.data.sources.rendering import png_bytes
 
 NOTO_EMOJI = "/usr/share/fonts/truetype/noto/NotoColorEmoji.ttf"
 SYMBOLA = "/usr/share/fonts/truetype/ancient-scripts/Symbola_hint.ttf"
@@ -70,3 +76,40 @@ def draw(character: str, style: str, font: str, size: int) -> Image.Image | None
     canvas = Image.new("RGB", (size, size), "white")
     canvas.paste(fitted, ((size - fitted.width) // 2, (size - fitted.height) // 2))
     return canvas
+
+
+@dataclass(frozen=True)
+class EmojiSource:
+    """The two emoji fonts, the style held out, the canvas (``data.source``).
+
+    Args:
+        held_out_style: "symbola" (Symbola's outlines: val and test; training in Noto's colours) or "noto".
+        noto_font: Noto Color Emoji's file (``apt-get install fonts-noto-color-emoji``).
+        symbola_font: Symbola's file (``apt-get install fonts-symbola``).
+        image_size: the square canvas's side in pixels.
+        val_fraction: share of the emoji (by a hash of the name) whose held-out image is val; the rest are test.
+    """
+
+    held_out_style: Literal["symbola", "noto"] = "symbola"
+    noto_font: str = NOTO_EMOJI
+    symbola_font: str = SYMBOLA
+    image_size: int = 64
+    val_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.held_out_style not in STYLES:
+            raise ValueError(f"data.source.held_out_style={self.held_out_style!r} is not a style; valid: "
+                             f"{list(STYLES)}")  # fmt: skip
+        check_canvas_size(self.image_size)
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"data.source.val_fraction={self.val_fraction} must be in (0, 1): val and test both hold "
+                             "held-out emoji")  # fmt: skip
+
+
+def emoji_records(piece: list[tuple[str, int]], style: str, font: str, size: int):
+    """The records {"image", "file": "U+1F34E", "texts": [its name], "label"} of a piece of (character, label) drawn
+    in ``style``."""
+    for character, label in piece:
+        image = draw(character, style, font, size)
+        yield {"image": png_bytes(image), "file": f"U+{ord(character):04X}",
+               "texts": json.dumps([caption(character)]), "label": label}  # fmt: skip

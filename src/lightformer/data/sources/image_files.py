@@ -267,3 +267,11 @@ def image_file_records(files: list[tuple[str, int]], in_channels: int) -> Genera
         else:
             problems.append(f"{path} ({problem})")
     return problems
+
+
+MIN_SIZE = 16
+
+
+def check_canvas_size(size: int) -> None:
+    if size < MIN_SIZE:
+        raise ValueError(f"data.source.image_size={size} must be at least {MIN_SIZE} pixels")

@@ -18,15 +18,20 @@ words ``bw``, ``color``, ``colour``, and without trailing digits and underscores
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 from PIL import Image, ImageChops
 
-from lightformer.data.sources.image_files import open_image
+from lightformer.data.sources.image_files import check_canvas_size, open_image
+from lightformer.data.sources.rendering import png_bytes
+from lightformer.errors import DataError
+from lightformer.nn.checks import check_at_least
 
 OPENCLIPART_ROOT = "/usr/share/openclipart"
 # Top-level categories left out of the classes, with why: their names do not say what the drawings show, or they
@@ -196,3 +201,51 @@ def reduced_on_white(image: Image.Image, factor: int, strip_pixels: int = 1 << 2
         strip = on_white(image.crop((0, top, width, min(height, top + rows))))
         out.paste(strip.reduce(factor), (0, top // factor))
     return out
+
+
+@dataclass(frozen=True)
+class ClipArtSource:
+    """The Open Clip Art Library and how its drawings are split and drawn (``data.source``).
+
+    Args:
+        root: the library's folder, holding ``png/`` and ``svg/`` (``apt-get install openclipart-png
+            openclipart-svg``).
+        image_size: the square canvas's side in pixels.
+        val_fraction: share of the drawings (by a hash of their variant key) held out for validation.
+        test_fraction: share held out for test.
+        max_chars: most characters of a caption (cut at a word boundary).
+        keyword_captions: a training drawing's keywords are captions of it too, each alone ("mammal", "animal",
+            "ram"): the text tower then reads single words as it reads whole captions, and a prompt of one word (a
+            class's name) is a text of the kind it was trained on. Val and test keep the title, description and
+            listed keywords, so that retrieval ranks whole captions.
+    """
+
+    root: str = OPENCLIPART_ROOT
+    image_size: int = 64
+    val_fraction: float = 0.05
+    test_fraction: float = 0.05
+    max_chars: int = 96
+    keyword_captions: bool = True
+
+    def __post_init__(self) -> None:
+        check_canvas_size(self.image_size)
+        for name in ("val_fraction", "test_fraction"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"data.source.{name}={getattr(self, name)} must be in [0, 1)")
+        if self.val_fraction + self.test_fraction >= 1:
+            raise ValueError(f"data.source.val_fraction + test_fraction = {self.val_fraction + self.test_fraction} "
+                             "leaves nothing to train on: their sum must be below 1")  # fmt: skip
+        check_at_least("data.source.max_chars", self.max_chars, 8)
+
+
+def clipart_records(piece: list[tuple[Drawing, int]], root: str, size: int):
+    """The records {"image": the drawing's PNG on white fitted to the canvas, "file", "texts", "label"} of a piece of
+    (drawing, label), one at a time; a PNG that does not decode is a DataError naming it."""
+    for drawing, label in piece:
+        path = Path(root) / "png" / f"{drawing.name}.png"
+        try:
+            image = drawing_image(path, size)
+        except (OSError, ValueError) as error:
+            raise DataError(f"data.source.root: {path} is not a readable PNG ({error})") from None
+        yield {"image": png_bytes(image), "file": drawing.name, "texts": json.dumps(drawing.captions),
+               "label": label}  # fmt: skip

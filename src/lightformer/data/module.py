@@ -1,6 +1,7 @@
-"""``DataModule``: what every lightformer data module is to the rest of the framework; ``SplitLoaders``: the loaders
-of the modules that read each split by index; ``PreparedRecords``: what the modules whose data is prepared once into
-a folder of records share."""
+"""``DataModule``, the one data module: what every lightformer data module is to the rest of the framework (its
+``data_facts``, its prepared data kept with each checkpoint), the prepared folder named by a fingerprint, the splits'
+datasets and their loaders. A family (``data.families``) subclasses it once per batch shape; a public name is a short
+preset of a family."""
 
 from __future__ import annotations
 
@@ -40,51 +41,12 @@ class DataModule(SameDataOnResume, L.LightningDataModule):
     method, ``data_facts`` (``lightformer.facts.DataFacts``), and whose prepared data goes with every checkpoint
     (``SameDataOnResume``). The tasks read nothing else from it."""
 
-    prepared: object = None  # the prepared folder (or an object with its ``folder``); None: nothing prepared
     validates_on_a_subset = False  # whether ``fit`` validates on part of the validation split (``cli.after_fit``)
 
-    def data_facts(self) -> DataFacts:
-        """What the model needs to know about this data, once it is prepared (preparing it on first use)."""
-        raise NotImplementedError(f"{type(self).__name__} does not say what its data is (data_facts)")
-
-    @classmethod
-    def facts_from_config(cls, init_args: Mapping[str, Any]) -> ConfigFacts:
-        """The facts this module's init arguments (as parsed: defaults filled in) decide before any data is prepared,
-        which the command line checks against the model first (the task's ``check_lengths_before_data``); none here.
-        Values the module refuses when it is built decide nothing (its own message says why)."""
-        return ConfigFacts()
-
-    def prepare_data(self) -> None:
-        """Prepare the data (once per job), or find it prepared."""
-        self.prepared  # noqa: B018 (prepares on first use)
-
-
-class SplitLoaders(DataModule):
-    """A data module whose loaders are ``_dataloader(split, shuffle)``: training's shuffled, val's and test's in
-    order; no validation loader (Lightning then skips validation) when ``_has("val")`` says that split is empty."""
-
-    def _dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
-        raise NotImplementedError
-
-    def _has(self, split: str) -> bool:
-        """Whether a split holds any data."""
-        return True
-
-    def train_dataloader(self) -> DataLoader:
-        return self._dataloader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader | list:
-        return self._dataloader("val") if self._has("val") else []
-
-    def test_dataloader(self) -> DataLoader:
-        return self._dataloader("test")
-
-
-class PreparedRecords(SplitLoaders):
-    """A data module whose data is prepared once per job into a folder of record splits (``prepared_folder``: named
-    by ``_stem()`` and a hash of ``_fingerprint()``, built by ``_build(folder)``, whose returned dict goes into the
-    manifest), read by index: ``datasets`` of the splits opened, ``manifest``, and a ``tokenizer.json`` beside them
-    where preparation writes one."""
+    # --- the prepared data: once per job into a folder of record splits (``prepared_folder``: named by ``_stem()``
+    # and a hash of ``_fingerprint()``, built by ``_build(folder)``, whose returned dict goes into the manifest), read
+    # by index: ``datasets`` of the splits opened, ``manifest``, and a ``tokenizer.json`` beside them where
+    # preparation writes one. A family whose data is held otherwise overrides ``prepared`` ---
 
     def __init__(self) -> None:
         super().__init__()
@@ -129,3 +91,37 @@ class PreparedRecords(SplitLoaders):
     def _build(self, folder: Path) -> dict:
         """Prepare ``folder``; returns what goes into the manifest."""
         raise NotImplementedError
+
+    def data_facts(self) -> DataFacts:
+        """What the model needs to know about this data, once it is prepared (preparing it on first use)."""
+        raise NotImplementedError(f"{type(self).__name__} does not say what its data is (data_facts)")
+
+    @classmethod
+    def facts_from_config(cls, init_args: Mapping[str, Any]) -> ConfigFacts:
+        """The facts this module's init arguments (as parsed: defaults filled in) decide before any data is prepared,
+        which the command line checks against the model first (the task's ``check_lengths_before_data``); none here.
+        Values the module refuses when it is built decide nothing (its own message says why)."""
+        return ConfigFacts()
+
+    def prepare_data(self) -> None:
+        """Prepare the data (once per job), or find it prepared."""
+        self.prepared  # noqa: B018 (prepares on first use)
+
+    # --- the splits' loaders: ``_dataloader(split, shuffle)``; no validation loader (Lightning then skips
+    # validation) when ``_has("val")`` says that split is empty ---
+
+    def _dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
+        raise NotImplementedError
+
+    def _has(self, split: str) -> bool:
+        """Whether a split holds any data."""
+        return True
+
+    def train_dataloader(self) -> DataLoader:
+        return self._dataloader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader | list:
+        return self._dataloader("val") if self._has("val") else []
+
+    def test_dataloader(self) -> DataLoader:
+        return self._dataloader("test")
