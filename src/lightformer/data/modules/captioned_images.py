@@ -156,10 +156,6 @@ class ClipArtDataModule(LabelledCaptions):
     def _stem(self) -> str:
         return "clipart"
 
-    def categories(self, names: list[str]) -> list[str]:
-        """The classes: the top-level folders of ``names`` that are not ``EXCLUDED_CATEGORIES``, sorted."""
-        return sorted({name.split("/", 1)[0] for name in names} - set(openclipart.EXCLUDED_CATEGORIES))
-
     def _fingerprint(self) -> dict:
         """What the records depend on: each PNG's and SVG's path, size and modification time, the options, the
         tokenizer's."""
@@ -180,7 +176,7 @@ class ClipArtDataModule(LabelledCaptions):
         """``prepared_folder``'s build through ``prepare_captioned``: captions read, split by variant, labelled; the
         PNGs fitted in pieces on every core; what it returns goes into the manifest."""
         s = self.source
-        classes = self.categories(self._names)
+        classes = openclipart.categories(self._names)
         index = {category: i for i, category in enumerate(classes)}
         splits: dict[str, list] = {split: [] for split in SPLITS}
         left_out = []

@@ -54,7 +54,6 @@ from PIL import Image
 from lightformer.config_groups import as_config
 from lightformer.data.loading.pictures import channel_statistics
 from lightformer.data.loading.streaming import ImageLoaderConfig
-from lightformer.data.modules.captioned_images import ClipArtDataModule
 from lightformer.data.modules.chat_records import ChatRecords
 from lightformer.data.objectives.chat import ChatTemplate
 from lightformer.data.pieces import SPLITS
@@ -358,7 +357,7 @@ class VisualQADataModule(ChatRecords):
         """Each split's drawings with their questions (the module docstring); the seen ones added to val and test."""
         s = self.source
         names = openclipart.drawing_names(s.clipart_root)
-        classes = set(ClipArtDataModule.categories(self, names))
+        classes = set(openclipart.categories(names))
         if s.max_images is not None:  # a sample spread over the categories, not the first folders' drawings
             names = sorted(names, key=lambda name: hashlib.sha256(name.encode("utf-8")).digest())
         asked = QUESTIONS["clipart"]

@@ -61,6 +61,11 @@ class Drawing(NamedTuple):
     keywords: tuple[str, ...] = ()
 
 
+def categories(names: list[str]) -> list[str]:
+    """The classes of the drawings ``names``: their top-level folders that are not ``EXCLUDED_CATEGORIES``, sorted."""
+    return sorted({name.split("/", 1)[0] for name in names} - set(EXCLUDED_CATEGORIES))
+
+
 def class_name(category: str) -> str:
     """A category's folder name as a prompt says it: "signs_and_symbols" → "signs and symbols"."""
     return category.replace("_", " ")
