@@ -15,8 +15,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightformer.cli.main import cli_main
+from lightformer.data.families.text import MaskedLMDataModule, SpanCorruptionDataModule
 from lightformer.data.loading.sequences import collate_pairs
-from lightformer.data.modules.pretraining import MaskedLMDataModule, SpanCorruptionDataModule
 from lightformer.data.objectives.masking import (
     IGNORE_INDEX,
     random_spans_noise_mask,

@@ -181,7 +181,7 @@ def test_the_command_line_lists_every_registered_command_and_refuses_the_wrong_d
     assert {"export", "average"} <= set(checkpoint_commands())
     specs = built_in()
     assert {spec.task.__name__ for spec in specs.values()} >= {"LanguageModelTask", "DenoisingTask"}
-    with pytest.raises(SystemExit, match="data: MaskedLanguageModelTask trains on lightformer.data.modules.pretraining."
+    with pytest.raises(SystemExit, match="data: MaskedLanguageModelTask trains on lightformer.data.families.text."
                                          "MaskedLMDataModule .*, not on TextDataModule"):  # fmt: skip
         main(["fit", "--config=configs/lm/austen_char.yaml", "--model=lightformer.tasks.MaskedLanguageModelTask",
               "--model.net.d_model=32", "--trainer.logger=false"])  # fmt: skip

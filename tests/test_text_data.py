@@ -19,8 +19,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from litdata import StreamingDataset, TokensLoader
 
 from lightformer.data import pieces as sources
+from lightformer.data.families.text import TextDataModule
 from lightformer.data.loading.streaming import EvaluationWindows, LoaderConfig
-from lightformer.data.modules.text import TextDataModule
 from lightformer.data.pieces import format_of, read_piece, split_pieces
 from lightformer.data.preparation import prepare
 from lightformer.data.preparation.prepare import PrepareConfig, PreparedText, TokenizerConfig, prepare_text

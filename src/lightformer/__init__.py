@@ -39,6 +39,8 @@ MOVED_MODULES = {
     "lightformer.data.raw.rendering": "lightformer.data.sources.rendering",
     # the generic data module, which every family subclasses (the chain of bases below it dissolved)
     "lightformer.data.modules.base": "lightformer.data.module",
+    "lightformer.data.modules.text": "lightformer.data.families.text",
+    "lightformer.data.modules.pretraining": "lightformer.data.families.text",
 }
 
 

@@ -5,6 +5,7 @@ preset of a family."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,12 @@ class DataModule(SameDataOnResume, L.LightningDataModule):
     def _build(self, folder: Path) -> dict:
         """Prepare ``folder``; returns what goes into the manifest."""
         raise NotImplementedError
+
+    def save_arguments(self) -> None:
+        """Save the public class's own init arguments as its hyperparameters (what a checkpoint rebuilds it from),
+        called from any ``__init__`` of its chain: a family's options that a preset sets for its user stay out."""
+        names = [name for name in inspect.signature(type(self).__init__).parameters if name != "self"]
+        self.save_hyperparameters(*names, frame=inspect.currentframe().f_back)
 
     def data_facts(self) -> DataFacts:
         """What the model needs to know about this data, once it is prepared (preparing it on first use)."""

@@ -1,6 +1,6 @@
 """Span-corruption pretraining (T5): the translation task's encoder-decoder learns to write the dropped spans.
 
-The corruption is data (``lightformer.data.modules.pretraining.SpanCorruptionDataModule``, batches in the translation
+The corruption is data (``lightformer.data.families.text.SpanCorruptionDataModule``, batches in the translation
 format); the model, its teacher-forced loss, its checkpointed tokenizers and its decoding are ``TranslationTask``'s.
 Only the evaluation differs: instead of BLEU, the share of dropped spans the model writes back exactly.
 """
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lightformer.data.modules.pretraining import SpanCorruptionDataModule
+from lightformer.data.families.text import SpanCorruptionDataModule
 from lightformer.models.seq2seq import EncoderDecoderConfig
 from lightformer.nn.checks import check_at_least
 from lightformer.registry import register

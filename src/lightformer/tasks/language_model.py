@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lightformer.data.modules.text import TextData
+from lightformer.data.families.text import TextData
 from lightformer.generation import generate as generate_tokens
 from lightformer.io.layouts import gpt
 from lightformer.models.gpt import GPT, GPTConfig

@@ -1,6 +1,6 @@
 """Masked-language-model pretraining (BERT): masked-LM and next-sentence cross-entropy on ``BertForPreTraining``.
 
-The masking and the sentence pairs are data (``lightformer.data.modules.pretraining.MaskedLMDataModule``); this task
+The masking and the sentence pairs are data (``lightformer.data.families.text.MaskedLMDataModule``); this task
 adds the loss, the metrics, TensorBoard samples of the model filling in masked passages, and ``fill_mask``.
 """
 
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lightformer.data.modules.pretraining import MaskedLMDataModule
+from lightformer.data.families.text import MaskedLMDataModule
 from lightformer.data.objectives.masking import IGNORE_INDEX
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts

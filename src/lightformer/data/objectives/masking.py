@@ -11,8 +11,21 @@ Outputs are always fresh int64 arrays (what torch's embeddings and `cross_entrop
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+import torch
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import Dataset
+
+from lightformer.data.loading.sampling import Key, index_and_epoch
+from lightformer.data.loading.streaming import Windows
+from lightformer.tokenization.text import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    Tokenizer,
+)
 
 # The label of positions that carry no loss: the default `ignore_index` of torch.nn.functional.cross_entropy.
 IGNORE_INDEX = -100
@@ -314,3 +327,166 @@ def _as_sentinels(sentinel_ids: Sequence[int] | np.ndarray) -> np.ndarray:
     if len(np.unique(sentinels)) != len(sentinels):
         raise ValueError("sentinel_ids must be distinct: each noise span needs its own sentinel")
     return sentinels
+
+
+def span_corruption_max_length(segment_tokens: int, noise_density: float, mean_span_length: float) -> int:
+    """The ``max_length`` of ``SpanCorruptionDataModule`` (the positions its sources and targets take) for these
+    values, without building it."""
+    _, source_length, target_length = span_corruption_lengths(segment_tokens, noise_density, mean_span_length)
+    return max(source_length, target_length - 1)
+
+
+@dataclass(eq=False)
+class _Segments(Dataset):
+    """The windows of a prepared split as segments, and the random generator of each example. ``fixed`` makes every
+    epoch draw as epoch 0 (evaluation)."""
+
+    windows: Windows
+    seed: int
+    fixed: bool
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.windows)
+
+    def segment(self, i: int) -> np.ndarray:
+        """The ids of segment i, ``(window,)`` int64."""
+        return self.windows[i]
+
+    def rng(self, key: Key) -> tuple[int, np.random.Generator]:
+        """(index, the generator of this example's draws) for an index or an (index, epoch) pair."""
+        index, epoch = index_and_epoch(key)
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} is out of range for {len(self)} examples")
+        return index, np.random.default_rng((self.seed, 0 if self.fixed else epoch, index))
+
+
+@dataclass(eq=False, kw_only=True)
+class MaskedLMDataset(_Segments):
+    """BERT examples: with `nsp`, item i is `[CLS] A [SEP] B [SEP]` with A = segment i and B the next segment (label
+    1) or, with probability 1/2, a random segment that is neither i nor next to it (label 0), cut to `max_length`;
+    without, item i is `[CLS]` + window i + `[SEP]` (the windows are then `max_length - 2` ids long). Then masked as
+    BERT (`mask_tokens`).
+
+    An item is {"ids", "segment_ids", "labels": `(seq,)` int64, and with `nsp` "nsp_label": int}.
+    """
+
+    nsp: bool
+    max_length: int
+    mask_id: int
+    vocab_size: int
+    random_low: int
+    probability: float
+    word_start_ids: np.ndarray | None
+    line_end_ids: np.ndarray | None
+
+    def __len__(self) -> int:
+        if self.nsp:
+            return max(self.num_segments - 1, 0)  # every segment that has a next one
+        return self.num_segments
+
+    def __getitem__(self, key: Key) -> dict[str, np.ndarray | int]:
+        index, rng = self.rng(key)
+        item: dict[str, np.ndarray | int] = {}
+        if self.nsp:
+            is_next = bool(rng.random() < 0.5)
+            partner = index + 1 if is_next else self._random_distant(index, rng)
+            ids, segment_ids = nsp_pair(
+                self.segment(index),
+                self.segment(partner),
+                cls_id=BOS_ID,
+                sep_id=EOS_ID,
+                max_length=self.max_length,
+                rng=rng,
+            )
+            item["nsp_label"] = int(is_next)
+        else:
+            ids = np.concatenate(([BOS_ID], self.segment(index), [EOS_ID])).astype(np.int64)
+            segment_ids = np.zeros(len(ids), dtype=np.int64)
+        word_starts = None
+        if self.word_start_ids is not None:
+            after_line_end = np.concatenate(([False], self.line_end_ids[ids[:-1]]))
+            word_starts = self.word_start_ids[ids] | after_line_end
+        inputs, labels = mask_tokens(
+            ids,
+            rng,
+            mask_id=self.mask_id,
+            vocab_size=self.vocab_size,
+            maskable=~np.isin(ids, (PAD_ID, BOS_ID, EOS_ID)),
+            probability=self.probability,
+            word_starts=word_starts,
+            random_low=self.random_low,
+        )
+        item.update(ids=inputs, segment_ids=segment_ids, labels=labels)
+        return item
+
+    def _random_distant(self, index: int, rng: np.random.Generator) -> int:
+        """A segment drawn uniformly among all but `index` and its neighbours."""
+        excluded = [i for i in (index - 1, index, index + 1) if 0 <= i < self.num_segments]
+        choice = int(rng.integers(0, self.num_segments - len(excluded)))
+        for i in excluded:  # ascending: shift the choice past each excluded segment at or below it
+            if choice >= i:
+                choice += 1
+        return choice
+
+
+@dataclass(eq=False, kw_only=True)
+class SpanCorruptionDataset(_Segments):
+    """T5 examples: item i is segment i corrupted by `span_corruption`, framed as a translation pair.
+
+    {"src": inputs + [EOS], "tgt": [BOS] + targets + [EOS] (int64), "src_text", "tgt_text": their texts with the
+    sentinels kept}.
+    """
+
+    tokenizer: Tokenizer
+    sentinel_ids: np.ndarray
+    noise_density: float
+    mean_span_length: float
+
+    def __len__(self) -> int:
+        return self.num_segments
+
+    def __getitem__(self, key: Key) -> dict[str, np.ndarray | str]:
+        index, rng = self.rng(key)
+        inputs, targets = span_corruption(
+            self.segment(index),
+            rng,
+            sentinel_ids=self.sentinel_ids,
+            noise_density=self.noise_density,
+            mean_span_length=self.mean_span_length,
+        )
+        src = np.concatenate((inputs, [EOS_ID])).astype(np.int64)
+        tgt = np.concatenate(([BOS_ID], targets, [EOS_ID])).astype(np.int64)
+        return {
+            "src": src,
+            "tgt": tgt,
+            "src_text": self.tokenizer.decode(inputs, skip_special=False),
+            "tgt_text": self.tokenizer.decode(targets, skip_special=False),
+        }
+
+
+def collate_masked(items: list[dict[str, np.ndarray | int]]) -> dict[str, torch.Tensor]:
+    """MaskedLMDataset items → {"ids", "segment_ids", "labels": (B, T) int64 padded on the right with PAD_ID, 0 and
+    IGNORE_INDEX, and "nsp_labels": (B,) when the items have them}."""
+
+    def padded(name: str, value: int) -> torch.Tensor:
+        return pad_sequence([torch.from_numpy(item[name]) for item in items], batch_first=True, padding_value=value)
+
+    batch = {
+        "ids": padded("ids", PAD_ID),
+        "segment_ids": padded("segment_ids", 0),
+        "labels": padded("labels", IGNORE_INDEX),
+    }
+    if "nsp_label" in items[0]:
+        batch["nsp_labels"] = torch.tensor([item["nsp_label"] for item in items], dtype=torch.long)
+    return batch
+
+
+def word_boundary_tables(tokenizer: Tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """Per token id of a byte-level BPE: (starts a word: its text begins with whitespace, ends a line: its text ends
+    with a newline), both `(vocab_size,)` bool. Special tokens are neither."""
+    texts = [tokenizer.decode([i], skip_special=False) for i in range(tokenizer.vocab_size)]
+    special = set(tokenizer.special_ids)
+    starts = np.array([i not in special and t[:1].isspace() for i, t in enumerate(texts)], dtype=bool)
+    ends = np.array([i not in special and t.endswith("\n") for i, t in enumerate(texts)], dtype=bool)
+    return starts, ends
