@@ -24,8 +24,9 @@ from torch import nn
 from torchmetrics.text import SacreBLEUScore
 
 from lightformer.data import TranslationDataModule
-from lightformer.data.modules.translation import PairBatches, PairSource
+from lightformer.data.families.pairs import PairBatches
 from lightformer.data.preparation.prepare import TokenizerConfig
+from lightformer.data.sources.pairs import PairSource
 from lightformer.generation import generate
 from lightformer.models import EncoderDecoder, EncoderDecoderConfig
 from lightformer.nn import SinusoidalPositionalEmbedding, TokenEmbedding, causal_mask

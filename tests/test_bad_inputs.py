@@ -191,8 +191,8 @@ def image_folder(root: Path, classes: list[str], per_class: int = 3) -> Path:
 
 def test_an_unreadable_image_is_found_at_setup_naming_the_file(tmp_path):
     from lightformer.data import ImageDataModule
-    from lightformer.data.modules.images import ImageSource
     from lightformer.data.preparation.prepare import PrepareConfig
+    from lightformer.data.sources.images import ImageSource
     from lightformer.errors import ConfigError
 
     folder = image_folder(tmp_path / "images", ["cat", "dog"])
@@ -253,7 +253,7 @@ def test_a_length_multiple_below_one_or_padding_past_max_len_is_refused(tmp_path
 
 def test_a_one_class_image_folder_is_refused(tmp_path):
     from lightformer.data import ImageDataModule
-    from lightformer.data.modules.images import ImageSource
+    from lightformer.data.sources.images import ImageSource
 
     folder = image_folder(tmp_path / "images", ["cat"])
     with pytest.raises(ValueError, match=r"has 1 class folder \(cat\); classification needs at least 2"):

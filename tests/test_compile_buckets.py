@@ -11,8 +11,8 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
+from lightformer.data.families.pairs import PairBatches
 from lightformer.data.loading.sequences import bucket_lengths, collate_pairs
-from lightformer.data.modules.translation import PairBatches
 from lightformer.facts import DataFacts
 from lightformer.tasks import TranslationTask
 

@@ -8,10 +8,11 @@ from PIL import Image
 
 from lightformer.cli.main import cli_main, main
 from lightformer.data import ImageDataModule, TextDataModule, TranslationDataModule
-from lightformer.data.modules.images import ImageSource
-from lightformer.data.modules.translation import PairBatches, PairSource
+from lightformer.data.families.pairs import PairBatches
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
 from lightformer.data.sources.image_files import load_image
+from lightformer.data.sources.images import ImageSource
+from lightformer.data.sources.pairs import PairSource
 from lightformer.data.sources.text import TextSource
 from lightformer.models import GPT, EncoderDecoderConfig, GPTConfig, VisionTransformer, ViTConfig
 from lightformer.nn import MultiHeadAttention

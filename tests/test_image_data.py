@@ -1,4 +1,4 @@
-"""Tests for lightformer.data.modules.images: digits, Fashion-MNIST from Debian's files, image folders, batch
+"""Tests for lightformer.data.families.images: digits, Fashion-MNIST from Debian's files, image folders, batch
 augmentation on the device, errors."""
 
 import json
@@ -10,13 +10,14 @@ import torchvision
 from PIL import Image
 from torchvision.transforms import v2
 
+from lightformer.data.families.images import ImageDataModule
 from lightformer.data.loading.streaming import ImageLoaderConfig
-from lightformer.data.modules import images
-from lightformer.data.modules.images import ImageDataModule, ImageSource
+from lightformer.data.objectives import augment
 from lightformer.data.objectives.augment import AugmentConfig
 from lightformer.data.preparation.prepare import PrepareConfig
-from lightformer.data.sources import corpora
+from lightformer.data.sources import corpora, images
 from lightformer.data.sources.image_files import load_image
+from lightformer.data.sources.images import ImageSource
 from lightformer.errors import DataError
 
 HAS_DEBIAN_FASHION_MNIST = corpora.DEBIAN_FASHION_MNIST_DIR.is_dir()
@@ -136,7 +137,7 @@ def test_flip_crop_crops_and_flips_each_image_on_its_own(dataset, flips):
     assert any(is_mirrored) == flips and (not flips or any(is_plain))  # flips only where they keep the label
     assert len({x.numpy().tobytes() for x in pixels}) > 20  # each image drew its own crop (and flip)
     evaluated, _ = datamodule.transform_batch((batch, torch.zeros(64, dtype=torch.long)), train=False)
-    torch.testing.assert_close(evaluated, images.normalize(batch, datamodule.normalize_mean, datamodule.normalize_std))
+    torch.testing.assert_close(evaluated, augment.normalize(batch, datamodule.normalize_mean, datamodule.normalize_std))
 
 
 def test_flip_and_none_augment_and_refusals():
@@ -144,7 +145,7 @@ def test_flip_and_none_augment_and_refusals():
     torch.manual_seed(0)
     batch = torch.randint(0, 256, (64, 1, 28, 28), dtype=torch.uint8)
     out, _ = datamodule.transform_batch((batch, torch.zeros(64)), train=True)
-    plain = images.normalize(batch, datamodule.normalize_mean, datamodule.normalize_std)
+    plain = augment.normalize(batch, datamodule.normalize_mean, datamodule.normalize_std)
     same = (out == plain).flatten(1).all(1)
     mirrored = (out == plain.flip(-1)).flatten(1).all(1)
     assert (same | mirrored).all() and 15 < mirrored.sum() < 49  # about half, each image on its own
@@ -165,7 +166,7 @@ def test_random_erasing_replaces_one_rectangle_of_about_the_drawn_share_of_each_
     torch.manual_seed(0)
     batch = torch.randint(0, 256, (4000, 1, 28, 28), dtype=torch.uint8)
     out, _ = datamodule.transform_batch((batch, torch.zeros(4000)), train=True)
-    plain = images.normalize(batch, datamodule.normalize_mean, datamodule.normalize_std)
+    plain = augment.normalize(batch, datamodule.normalize_mean, datamodule.normalize_std)
     changed = (out != plain)[:, 0]  # (batch, H, W): the erased pixels (noise equal to the pixel: probability 0)
     erased = changed.flatten(1).any(1)
     assert abs(erased.float().mean().item() - 0.25) < 0.03  # 1,000 ± 27 expected

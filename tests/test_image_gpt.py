@@ -12,12 +12,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from lightformer.cli.main import cli_main
+from lightformer.data.families import images as image_tokens
+from lightformer.data.families.images import ImageTokenDataModule
 from lightformer.data.loading.streaming import ImageLoaderConfig
-from lightformer.data.modules import image_tokens
-from lightformer.data.modules.image_tokens import ImageTokenDataModule
-from lightformer.data.modules.images import CARVE, ImageSource
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.sources.image_files import load_image
+from lightformer.data.sources.images import CARVE, ImageSource
 from lightformer.errors import CheckpointError
 from lightformer.facts import DataFacts
 from lightformer.models.gpt import GPTConfig

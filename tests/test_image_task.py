@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from lightformer.cli.main import cli_main, main
 from lightformer.data import ImageDataModule
 from lightformer.data.loading.streaming import ImageLoaderConfig
-from lightformer.data.modules.images import ImageSource
+from lightformer.data.sources.images import ImageSource
 from lightformer.models import ViTConfig
 from lightformer.models.vit import attention_rollout
 from lightformer.tasks import ImageClassificationTask

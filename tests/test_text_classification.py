@@ -16,12 +16,12 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import lightformer.data.modules.classification as classification
+import lightformer.data.families.labelled as classification
 import lightformer.data.pieces as sources
 from lightformer.cli.main import cli_main
+from lightformer.data.families.labelled import MIN_VOCAB_SIZE, SPLITS, TextClassificationDataModule
 from lightformer.data.loading.sampling import EpochShuffleSampler
 from lightformer.data.loading.streaming import LoaderConfig
-from lightformer.data.modules.classification import MIN_VOCAB_SIZE, SPLITS, TextClassificationDataModule
 from lightformer.data.pieces import read_piece
 from lightformer.data.preparation.prepare import MANIFEST, PrepareConfig, TokenizerConfig
 from lightformer.data.sources.corpora import (

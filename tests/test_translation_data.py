@@ -18,9 +18,9 @@ from torch.utils.data import BatchSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from lightformer.data import pieces as sources
+from lightformer.data.families.pairs import PairBatches, TranslationDataModule
 from lightformer.data.loading.sampling import TokenBudgetBatchSampler
 from lightformer.data.loading.sequences import collate_pairs
-from lightformer.data.modules.translation import PairBatches, PairSource, TranslationDataModule
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
 from lightformer.data.sources.corpora import (
     DING_FILE,
@@ -31,6 +31,7 @@ from lightformer.data.sources.corpora import (
     split_bucket,
     split_of,
 )
+from lightformer.data.sources.pairs import PairSource
 from lightformer.tokenization.text import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 needs_ding = pytest.mark.skipif(

@@ -41,6 +41,10 @@ MOVED_MODULES = {
     "lightformer.data.modules.base": "lightformer.data.module",
     "lightformer.data.modules.text": "lightformer.data.families.text",
     "lightformer.data.modules.pretraining": "lightformer.data.families.text",
+    "lightformer.data.modules.translation": "lightformer.data.families.pairs",
+    "lightformer.data.modules.classification": "lightformer.data.families.labelled",
+    "lightformer.data.modules.images": "lightformer.data.families.images",
+    "lightformer.data.modules.image_tokens": "lightformer.data.families.images",
 }
 
 

@@ -18,7 +18,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from lightformer.data.modules.images import ImageDataModule
+from lightformer.data.families.images import ImageDataModule
 from lightformer.data.sources.image_files import read_images
 from lightformer.errors import ConfigError
 from lightformer.io.layouts import vit

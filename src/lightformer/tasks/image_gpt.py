@@ -23,7 +23,7 @@ import torch
 import yaml
 from torch import Tensor
 
-from lightformer.data.modules.image_tokens import ImageTokenDataModule
+from lightformer.data.families.images import ImageTokenDataModule
 from lightformer.errors import ConfigError, DataError
 from lightformer.generation import check_sampling, generate
 from lightformer.io.checkpoints import read_checkpoint
@@ -423,7 +423,7 @@ def sample_images(
 
 def _probe_data(checkpoint: dict, ckpt_path: str, config: str | None):
     """The checkpoint run's data module, from ``config`` or from the data hyperparameters saved in the checkpoint."""
-    from lightformer.data.modules.image_tokens import ImageTokenDataModule
+    from lightformer.data.families.images import ImageTokenDataModule
 
     if config is not None:
         if not Path(config).is_file():

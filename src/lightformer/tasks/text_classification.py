@@ -16,7 +16,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
-from lightformer.data.modules.classification import TextClassificationDataModule
+from lightformer.data.families.labelled import TextClassificationDataModule
 from lightformer.io.layouts import bert
 from lightformer.models.bert import BertConfig, BertForSequenceClassification
 from lightformer.registry import register

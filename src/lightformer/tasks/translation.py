@@ -12,7 +12,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
-from lightformer.data.modules.translation import TranslationDataModule
+from lightformer.data.families.pairs import TranslationDataModule
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.generation import beam_search

@@ -30,17 +30,11 @@ the carve and the channels: a later run with the same files reads it without dec
 from __future__ import annotations
 
 import io
-import json
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
-import torchvision
-from lightning.pytorch.utilities import rank_zero_info
 from litdata.streaming.resolver import Dir
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
@@ -58,255 +52,30 @@ from lightformer.data.objectives.augment import (
     random_horizontal_flip,
 )
 from lightformer.data.pieces import SPLITS
-from lightformer.data.preparation.caching import content_hash, file_stamp, read_manifest
+from lightformer.data.preparation.caching import read_manifest
 from lightformer.data.preparation.prepare import (
     PrepareConfig,
-    piece_size,
-    pieces,
-    prepared_folder,
     split_location,
-    stem_of,
-    write_records,
 )
 from lightformer.data.sources.corpora import DEBIAN_FASHION_MNIST_DIR, install_debian_fashion_mnist
 from lightformer.data.sources.image_files import (
-    ImageFolderLayout,
-    class_folder_files,
-    image_file_records,
     load_image,
     read_image_folder_layout,
     to_normalised_tensor,
 )
-from lightformer.errors import ConfigError, DataError
+from lightformer.data.sources.images import (
+    TORCHVISION_DATASETS,
+    TORCHVISION_FOLDERS,
+    ImageDatasetInfo,
+    ImageSource,
+    carve_splits,
+    load_digits_as_images,
+    prepare_image_folder,
+)
+from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.nn.checks import check_at_least
-
-DatasetName = Literal["fashion_mnist", "mnist", "cifar10", "digits", "image_folder"]
-
-# Fraction of the pool carved off as the test set when a dataset has no test split of its own, and the
-# constant seed of that carve: the test set must not change with `seed`.
-CARVED_TEST_FRACTION = 0.15
-CARVED_TEST_SEED = 0
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-@dataclass(frozen=True)
-class ImageDatasetInfo:
-    """What the model and the transforms need to know about a dataset before reading any of it."""
-
-    in_channels: int
-    image_size: int  # native side length in pixels (the default for `image_size`)
-    horizontal_flip: bool  # whether a mirrored image keeps its label (not so for handwritten digits)
-    mean: tuple[float, ...] | None = None  # per-channel, on [0, 1] pixels; None: computed from the train split
-    std: tuple[float, ...] | None = None
-    class_names: tuple[str, ...] = ()  # empty for image folders: read from disk
-    default_val_size: int | None = None  # validation images when neither val_size nor val_fraction is given...
-    default_val_fraction: float | None = None  # ...or this fraction of the pool
-    train_pool_size: int | None = None  # images in the official train split, when known without reading it
-
-
-def _mnist_like(dataset: type, mean: float, std: float, horizontal_flip: bool) -> ImageDatasetInfo:
-    """A torchvision dataset of 60,000 training and 10,000 test grey 28×28 images."""
-    return ImageDatasetInfo(in_channels=1, image_size=28, horizontal_flip=horizontal_flip, mean=(mean,), std=(std,),
-                            class_names=tuple(dataset.classes), default_val_size=5000,
-                            train_pool_size=60000)  # fmt: skip
-
-
-DATASET_INFO: dict[str, ImageDatasetInfo] = {
-    "fashion_mnist": _mnist_like(torchvision.datasets.FashionMNIST, 0.2860, 0.3530, horizontal_flip=True),
-    "mnist": _mnist_like(torchvision.datasets.MNIST, 0.1307, 0.3081, horizontal_flip=False),
-    "cifar10": ImageDatasetInfo(
-        in_channels=3,
-        image_size=32,
-        horizontal_flip=True,
-        mean=(0.4914, 0.4822, 0.4465),
-        std=(0.2470, 0.2435, 0.2616),
-        # torchvision reads these from the downloaded meta file; the order is fixed by the dataset.
-        class_names=("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"),
-        default_val_size=5000,
-        train_pool_size=50000,
-    ),
-    "digits": ImageDatasetInfo(
-        in_channels=1, image_size=8, horizontal_flip=False, class_names=tuple("0123456789"), default_val_fraction=0.15
-    ),
-    "image_folder": ImageDatasetInfo(
-        in_channels=3,
-        image_size=224,
-        horizontal_flip=True,
-        mean=IMAGENET_MEAN,
-        std=IMAGENET_STD,
-        default_val_fraction=0.15,
-    ),
-}
-
-TORCHVISION_DATASETS = {
-    "fashion_mnist": torchvision.datasets.FashionMNIST,
-    "mnist": torchvision.datasets.MNIST,
-    "cifar10": torchvision.datasets.CIFAR10,
-}
-# Where torchvision looks for each dataset's files, under `root`.
-TORCHVISION_FOLDERS = {"fashion_mnist": "FashionMNIST/raw", "mnist": "MNIST/raw", "cifar10": "cifar-10-batches-py"}
-
-
-def load_digits_as_images() -> TensorDataset:
-    """scikit-learn's 1,797 handwritten digits as uint8 images (1797, 1, 8, 8) and labels (1797,).
-
-    The raw values 0..16 (16 = most ink) are scaled to 0..255 so they share the uint8 pipeline.
-    """
-    from sklearn.datasets import load_digits  # here: scikit-learn takes a second to import
-
-    digits = load_digits()
-    pixels = np.round(digits.images * (255 / 16)).astype(np.uint8)
-    return TensorDataset(torch.from_numpy(pixels).unsqueeze(1), torch.from_numpy(digits.target).long())
-
-
-@dataclass(frozen=True)
-class ImageSource:
-    """Which images, and how their training pool splits (``data.source``): shared by ``ImageDataModule`` and
-    ``ImageTokenDataModule``.
-
-    Args:
-        dataset: "fashion_mnist" reads Debian's dataset-fashion-mnist package offline, else downloads; "mnist" and
-            "cifar10" download through torchvision; "digits" is scikit-learn's 8×8 digits (instant, for tests);
-            "image_folder" reads image files from ``image_folder``.
-        root: directory where torchvision datasets are stored (or downloaded to).
-        download: let torchvision download a dataset missing under ``root`` (needs internet).
-        image_folder: for dataset="image_folder": a folder with train/ and optionally val/ and test/, each holding one
-            subfolder of images per class; or the class subfolders directly. Split folders that are missing are
-            carved from the training images.
-        val_size: validation images carved from the training pool (a count), with a random split seeded by the data's
-            ``seed``. Default: 5000 for fashion_mnist, mnist and cifar10; for digits and image folders
-            ``val_fraction`` 0.15. Ignored when an image folder has its own val/.
-        val_fraction: instead of ``val_size``, the fraction of the pool carved for validation, in [0, 1).
-            Digits with the defaults: 1298 train, 229 val, 270 test (a fixed 15% carve).
-    """
-
-    dataset: DatasetName = "fashion_mnist"
-    root: str = "data"
-    download: bool = True
-    image_folder: str | None = None
-    val_size: int | None = None
-    val_fraction: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.dataset not in DATASET_INFO:
-            raise ValueError(f"data.source.dataset={self.dataset!r} is unknown; valid: {list(DATASET_INFO)}")
-        if self.image_folder is not None and self.dataset != "image_folder":
-            raise ValueError(
-                f"data.source.image_folder={self.image_folder!r} is only read with dataset='image_folder', "
-                f"not dataset={self.dataset!r}"
-            )
-        if self.val_size is not None and self.val_fraction is not None:
-            raise ValueError(
-                f"data.source: give val_size (a count, here {self.val_size}) or val_fraction (here "
-                f"{self.val_fraction}), not both"
-            )
-        if self.val_fraction is not None and not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"data.source.val_fraction={self.val_fraction} must be in [0, 1)")
-        if self.val_size is not None and self.val_size < 0:
-            raise ValueError(f"data.source.val_size={self.val_size} must be at least 0 (a count of images)")
-        if self.info.train_pool_size is not None:  # fail at construction, not after the model is built
-            self.val_count(self.info.train_pool_size)
-
-    @property
-    def info(self) -> ImageDatasetInfo:
-        return DATASET_INFO[self.dataset]
-
-    def val_count(self, pool_size: int) -> int:
-        """Number of validation images to carve from a pool of ``pool_size`` images (the dataset's default where
-        neither ``val_size`` nor ``val_fraction`` is given)."""
-        val_size, val_fraction = self.val_size, self.val_fraction
-        if val_size is None and val_fraction is None:
-            val_size, val_fraction = self.info.default_val_size, self.info.default_val_fraction
-        if val_fraction is not None:
-            return round(val_fraction * pool_size)
-        if val_size >= pool_size:
-            raise DataError(
-                f"data.source.val_size={val_size} is invalid for {self.dataset}: the training pool it is carved from "
-                f"has {pool_size} images; give a count in [0, {pool_size}), or val_fraction in [0, 1)"
-            )
-        return val_size
-
-
-def carve_splits(
-    pool_size: int, carve_test: bool, val_count_of: Callable[[int], int], carve_val: bool, seed: int
-) -> tuple[list[int], list[int], list[int]]:
-    """Split indices 0..pool_size-1 into (train, val, test); a split not carved comes back empty.
-
-    The test carve uses the constant CARVED_TEST_SEED, the validation carve uses ``seed`` and takes
-    ``val_count_of(size of what is left)`` images.
-    """
-    remaining = torch.arange(pool_size)
-    test_indices = torch.tensor([], dtype=torch.long)
-    if carve_test:
-        order = torch.randperm(pool_size, generator=torch.Generator().manual_seed(CARVED_TEST_SEED))
-        test_count = round(CARVED_TEST_FRACTION * pool_size)
-        test_indices, remaining = order[:test_count], order[test_count:]
-    val_indices = torch.tensor([], dtype=torch.long)
-    if carve_val:
-        val_count = val_count_of(len(remaining))
-        order = torch.randperm(len(remaining), generator=torch.Generator().manual_seed(seed))
-        val_indices, remaining = remaining[order[:val_count]], remaining[order[val_count:]]
-    return remaining.tolist(), val_indices.tolist(), test_indices.tolist()
-
-
-# bump when what a prepared image folder holds changes meaning (2: the files as litdata File leaves)
-IMAGE_RECORDS_VERSION = 2
-CARVE = "carve.json"  # in a prepared image folder: each split's files, in record order
-MAX_PIECE_FILES = 1000  # image files per piece a preparing worker holds at a time
-
-
-def prepare_image_folder(
-    layout: ImageFolderLayout, source: ImageSource, in_channels: int, seed: int, prepare: PrepareConfig
-) -> Path:
-    """Prepare an image folder once per job (``prepare.prepared_folder``) into per-split records of the files' bytes
-    and labels, written by every core, in the order the splits read them (the carve: the folder's val/ and test/,
-    else ``carve_splits`` of train/); returns the prepared folder, which records the carve in ``carve.json``.
-
-    Every file is decoded in full while it is written; files that are not readable images are refused together in
-    one ConfigError naming them (nothing of the folder is left: ``prepare.prepared_folder``).
-    """
-    listed = {"train": class_folder_files(layout.train_dir, layout.class_names, require_every_class=True)}
-    for split, directory in (("val", layout.val_dir), ("test", layout.test_dir)):
-        if directory is not None:
-            listed[split] = class_folder_files(directory, layout.class_names, require_every_class=False)
-    pool = listed["train"]
-    train, val, test = carve_splits(len(pool), "test" not in listed, source.val_count, "val" not in listed, seed)
-    files = {
-        "train": [pool[i] for i in train],
-        "val": listed["val"] if "val" in listed else [pool[i] for i in val],
-        "test": listed["test"] if "test" in listed else [pool[i] for i in test],
-    }
-    stamps = {split: [[*file_stamp(Path(path)), label] for path, label in files[split]] for split in SPLITS}
-    fingerprint = {"format": IMAGE_RECORDS_VERSION, "files": content_hash(stamps), "in_channels": in_channels}
-    build = partial(_write_image_records, files=files, in_channels=in_channels, workers=prepare.num_workers)
-    return prepared_folder(prepare, stem_of([Path(source.image_folder)]), fingerprint, build)
-
-
-def _write_image_records(folder: Path, files: dict, in_channels: int, workers: int | None) -> dict:
-    """``prepared_folder``'s build for an image folder: each split's records, the bad files refused, the carve."""
-    unreadable: list[list[str]] = []  # each piece's files that are not readable images
-    for split in SPLITS:
-        if files[split]:
-            size = piece_size(len(files[split]), MAX_PIECE_FILES, workers)
-            records_of = partial(image_file_records, in_channels=in_channels)
-            write_records(
-                folder / split, records_of, pieces(files[split], size), workers, ("image",), summaries=unreadable
-            )
-    problems = [problem for piece in unreadable for problem in piece]
-    if problems:
-        total = sum(len(split_files) for split_files in files.values())
-        listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-        raise ConfigError(
-            f"data.source.image_folder: {len(problems)} of {total} files are not readable images: {listed}. Remove "
-            "or replace them: every file with an image extension under a class folder is trained on"
-        )
-    (folder / CARVE).write_text(json.dumps({split: [path for path, _ in files[split]] for split in SPLITS}))
-    counts = {split: len(files[split]) for split in SPLITS}
-    rank_zero_info(f"prepared image folder: {folder} ({', '.join(f'{s} {n:,} images' for s, n in counts.items())})")
-    return {"images": counts}
+from lightformer.tokenization.pixels import PaletteConfig, PixelTokenizer, downsample
 
 
 class ImageRecords(Dataset):
@@ -564,3 +333,277 @@ class ImageDataModule(DataModule):
     def predict_dataloader(self) -> DataLoader:
         """The test set, for ``lightformer predict``: the task returns each image's class probabilities."""
         return self._dataloader("test")
+
+
+# A uniform colour palette has levels³ colours: more than this and the vocabulary (and the GPT's embedding and
+# output layers) grows past what Image GPT uses (512 k-means colours); k-means picks the colours that occur instead.
+MAX_UNIFORM_COLOURS = 4096
+# An image folder's k-means palette is fitted on the pixels of at most this many pixels' worth of training images,
+# drawn at random by the seed (``fit_kmeans`` then draws its 200,000 pixels from them): a bounded read, whatever the
+# folder's size. A folder with fewer training pixels is read whole, as the built-in datasets are.
+PALETTE_SAMPLE_PIXELS = 2_000_000
+
+
+def pixel_pairs(y: Tensor, start_id: int) -> tuple[Tensor, Tensor]:
+    """(x, y) of pixel ids ``(..., S*S)``: y as int64, x = ``[start_id] + y[:-1]`` along the last dimension."""
+    y = y.long()
+    start = torch.full((*y.shape[:-1], 1), start_id, dtype=torch.long)
+    return torch.cat([start, y[..., :-1]], dim=-1), y
+
+
+class PixelSequences(Dataset):
+    """Item i is (x, y) for image i: y its pixel ids ``(S*S,)`` int64, x = ``[start_id] + y[:-1]``; ``__getitems__``
+    makes a whole batch at once. The ids are ``tokens`` ``(N, S*S)``, held in memory (stored compactly, widened per
+    batch), or those of ``images`` (a dataset of (uint8 image ``(C, S, S)``, label): a prepared image folder's split)
+    encoded with ``tokenizer`` as their batch is read, so that no split's ids are ever all held."""
+
+    def __init__(self, tokenizer: PixelTokenizer, tokens: Tensor | None = None, images: Dataset | None = None) -> None:
+        self.tokenizer, self.tokens, self.images = tokenizer, tokens, images
+
+    def __len__(self) -> int:
+        return len(self.tokens if self.images is None else self.images)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        x, y = self.__getitems__([index])
+        return x[0], y[0]
+
+    def __getitems__(self, indices: list[int]) -> tuple[Tensor, Tensor]:
+        if self.images is None:
+            ids = self.tokens[torch.as_tensor(indices, dtype=torch.long)]
+        else:
+            ids = self.tokenizer.encode(torch.stack([self.images[index][0] for index in indices]))
+        return pixel_pairs(ids, self.tokenizer.start_id)
+
+
+def check_image_size(image_size: int | None, source: ImageSource) -> None:
+    """Refuse an ``image_size`` that Image GPT cannot read ``source`` at: images are only made smaller (by area
+    averaging), and an image folder's files have no common size to default to."""
+    dataset, native = source.dataset, source.info.image_size
+    if image_size is None:
+        if dataset == "image_folder":
+            raise ValueError(
+                "data.image_size is needed with dataset='image_folder' (the side its files are resized to; each "
+                "image is image_size² tokens, e.g. 32 for 1024)"
+            )
+        return
+    if isinstance(image_size, bool) or not isinstance(image_size, int):
+        raise ValueError(f"data.image_size={image_size!r} must be an integer (pixels per side)")
+    if dataset == "image_folder" and image_size < 1:
+        raise ValueError(f"data.image_size={image_size} must be at least 1")
+    if dataset != "image_folder" and not 1 <= image_size <= native:
+        raise ValueError(
+            f"data.image_size={image_size} must be from 1 to {native}, the size of dataset={dataset!r} "
+            "(images are only made smaller, by area averaging)"
+        )
+
+
+def check_palette(palette: PaletteConfig, info: ImageDatasetInfo) -> None:
+    """Refuse a uniform colour palette larger than Image GPT's vocabulary (``MAX_UNIFORM_COLOURS``)."""
+    if palette.kind == "uniform" and info.in_channels == 3 and palette.levels**3 > MAX_UNIFORM_COLOURS:
+        levels = palette.levels
+        raise ValueError(
+            f"data.palette: kind='uniform' with levels={levels} gives {levels}³ = {levels**3} colours for colour "
+            f"images (levels are per channel); use levels <= {round(MAX_UNIFORM_COLOURS ** (1 / 3))}, or "
+            "kind='kmeans' with levels = the number of colours"
+        )
+
+
+class ImageTokenDataModule(DataModule):
+    """Images as sequences of palette ids for Image GPT: batches (x, y), each ``(batch, image_size²)`` int64.
+
+    Args:
+        source: which images and how they split (``ImageSource``, as ``ImageDataModule``'s); an image folder's
+            labels are only used by ``lightformer probe``.
+        palette: the colours pixels are read as (``PaletteConfig``).
+        loader: batch size, loader workers, pinned memory (``ImageLoaderConfig``; a batch is one slice of a tensor in
+            memory: 0 workers is usually best).
+        prepare: where an image folder is prepared (``PrepareConfig``, as ``ImageDataModule``'s).
+        image_size: side length of the modelled images, at most the dataset's (28 for (fashion_)mnist, 32 for
+            cifar10, 8 for digits); smaller sizes are made by area averaging. Each image is ``image_size²``
+            tokens, the sequence the GPT reads (its cost grows with the square of that length). None: the
+            dataset's size. Required for image folders (their files are resized to it when read).
+        seed: seeds the validation carve, the k-means palette and the training-set shuffling.
+
+    After construction: ``data_facts()``, ``block_size``, ``pixel_tokenizer``, ``resolution`` (pixels per side),
+    ``channels`` and ``class_names``; after ``setup``: ``tokens(split)``, ``images(split)`` and ``labels(split)``.
+    """
+
+    def __init__(
+        self,
+        source: ImageSource = ImageSource(),
+        palette: PaletteConfig = PaletteConfig(),
+        loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=64),
+        prepare: PrepareConfig = PrepareConfig(),
+        image_size: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.source = as_config(ImageSource, source)
+        self.palette_config = as_config(PaletteConfig, palette)
+        self.loader = as_config(ImageLoaderConfig, loader)
+        self.seed = seed
+        check_image_size(image_size, self.source)
+        check_palette(self.palette_config, self.source.info)
+        is_folder = self.source.dataset == "image_folder"
+        # The splits, as uint8 images at their native size (image folders: at image_size, read that way).
+        loader = ImageLoaderConfig(batch_size=self.loader.batch_size)
+        self.images_data = ImageDataModule(
+            self.source, AugmentConfig(policy="none"), loader, as_config(PrepareConfig, prepare),
+            image_size if is_folder else None, seed,
+        )  # fmt: skip
+        self.resolution = self.source.info.image_size if image_size is None else image_size
+        self.channels = self.source.info.in_channels
+        self.class_names = self.images_data.class_names
+        self.streams_images = is_folder  # encoded per batch from prepared records, not held in memory
+        self._pixel_tokenizer: PixelTokenizer | None = None
+        self._images: dict[str, Tensor] = {}  # uint8 (N, C, S, S) at image_size, before quantising
+        self._labels: dict[str, Tensor] = {}
+        self._tokens: dict[str, Tensor] = {}  # int16 (N, S*S): palette ids (at most 4097 of them)
+
+    # --- what the GPT needs to know of the data ---------------------------------------------------------------
+
+    @property
+    def block_size(self) -> int:
+        """Pixels per image, image_size²: the GPT reads [start] + all but the last pixel and predicts each pixel."""
+        return self.resolution * self.resolution
+
+    def data_facts(self) -> DataFacts:
+        palette = self.pixel_tokenizer
+        return DataFacts(palette=palette.to_dict(), vocab_size=palette.vocab_size, max_length=self.block_size)
+
+    @property
+    def pixel_tokenizer(self) -> PixelTokenizer:
+        """The palette and its ids; a k-means palette is fitted on training images on first use."""
+        if self._pixel_tokenizer is None:
+            levels = self.palette_config.levels
+            if self.palette_config.kind == "uniform":
+                self._pixel_tokenizer = PixelTokenizer.uniform(levels, self.resolution, self.channels)
+            else:
+                try:
+                    self._pixel_tokenizer = PixelTokenizer.fit_kmeans(
+                        self._palette_sample(), levels, self.resolution, seed=self.seed
+                    )
+                except ValueError as error:  # fewer distinct colours than levels
+                    raise ValueError(f"data.palette: kind='kmeans' with levels={levels}: {error}") from None
+        return self._pixel_tokenizer
+
+    def _palette_sample(self) -> Tensor:
+        """The training images a k-means palette is fitted on: all of a built-in dataset's; of an image folder's, at
+        most ``PALETTE_SAMPLE_PIXELS`` pixels' worth, drawn by the seed (all of them, in order, when that is all)."""
+        if not self.streams_images:
+            self._read_images()
+            return self._images["train"]
+        self.setup()
+        train = self.images_data.train_dataset
+        count = min(len(train), max(1, PALETTE_SAMPLE_PIXELS // self.block_size))
+        chosen = range(len(train))
+        if count < len(train):
+            chosen = np.sort(np.random.default_rng(self.seed).choice(len(train), count, replace=False)).tolist()
+        return torch.stack([train[index][0] for index in chosen])
+
+    # --- reading and encoding ---------------------------------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        """Fetch a torchvision dataset (copy or download), or prepare an image folder, once, before ``setup`` runs
+        in every process."""
+        self.images_data.prepare_data()
+
+    @property
+    def prepared(self) -> Path | None:
+        """An image folder's prepared records (``ImageDataModule.prepared``); None for a built-in dataset."""
+        return self.images_data.prepared
+
+    def _read_images(self) -> None:
+        """Every split as uint8 images at the model's resolution and their labels, held in memory once (a built-in
+        dataset's, which the loaders then slice)."""
+        if self._images:
+            return
+        for split in SPLITS:
+            self._images[split], self._labels[split] = self._read_split(split)
+
+    def _read_split(self, split: str, limit: int | None = None) -> tuple[Tensor, Tensor]:
+        """The first ``limit`` images of a split (all if None), uint8 at the model's resolution (area-averaged), and
+        their labels: a built-in dataset's sliced from memory; a prepared image folder's decoded one by one, only
+        those."""
+        self.images_data.setup()
+        subset: ImageSubset = getattr(self.images_data, f"{split}_dataset")
+        count = len(subset) if limit is None else min(limit, len(subset))
+        if isinstance(subset.source, TensorDataset):
+            rows = torch.as_tensor(subset.indices[:count], dtype=torch.long)
+            images, labels = subset.source.tensors[0][rows], subset.source.tensors[1][rows]
+        else:  # a prepared image folder (already at image_size)
+            items = [subset[i] for i in range(count)]
+            images = torch.stack([image for image, _ in items])
+            labels = torch.as_tensor([int(label) for _, label in items], dtype=torch.long)
+        if images.shape[-1] != self.resolution:
+            images = downsample(images.contiguous(), self.resolution)
+        return images.contiguous(), labels
+
+    def setup(self, stage: str | None = None) -> None:
+        """Read the splits (all of them, once, whatever the stage): a built-in dataset's encoded with the palette
+        into ids held in memory; an image folder's prepared records, which the loaders encode batch by batch."""
+        self.images_data.setup()
+        for split in SPLITS:
+            if len(getattr(self.images_data, f"{split}_dataset")) == 0:
+                raise DataError(
+                    f"ImageTokenDataModule: the {split} split of dataset={self.source.dataset!r} is empty; "
+                    "change data.source.val_size / val_fraction or add images"
+                )
+        if not self.streams_images:
+            self._encode()
+
+    def _encode(self) -> None:
+        """Every split's images as palette ids, held in memory, once."""
+        if self._tokens:
+            return
+        self._read_images()
+        tokenizer = self.pixel_tokenizer
+        for split in SPLITS:
+            self._tokens[split] = tokenizer.encode(self._images[split]).to(torch.int16)
+
+    def _require(self, split: str) -> None:
+        _check_split(split)
+        self.setup()
+        self._encode()
+
+    def tokens(self, split: str) -> Tensor:
+        """The pixel ids of a split, int64 ``(N, image_size²)`` in raster order."""
+        self._require(split)
+        return self._tokens[split].long()
+
+    def images(self, split: str) -> Tensor:
+        """The images of a split as the model sees them: uint8 ``(N, C, S, S)``, each pixel its palette colour."""
+        self._require(split)
+        return self.pixel_tokenizer.decode(self._tokens[split].long())
+
+    def labels(self, split: str) -> Tensor:
+        """The class labels of a split, int64 ``(N,)`` (for ``lightformer probe``), in the order of ``images``."""
+        self._require(split)
+        return self._labels[split]
+
+    def labelled_images(self, split: str, limit: int | None = None) -> tuple[Tensor, Tensor]:
+        """``images(split)`` and ``labels(split)``, the first ``limit`` of them if given (``lightformer probe``). An
+        image folder's are read from its prepared records, only those asked for: memory grows with ``limit``, not
+        with the folder."""
+        if not self.streams_images:
+            self._require(split)
+            return self.pixel_tokenizer.decode(self._tokens[split][:limit].long()), self._labels[split][:limit]
+        _check_split(split)
+        images, labels = self._read_split(split, limit)
+        return self.pixel_tokenizer.decode(self.pixel_tokenizer.encode(images).long()), labels
+
+    # --- loaders ----------------------------------------------------------------------------------------------
+
+    def _dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
+        self.setup()
+        if self.streams_images:
+            dataset = PixelSequences(self.pixel_tokenizer, images=getattr(self.images_data, f"{split}_dataset"))
+        else:
+            dataset = PixelSequences(self.pixel_tokenizer, tokens=self._tokens[split])
+        return image_loader(dataset, self.loader, self.seed, shuffle)
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r} is unknown; valid: {list(SPLITS)}")
