@@ -81,7 +81,7 @@ def build_shards(folder: Path, pairs: int, pool: list[tuple[bytes, str]]) -> Pat
 def build_conversations(folder: Path, records: int, pool: list[tuple[bytes, str]]) -> Path:
     """``records`` LLaVA records in ``folder/train.jsonl`` (kept: built once) over the pool's drawings, each written
     once as ``images/NNNN.jpg``; returns the file."""
-    from lightformer.data.modules.conversation_files import ROLES
+    from lightformer.data.sources.conversations import ROLES
 
     done, path = folder / "done.json", folder / "train.jsonl"
     if done.is_file() and json.loads(done.read_text()) == records:
@@ -134,10 +134,11 @@ def prepare(layout: str, corpus: str, prepared: str, size: int, workers: int | N
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    from lightformer.data.modules.conversation_files import ConversationFiles, ConversationFilesDataModule
-    from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
+    from lightformer.data.families.chat import ConversationFilesDataModule
+    from lightformer.data.families.image_text import ImageTextFilesDataModule
     from lightformer.data.preparation.prepare import PrepareConfig
     from lightformer.data.sources.captions import ImageTextFiles
+    from lightformer.data.sources.conversations import ConversationFiles
 
     start = time.perf_counter()
     where = PrepareConfig(dir=prepared, num_workers=workers)

@@ -22,7 +22,7 @@ from pathlib import Path
 from torch import Tensor
 
 from lightformer.cli.main import main as lightformer
-from lightformer.data.modules import visual_qa
+from lightformer.data.families import chat as visual_qa
 from lightformer.models import vlm
 
 STRIP = (4, 1)  # patches joined into one token: rows, columns

@@ -1288,9 +1288,9 @@ def test_the_built_in_captioned_images_refuse_a_missing_library_or_font_naming_t
 
 def test_the_visual_qa_data_refuses_options_and_missing_sources_naming_the_field(tmp_path, monkeypatch):
     from lightformer.data import ConversationFilesDataModule, VisualQADataModule
-    from lightformer.data.modules.conversation_files import ConversationFiles
-    from lightformer.data.modules.visual_qa import VisualQASource
     from lightformer.data.preparation.prepare import PrepareConfig
+    from lightformer.data.sources.conversations import ConversationFiles
+    from lightformer.data.sources.questions import VisualQASource
     from lightformer.errors import DataError
 
     with pytest.raises(ValueError, match=r"data.source.sources=\['maps'\]: give each of \['clipart', 'lines'"):
@@ -1518,8 +1518,8 @@ def _llava(answer: str) -> str:
 
 def _conversations(tmp_path: Path, path: Path, **options):
     from lightformer.data import ConversationFilesDataModule
-    from lightformer.data.modules.conversation_files import ConversationFiles
     from lightformer.data.preparation.prepare import PrepareConfig
+    from lightformer.data.sources.conversations import ConversationFiles
 
     Image.new("RGB", (40, 24), "red").save(path.parent / "a.png")
     source = ConversationFiles(train=str(path), val_fraction=0.0, image_size=32, **options)
@@ -1571,7 +1571,7 @@ def test_a_caption_longer_than_max_tokens_is_refused_as_it_is_read_naming_the_li
     import json
     import tarfile
 
-    from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
+    from lightformer.data.families.image_text import ImageTextFilesDataModule
     from lightformer.data.preparation.prepare import PrepareConfig
     from lightformer.data.sources.captions import ImageTextFiles
     from lightformer.errors import DataError
@@ -1607,7 +1607,7 @@ def test_a_webdataset_image_that_is_not_one_is_named_with_a_reason_free_of_pytho
     import io
     import tarfile
 
-    from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
+    from lightformer.data.families.image_text import ImageTextFilesDataModule
     from lightformer.data.preparation.prepare import PrepareConfig
     from lightformer.data.sources.captions import ImageTextFiles
     from lightformer.errors import DataError

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
-from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
+from lightformer.data.families.image_text import ImageTextFilesDataModule
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.io.checkpoints import InitConfig

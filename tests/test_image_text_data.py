@@ -18,9 +18,9 @@ import torch
 from PIL import Image
 
 import lightformer.data.sources.lines as image_text
+from lightformer.data.families.image_text import ImageTextDataModule
 from lightformer.data.families.text import TextDataModule
 from lightformer.data.loading.streaming import ImageLoaderConfig, Records
-from lightformer.data.modules.image_text import ImageTextDataModule
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
 from lightformer.data.sources import rendering
 from lightformer.data.sources.corpora import DING_FILE, CorpusUnavailableError, austen_text, split_of

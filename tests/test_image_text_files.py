@@ -16,8 +16,8 @@ import torch
 from PIL import Image, ImageDraw
 
 from lightformer.cli.main import main
+from lightformer.data.families.image_text import ImageTextFilesDataModule
 from lightformer.data.loading.streaming import ImageLoaderConfig, Records
-from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
 from lightformer.data.objectives.augment import jitter
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.sources.captions import ImageTextFiles, carved

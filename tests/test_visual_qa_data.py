@@ -16,11 +16,11 @@ import torch
 from lightformer.data import ConversationFilesDataModule, VisualQADataModule
 from lightformer.data.loading.sampling import CanvasBatchSampler, ResumableDataLoader
 from lightformer.data.loading.streaming import ImageLoaderConfig, Records
-from lightformer.data.modules.conversation_files import ConversationFiles
-from lightformer.data.modules.visual_qa import QUESTIONS, VisualQASource
 from lightformer.data.objectives.chat import IGNORE, ChatTemplate
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
 from lightformer.data.sources import openclipart
+from lightformer.data.sources.conversations import ConversationFiles
+from lightformer.data.sources.questions import QUESTIONS, VisualQASource
 from lightformer.data.sources.rendering import missing_typefaces
 from lightformer.errors import DataError
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from lightformer.data.families.image_text import ImageTextFilesDataModule
 from lightformer.data.loading.streaming import ImageLoaderConfig, Records
-from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.sources.captions import ImageTextFiles, carved, is_shards, shard_samples
 from lightformer.errors import DataError

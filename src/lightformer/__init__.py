@@ -37,7 +37,8 @@ MOVED_MODULES = {
     "lightformer.data.raw.image_files": "lightformer.data.sources.image_files",
     "lightformer.data.raw.openclipart": "lightformer.data.sources.openclipart",
     "lightformer.data.raw.rendering": "lightformer.data.sources.rendering",
-    # the generic data module, which every family subclasses (the chain of bases below it dissolved)
+    # the data modules: one generic module, a family per batch shape, the public names presets of a family
+    "lightformer.data.modules": "lightformer.data.families",
     "lightformer.data.modules.base": "lightformer.data.module",
     "lightformer.data.modules.text": "lightformer.data.families.text",
     "lightformer.data.modules.pretraining": "lightformer.data.families.text",
@@ -45,6 +46,12 @@ MOVED_MODULES = {
     "lightformer.data.modules.classification": "lightformer.data.families.labelled",
     "lightformer.data.modules.images": "lightformer.data.families.images",
     "lightformer.data.modules.image_tokens": "lightformer.data.families.images",
+    "lightformer.data.modules.image_text": "lightformer.data.families.image_text",
+    "lightformer.data.modules.image_text_files": "lightformer.data.families.image_text",
+    "lightformer.data.modules.captioned_images": "lightformer.data.families.image_text",
+    "lightformer.data.modules.chat_records": "lightformer.data.families.chat",
+    "lightformer.data.modules.conversation_files": "lightformer.data.families.chat",
+    "lightformer.data.modules.visual_qa": "lightformer.data.families.chat",
 }
 
 

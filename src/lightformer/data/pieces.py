@@ -1,23 +1,5 @@
-"""Raw text sources, read in bounded pieces: plain text files, JSONL and Parquet with a text field.
-
-Nothing here holds a whole corpus in memory. A source's files are cut into `Piece`s of at most a few megabytes
-(byte ranges that begin and end at a line break for text and JSONL, row ranges for Parquet); preparation encodes
-each piece on its own (in parallel), the tokenizer trains on a bounded sample of them, and the train | val | test
-split is a cut in that sequence.
-
-**Splits.** Unless val or test files are given, the last `test_fraction` of the training files (in bytes, files in
-order) is the test split and the `val_fraction` before it the validation split, nanoGPT-style, or with
-`split="each_file"` the same shares of the end of every file (every document is in every split); each cut moves to
-the next line break (JSONL and text) or row (Parquet), so no line or record is split.
-
-**What a piece reads as.** Text files are one running text: a file that does not end with a line break gets one, so
-two files never join mid-line. JSONL and Parquet records are documents: each record's `text_field` is one
-document, and preparation ends every document with EOS.
-
-**Files of lines** (TSV files, two line-aligned files of sentence pairs) are cut at line breaks only
-(`line_pieces`, `aligned_pieces`) and read as lines (`piece_lines`), by translation and classification alike; an
-error names the option, the file and the line in the whole file, whichever piece it is in.
-"""
+"""Raw text files read in bounded pieces (text, JSONL, Parquet; files of lines; line-aligned pairs), and their train |
+val | test cut (docs/data.md, "What preparation does")."""
 
 from __future__ import annotations
 
@@ -35,8 +17,6 @@ Format = Literal["text", "jsonl", "parquet"]
 Split = Literal["end", "each_file"]
 SPLITS = ("train", "val", "test")
 SPLIT_PREFIX = {"train": "", "val": "val_", "test": "test_"}  # of each split's own options: tsv_files, val_tsv_files
-
-
 PIECE_BYTES = 8 << 20  # the most bytes of one piece: what one preparation worker holds at a time
 _FORMAT_OF_SUFFIX = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 _SEARCH_BYTES = 1 << 16  # how far a text cut looks for a line break before it cuts between two characters

@@ -25,8 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from lightformer.data.modules.captioned_images import ClipArtDataModule, EmojiDataModule
-from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
+from lightformer.data.families.image_text import ImageTextData
 from lightformer.data.sources import openclipart
 from lightformer.data.sources.image_files import fit_image, load_image, to_normalised_tensor
 from lightformer.errors import ConfigError
@@ -596,7 +595,7 @@ def embed(
 
 register(
     ContrastiveTask,
-    data=(ClipArtDataModule, EmojiDataModule, ImageTextFilesDataModule),
+    data=ImageTextData,
     commands={"zero-shot": zero_shot, "embed": embed},
     list_options={"zero-shot": "--images", "embed": "--images"},
     layouts={"hf": clip.HF},

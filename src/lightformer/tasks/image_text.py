@@ -20,8 +20,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import CharErrorRate, SacreBLEUScore, WordErrorRate
 
-from lightformer.data.modules.image_text import ImageTextDataModule
-from lightformer.data.modules.image_text_files import ImageTextFilesDataModule
+from lightformer.data.families.image_text import ImageTextDataModule, ImageTextFilesDataModule
 from lightformer.data.sources.image_files import fit_image, fit_line, load_image, to_normalised_tensor
 from lightformer.errors import ConfigError, DataError
 from lightformer.generation import beam_search

@@ -17,10 +17,10 @@ from torchmetrics import Metric
 from torchmetrics.functional.text import char_error_rate
 from torchmetrics.text import SacreBLEUScore
 
-from lightformer.data.modules.conversation_files import ConversationFilesDataModule, pad_square
-from lightformer.data.modules.visual_qa import VisualQADataModule
+from lightformer.data.families.chat import ConversationFilesDataModule, VisualQADataModule
 from lightformer.data.objectives.chat import ChatTemplate
 from lightformer.data.sources import openclipart
+from lightformer.data.sources.conversations import pad_square
 from lightformer.data.sources.image_files import fit_image, load_image, to_normalised_tensor
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts

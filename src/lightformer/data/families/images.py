@@ -1,31 +1,5 @@
-"""Image classification data: Fashion-MNIST, MNIST, CIFAR-10, scikit-learn's digits, folders of image files.
-
-``ImageDataModule`` turns any of these into batches of images ``(batch, channels, height, width)`` and integer
-labels ``(batch,)``. What the model needs to know of them (``data_facts()``: class names, image size, channels,
-normalisation) is known right after construction.
-
-Splits. Every dataset has a training pool, and a test set: the official test split where there is one
-(Fashion-MNIST, MNIST, CIFAR-10, an image folder's ``test/``), otherwise a fixed 15% carved from the pool with a
-constant seed (digits, an image folder without ``test/``), so test numbers compare across runs. The validation set
-is an image folder's own ``val/``, or else ``val_size`` images (or ``val_fraction`` of them) carved from what is
-left of the pool with a random split seeded by ``seed``. The rest is the training set.
-
-Pixels. The built-in datasets (Fashion-MNIST, MNIST, CIFAR-10, digits) are decoded once into one uint8 tensor held in
-memory and batched by slicing it: their size is fixed and bounded (at most 180 MB of pixels, CIFAR-10's), so a
-prepared copy would only add a step. Image folders, of any size, are prepared once per job into ``data.prepare.dir``
-(``prepare_image_folder``) and streamed: memory does not grow with the folder. Either way batches leave the loader
-as uint8 and are flipped, cropped and normalised on the device the model trains on (``data.augment``), in
-``on_after_batch_transfer``; outside Lightning call ``transform_batch``. TrivialAugment and RandAugment, which need
-per-image operations on uint8 images, run in the loader, each image's draws seeded by (seed, epoch, index): the same
-whatever the number of workers, and exact on resume.
-
-Image folders. Preparing lists the files, carves the splits, and writes each split's records ``{"image": the file's
-bytes, "label": class index}`` in order with LitData on every core (the bytes: lossless, and the size of the
-folder; decoding and resizing stay in the loader's workers). Every file is decoded in full there, so a folder with
-files that are not readable images (not an image, cut short, 32-bit pixels) is refused in one line naming them,
-before any training. The prepared folder's name holds a hash of the files' paths, sizes and modification times,
-the carve and the channels: a later run with the same files reads it without decoding anything again.
-"""
+"""Image classification and Image GPT data: built-in datasets held in memory, image folders prepared into records,
+uint8 batches augmented on the device (docs/data.md, "Images")."""
 
 from __future__ import annotations
 
@@ -79,8 +53,8 @@ from lightformer.tokenization.pixels import PaletteConfig, PixelTokenizer, downs
 
 
 class ImageRecords(Dataset):
-    """A prepared image-folder split (``prepare_image_folder``) by index: item i is (uint8 image ``(C, S, S)``
-    decoded from the stored file bytes and resized to ``image_size``, class index), what reading the file gives."""
+    """A prepared image-folder split by index: item i is (uint8 image ``(C, S, S)`` decoded from the file's bytes and
+    resized to ``image_size``, class index), as reading the file gives."""
 
     def __init__(self, split_dir: str | Dir, in_channels: int, image_size: int) -> None:
         self.records = Records(split_dir)
@@ -98,13 +72,9 @@ class ImageRecords(Dataset):
 
 @dataclass(eq=False)
 class ImageSubset(Dataset):
-    """The (uint8 image, label) items of ``source`` at ``indices``, each image through ``transform`` if given.
-
-    The transform's random draws (TrivialAugment's, RandAugment's) come from (``seed``, epoch, index) alone: the
-    training sampler yields ``(index, epoch)`` keys (``EpochShuffleSampler(with_epoch=True)``), so an image is
-    augmented afresh each epoch, the same whatever the number of loader workers, and exactly again on resume. For a
-    source held in memory (a ``TensorDataset``) ``__getitems__`` slices a whole batch at once.
-    """
+    """The (uint8 image, label) items of ``source`` at ``indices``, each image through ``transform`` if given, its draws
+    from (``seed``, epoch, index) alone (the sampler's ``(index, epoch)`` keys): afresh each epoch, the same whatever
+    the loader workers, exact on resume. A source in memory (``TensorDataset``) is sliced a batch at once."""
 
     source: Dataset
     indices: list[int]
@@ -130,8 +100,7 @@ class ImageSubset(Dataset):
         return images, labels
 
     def _transformed(self, image: Tensor, index: int, epoch: int) -> Tensor:
-        """``image`` through the transform, its draws seeded by (seed, epoch, index); the global generator is left
-        as it was."""
+        """``image`` through the transform, seeded by (seed, epoch, index); the global generator left as it was."""
         if self.transform is None:
             return image
         with torch.random.fork_rng(devices=[]):
@@ -145,10 +114,8 @@ def collate_images(items: tuple[Tensor, Tensor] | list) -> tuple[Tensor, Tensor]
 
 
 def image_loader(dataset: Dataset, loader: ImageLoaderConfig, seed: int, shuffle: bool) -> DataLoader:
-    """The loader of an image split (Image GPT's too): training (``shuffle``) in an order drawn from (seed, epoch),
-    its position inside an epoch saved in checkpoints (an exact mid-epoch resume); evaluation in order, every image
-    once under DDP. A training set that augments in the loader (``ImageSubset.transform``) is handed (index, epoch)
-    keys, from which it draws."""
+    """An image split's loader (Image GPT's too): training in an order from (seed, epoch), resumable mid-epoch, handing
+    (index, epoch) keys to a set that augments in the loader; evaluation in order, each image once under DDP."""
     augmented = getattr(dataset, "transform", None) is not None
     sampler = EpochShuffleSampler(len(dataset), seed, with_epoch=augmented) if shuffle else evaluation_sampler(dataset)
     return map_loader(dataset, loader, sampler, shuffle, collate_fn=collate_images)
@@ -156,16 +123,16 @@ def image_loader(dataset: Dataset, loader: ImageLoaderConfig, seed: int, shuffle
 
 class ImageDataModule(DataModule):
     """Batches of images (batch, channels, image_size, image_size) and labels (batch,): uint8 from the loaders,
-    normalised (and for training augmented) float32 once on the device.
+    normalised (and for training augmented) float32 on the device (docs/data.md, "Images").
 
     Args:
         source: which images and how they split (``ImageSource``).
         augment: the training set's augmentation (``AugmentConfig``).
         loader: batch size, loader workers, pinned memory (``ImageLoaderConfig``).
-        prepare: where an image folder is prepared, with how many processes (``PrepareConfig``; the built-in datasets
-            are read into memory and not prepared).
-        image_size: side length images are resized to (square); None: the dataset's native size
-            (28 for (fashion_)mnist, 32 for cifar10, 8 for digits, 224 for image folders).
+        prepare: where an image folder is prepared, with how many processes (``PrepareConfig``; built-in datasets are
+            held in memory, not prepared).
+        image_size: side length images are resized to (square); None: the dataset's (28 for (fashion_)mnist, 32 for
+            cifar10, 8 for digits, 224 for image folders).
         seed: seeds the validation carve and the training-set shuffling.
     """
 
@@ -251,16 +218,14 @@ class ImageDataModule(DataModule):
 
     @property
     def prepared(self) -> Path | None:
-        """An image folder's prepared records, prepared on first use (once per job: see ``prepare_image_folder``);
-        None for a built-in dataset (held in memory, nothing prepared)."""
+        """An image folder's prepared records, prepared on first use, once per job; None for a built-in dataset."""
         if self._prepared is None and self.source.dataset == "image_folder":
             self._prepared = prepare_image_folder(self.folder_layout, self.source, self.in_channels, self.seed,
                                                   self.prepare)  # fmt: skip
         return self._prepared
 
     def prepare_data(self) -> None:
-        """Fetch a torchvision dataset (copy or download), or prepare an image folder, once, before ``setup`` runs
-        in every process."""
+        """Fetch a torchvision dataset, or prepare an image folder, once, before ``setup`` runs in every process."""
         if self.source.dataset in TORCHVISION_DATASETS:
             self._load_torchvision(train=True)
             self._load_torchvision(train=False)
@@ -299,8 +264,8 @@ class ImageDataModule(DataModule):
 
     def transform_batch(self, batch: tuple[Tensor, Tensor], train: bool) -> tuple[Tensor, Tensor]:
         """uint8 images ``(batch, C, S, S)`` and labels → normalised float32 images (training: flipped and cropped
-        per ``augment.policy`` first, erased per ``augment.random_erasing`` after, each image with its own random
-        draw) and the labels."""
+        per ``augment.policy`` before, erased per ``augment.random_erasing`` after, each image its own draw) and the
+        labels."""
         images, labels = batch
         if train and self.augment.policy in ("flip", "flip_crop"):
             if self.augment.policy == "flip_crop":
@@ -316,8 +281,7 @@ class ImageDataModule(DataModule):
         return self.transform_batch(batch, train=self.trainer is not None and self.trainer.training)
 
     def eval_transform(self) -> v2.Compose:
-        """PIL image (mode matching ``in_channels``) or uint8 tensor ``(C, H, W)`` → normalised float32 ``(C, S, S)``:
-        what evaluation does to one image, for user images at predict time:
+        """PIL image or uint8 ``(C, H, W)`` → normalised float32 ``(C, S, S)``, as evaluation does, for a user's images:
         ``eval_transform()(load_image(path, in_channels, image_size))``."""
         resize = v2.Resize((self.image_size, self.image_size), antialias=True)  # no-op at the native size
         return v2.Compose([resize, to_normalised_tensor(self.normalize_mean, self.normalize_std)])
@@ -335,12 +299,10 @@ class ImageDataModule(DataModule):
         return self._dataloader("test")
 
 
-# A uniform colour palette has levels³ colours: more than this and the vocabulary (and the GPT's embedding and
-# output layers) grows past what Image GPT uses (512 k-means colours); k-means picks the colours that occur instead.
+# A uniform palette has levels³ colours: past this the vocabulary outgrows Image GPT's (512 k-means colours).
 MAX_UNIFORM_COLOURS = 4096
-# An image folder's k-means palette is fitted on the pixels of at most this many pixels' worth of training images,
-# drawn at random by the seed (``fit_kmeans`` then draws its 200,000 pixels from them): a bounded read, whatever the
-# folder's size. A folder with fewer training pixels is read whole, as the built-in datasets are.
+# An image folder's k-means palette is fitted on at most this many pixels' worth of training images, drawn by the
+# seed (``fit_kmeans`` draws its 200,000 pixels from them); a smaller folder is read whole.
 PALETTE_SAMPLE_PIXELS = 2_000_000
 
 
@@ -376,8 +338,8 @@ class PixelSequences(Dataset):
 
 
 def check_image_size(image_size: int | None, source: ImageSource) -> None:
-    """Refuse an ``image_size`` that Image GPT cannot read ``source`` at: images are only made smaller (by area
-    averaging), and an image folder's files have no common size to default to."""
+    """Refuse an ``image_size`` Image GPT cannot read ``source`` at: images are only made smaller (area averaging), and
+    an image folder's files have no common size to default to."""
     dataset, native = source.dataset, source.info.image_size
     if image_size is None:
         if dataset == "image_folder":
@@ -409,23 +371,21 @@ def check_palette(palette: PaletteConfig, info: ImageDatasetInfo) -> None:
 
 
 class ImageTokenDataModule(DataModule):
-    """Images as sequences of palette ids for Image GPT: batches (x, y), each ``(batch, image_size²)`` int64.
+    """Images as sequences of palette ids for Image GPT: batches (x, y), each ``(batch, image_size²)`` int64. After
+    construction: ``data_facts()``, ``block_size``, ``pixel_tokenizer``, ``resolution``, ``channels``, ``class_names``;
+    after ``setup``: ``tokens(split)``, ``images(split)``, ``labels(split)``.
 
     Args:
-        source: which images and how they split (``ImageSource``, as ``ImageDataModule``'s); an image folder's
-            labels are only used by ``lightformer probe``.
+        source: which images and how they split (``ImageSource``, as ``ImageDataModule``'s); an image folder's labels
+            serve only ``lightformer probe``.
         palette: the colours pixels are read as (``PaletteConfig``).
         loader: batch size, loader workers, pinned memory (``ImageLoaderConfig``; a batch is one slice of a tensor in
             memory: 0 workers is usually best).
         prepare: where an image folder is prepared (``PrepareConfig``, as ``ImageDataModule``'s).
-        image_size: side length of the modelled images, at most the dataset's (28 for (fashion_)mnist, 32 for
-            cifar10, 8 for digits); smaller sizes are made by area averaging. Each image is ``image_size²``
-            tokens, the sequence the GPT reads (its cost grows with the square of that length). None: the
-            dataset's size. Required for image folders (their files are resized to it when read).
+        image_size: side of the modelled images, at most the dataset's (28 for (fashion_)mnist, 32 for cifar10, 8 for
+            digits), made by area averaging; each image is ``image_size²`` tokens. None: the dataset's size; required
+            for image folders.
         seed: seeds the validation carve, the k-means palette and the training-set shuffling.
-
-    After construction: ``data_facts()``, ``block_size``, ``pixel_tokenizer``, ``resolution`` (pixels per side),
-    ``channels`` and ``class_names``; after ``setup``: ``tokens(split)``, ``images(split)`` and ``labels(split)``.
     """
 
     def __init__(
@@ -489,8 +449,8 @@ class ImageTokenDataModule(DataModule):
         return self._pixel_tokenizer
 
     def _palette_sample(self) -> Tensor:
-        """The training images a k-means palette is fitted on: all of a built-in dataset's; of an image folder's, at
-        most ``PALETTE_SAMPLE_PIXELS`` pixels' worth, drawn by the seed (all of them, in order, when that is all)."""
+        """The training images a k-means palette is fitted on: a built-in dataset's all; an image folder's at most
+        ``PALETTE_SAMPLE_PIXELS`` pixels' worth, drawn by the seed."""
         if not self.streams_images:
             self._read_images()
             return self._images["train"]
@@ -505,8 +465,7 @@ class ImageTokenDataModule(DataModule):
     # --- reading and encoding ---------------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
-        """Fetch a torchvision dataset (copy or download), or prepare an image folder, once, before ``setup`` runs
-        in every process."""
+        """Fetch a torchvision dataset, or prepare an image folder, once, before ``setup`` runs in every process."""
         self.images_data.prepare_data()
 
     @property
@@ -515,8 +474,7 @@ class ImageTokenDataModule(DataModule):
         return self.images_data.prepared
 
     def _read_images(self) -> None:
-        """Every split as uint8 images at the model's resolution and their labels, held in memory once (a built-in
-        dataset's, which the loaders then slice)."""
+        """Every split's uint8 images at the model's resolution and labels, held once (a built-in dataset's)."""
         if self._images:
             return
         for split in SPLITS:
@@ -524,8 +482,7 @@ class ImageTokenDataModule(DataModule):
 
     def _read_split(self, split: str, limit: int | None = None) -> tuple[Tensor, Tensor]:
         """The first ``limit`` images of a split (all if None), uint8 at the model's resolution (area-averaged), and
-        their labels: a built-in dataset's sliced from memory; a prepared image folder's decoded one by one, only
-        those."""
+        labels: sliced from memory, or a prepared folder's decoded one by one, only those."""
         self.images_data.setup()
         subset: ImageSubset = getattr(self.images_data, f"{split}_dataset")
         count = len(subset) if limit is None else min(limit, len(subset))
@@ -541,8 +498,8 @@ class ImageTokenDataModule(DataModule):
         return images.contiguous(), labels
 
     def setup(self, stage: str | None = None) -> None:
-        """Read the splits (all of them, once, whatever the stage): a built-in dataset's encoded with the palette
-        into ids held in memory; an image folder's prepared records, which the loaders encode batch by batch."""
+        """Read the splits (all, once): a built-in dataset's encoded into palette ids held in memory; an image folder's
+        records, which the loaders encode batch by batch."""
         self.images_data.setup()
         for split in SPLITS:
             if len(getattr(self.images_data, f"{split}_dataset")) == 0:
@@ -583,9 +540,8 @@ class ImageTokenDataModule(DataModule):
         return self._labels[split]
 
     def labelled_images(self, split: str, limit: int | None = None) -> tuple[Tensor, Tensor]:
-        """``images(split)`` and ``labels(split)``, the first ``limit`` of them if given (``lightformer probe``). An
-        image folder's are read from its prepared records, only those asked for: memory grows with ``limit``, not
-        with the folder."""
+        """``images(split)`` and ``labels(split)``, the first ``limit`` if given (``lightformer probe``); an image
+        folder's read from its records, only those: memory grows with ``limit``, not the folder."""
         if not self.streams_images:
             self._require(split)
             return self.pixel_tokenizer.decode(self._tokens[split][:limit].long()), self._labels[split][:limit]

@@ -1,50 +1,5 @@
-"""Text classification data: labelled texts → [CLS] text [SEP] token ids, prepared once into records → padded
-batches with their labels.
-
-The texts are prepared once per job (``prepared_folder``: a folder under `prepare.dir` named by a hash
-of everything its content depends on, built under a lock, its manifest written last), then read by index:
-
-    Austen's novels ──passages, split (in memory: one 4 MB book)──┐
-    TSV files ──labels and counts (first pass)── pieces (every core)─┴─> <prepare.dir>/classify-<name>-<hash>/
-        tokenizer.json (trained on a bounded sample of the train texts, or `tokenizer.file`), prepared.json (the
-        class names and each split's class counts), train | val | test records {"ids": [CLS] text [SEP], "label"}
-    records ──cut to `max_tokens` as read, a shuffle by (seed, epoch)──> padded batches
-
-The records hold whole texts: `max_tokens` cuts them as they are read, so changing it prepares nothing again.
-
-**Austen: which novel is this passage from?** (`corpus="austen"`, six classes named as in
-``corpora.AUSTEN_NOVELS``). ``austen.txt`` (``corpora.austen_text``) is cut into its six novels at their title lines,
-and each novel into passages:
-
-1. The novel's body runs from its first chapter heading (a line starting with "Chapter", any case) to its end mark
-   (a line "THE END" or "FINIS") or an editor's "A NOTE ON THE TEXT", so title pages, the author's advertisement
-   and editors' notes are left out.
-2. Paragraphs are the blocks between blank lines, their line breaks and runs of spaces made single spaces.
-   Headings are dropped: paragraphs that start with "Chapter" or "Volume" or have no lower-case letter.
-3. Sentences: a paragraph is cut after each ".", "!" or "?" (and any closing quotes, brackets or "_" right after
-   it) that is followed by whitespace, except after the abbreviations Mr., Mrs., Dr., St. and Messrs. A paragraph's
-   end always ends a sentence. Fragments of fewer than three words ("Yes.", "* * *") are dropped.
-4. Passages: `passage_sentences` consecutive sentences (across paragraph and chapter breaks); an incomplete last
-   group is dropped.
-5. Each novel is split BY POSITION: its first 80% of passages train, the next 10% validate, the last 10% test
-   (``floor`` of 80% and 90% of the count). No passage straddles two splits and test is later text than train,
-   so the classifier cannot score by remembering the neighbouring sentences of a test passage. With three
-   sentences per passage: 10,485 passages, 8,385 train, 1,048 val, 1,052 test.
-
-**TSV files** (`tsv_files`, with `corpus: null`): "text<TAB>label" lines, UTF-8; the label is what follows the
-LAST tab (a text may hold tabs), both stripped; blank lines are skipped. The classes are the labels of
-`tsv_files` (two or more), sorted; a val or test line with another label is an error. Without `val_tsv_files` /
-`test_tsv_files`, the train lines are split by a hash of their text (``corpora.split_of``: md5 buckets, 5% test,
-5% val), so a text never appears in two splits and keeps its split when the file grows. No file is held in memory
-whole: a first pass reads every file piece by piece, checks each line (errors name the file and line) and counts
-the labels of each split; then the pieces are encoded on every core, each split's records filtered from them.
-
-**Tokenizer**: `tokenizer.file` (e.g. the `tokenizer.json` a masked-LM pretraining run wrote), or a byte-level BPE
-of `tokenizer.vocab_size` tokens trained on the train texts (a sample of at most `tokenizer.sample_bytes` of them,
-taken evenly from the files' pieces; the `train_examples` chosen, when set) with the same extra special tokens as the
-pretraining data (MASK, then 100 T5 sentinels), so that a classifier from scratch and one fine-tuned from a
-pretraining run have the same vocabulary size and special ids.
-"""
+"""Text classification data: labelled texts prepared into [CLS] text [SEP] records, read as padded batches with their
+labels (docs/data.md, "Labelled texts")."""
 
 from __future__ import annotations
 
@@ -101,12 +56,6 @@ MIN_VOCAB_SIZE = MIN_BPE_VOCAB_SIZE + len(EXTRA_SPECIAL_TOKENS)
 FORMAT_VERSION = 2
 
 
-# --- Austen passages -------------------------------------------------------------------------------------------
-
-
-# --- TSV files -------------------------------------------------------------------------------------------------
-
-
 # --- records ---------------------------------------------------------------------------------------------------
 
 
@@ -116,12 +65,8 @@ def cut_to(ids: np.ndarray, max_tokens: int) -> np.ndarray:
 
 
 def collate_classification(items: list[dict], max_tokens: int, pad_id: int = PAD_ID, multiple: int = 8) -> dict:
-    """Records → {"ids": (B, T) int64 cut to ``max_tokens`` and padded on the right with ``pad_id``, "labels": (B,)
-    int64}.
-
-    T is the batch's longest sequence rounded up to a multiple of ``multiple``: fewer distinct shapes (compiled
-    graphs, FLOP counts), and padding is masked out of attention anyway.
-    """
+    """Records → {"ids": (B, T) int64 cut to ``max_tokens``, padded with ``pad_id`` to the batch's longest rounded up to
+    a multiple of ``multiple`` (fewer shapes to compile), "labels": (B,) int64}."""
     rows = [cut_to(np.asarray(item["ids"]), max_tokens) for item in items]
     width = -(-max(map(len, rows)) // multiple) * multiple
     ids = torch.full((len(rows), width), pad_id, dtype=torch.int64)
@@ -135,24 +80,16 @@ def collate_classification(items: list[dict], max_tokens: int, pad_id: int = PAD
 
 
 class TextClassificationDataModule(DataModule):
-    """Labelled texts for a BERT classifier: batches {"ids": (B, T), "labels": (B,)}.
-
-    Each text is encoded as [CLS] tokens [SEP] (the tokenizer's BOS and EOS), cut to `max_tokens` with [SEP] kept
-    last, and padded with `pad_id` (to the batch's longest, rounded up to a multiple of 8). Give the texts as
-    `source.corpus` (the default, Jane Austen's six novels: which novel does a passage come from) or as
-    `source.tsv_files` with `source.corpus: null`; see the module docstring for how passages are made, the splits
-    drawn and the texts prepared. `data_facts()` tells the model the tokenizer, `class_names` and `max_tokens` (the
-    first use prepares the data); `class_counts` and `chance_accuracy` describe the splits, whose class counts `setup`
-    logs.
+    """Labelled texts for a BERT classifier: batches {"ids": (B, T), "labels": (B,)}, each text [CLS] tokens [SEP] cut
+    to `max_tokens` ([SEP] kept) and padded (docs/data.md, "Labelled texts"). `data_facts()` gives the tokenizer,
+    `class_names` and `max_tokens`; `class_counts` and `chance_accuracy` describe the splits.
 
     Args:
         source: the labelled texts and their splits (``PassageSource``).
-        tokenizer: the tokenizer file, or the size of the BPE to train (``TokenizerConfig``; kind "bpe", the
-            default here, or a file).
-        loader: texts per batch and loader workers (``LoaderConfig``; `val_windows` is for windows of text and
-            must stay unset).
-        max_tokens: longest sequence in tokens, [CLS] and [SEP] included; longer texts are cut as they are read (at
-            most the model's `max_len`).
+        tokenizer: the tokenizer file, or the size of the BPE to train (``TokenizerConfig``; kind "bpe" or a file).
+        loader: texts per batch and loader workers (``LoaderConfig``; `val_windows` must stay unset).
+        max_tokens: longest sequence in tokens, [CLS] and [SEP] included (at most the model's `max_len`); longer texts
+            are cut as they are read.
         prepare: where and with how many processes the texts are prepared (``PrepareConfig``).
         seed: seeds the order of the training texts in each epoch (the splits do not depend on it).
     """
@@ -188,8 +125,7 @@ class TextClassificationDataModule(DataModule):
         self._class_counts: dict[str, dict[str, int]] | None = None
         self._logged_counts = False
 
-    # --- what the model needs to know of the data (``manifest``: the fingerprint, "class_names", each split's class
-    # "counts"; ``tokenizer``: `tokenizer.file`'s, or the one trained when preparing) ---
+    # --- what the model needs to know of the data (``manifest``: "class_names", each split's "counts") ---
 
     def data_facts(self) -> DataFacts:
         tokenizer = self.tokenizer
@@ -247,8 +183,7 @@ class TextClassificationDataModule(DataModule):
     # --- LightningDataModule hooks ---
 
     def setup(self, stage: str | None = None) -> None:
-        """Open the splits ``stage`` needs that hold texts (their shards checked: ``split_location``); log the class
-        counts of the splits, once."""
+        """Open the splits ``stage`` needs that hold texts (their shards checked); log the class counts once."""
         for split in stage_splits(stage):
             if self._has(split):
                 self.dataset(split)
@@ -275,7 +210,7 @@ class TextClassificationDataModule(DataModule):
 
     def _chosen(self) -> np.ndarray | None:
         """The indices of the `train_examples` train texts, drawn once (the same for every seed), in order; None:
-        all of them."""
+        all."""
         return chosen_examples(sum(self.manifest["counts"]["train"]), self.source.train_examples)
 
     def _describe_source(self) -> str:
@@ -287,8 +222,8 @@ class TextClassificationDataModule(DataModule):
         return "classify-" + ("austen" if self.source.corpus == "austen" else stem_of(self.files["train"]))
 
     def _fingerprint(self) -> dict:
-        """What the prepared folder's content depends on: the corpus's content or the files' path, size and time,
-        the passage rule, the tokenizer (a file's content, or how one is trained), the format version."""
+        """What the prepared folder depends on: the corpus's content or the files' stamps, the passage rule, the
+        tokenizer, the format version."""
         if self.tokenizer_config.file is not None:
             tokenizer = {
                 "file": content_hash(Path(self.tokenizer_config.file).read_text(encoding="utf-8", errors="replace"))
@@ -310,8 +245,7 @@ class TextClassificationDataModule(DataModule):
         return {"format": FORMAT_VERSION, **source, "tokenizer": tokenizer}
 
     def _build(self, folder: Path) -> dict:
-        """Build the prepared folder (``prepared_folder`` calls it once per job) through ``prepare_records``:
-        tokenizer, records, class names and counts (what it returns goes into the manifest)."""
+        """Build the prepared folder through ``prepare_records``: tokenizer, records, class names and counts."""
         if self.source.corpus == "austen":
             with preparing(f"cutting {self._describe_source()}"):
                 text = read_utf8(austen_text(Path(self.source.data_root) / "austen"))
@@ -368,9 +302,8 @@ class TextClassificationDataModule(DataModule):
         return [text for i, text in enumerate(texts) if i in kept]
 
     def _tsv_sample(self, pieces: list[Piece], held_out: frozenset[str], class_names: list[str]) -> Iterator[str]:
-        """The train texts of the train files' pieces, in order: all of them when the files hold at most
-        `tokenizer.sample_bytes` (or `train_examples` is set: its texts are drawn from all of them), else the same
-        share of the start of every piece."""
+        """The train texts of the train pieces: all when they hold at most `tokenizer.sample_bytes` (or `train_examples`
+        is set), else the same share of the start of every piece."""
         sample_bytes = self.tokenizer_config.sample_bytes
         limit = sample_limit(pieces, sample_bytes) if self.source.train_examples is None else None
         for piece in pieces:

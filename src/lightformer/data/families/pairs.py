@@ -1,23 +1,5 @@
-"""Translation data: sentence pairs → BPE token ids → length-bucketed batches under a token budget.
-
-The pairs are prepared once per job into a folder under `prepare.dir` (``prepared_folder``: named by a
-hash of everything its content depends on, built under a lock, its manifest written last):
-
-    Ding dictionary (in memory) / TSV files / two line-aligned files (pieces of ≤ 8 MB, never a whole file)
-        ──md5 split──> train | val | test ──BPE (joint, or one per side; trained on a bounded sample of train)──>
-        <folder>/tokenizer-{joint|first|second}.json, record splits <folder>/{train,val,test}/ (every core)
-        ──streaming.Records──> TokenBudgetBatchSampler (over the stored lengths) ──> padded batches
-
-A record is one pair: its two sides' ids without special tokens and its two texts, in the source's own order,
-(German, English) for Ding and (first column, second column) for files; `direction` picks which side is the source
-only when batches are made, so de-en and en-de share the prepared folder. With BPE-dropout the folder also holds
-`bpe_dropout_segmentations` record splits `train-dropout-<k>` of the train pairs, each segmented anew.
-
-The Ding dictionary's extraction and the split of sentence pairs are described in ``lightformer.data.sources.corpora``.
-
-Its options are config groups (``PairSource``, ``TokenizerConfig``, ``PairBatches``, ``PrepareConfig``), each of
-which checks its own fields when it is built, naming the option as it is written (``data.source.src_file``).
-"""
+"""Translation data: sentence pairs prepared into BPE ids and records, batched by length under a token budget
+(docs/data.md, "Sentence pairs")."""
 
 from __future__ import annotations
 
@@ -76,9 +58,7 @@ from lightformer.io.files import sha256_of
 from lightformer.nn.checks import check_at_least
 from lightformer.tokenization.text import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
-# Bump when what a prepared folder holds changes meaning (extraction rules, split rule, record fields), so that
-# folders of an older format are not reused.
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 2  # bump when what a prepared folder holds changes meaning: older folders are not reused
 LENGTH_FIELDS = ("first", "second")  # a record's id arrays, whose lengths the batch sampler budgets
 
 
@@ -87,18 +67,15 @@ class PairBatches:
     """How the pairs are cut and batched.
 
     Args:
-        max_sentence_tokens: longest train sentence in tokens, BOS/EOS included; longer train pairs are dropped.
-            Val and test pairs are all kept, their ids cut to this length with EOS kept last, and their texts
-            kept whole, so BLEU is computed on the full split against the full references. (Not named `max_len`:
-            the model's `max_len` is its position table and need not be equal.)
-        max_tokens: token budget of one batch: rows × longest row (source or target) <= max_tokens; must be at
-            least `max_sentence_tokens`.
+        max_sentence_tokens: longest train sentence in tokens, BOS/EOS included; longer train pairs are dropped, val and
+            test ids cut to it (EOS kept; texts whole, so BLEU sees full references). Not the model's `max_len`.
+        max_tokens: token budget of one batch: rows × longest row (source or target) <= max_tokens; at least
+            `max_sentence_tokens`.
         num_workers: DataLoader worker processes.
-        length_multiple: pad both sides of a batch to one length, a multiple of this (at most
-            `max_sentence_tokens`), and its rows to `max_tokens // length` (rows that count for nothing): a batch then
-            has one of `max_sentence_tokens / length_multiple` shapes, each a static graph of a compiled model
-            (`compile: true`) in place of one graph of dynamic shapes, whose compilation on a GPU was the slow part.
-            null: each batch padded to its longest (no padding compute; what an eager model wants).
+        length_multiple: pad both sides of a batch to one length, a multiple of this (at most `max_sentence_tokens`),
+            and its rows to `max_tokens // length`: a few static shapes for a compiled model (`compile: true`) instead
+            of dynamic ones, slow to compile on a GPU. null: each batch padded to its longest (what an eager model
+            wants).
     """
 
     max_sentence_tokens: int = 128
@@ -129,24 +106,17 @@ class PairBatches:
 
 
 class TranslationDataModule(DataModule):
-    """Sentence pairs for an encoder-decoder: batches {"src": (B, S), "tgt": (B, T), "src_text", "tgt_text"}.
-
-    `src` is `encode(source) + [EOS]`; `tgt` is `[BOS] + encode(target) + [EOS]` (the task shifts it for teacher
-    forcing); both are padded with `pad_id`. `src_text` / `tgt_text` are the pairs' texts (BLEU references).
-    Batches hold up to `batches.max_tokens` padded tokens per side (see `TokenBudgetBatchSampler`).
-
-    **Distributed training**: the batch sampler divides batches among ranks itself. It works with Lightning's
-    default `use_distributed_sampler: true` (it reads the ranks and epoch from the injected DistributedSampler)
-    and with `use_distributed_sampler: false` (it reads `torch.distributed`).
+    """Sentence pairs for an encoder-decoder: batches {"src": (B, S), "tgt": (B, T), "src_text", "tgt_text"}: `src` is
+    `encode(source) + [EOS]`, `tgt` `[BOS] + encode(target) + [EOS]`, padded with `pad_id`, up to `batches.max_tokens`
+    padded tokens per side (docs/data.md, "Sentence pairs"). Under DDP the batch sampler divides the batches among ranks
+    itself, with Lightning's `use_distributed_sampler` true (reading the injected sampler) or false.
 
     Args:
         source: where the pairs come from, which direction they are translated (``PairSource``).
-        tokenizer: the BPE tokenizers and BPE-dropout (``TokenizerConfig``: kind "bpe", 8,000 tokens by default;
-            ``joint_vocab``, ``bpe_dropout``, ``bpe_dropout_segmentations``; the BPEs train on all the train pairs,
-            or on a sample of about ``sample_bytes`` taken evenly from the training files when these are larger).
+        tokenizer: the BPE tokenizers and BPE-dropout (``TokenizerConfig``: kind "bpe", 8,000 tokens by default; trained
+            on the train pairs, or a sample of about ``sample_bytes`` of larger files).
         batches: sentence length, token budget, loader workers (``PairBatches``).
-        prepare: where and with how many processes the pairs are prepared (tokenizers and records, one folder per
-            source and options, reused while they are unchanged; see the module docstring) (``PrepareConfig``).
+        prepare: where and with how many processes the pairs are prepared (``PrepareConfig``).
         seed: seeds the batches' shuffling and BPE-dropout's draws (the splits do not depend on it).
     """
 
@@ -180,9 +150,8 @@ class TranslationDataModule(DataModule):
         return self._side_tokenizer(1 - self.source.source_side)
 
     def data_facts(self) -> DataFacts:
-        """The two tokenizers, and the positions the model needs for the longest pair of any split: its source, and
-        its target less one (teacher forcing feeds ``tgt[:, :-1]``); train pairs over ``max_sentence_tokens`` are
-        dropped, val/test ids cut to it."""
+        """The two tokenizers, and the positions the longest pair of any split needs: its source, and its target less
+        one (teacher forcing feeds ``tgt[:, :-1]``)."""
         for split in SPLITS:
             if split not in self.datasets and self.stats.get(f"{split}_pairs"):
                 self.datasets[split] = self._encode_split(split)
@@ -199,15 +168,14 @@ class TranslationDataModule(DataModule):
 
     @property
     def stats(self) -> dict[str, object]:
-        """The pairs' statistics (the manifest's: the data is prepared on first use), with the pairs dropped or cut
-        as the splits are opened."""
+        """The pairs' statistics (the manifest's), with the pairs dropped or cut as the splits are opened."""
         return self.manifest["stats"]
 
     # --- LightningDataModule hooks (``prepared``: the folder of tokenizers, record splits and manifest) ---
 
     def setup(self, stage: str | None = None) -> None:
-        """Open the prepared splits that `stage` needs (all for None); train pairs over `max_sentence_tokens` are
-        dropped, val and test pairs cut to it."""
+        """Open the splits `stage` needs (all for None): train pairs over `max_sentence_tokens` dropped, val and test
+        cut."""
         for split in stage_splits(stage):
             if split not in self.datasets:
                 self.datasets[split] = self._encode_split(split)
@@ -232,11 +200,9 @@ class TranslationDataModule(DataModule):
         return map_loader(dataset, self.batches, resumable=split == "train", batch_sampler=budget, collate_fn=collate)
 
     def _encode_split(self, split: str) -> PreparedPairs:
-        """The split's dataset: source + EOS, BOS + target + EOS; over-long train pairs dropped, val/test cut.
-
-        With `bpe_dropout`, the train dataset is `bpe_dropout_segmentations` blocks, one per segmentation of the
-        pairs (the batch sampler draws each epoch from one block); a pair too long in any of them is dropped.
-        """
+        """The split's dataset: source + EOS, BOS + target + EOS; over-long train pairs dropped, val/test cut. With
+        `bpe_dropout`, train is one block per segmentation (the sampler draws an epoch from one); a pair too long in any
+        is dropped."""
         if split == "train" and self.tokenizer_config.bpe_dropout:
             names = [_dropout_split(k) for k in range(self.tokenizer_config.bpe_dropout_segmentations)]
         else:
@@ -271,8 +237,8 @@ class TranslationDataModule(DataModule):
         return f"translation-{stem_of([path for paths in self.source.files('train').values() for path in paths])}"
 
     def _fingerprint(self) -> dict:
-        """What the prepared folder depends on: the sources (content hash of the Ding file, path + size + mtime of
-        user files), the extraction and split rules (the format), the tokenizers' options, BPE-dropout's draws."""
+        """What the prepared folder depends on: the sources (the Ding file's hash, user files' stamps), the format, the
+        tokenizers' options, BPE-dropout's draws."""
         if self.source.corpus == "ding":
             sources: dict = {
                 "ding": sha256_of(ding_dictionary(self.source.ding_file)),
@@ -296,8 +262,8 @@ class TranslationDataModule(DataModule):
         }
 
     def _build(self, folder: Path) -> dict:
-        """Prepare `folder` through ``prepare_records``: the tokenizers, then the record splits; returns the
-        manifest's additions."""
+        """Prepare `folder` through ``prepare_records``: the tokenizers, then the record splits; returns the manifest's
+        additions."""
         if self.source.corpus == "ding":
             inputs, stats = self._ding_inputs()
             train, wanted, held_out = inputs["train"], {}, ()
@@ -343,8 +309,8 @@ class TranslationDataModule(DataModule):
         return {"stats": stats}
 
     def _ding_inputs(self) -> tuple[dict[str, list], dict[str, object]]:
-        """Each split's Ding pairs (in memory: the dictionary is ~40 MB), as lists of up to `_DING_INPUT_PAIRS`,
-        and the extraction's statistics."""
+        """Each split's Ding pairs (in memory: ~40 MB), in lists of `_DING_INPUT_PAIRS`, and the extraction's
+        statistics."""
         with preparing(f"reading the sentence pairs of the Ding dictionary {self.source.ding_file}"):
             sentences, phrases, stats = extract_ding_pairs(ding_dictionary(self.source.ding_file))
         pairs: dict[str, list[Pair]] = {split: [] for split in SPLITS}
@@ -371,8 +337,7 @@ class TranslationDataModule(DataModule):
         )
 
     def _pieces(self, split: str) -> list[Piece | AlignedPiece]:
-        """The pieces of a split's own files ([] when it has none): line ranges of TSV files, or aligned line
-        ranges of two line-aligned files."""
+        """The pieces of a split's own files ([] without): line ranges of TSV files, or aligned ranges of two files."""
         files = self.source.files(split)
         if "tsv" in files:
             return [piece for path in files["tsv"] for piece in line_pieces(path)]
@@ -381,8 +346,7 @@ class TranslationDataModule(DataModule):
         return []
 
     def _sampled_train_pairs(self, pieces: list[Piece | AlignedPiece], held_out: tuple[str, ...]) -> list[list[Pair]]:
-        """The train pairs of the training files, or a sample of them of about `tokenizer.sample_bytes` taken evenly
-        from every piece when the files are larger (what the tokenizers train on)."""
+        """The train pairs, or a sample of about `tokenizer.sample_bytes` taken evenly from every piece (the BPEs')."""
         limit = sample_limit(pieces, self.tokenizer_config.sample_bytes)
         sampled, read, skipped = [], 0, 0
         with preparing(f"reading {'a sample of ' if limit else ''}the train pairs of {self._describe_source('train')}"):
@@ -404,12 +368,9 @@ class TranslationDataModule(DataModule):
 
 
 class PreparedPairs(Dataset):
-    """Prepared sentence pairs in one direction, by index: item i is {"src": ids + EOS, "tgt": BOS + ids + EOS (int64
-    arrays), "src_text", "tgt_text"}.
-
-    The pairs are the records `keep` of each of `blocks` (record splits of the same pairs: one, or one per BPE-dropout
-    segmentation), block after block. `cut_to`: ids longer than this are cut to it, EOS kept last (val and test).
-    """
+    """Prepared pairs in one direction, by index: item i is {"src": ids + EOS, "tgt": BOS + ids + EOS (int64),
+    "src_text", "tgt_text"}, the records `keep` of each of `blocks` (one, or one per BPE-dropout segmentation) in turn;
+    `cut_to`: longer ids cut to it, EOS kept (val and test)."""
 
     def __init__(self, blocks: list[Records], keep: np.ndarray, source_side: int, cut_to: int | None) -> None:
         self.blocks, self.keep, self.source_side, self.cut_to = blocks, np.asarray(keep, np.int64), source_side, cut_to

@@ -1,8 +1,5 @@
-"""Next-token language-modelling data: a text source prepared once into token shards, streamed as (x, y) windows.
-
-source (files, globs, folders, JSONL, Parquet; built-in corpus; URL) ──``data.prepare``──> tokenizer + shards
-    ──``data.streaming``──> training windows (shuffled, sharded, resumable) | evaluation windows (each once)
-"""
+"""Next-token and pretraining data: a source prepared once into token shards, streamed as (x, y) windows or read as
+segments (docs/data.md, "What preparation does", "Pretraining objectives")."""
 
 from __future__ import annotations
 
@@ -57,9 +54,8 @@ from lightformer.tokenization.text import (
 
 
 class TextData(DataModule):
-    """Next-token prediction on the documents of any source (``lightformer.data.sources.Source`` whose records are
-    ``{"text": str}``, each ended by EOS): batches of (x, y), each (batch, block_size) int64. A user's own source is
-    one class (docs/data.md, "Your own source"); ``TextDataModule`` is this family with files of text.
+    """Next-token prediction on the documents (records ``{"text": str}``, each ended by EOS) of any ``Source``: batches
+    of (x, y), each (batch, block_size) int64 (docs/data.md, "Your own source").
 
     Args:
         source: where the documents come from (a ``Source`` subclass, named by ``class_path``).
@@ -110,8 +106,8 @@ class TextData(DataModule):
         return self.prepared.tokenizer
 
     def setup(self, stage: str | None = None) -> None:
-        """Make the datasets of the splits that `stage` needs (all for None) over the prepared shards; refuse ``test``
-        without a test split here, before a checkpoint is restored."""
+        """Make the datasets of the splits `stage` needs (all for None); refuse ``test`` without a test split, before a
+        checkpoint is restored."""
         if stage == "test" and not self.prepared.has("test"):
             raise DataError("data: there is no test split: set data.source.test_files, or test_fraction above 0")
         for split in stage_splits(stage):
@@ -173,8 +169,7 @@ class TextData(DataModule):
         return training_loader(self.prepared.split_dir("train"), self.block_size, self.loader, self.seed, epoch)
 
     def _check_one_batch(self) -> None:
-        """Refuse a training split too short for one batch on every process, before the first step (Lightning would
-        end the fit at once, with a warning and success)."""
+        """Refuse a train split too short for one batch on every process (Lightning would end the fit at once)."""
         tokens, window = self.prepared.num_tokens("train"), self.block_size + 1
         processes = self.trainer.world_size if self.trainer is not None else 1
         per_process = tokens // window // processes
@@ -189,8 +184,7 @@ class TextData(DataModule):
     # --- what the pretraining presets share: segments of ``segment_tokens``, drawn afresh each epoch ---
 
     def _segment_loader(self) -> DataLoader:
-        """Training's loader of corrupted segments: every epoch in an order and with draws from (seed, epoch), full
-        batches only (a constant batch shape), resumable mid-epoch."""
+        """Training's loader of corrupted segments: order and draws from (seed, epoch), full batches, resumable."""
         dataset = self._dataset("train")
         if len(dataset) < self.loader.batch_size:
             raise DataError(
@@ -201,8 +195,8 @@ class TextData(DataModule):
         return self._loader(dataset, sampler, drop_last=True, resumable=True)
 
     def _use_sentinels(self, num_sentinels: int) -> None:
-        """Give the tokenizer <mask> and ``num_sentinels`` T5 sentinels as special tokens after PAD, BOS, EOS and UNK:
-        one tokenizer for both pretraining objectives, so that they share the prepared folder."""
+        """Give the tokenizer <mask> and ``num_sentinels`` T5 sentinels as special tokens: one tokenizer, and one
+        prepared folder, for both pretraining objectives."""
         check_at_least("data.num_sentinels", num_sentinels, 0)
         least = MIN_BPE_VOCAB_SIZE + 1 + num_sentinels
         config = self.tokenizer_config
@@ -231,11 +225,8 @@ class TextData(DataModule):
 
 
 class TextDataModule(TextData):
-    """Character- or BPE-level next-token prediction: batches of (x, y), each (batch, block_size) int64.
-
-    The source is prepared once (``data.prepare``: a tokenizer trained on a bounded sample, token shards written by
-    every core) into ``prepare.dir``, then streamed: memory stays flat whatever the corpus size, and a resumed run
-    continues mid-epoch exactly. An epoch is every non-overlapping window of the train split, in a new order.
+    """Character- or BPE-level next-token prediction on text files: batches of (x, y), each (batch, block_size) int64,
+    prepared once into token shards and streamed (docs/data.md, "What preparation does", "What streaming does").
 
     Args:
         source: where the text comes from and how it splits (``TextSource``).
@@ -259,23 +250,14 @@ class TextDataModule(TextData):
 
 
 class MaskedLMDataModule(TextData):
-    """BERT pretraining data: batches {"ids", "segment_ids", "labels": (B, T) int64, "nsp_labels": (B,) int64}.
-
-    The text is cut into segments of `segment_tokens` tokens. With `nsp`, an example is `[CLS] A [SEP] B [SEP]`
-    (BOS is [CLS], EOS is [SEP]; segment_ids 0 up to the first [SEP], 1 after) where B is the segment after A
-    (nsp_labels 1) or, with probability 1/2, a random segment of the same split that is not next to A (0); a pair
-    longer than `max_length` = 2·segment_tokens is cut as BERT's `truncate_seq_pair`. Without `nsp`, an example is
-    `[CLS]` + 2·segment_tokens - 2 consecutive tokens + `[SEP]`, and there is no "nsp_labels". Then `mlm_probability`
-    of the tokens other than [CLS]/[SEP] are selected (80% become <mask>, 10% a random non-special token, 10% stay);
-    `labels` holds their original ids and IGNORE_INDEX (-100) elsewhere. `ids` are padded with PAD_ID, `segment_ids`
-    with 0, `labels` with IGNORE_INDEX.
-
-    Its source, tokenizer, loader, prepare and seed are ``TextData``'s; its tokenizer is byte-level BPE by default,
-    with <mask> and the sentinels as special tokens (``source.split: each_file`` holds out the end of every file).
+    """BERT pretraining data: batches {"ids", "segment_ids", "labels": (B, T) int64, "nsp_labels": (B,) int64}, segments
+    of `segment_tokens` as NSP pairs or single runs, masked (docs/data.md, "Pretraining objectives"); `ids` padded with
+    PAD_ID, `segment_ids` with 0, `labels` with IGNORE_INDEX (-100). Its source, tokenizer (BPE by default, with <mask>
+    and the sentinels), loader, prepare and seed are ``TextData``'s.
 
     Args:
         num_sentinels: T5 sentinels <extra_id_0..N-1> in the vocabulary (unused by BERT; the same tokenizer as
-            SpanCorruptionDataModule's, so both objectives share the prepared data).
+            SpanCorruptionDataModule's, so both share the prepared data).
         segment_tokens: tokens per segment (an NSP "sentence"); an example has up to 2·segment_tokens tokens.
         nsp: next-sentence prediction pairs; False: single runs of text without "nsp_labels".
         mlm_probability: share of the tokens selected for the masked-LM loss, in (0, 1].
@@ -363,17 +345,9 @@ class MaskedLMDataModule(TextData):
 
 
 class SpanCorruptionDataModule(TextData):
-    """T5 pretraining data, in the translation task's batch format: {"src": (B, S), "tgt": (B, T) int64 padded
-    with PAD_ID, "src_text", "tgt_text": lists of str}.
-
-    Each segment of `segment_tokens` tokens is corrupted by T5's span corruption: `noise_density` of its tokens,
-    in spans of mean length `mean_span_length`, are dropped; `src` is the segment with each span replaced by a
-    sentinel (<extra_id_0>, <extra_id_1>, ... from the left) + [EOS], `tgt` is [BOS] + each sentinel followed by
-    its span + [EOS]. The texts keep the sentinels. The source and target tokenizer are one joint tokenizer
-    (its facts' `src_tokenizer` is its `tgt_tokenizer`), so the model can share its embeddings.
-
-    Its source, tokenizer, loader, prepare and seed are ``TextData``'s; its tokenizer is byte-level BPE by default,
-    with <mask> and the sentinels as special tokens (``source.split: each_file`` holds out the end of every file).
+    """T5 pretraining data, in the translation task's batch format: {"src": (B, S), "tgt": (B, T) int64 padded with
+    PAD_ID, "src_text", "tgt_text"}: segments of `segment_tokens` through span corruption, one joint tokenizer for both
+    sides (docs/data.md, "Pretraining objectives"). Its source, tokenizer, loader, prepare and seed are ``TextData``'s.
 
     Args:
         num_sentinels: sentinels <extra_id_0..N-1> in the vocabulary: at least the number of spans of a segment.
@@ -433,8 +407,8 @@ class SpanCorruptionDataModule(TextData):
 
     @classmethod
     def facts_from_config(cls, init_args: Mapping[str, Any]) -> ConfigFacts:
-        """The positions the sources and targets take, which ``segment_tokens``, ``noise_density`` and
-        ``mean_span_length`` decide; within a bound: the largest ``segment_tokens`` that fits."""
+        """The positions sources and targets take (``segment_tokens``, ``noise_density``, ``mean_span_length``); within
+        a bound: the largest ``segment_tokens`` that fits."""
         try:
             segment_tokens = init_args["segment_tokens"]
             spans = (init_args["noise_density"], init_args["mean_span_length"])

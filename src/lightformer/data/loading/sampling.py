@@ -1,6 +1,5 @@
-"""Samplers and loaders of map-style datasets: shuffling that a resumed run repeats exactly, a training loader whose
-position inside an epoch is saved in every checkpoint, evaluation that sees every example once under DDP, and batches
-of sentence pairs under a token budget."""
+"""Samplers and loaders of map-style datasets: epoch-seeded shuffles, loaders resumable mid-epoch, evaluation that
+sees every example once under DDP, token-budget and one-canvas batches."""
 
 from __future__ import annotations
 
@@ -25,16 +24,11 @@ def index_and_epoch(key: Key) -> tuple[int, int]:
 
 
 class EpochShuffleSampler(Sampler[int]):
-    """A random permutation of ``range(size)`` drawn from (seed, epoch) alone.
-
-    ``DataLoader(shuffle=True, generator=...)`` advances one generator from epoch to epoch, so a run resumed at
-    epoch 3 would replay epoch 1's order. Here Lightning's ``set_epoch`` picks the order, as with
-    ``DistributedSampler``; under DDP Lightning wraps this sampler and gives each process its own shard.
-
-    With ``with_epoch`` it yields ``(index, epoch)`` pairs, for datasets whose items are drawn afresh each epoch
-    (masking, span corruption) from (seed, epoch, index): exact on resume, whatever the number of loader workers
-    (a worker's copy of the dataset does not see the epoch change; the index it is asked for carries it).
-    """
+    """A random permutation of ``range(size)`` drawn from (seed, epoch) alone, the epoch set by Lightning's
+    ``set_epoch`` (``DataLoader(shuffle=True)`` advances one generator, so a run resumed at epoch 3 would replay epoch
+    1's order); under DDP Lightning wraps it, each process a shard. ``with_epoch``: yield ``(index, epoch)``, for items
+    drawn afresh each epoch from (seed, epoch, index): exact whatever the loader workers (whose copies miss
+    ``set_epoch``)."""
 
     def __init__(self, size: int, seed: int, with_epoch: bool = False) -> None:
         self.size, self.seed, self.epoch, self.with_epoch = size, seed, 0, with_epoch
@@ -53,28 +47,16 @@ class EpochShuffleSampler(Sampler[int]):
 
 
 class ResumableDataLoader(DataLoader):
-    """A ``DataLoader`` (the same arguments) whose position inside an epoch is saved in every checkpoint, so that a
-    run resumed mid-epoch trains on exactly the batches an uninterrupted run would have: the rest of that epoch, then
-    the next ones.
+    """A ``DataLoader`` whose position inside an epoch is saved in every checkpoint: a run resumed mid-epoch trains on
+    exactly the batches of the uninterrupted run (docs/data.md, "Resume of the map-style loaders").
 
-    Lightning saves ``state_dict()`` of a training loader that has one in the checkpoint's loop state and hands it
-    to ``load_state_dict`` before the resumed epoch. The state is the epoch and the number of batches this loader has
-    handed out in it; Lightning's fetcher asks a loader whose length it knows for no batch ahead of the training
-    step, so when a checkpoint is written that is the number of batches trained on. The next iteration skips them
-    where the indices are drawn (the batch sampler, or this rank's shard of it under DDP): their examples are never
-    read. It skips only in the saved epoch (as the sampler's ``epoch`` says, when it has one) and only if the epoch
-    had batches left: a checkpoint written at an epoch's end resumes at the next epoch's first batch, in the order
-    ``set_epoch`` picks.
-
-    A ``DataLoader`` iterator draws its workers' base seed from the global generator as it starts. The run being
-    resumed drew it at the epoch's start, so the resumed iteration draws it from a fork of the generator, and
-    dropout's random numbers after the resume are those of the uninterrupted run. (Its workers are then seeded
-    differently from that run's: exact for datasets whose randomness comes from the index, as masking's and the
-    images' augmentation in the loader do.)
-
-    Lightning hands the saved state over only if it builds the loaders after restoring the checkpoint;
-    ``Task.on_train_start`` hands it over when they were built before.
-    """
+    ``state_dict()`` is the epoch and the batches handed out in it (Lightning's fetcher asks a loader of known length
+    for no batch ahead, so: the batches trained on). The next iteration skips them where the indices are drawn (their
+    examples are never read), only in the saved epoch (the sampler's ``epoch``, when it has one) and only if it had
+    batches left: a checkpoint at an epoch's end resumes at the next epoch's first batch. The resumed iteration draws
+    its workers' base seed from a fork of the global generator (the run being resumed drew it at the epoch's start), so
+    dropout's numbers match the uninterrupted run's. Lightning hands the state over only if it builds the loaders after
+    restoring the checkpoint; ``Task.on_train_start`` hands it over when they were built before."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -90,8 +72,7 @@ class ResumableDataLoader(DataLoader):
 
     @property
     def _index_sampler(self):
-        # What every DataLoader iterator draws indices from (a persistent-workers iterator keeps it for good): the
-        # batch sampler (or sampler), less the batches a restored state says were trained on, at its next iteration.
+        # What every iterator draws indices from (kept by persistent workers), less the batches trained on.
         return _Skipping(self, super()._index_sampler)
 
     def __iter__(self):
@@ -114,8 +95,8 @@ class ResumableDataLoader(DataLoader):
         return None
 
     def _batches_to_skip(self) -> int:
-        """The batches that the restored state says were trained on in the epoch now starting (0 for a fresh loader,
-        another epoch, or an epoch already done); the state is used once."""
+        """The batches the restored state says were trained on in the epoch now starting (0: a fresh loader, another
+        epoch, or an epoch done); the state is used once."""
         restored, self._restored = self._restored, None
         if restored is None or restored["epoch"] != self._epoch:
             return 0
@@ -124,12 +105,10 @@ class ResumableDataLoader(DataLoader):
 
 
 class _Skipping:
-    """The index sampler of a ``ResumableDataLoader`` as its iterators see it: each iteration starts where the
-    loader's position says (read as the iteration starts, after ``set_epoch``); its length is the whole epoch's.
-
-    It refers to its loader weakly: a persistent-workers iterator keeps it for good, and the loader keeps that
-    iterator, so a strong reference would be a cycle that keeps the workers alive until the garbage collector runs
-    (where shutting them down waits seconds for each)."""
+    """A ``ResumableDataLoader``'s index sampler as its iterators see it: starting where the loader's position says
+    (read after ``set_epoch``), of the whole epoch's length. Its loader is a weak reference: a persistent-workers
+    iterator keeps this for good and the loader keeps that iterator, a cycle that would keep the workers alive until
+    collected."""
 
     def __init__(self, loader: ResumableDataLoader, index_sampler: Sampler | BatchSampler) -> None:
         self.loader, self.index_sampler = weakref.ref(loader), index_sampler
@@ -142,11 +121,9 @@ class _Skipping:
 
 
 def map_loader(dataset: Dataset, config, sampler=None, resumable: bool = False, **options) -> DataLoader:
-    """The loader of a map-style dataset that every data module builds, from its loader options ``config``: batches
-    of ``config.batch_size`` (unless ``options`` give a ``batch_sampler``) in ``sampler``'s order, ``num_workers``
-    kept across epochs, memory pinned as ``config.pin_memory`` says, else when there is a GPU; ``options`` as
-    ``DataLoader``'s. ``resumable`` (training): a ``ResumableDataLoader``, whose position inside an epoch is saved
-    in every checkpoint."""
+    """A map-style dataset's loader from loader options ``config``: batches of ``config.batch_size`` (unless ``options``
+    give a ``batch_sampler``) in ``sampler``'s order, workers kept across epochs, memory pinned as ``config.pin_memory``
+    says (else with a GPU); ``resumable``: a ``ResumableDataLoader``."""
     if "batch_sampler" not in options:
         options["batch_size"] = config.batch_size
     return (ResumableDataLoader if resumable else DataLoader)(
@@ -160,13 +137,9 @@ def map_loader(dataset: Dataset, config, sampler=None, resumable: bool = False, 
 
 
 def evaluation_sampler(dataset: Dataset) -> Sampler | None:
-    """Under DDP, Lightning's ``UnrepeatedDistributedSampler``: rank r of n evaluates examples r, r + n, ... (every
-    example exactly once); else None (the loader's order).
-
-    Lightning's default for evaluation, ``DistributedSampler``, repeats a few examples so that every rank gets as
-    many, which skews validation and test metrics (torchmetrics synchronises sums, so uneven shards are exact).
-    Being a ``DistributedSampler``, this one is kept by Lightning instead of replaced.
-    """
+    """Under DDP, Lightning's ``UnrepeatedDistributedSampler``: rank r of n evaluates examples r, r + n, ..., each once
+    (Lightning's default, ``DistributedSampler``, repeats a few to even the ranks, skewing metrics; being one, this is
+    kept); else None."""
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     several = distributed and torch.distributed.get_world_size() > 1
     return UnrepeatedDistributedSampler(dataset, shuffle=False) if several else None
@@ -185,23 +158,15 @@ class _EpochCounter:
 class TokenBudgetBatchSampler(BatchSampler):
     """Batches of indices whose padded size, rows × max(source, target length), stays within `max_tokens`.
 
-    As fairseq's `max_tokens`: examples are sorted by length (ties broken at random per epoch when `shuffle`,
-    by index otherwise), consecutive examples are grouped while `(batch size) × (longest in batch) <= max_tokens`,
-    and with `shuffle` the batches are put in a random order. The randomness depends only on (seed, epoch): call
-    `set_epoch` each epoch (Lightning does). An example longer than `max_tokens` gets a batch of its own.
-
-    **Distributed.** The batches are divided among `num_replicas` ranks (rank r takes batches r, r + n, ...);
-    when their count is not a multiple of n, the batches with the most examples are halved until it is, so
-    every rank gets the same number of batches and each example goes to exactly one rank (only a corpus with
-    fewer examples than ranks repeats batches). The ranks come, in this order of precedence, from a
-    `DistributedSampler` passed as `sampler` (what Lightning injects when `use_distributed_sampler=True`; only its
-    `num_replicas`, `rank` and `epoch` are used), from `num_replicas` / `rank`, or from `torch.distributed` when
-    it is initialized. Every rank must build the sampler with the same lengths, seed and budget.
-
-    **Blocks.** With `blocks=K`, the examples are K consecutive blocks of equal size that are versions of the same
-    examples (each train sentence segmented K ways by BPE-dropout): epoch e batches block e mod K only. Lightning
-    counts an epoch's batches once, so every epoch has as many: a block that groups into fewer batches halves its
-    largest ones until it has the most any block has.
+    As fairseq's `max_tokens`: examples sorted by length (ties broken at random per epoch with `shuffle`, else by index)
+    are grouped while `(batch size) × (longest) <= max_tokens`, and with `shuffle` the batches put in a random order,
+    from (seed, epoch) alone (`set_epoch`, which Lightning calls). An example over the budget gets a batch of its own.
+    Rank r of n takes batches r, r + n, ...; the largest batches are halved until every rank has as many, each example
+    on one rank (fewer examples than ranks repeat batches). The ranks come from a `DistributedSampler` given as
+    `sampler` (what Lightning injects; only its `num_replicas`, `rank` and `epoch` are read), else `num_replicas` /
+    `rank`, else `torch.distributed`; every rank builds it with the same lengths, seed and budget. With `blocks=K` the
+    examples are K equal consecutive blocks, versions of the same examples (BPE-dropout's segmentations): epoch e
+    batches block e mod K, every block halving its largest batches to as many as the most any has.
 
     Args:
         lengths: per example, the longer of its source and target length in tokens.
@@ -210,8 +175,8 @@ class TokenBudgetBatchSampler(BatchSampler):
         seed: seed of the shuffling; the same on every rank.
         num_replicas: number of distributed ranks; default: from `sampler`, else `torch.distributed`, else 1.
         rank: this process's rank; default: from `sampler`, else `torch.distributed`, else 0.
-        sampler: a `DistributedSampler` to take the ranks and epoch from (see above); its order is not used.
-        blocks: the number of blocks (see above); `len(lengths)` must be a multiple of it.
+        sampler: a `DistributedSampler` to take the ranks and epoch from; its order is not used.
+        blocks: the number of blocks; `len(lengths)` must be a multiple of it.
     """
 
     def __init__(
@@ -225,8 +190,7 @@ class TokenBudgetBatchSampler(BatchSampler):
         sampler: Sampler | None = None,
         blocks: int = 1,
     ) -> None:
-        # BatchSampler.__init__ is not called: it wants a fixed batch size. Subclassing lets Lightning inject a
-        # DistributedSampler through `sampler` instead of failing on an unknown batch sampler.
+        # No BatchSampler.__init__ (a fixed batch size); subclassing lets Lightning inject its sampler as `sampler`.
         check_at_least("max_tokens", max_tokens, 1)
         if (num_replicas is None) != (rank is None):
             raise ValueError(
@@ -288,8 +252,7 @@ class TokenBudgetBatchSampler(BatchSampler):
         return self._num_batches[num_replicas]
 
     def _block_batches(self, block: int, rng: np.random.Generator | None = None) -> list[list[int]]:
-        """A block's examples grouped by length under the budget, in length order (ties broken by `rng` if given,
-        else by index)."""
+        """A block's examples grouped by length under the budget, ties broken by `rng` if given, else by index."""
         size = len(self.lengths) // self.blocks
         lengths = self.lengths[block * size : (block + 1) * size]
         order = np.argsort(lengths, kind="stable") if rng is None else np.lexsort((rng.random(size), lengths))
@@ -314,8 +277,7 @@ def _group_by_budget(order: list[int], lengths: list[int], max_tokens: int) -> l
 
 
 def _split_to_count(batches: list[list[int]], count: int) -> list[list[int]]:
-    """Halve the batches with the most examples until there are `count`; if too few examples for that, repeat
-    batches from the start."""
+    """Halve the largest batches until there are `count`; with too few examples, repeat batches from the start."""
     batches = list(batches)
     while (shortfall := count - len(batches)) > 0 and any(len(batch) > 1 for batch in batches):
         largest = sorted(range(len(batches)), key=lambda i: -len(batches[i]))[:shortfall]
@@ -328,13 +290,9 @@ def _split_to_count(batches: list[list[int]], count: int) -> list[list[int]]:
 
 
 class CanvasBatchSampler(TokenBudgetBatchSampler):
-    """Batches of ``batch_size`` indices whose examples share a canvas (an image shape: a model's batch holds one), as
-    ``TokenBudgetBatchSampler`` deals them out: with ``shuffle`` each canvas's examples in an order drawn from (seed,
-    epoch) and the batches in a random order, else in index order; the same number of batches on every rank (the
-    largest halved, or repeated where there are fewer examples than ranks), each example on one rank; exact on resume
-    (``ResumableDataLoader`` skips the batches trained on). ``canvases``: one small integer per example (its canvas's
-    index), the only thing held per example. ``with_epoch``: yield (index, epoch) keys, for items drawn from (seed,
-    epoch, index)."""
+    """Batches of ``batch_size`` indices of one canvas (an image shape) each, dealt as ``TokenBudgetBatchSampler``
+    deals: shuffled by (seed, epoch) or in index order, as many per rank, exact on resume. ``canvases``: one small
+    integer per example, all that is held; ``with_epoch``: yield (index, epoch) keys."""
 
     def __init__(
         self,
@@ -352,8 +310,7 @@ class CanvasBatchSampler(TokenBudgetBatchSampler):
         self.batch_size, self.with_epoch = batch_size, with_epoch
 
     def _block_batches(self, block: int, rng: np.random.Generator | None = None) -> list[np.ndarray]:
-        """Each canvas's examples (in an order drawn from ``rng``, else in index order) cut into batches: views of
-        one array of the epoch's order (a Python list per batch is made only as it is handed out)."""
+        """Each canvas's examples (in ``rng``'s order, else by index) cut into batches: views of one array."""
         batches: list[np.ndarray] = []
         for canvas in np.unique(self.lengths):
             members = np.flatnonzero(self.lengths == canvas)

@@ -22,13 +22,10 @@ def collate_pairs(
     limit: int | None = None,
     max_tokens: int | None = None,
 ) -> dict[str, torch.Tensor | list[str]]:
-    """Dataset items → {"src": (B, S), "tgt": (B, T) int64 padded on the right with ``pad_id``, "src_text",
-    "tgt_text": lists of the items'}; S and T are the batch's longest source and target.
-
-    With ``length_multiple``, S = T = L, the longer side's length rounded up to a multiple of it (``bucket_lengths``,
-    at most ``limit``), and with ``max_tokens`` the batch has ``max_tokens // L`` rows: the items', then rows that
-    count for nothing (the first item's source, a target of its first token then padding: no target token, so no
-    loss and no gradient). A batch then has one of a few shapes, one per L: a compiled model's static graphs."""
+    """Dataset items → {"src": (B, S), "tgt": (B, T) int64 right-padded with ``pad_id``, "src_text", "tgt_text"}; S and
+    T the batch's longest. With ``length_multiple``, S = T = L, the longer side rounded up to a multiple of it (at most
+    ``limit``), and with ``max_tokens`` ``max_tokens // L`` rows: the items', then rows of no loss (the first source, a
+    target of one token then padding): a few shapes, one per L, for a compiled model's static graphs."""
     sides = {
         side: [torch.from_numpy(np.asarray(item[side], dtype=np.int64)) for item in items] for side in ("src", "tgt")
     }

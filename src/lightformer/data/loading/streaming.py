@@ -1,11 +1,5 @@
-"""Streaming prepared token shards to every process: training windows through LitData's ``StreamingDataset`` and
-``StreamingDataLoader`` (sharded across ranks and nodes, shuffled by seed and epoch, its position saved in every
-checkpoint so that a resumed run continues mid-epoch with exactly the batches it would have seen), and evaluation
-windows by index (every window evaluated once under DDP, ``data.sampling.evaluation_sampler``).
-
-A window is ``block_size + 1`` consecutive token ids of one shard, as LitGPT reads them: x the first ``block_size``,
-y the last. Windows do not overlap and do not cross a shard (at most one window's tokens per 64 MB shard go unused).
-"""
+"""Prepared data to every process: training windows (LitData, sharded, shuffled by seed and epoch, resumable
+mid-epoch), windows and records by index (docs/data.md, "What streaming does")."""
 
 from __future__ import annotations
 
@@ -32,9 +26,8 @@ class LoaderConfig:
     Args:
         batch_size: examples per batch (per process).
         num_workers: loader worker processes per training process.
-        val_windows: validate during ``fit`` on this many windows of the validation split, drawn once at random
-            (from the data's seed), instead of all of them: cheaper validations, always the same windows. ``fit`` then
-            ends with one validation on the whole split, as ``validate`` does. None: all of them.
+        val_windows: validate during ``fit`` on this many windows of the validation split, drawn once (from the seed),
+            not all of them; ``fit`` ends with one validation on the whole split. None: all of them.
     """
 
     batch_size: int = 12
@@ -59,8 +52,7 @@ def as_pair(window: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 def training_loader(
     split_dir: str | Dir, block_size: int, loader: LoaderConfig, seed: int, epoch: Callable[[], int] | None = None
 ) -> StreamingDataLoader:
-    """Shuffled training windows of a prepared split, a rank's share of them, with a resumable position; ``epoch``
-    gives the number of epochs done (Lightning's), which picks the next epoch's order."""
+    """Shuffled training windows of a split, a rank's share, resumable; ``epoch()``: the epochs done, for the order."""
     dataset = StreamingDataset(
         split_dir,
         item_loader=TokensLoader(block_size=block_size + 1),
@@ -82,16 +74,10 @@ def training_loader(
 
 
 class ResumableStreamingDataLoader(StreamingDataLoader):
-    """LitData's loader, whose epoch order depends on the seed and the epoch alone, however the run was resumed.
-
-    LitData counts epochs itself and saves the count with its position. Lightning hands a loader that position only
-    for a checkpoint written inside an epoch; one written at an epoch's end resumes with a fresh loader, whose count
-    would start again at 0. So a fresh loader starts from ``epoch()`` (the epochs the trainer has done) and counts on
-    from there, as does a restored one from its saved count (Lightning's own count is one ahead after a mid-epoch
-    resume, so it is not asked again). And with ``drop_last`` the samples LitData counts stop short of its dataset's
-    length by the left-out partial batch, which it takes for a position inside the epoch: less than a batch from the
-    end is the end.
-    """
+    """LitData's loader, whose epoch order depends on the seed and the epoch alone, however the run was resumed. A
+    loader Lightning restores no position to (a checkpoint at an epoch's end) starts from ``epoch()``, the trainer's
+    epochs, instead of 0; a restored one counts on from its saved count. With ``drop_last``, a saved position less than
+    a batch from the end (LitData's count stops short by the partial batch) is the end."""
 
     def __init__(self, *args, epoch: Callable[[], int] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -113,10 +99,8 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         yield from batches
 
     def load_state_dict(self, obj: dict) -> None:
-        """LitData's, with the shards found where this run has them: LitData's state holds the absolute folder (or
-        cache folder) it read them from, and refuses another, so a run whose prepared data moved (another checkout,
-        machine or ``data.prepare.dir``) could not resume. The data is the same: a lightformer data module's
-        ``load_state_dict`` compared the prepared folder's fingerprint first (``SameDataOnResume``)."""
+        """LitData's, with the shards where this run has them (LitData's state holds the absolute folder and refuses
+        another); the module's ``load_state_dict`` checked the data is the same (``SameDataOnResume``)."""
         state = obj.get("dataset")
         if isinstance(state, dict) and "input_dir_path" in state:
             obj = {**obj, "dataset": {**state, "input_dir_path": self.dataset.input_dir.path,
@@ -134,11 +118,8 @@ def local_folder(split_dir: str | Dir) -> Path:
 
 
 class Windows(Dataset):
-    """Every window of ``window`` token ids of a prepared split, in order, by index (int64 arrays): map-style, so a
-    sampler decides which rank reads which. Windows do not cross a shard, as the training windows'.
-
-    The streaming dataset behind it opens on first use, so a copy sent to a loader worker carries only the path.
-    """
+    """Every window of ``window`` ids of a prepared split, in order, by index (int64 arrays; not crossing a shard):
+    map-style, a sampler picks which rank reads which; opened on first use (a worker's copy carries only the path)."""
 
     def __init__(self, split_dir: str | Dir, window: int) -> None:
         self.split_dir = split_dir
@@ -172,23 +153,15 @@ class EvaluationWindows(Windows):
 
 
 def validation_subset(dataset: Dataset, count: int, seed: int) -> Subset:
-    """``count`` examples of ``dataset`` drawn once by ``seed``, in order: what ``fit`` validates on when
-    ``loader.val_windows`` is set (the same examples at every validation)."""
+    """``count`` examples drawn once by ``seed``, in order: what ``fit`` validates on with ``loader.val_windows``."""
     chosen = np.random.default_rng(seed).choice(len(dataset), count, replace=False)
     return Subset(dataset, np.sort(chosen).tolist())
 
 
 class Records(Dataset):
-    """Every record of a prepared records split (``prepare.write_records``), by index: map-style, so a sampler (a
-    token budget over ``lengths``, a shuffle by seed and epoch) decides which rank reads which.
-
-    Reads go through LitData's ``StreamingDataset`` with per-item decoding: its default decodes a window of items
-    ahead, made for sequential reads, about ten times slower for a random one (and records whose bytes went into
-    LitData's Arrow footer, as before ``write_records`` wrote them as ``litdata.File``, are decoded 256 rows at a time
-    whatever the setting: read, but 18× slower). A batch's records are read in index order
-    (``__getitems__``, which the loader calls), so a batch moves between chunks at most once per chunk it touches.
-    The dataset opens on first use, so a copy sent to a loader worker carries only the path.
-    """
+    """Every record of a prepared records split (``write_records``), by index: map-style, a sampler picks which rank
+    reads which. LitData reads with per-item decoding (its default decodes items ahead, ~10× slower at random), a batch
+    in index order (``__getitems__``), so a batch moves between chunks at most once per chunk; opened on first use."""
 
     def __init__(self, split_dir: str | Dir) -> None:
         self.split_dir = split_dir
@@ -222,8 +195,8 @@ class ImageLoaderConfig:
 
     Args:
         batch_size: images per batch, in every split.
-        num_workers: DataLoader worker processes; 0 loads in the main process (for in-memory datasets a batch is one
-            slice of a tensor: workers only help image folders and TrivialAugment / RandAugment).
+        num_workers: DataLoader worker processes; 0: the main process (an in-memory batch is one slice of a tensor:
+            workers help image folders and TrivialAugment / RandAugment).
         pin_memory: pin batches in page-locked memory for faster copies to a GPU.
     """
 

@@ -1,3 +1,2 @@
-"""What each objective does to a batch: BERT masking and T5 span corruption (``masking``), image augmentation on the
-training device (``augment``), the vision-language chat layout (``chat``); Image GPT's pixel palettes are a
-tokenizer (``lightformer.tokenization.pixels``)."""
+"""What each objective does to a batch: masking and span corruption (``masking``), image augmentation on the device
+(``augment``), the chat layout (``chat``); Image GPT's palettes are a tokenizer (``tokenization.pixels``)."""

@@ -1,11 +1,5 @@
-"""Augmentation and normalisation of whole image batches on the device they train on.
-
-Images travel from the loader as uint8 ``(batch, C, H, W)`` (a quarter of the bytes of float32) and are flipped,
-cropped, normalised and erased where the model runs, in a few vectorised operations: the GPU is not left waiting
-for one CPU process to transform images one by one. Each image gets its own random draws (torchvision's v2
-transforms draw one set of parameters per call, which on a batch would move every image alike). The random numbers
-come from the device's default generator, which ``RandomStateCheckpoint`` saves, so a resumed run repeats them.
-"""
+"""Augmentation and normalisation of whole uint8 image batches on the device they train on, each image its own draws
+from the device's generator (docs/data.md, "Images")."""
 
 from __future__ import annotations
 
@@ -25,13 +19,11 @@ class AugmentConfig:
     """How training images are augmented (``data.augment``); validation and test images never are.
 
     Args:
-        policy: "none"; "flip" (horizontal flips; not for mnist and digits, whose flipped digits are not digits);
-            "flip_crop" (random crop after padding by image_size // 7 pixels, plus horizontal flips except for mnist
-            and digits); "trivialaugment" (TrivialAugmentWide); "randaugment" (RandAugment). Flips and crops run per
-            image on the training device; TrivialAugment and RandAugment per uint8 image in the loader.
-        random_erasing: the probability that a training image has one random rectangle (2% to 33% of its area)
-            replaced by noise after normalisation (Zhong et al. 2020; timm's ``--reprob`` with ``--remode pixel``),
-            in [0, 1]; 0: none. Combines with every ``policy``.
+        policy: "none"; "flip" (horizontal flips; not for mnist and digits); "flip_crop" (a random crop after padding by
+            image_size // 7, plus flips but for mnist and digits); "trivialaugment" (TrivialAugmentWide, in the loader);
+            "randaugment" (RandAugment, in the loader). Flips and crops run on the training device.
+        random_erasing: probability, in [0, 1], that a training image has a random rectangle (2% to 33% of its area)
+            replaced by noise after normalisation (Zhong et al. 2020; timm's ``--reprob``, ``--remode pixel``); 0: none.
     """
 
     policy: AugmentName = "flip_crop"
@@ -51,8 +43,8 @@ def random_horizontal_flip(images: Tensor) -> Tensor:
 
 
 def random_crop(images: Tensor, padding: int) -> Tensor:
-    """Pad each image of ``(batch, C, H, W)`` with ``padding`` zeros on every side and cut an ``H × W`` window at a
-    random offset of its own (torchvision's ``RandomCrop(size, padding)`` per image)."""
+    """Pad each image of ``(batch, C, H, W)`` by ``padding`` zeros and cut an ``H × W`` window at its own random offset
+    (torchvision's ``RandomCrop(size, padding)`` per image)."""
     batch, channels, height, width = images.shape
     padded = torch.nn.functional.pad(images, (padding, padding, padding, padding))
     top = torch.randint(0, 2 * padding + 1, (batch, 1), device=images.device)
@@ -69,13 +61,10 @@ def random_erasing(
     scale: tuple[float, float] = (0.02, 1 / 3),
     ratio: tuple[float, float] = (0.3, 3.3),
 ) -> Tensor:
-    """Random erasing (Zhong et al. 2020; timm's ``RandomErasing(mode="pixel")``): with ``probability``, one
-    rectangle of each normalised image ``(batch, C, H, W)`` is replaced by N(0, 1) noise, independently per image.
-
-    The rectangle covers a share of the image drawn uniformly from ``scale``, with an aspect ratio (height / width)
-    drawn log-uniformly from ``ratio``, at a uniform position. Where the drawn side exceeds the image it is cut to
-    the image (timm redraws up to ten times instead, and erases nothing if none fits).
-    """
+    """Random erasing (Zhong et al. 2020; timm's ``RandomErasing(mode="pixel")``): with ``probability``, one rectangle
+    of each normalised image ``(batch, C, H, W)`` becomes N(0, 1) noise, independently per image: a share of the area
+    uniform in ``scale``, an aspect (height / width) log-uniform in ``ratio``, a uniform position; a side larger than
+    the image is cut to it (timm redraws up to ten times, then erases nothing)."""
     batch, _, height, width = images.shape
     device = images.device
     area = torch.empty(batch, device=device).uniform_(*scale) * height * width

@@ -1,12 +1,5 @@
-"""The chat template of the vision-language models, in one place: how an image, questions and answers are laid out
-as ids, and which ids the loss reads (answers only). The image's place is ONE id, ``image_token_id`` (the tokenizer's
-size: outside it), which the model expands to its image tokens.
-
-    [BOS] <image> "Q: " question "\\nA: " answer [EOS] "Q: " question "\\nA: " answer [EOS] ...
-
-A question holding the marker ``image`` ("<image>", LLaVA's) has the placeholder there (a newline right after the
-marker dropped, as LLaVA's data writes "<image>\\n" first); else the placeholder comes first, right after BOS.
-"""
+"""The vision-language chat template: how an image (one placeholder id), questions and answers are laid out as ids,
+and which ids the loss reads (docs/data.md, "The chat template")."""
 
 from __future__ import annotations
 

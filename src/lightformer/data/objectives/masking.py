@@ -1,12 +1,5 @@
-"""Data-side transforms of the self-supervised text objectives: BERT masking, T5 span corruption, NSP pairs.
-
-An objective is data plus a loss (docs/architecture.md): these functions turn a plain sequence of token ids into the
-(inputs, labels) a shared model is trained on, so masked-language modelling and span corruption need no model or
-task of their own. Each is a pure function of 1-D integer arrays whose only randomness is the
-`numpy.random.Generator` passed in; a caller that seeds it from (seed, epoch, example index) gets the same
-corruption of the same example on every run, so a resumed training run sees exactly the batches it would have seen.
-Outputs are always fresh int64 arrays (what torch's embeddings and `cross_entropy` take); inputs are never modified.
-"""
+"""The self-supervised text objectives' transforms (BERT masking, T5 span corruption, NSP pairs: pure functions of
+ids and a seeded generator) and their datasets (docs/data.md, "Pretraining objectives")."""
 
 from __future__ import annotations
 
@@ -44,28 +37,16 @@ def mask_tokens(
     word_starts: np.ndarray | None = None,
     random_low: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """BERT's masked-language-model corruption of one sequence: (inputs, labels), both int64 of `ids`' length.
+    """BERT's masked-LM corruption of one sequence, as Google's ``create_masked_lm_predictions`` (Devlin et al. 2018,
+    3.1 and A.1): (inputs, labels), both int64 of `ids`' length.
 
-    As `create_instances_from_document` / `create_masked_lm_predictions` in Google's BERT
-    `create_pretraining_data.py` (Devlin et al. 2018, "BERT", section 3.1 and appendix A.1):
-
-    1. Exactly `num = max(1, round(probability * maskable.sum()))` positions are selected (none if nothing is
-       maskable), uniformly without replacement among the positions where `maskable` is True, so the rate is
-       exactly `probability` up to rounding rather than a Bernoulli draw per token. Special tokens ([CLS], [SEP],
-       padding) are marked False in `maskable` and are never selected or changed.
-    2. Each selected token independently draws u ~ U(0, 1): u < `mask_fraction` puts `mask_id` in its place;
-       u < `mask_fraction + random_fraction` puts a token drawn uniformly from [`random_low`, `vocab_size`)
-       (which may by chance be the original token, as in BERT); otherwise the token is left unchanged.
-
-    `labels` holds the original id at the selected positions and `IGNORE_INDEX` everywhere else.
-
-    Whole-word masking (BERT's `--do_whole_word_mask`): with `word_starts` (True where a token begins a word),
-    the candidates are whole words: a maskable token starts a word where `word_starts` is True or where the
-    token before it is not maskable (a word never runs across a special token), and the word continues over the
-    following maskable non-start tokens. The words are shuffled and taken in that order while the number of
-    selected tokens stays at most `num`; a word that would overshoot is skipped and the next one tried. So fewer
-    than `num` tokens are selected only when no remaining word fits (e.g. a single 3-token word and `num` = 1).
-    The 80/10/10 choice is still made per token, as in BERT's implementation.
+    Exactly `max(1, round(probability * maskable.sum()))` maskable positions are drawn without replacement (none if
+    nothing is maskable); each draws u ~ U(0, 1): u < `mask_fraction` puts `mask_id` there, u < `mask_fraction +
+    random_fraction` a token uniform in [`random_low`, `vocab_size`) (maybe the original, as in BERT), else it stays.
+    `labels` holds the original ids there, `IGNORE_INDEX` elsewhere. With `word_starts` (``--do_whole_word_mask``),
+    whole words are drawn: a word starts at a maskable token where `word_starts` is True or after a non-maskable one,
+    and runs over the maskable non-starts after it; the words are shuffled and taken while the count stays at most the
+    budget (a word that would overshoot is skipped); the 80/10/10 choice stays per token.
 
     Args:
         ids: `(seq,)` integer token ids, all in [0, `vocab_size`).
@@ -77,8 +58,7 @@ def mask_tokens(
         mask_fraction: share of the selected tokens replaced by `mask_id`.
         random_fraction: share of the selected tokens replaced by a random token; the rest stays unchanged.
         word_starts: `(seq,)` bool, True where a token begins a new word; None masks single tokens.
-        random_low: smallest id a random replacement may take (e.g. the number of special tokens, so that no
-            [CLS] or [PAD] is ever put into the text), in [0, `vocab_size`).
+        random_low: smallest id a random replacement may take (no [CLS] or [PAD] in the text), in [0, `vocab_size`).
     """
     ids = _as_ids(ids, "ids")
     maskable = _as_flags(maskable, "maskable", len(ids))
@@ -134,20 +114,13 @@ def mask_tokens(
 def random_spans_noise_mask(
     length: int, rng: np.random.Generator, noise_density: float = 0.15, mean_span_length: float = 3.0
 ) -> np.ndarray:
-    """`(length,)` bool mask, True on noise: T5's `random_spans_noise_mask`, with a numpy generator.
+    """`(length,)` bool mask, True on noise: T5's `random_spans_noise_mask` (Raffel et al. 2020, 3.1.4), numpy's.
 
-    As in google-research/text-to-text-transfer-transformer `t5/data/preprocessors.py` (Raffel et al. 2020,
-    section 3.1.4) and Hugging Face's `run_t5_mlm_flax.py`: the counts are fixed by the length,
-
-        num_noise_tokens = round(length * noise_density), clipped to [1, length - 1]
-        num_noise_spans = max(1, round(num_noise_tokens / mean_span_length)),
-
-    (here also at most `num_noise_tokens` and the number of non-noise tokens, so that every span is non-empty),
-    and only the layout is random: the noise tokens and the non-noise tokens are each split into
-    `num_noise_spans` positive lengths uniformly at random (`_random_segmentation`), and the spans alternate
-    non-noise, noise, non-noise, noise, ... So the mask always starts with a non-noise token and, as in T5, ends
-    with a noise span. Rounding is numpy's (half to even), as `tf.round`.
-    """
+    The counts are fixed by the length: `num_noise_tokens = round(length * noise_density)` in [1, length - 1] and
+    `num_noise_spans = max(1, round(num_noise_tokens / mean_span_length))` (here also at most either token count, so no
+    span is empty); only the layout is random: both kinds are split into that many positive lengths uniformly
+    (`_random_segmentation`), alternating non-noise, noise, ..., so the mask starts kept and ends with noise. Rounding
+    is half to even, as `tf.round`."""
     num_noise_tokens, num_noise_spans = _noise_span_counts(length, noise_density, mean_span_length, "length")
     noise_lengths = _random_segmentation(num_noise_tokens, num_noise_spans, rng)
     nonnoise_lengths = _random_segmentation(length - num_noise_tokens, num_noise_spans, rng)
@@ -158,10 +131,8 @@ def random_spans_noise_mask(
 
 
 def span_corruption_lengths(length: int, noise_density: float, mean_span_length: float) -> tuple[int, int, int]:
-    """``(spans, source_length, target_length)`` of span corruption (``span_corruption``) of a segment of
-    ``length`` tokens: the counts of noise tokens and spans depend on the length only, so they are the same for every
-    segment of that length. The source keeps the other tokens, a sentinel per span and [EOS]; the target holds
-    [BOS], each sentinel followed by its span, and [EOS]."""
+    """``(spans, source_length, target_length)`` of span corruption of a segment of ``length`` tokens (the same for
+    every such segment): the source keeps a sentinel per span and [EOS]; the target [BOS], sentinels, spans, [EOS]."""
     noise = random_spans_noise_mask(length, np.random.default_rng(0), noise_density, mean_span_length)
     num_spans = int((noise & ~np.concatenate(([False], noise[:-1]))).sum())
     num_noise = int(noise.sum())
@@ -178,19 +149,16 @@ def span_corruption(
 ) -> tuple[np.ndarray, np.ndarray]:
     """T5's span corruption of one sequence: (inputs, targets), int64.
 
-    The noise spans come from `random_spans_noise_mask`. `inputs` is `ids` with each noise span replaced by one
-    sentinel, the i-th span (from the left) by `sentinel_ids[i]`; `targets` is, for each span i in order,
-    `sentinel_ids[i]` followed by the span's tokens (T5's `noise_span_to_unique_sentinel` and
-    `nonnoise_span_to_unique_sentinel`). Example, with sentinels X, Y:
-    `a b c d e f g` → inputs `a X d e Y`, targets `X b c Y f g`. No EOS is appended: the caller adds the
-    special tokens. T5 takes its sentinels from the top of the vocabulary downwards (`sentinel_ids` =
-    32099, 32098, ...); any distinct ids that never occur in `ids` will do. `reconstruct_from_spans` inverts it.
+    `inputs` is `ids` with the i-th noise span (from the left; `random_spans_noise_mask`) replaced by `sentinel_ids[i]`;
+    `targets` is each span's sentinel followed by its tokens (T5's `noise_span_to_unique_sentinel`): with sentinels X,
+    Y, `a b c d e f g` → inputs `a X d e Y`, targets `X b c Y f g`. No EOS is added. Any distinct ids absent from `ids`
+    will do as sentinels (T5: 32099, 32098, ...). `reconstruct_from_spans` inverts it.
 
     Args:
         ids: `(seq,)` integer token ids, at least 2 of them (one noise and one kept token).
         rng: the only source of randomness.
-        sentinel_ids: distinct ids, at least as many as the sequence has noise spans
-            (`max(1, round(round(seq * noise_density) / mean_span_length))`).
+        sentinel_ids: distinct ids, at least as many as the noise spans (`max(1, round(round(seq * noise_density) /
+            mean_span_length))`).
         noise_density: share of the tokens that are noise, in (0, 1).
         mean_span_length: mean number of tokens in a noise span, at least 1.
     """
@@ -216,14 +184,10 @@ def span_corruption(
 def reconstruct_from_spans(
     inputs: np.ndarray, targets: np.ndarray, sentinel_ids: Sequence[int] | np.ndarray
 ) -> np.ndarray:
-    """The sequence that `span_corruption` corrupted into (inputs, targets): int64.
-
-    Each sentinel in `inputs` is replaced by the tokens that follow the same sentinel in `targets`, up to the next
-    sentinel or the end. Meant also for showing a model's denoising samples, so it is lenient with imperfect
-    `targets`: tokens before the first sentinel are ignored, a sentinel missing from `targets` is filled with
-    nothing, and of a sentinel repeated in `targets` the first occurrence counts. Strip EOS and padding from
-    `targets` first, or they end up in the last span.
-    """
+    """The sequence `span_corruption` corrupted into (inputs, targets), int64: each sentinel in `inputs` is replaced by
+    what follows it in `targets` up to the next sentinel. Lenient (for showing samples): tokens before the first
+    sentinel are ignored, a missing sentinel fills nothing, a repeated one counts once; strip EOS and padding from
+    `targets` first."""
     inputs = _as_ids(inputs, "inputs")
     targets = _as_ids(targets, "targets")
     sentinels = _as_sentinels(sentinel_ids)
@@ -249,14 +213,10 @@ def nsp_pair(
     max_length: int,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """BERT's next-sentence-prediction input `[CLS] A [SEP] B [SEP]`, at most `max_length` long: (ids, segment_ids).
-
-    Both are int64; `segment_ids` is 0 for [CLS], A and the first [SEP], and 1 for B and the last [SEP]. A pair
-    longer than `max_length` is cut as `truncate_seq_pair` in Google's BERT `create_pretraining_data.py`: one token at a
-    time is removed from the longer of A and B (from B when they are equally long), from its front or its back
-    with probability 1/2 each, until the pair fits; [CLS] and [SEP] are never removed. Whether B truly follows A
-    is the caller's choice. `max_length` must be at least 5, so that both segments keep a token.
-    """
+    """BERT's next-sentence-prediction input `[CLS] A [SEP] B [SEP]`, at most `max_length` (≥ 5) long: (ids,
+    segment_ids), int64, segment 0 up to the first [SEP]. A longer pair is cut as BERT's `truncate_seq_pair`: a token at
+    a time from the longer segment (B when equal), front or back with probability 1/2. Whether B follows A is the
+    caller's."""
     segment_a = _as_ids(segment_a, "segment_a")
     segment_b = _as_ids(segment_b, "segment_b")
     if max_length < 5:
@@ -330,16 +290,14 @@ def _as_sentinels(sentinel_ids: Sequence[int] | np.ndarray) -> np.ndarray:
 
 
 def span_corruption_max_length(segment_tokens: int, noise_density: float, mean_span_length: float) -> int:
-    """The ``max_length`` of ``SpanCorruptionDataModule`` (the positions its sources and targets take) for these
-    values, without building it."""
+    """``SpanCorruptionDataModule``'s ``max_length`` for these values, without building it."""
     _, source_length, target_length = span_corruption_lengths(segment_tokens, noise_density, mean_span_length)
     return max(source_length, target_length - 1)
 
 
 @dataclass(eq=False)
 class _Segments(Dataset):
-    """The windows of a prepared split as segments, and the random generator of each example. ``fixed`` makes every
-    epoch draw as epoch 0 (evaluation)."""
+    """A prepared split's windows as segments, and each example's generator (``fixed``: every epoch as epoch 0)."""
 
     windows: Windows
     seed: int
@@ -363,13 +321,10 @@ class _Segments(Dataset):
 
 @dataclass(eq=False, kw_only=True)
 class MaskedLMDataset(_Segments):
-    """BERT examples: with `nsp`, item i is `[CLS] A [SEP] B [SEP]` with A = segment i and B the next segment (label
-    1) or, with probability 1/2, a random segment that is neither i nor next to it (label 0), cut to `max_length`;
-    without, item i is `[CLS]` + window i + `[SEP]` (the windows are then `max_length - 2` ids long). Then masked as
-    BERT (`mask_tokens`).
-
-    An item is {"ids", "segment_ids", "labels": `(seq,)` int64, and with `nsp` "nsp_label": int}.
-    """
+    """BERT examples: with `nsp`, item i is `[CLS] A [SEP] B [SEP]`, A segment i, B the next segment (label 1) or,
+    with probability 1/2, one neither i nor next to it (0), cut to `max_length`; else `[CLS]` + window i (`max_length
+    - 2` ids) + `[SEP]`. Then masked (`mask_tokens`): {"ids", "segment_ids", "labels": `(seq,)` int64, "nsp_label"
+    with nsp}."""
 
     nsp: bool
     max_length: int
@@ -432,11 +387,8 @@ class MaskedLMDataset(_Segments):
 
 @dataclass(eq=False, kw_only=True)
 class SpanCorruptionDataset(_Segments):
-    """T5 examples: item i is segment i corrupted by `span_corruption`, framed as a translation pair.
-
-    {"src": inputs + [EOS], "tgt": [BOS] + targets + [EOS] (int64), "src_text", "tgt_text": their texts with the
-    sentinels kept}.
-    """
+    """T5 examples: segment i through `span_corruption`, as a translation pair {"src": inputs + [EOS], "tgt": [BOS] +
+    targets + [EOS] (int64), "src_text", "tgt_text": the texts, sentinels kept}."""
 
     tokenizer: Tokenizer
     sentinel_ids: np.ndarray
@@ -466,8 +418,8 @@ class SpanCorruptionDataset(_Segments):
 
 
 def collate_masked(items: list[dict[str, np.ndarray | int]]) -> dict[str, torch.Tensor]:
-    """MaskedLMDataset items → {"ids", "segment_ids", "labels": (B, T) int64 padded on the right with PAD_ID, 0 and
-    IGNORE_INDEX, and "nsp_labels": (B,) when the items have them}."""
+    """MaskedLMDataset items → {"ids", "segment_ids", "labels": (B, T) int64 padded with PAD_ID, 0 and IGNORE_INDEX,
+    "nsp_labels": (B,) where the items have them}."""
 
     def padded(name: str, value: int) -> torch.Tensor:
         return pad_sequence([torch.from_numpy(item[name]) for item in items], batch_first=True, padding_value=value)

@@ -1,8 +1,5 @@
-"""Cache keys for the data modules' prepared files (tokenizers, token ids, extracted pairs).
-
-A cached file's name holds a short hash of everything its content depends on (the source files, the options, a
-format version), so a change to any of them makes a new file instead of reusing a stale one.
-"""
+"""What names and identifies a prepared folder: stamps and hashes of what it depends on, its manifest, and the check
+that a resumed run trains on the data its checkpoint did."""
 
 from __future__ import annotations
 

@@ -1,27 +1,5 @@
-"""Preparation: raw text → a tokenizer and token shards, once per job, in parallel, with LitData's ``optimize``.
-
-    source pieces (``data.sources``) ──bounded sample──> tokenizer (trained, or loaded from a file)
-                  └──every core, one piece at a time──> <dir>/<name>/{train,val,test}/ chunk-*.bin + index.json
-                                                         <dir>/<name>/tokenizer.json, prepared.json (written last)
-
-The folder's name holds a hash of everything its content depends on (the source files' paths, sizes and times, or a
-built-in corpus's checksum; the split; the tokenizer's options; the format version), so preparing again with the same
-inputs does nothing and a change to any of them prepares a new folder. ``prepared.json`` is written last and
-atomically: a folder without it is half-written (a killed run) and is prepared again from scratch.
-
-**Once per job.** The process that takes ``<folder>.lock`` prepares; every other process of the job (DDP ranks, a
-torchrun or srun launch on several nodes sharing a file system) waits on the lock, then finds the folder complete.
-Nodes without a shared file system each prepare their own copy, or share one in an object store.
-
-**Object stores.** ``dir`` may be an ``s3://``, ``gs://`` or ``r2://`` URL (the stores LitData reads and writes;
-credentials and endpoints from the usual environment variables, e.g. ``AWS_ENDPOINT_URL`` for an S3-compatible
-store). The job's global rank 0 prepares into ``cache_dir`` as above, then uploads the folder, ``prepared.json``
-last; every other process waits for that file. Each node mirrors the small files (manifest, tokenizer, indexes,
-lengths) into its ``cache_dir``; LitData downloads the shards there as they are read.
-
-**Streaming.** Each split is a LitData dataset of token ids (``TokensLoader``: documents joined in one stream), which
-``StreamingDataset`` reads as windows of any length without preparing again.
-"""
+"""Preparation once per job, on every core (LitData's ``optimize``): tokenizers, token shards and records in a folder
+named by its fingerprint, under a lock or in an object store (docs/data.md, "What preparation does")."""
 
 from __future__ import annotations
 
@@ -63,8 +41,7 @@ from lightformer.tokenization.text import MIN_BPE_VOCAB_SIZE, Tokenizer, token_d
 FORMAT_VERSION = 1  # bump when what a prepared folder holds changes meaning
 TOKENIZER = "tokenizer.json"
 CHUNK_BYTES = "64MB"
-# A tokenizer trains on at most this many bytes of text by default, taken evenly from every piece of the corpus.
-SAMPLE_BYTES = 64_000_000
+SAMPLE_BYTES = 64_000_000  # a tokenizer's default sample, taken evenly from every piece of the corpus
 LENGTHS = "lengths.npy"  # a records folder's field lengths (``write_records``)
 REMOTE_SCHEMES = ("s3", "gs", "r2")  # the object stores LitData reads and writes (``litdata.streaming.fs_provider``)
 REMOTE_WAIT_S = 5.0  # how often a process that does not prepare looks for the object store's ``prepared.json``
@@ -75,12 +52,11 @@ class PrepareConfig:
     """Where and how raw data is prepared (``lightformer prepare``, or the first ``fit``).
 
     Args:
-        dir: the folder that holds prepared data: one subfolder per source and tokenizer, reused while they are
-            unchanged. Or an object-store URL (``s3://bucket/prefix``, ``gs://``, ``r2://``): prepared once by the
-            job's rank 0, uploaded, and streamed from there by every node.
+        dir: the folder of prepared data (a subfolder per source and tokenizer, reused while unchanged), or an
+            object-store URL (``s3://bucket/prefix``, ``gs://``, ``r2://``): prepared by the job's rank 0, uploaded,
+            streamed by all.
         num_workers: parallel encoding processes; default: every core.
-        cache_dir: for an object-store ``dir``: the local folder where rank 0 prepares before uploading, and where
-            every node keeps the small files and the shards LitData downloads as it reads them.
+        cache_dir: for an object-store ``dir``: where rank 0 prepares, and every node keeps the small files and shards.
     """
 
     dir: str = "data/prepared"
@@ -99,31 +75,23 @@ class PrepareConfig:
 
 @dataclass(frozen=True)
 class TokenizerConfig:
-    """The tokenizer text is prepared with (``data.tokenizer``): one config for every data module that tokenizes
-    (language model, pretraining, classification, translation, image to text), each taking the fields it uses, with
-    its own defaults (its ``tokenizer`` argument's default value; ``as_tokenizer_config``), and refusing the others
-    (``check_used_by``).
+    """The tokenizer text is prepared with (``data.tokenizer``), for every data module that tokenizes, each with its own
+    defaults (``as_tokenizer_config``) and refusing fields it does not use (``check_used_by``).
 
     Args:
-        kind: "char" (one id per character of the sample, every split's text included, so that no validation
-            character is unknown; any other character encodes as UNK) or "bpe" (byte-level BPE trained on the train
-            split's sample; it encodes any text).
+        kind: "char" (one id per character of every split's sample; others encode as UNK) or "bpe" (byte-level BPE
+            trained on the train split's sample; encodes any text).
         vocab_size: the size of a trained BPE vocabulary (ignored for "char").
-        file: load this tokenizer JSON (``Tokenizer.save``, or a run's ``tokenizer.json``) instead of training one; it
-            overrides ``kind`` and ``vocab_size``.
-        sample_bytes: train the tokenizer on at most this many bytes of text, taken evenly from every piece of the
-            corpus (a corpus up to this size is read whole).
-        joint_vocab: translation: one BPE trained on both sides of the train pairs (needed to share embeddings);
-            False trains one BPE per side.
-        bpe_dropout: translation: BPE-dropout (Provilkov et al. 2020; 0.1 in the paper) on the train split: each merge
-            is skipped with this probability, so the model sees each train sentence split into subwords in several
-            ways (``Tokenizer.encode_batch_with_dropout``). Validation and test keep the one segmentation of plain
-            BPE. 0 turns it off.
-        bpe_dropout_segmentations: translation, with bpe_dropout: how many segmentations of each train sentence are
-            drawn (from the data's ``seed``, prepared under ``prepare.dir``); epoch e trains on the (e mod this)-th of
-            each, so runs repeat exactly on resume and on every rank.
-        max_unknown: the share of the data's characters (in that sample) that a character tokenizer loaded from
-            ``file`` may lack, encoding them as UNK: above it preparation is refused, naming them; below it, warned.
+        file: load this tokenizer JSON (a run's ``tokenizer.json``) instead of training one; overrides ``kind``.
+        sample_bytes: train on at most this many bytes of text, taken evenly from every piece of the corpus.
+        joint_vocab: translation: one BPE on both sides of the train pairs (to share embeddings); False: one per side.
+        bpe_dropout: translation: BPE-dropout (Provilkov et al. 2020; 0.1 in the paper) on the train split, each merge
+            skipped with this probability (``Tokenizer.encode_batch_with_dropout``); val and test keep plain BPE. 0:
+            off.
+        bpe_dropout_segmentations: translation, with bpe_dropout: segmentations drawn of each train sentence (from the
+            data's ``seed``, prepared); epoch e trains on the (e mod this)-th: exact on resume and on every rank.
+        max_unknown: the share of the data's characters that a character tokenizer loaded from ``file`` may lack (as
+            UNK): above it preparation is refused, naming them; below it, warned.
     """
 
     kind: Literal["char", "bpe"] = "char"
@@ -161,9 +129,9 @@ class TokenizerConfig:
     def check_used_by(
         self, data_module: str, kinds: tuple[str, ...] = ("char", "bpe"), file: bool = True, pairs: bool = False
     ) -> None:
-        """ConfigError naming a field ``data_module`` does not use, set to what it cannot do: a ``kind`` not among
-        ``kinds`` (without a ``file``, which overrides it), a ``file`` where it trains its own (``file=False``), the
-        sentence pairs' fields (``joint_vocab``, ``bpe_dropout``) where it has no pairs (``pairs=False``)."""
+        """ConfigError naming a field ``data_module`` cannot use: a ``kind`` not in ``kinds`` (without a ``file``), a
+        ``file`` where it trains its own (``file=False``), ``joint_vocab`` / ``bpe_dropout`` without pairs
+        (``pairs=False``)."""
         refused = None
         if self.kind not in kinds and self.file is None:
             valid = " or ".join(repr(kind) for kind in kinds)
@@ -188,8 +156,8 @@ class TokenizerConfig:
 
 
 def as_tokenizer_config(value: TokenizerConfig | dict, default: TokenizerConfig) -> TokenizerConfig:
-    """A data module's tokenizer config from itself, or from the plain dict a checkpoint's hyperparameters store (its
-    fields over the module's ``default``: a translation checkpoint's has no ``kind``, and means "bpe")."""
+    """A module's tokenizer config, or the dict a checkpoint stores read over ``default`` (a translation one has no
+    ``kind``)."""
     return value if isinstance(value, TokenizerConfig) else replace(default, **value)
 
 
@@ -229,10 +197,8 @@ def prepare_text(
     prepare: PrepareConfig,
     extra_special_tokens: tuple[str, ...] = (),
 ) -> PreparedText:
-    """Prepare ``source`` into ``prepare.dir`` (see the module docstring), or find it prepared; returns the folder.
-
-    ``extra_special_tokens``: special tokens a trained tokenizer gets after PAD, BOS, EOS and UNK (``MASK``, ...).
-    """
+    """Prepare ``source`` into ``prepare.dir``, or find it prepared; returns the folder. ``extra_special_tokens``: a
+    trained tokenizer's special tokens after PAD, BOS, EOS and UNK (``MASK``, ...)."""
     files = source_files(source)
     # A built-in or downloaded corpus is known by its content, a user's file by its stamp.
     identity = sha256_of if source.corpus is not None or source.url is not None else file_stamp
@@ -262,11 +228,9 @@ def prepare_documents(
     prepare: PrepareConfig,
     extra_special_tokens: tuple[str, ...] = (),
 ) -> PreparedText:
-    """Prepare the documents of any ``Source`` (records ``{"text": str}``) as ``prepare_text`` prepares a
-    ``TextSource``'s files: a tokenizer on a bounded sample (the first ``tokenizer.sample_bytes`` of the sampled
-    splits' documents), then each split's documents encoded, each ended by EOS, into token shards by every core (one
-    process per ``source.inputs(split)`` part), in a folder named by ``source.stem()`` and the hash of
-    ``source.fingerprint()``."""
+    """Prepare any ``Source``'s documents (records ``{"text": str}``) as ``prepare_text`` does files: a tokenizer on the
+    first ``tokenizer.sample_bytes`` of them, then each split's documents ended by EOS into token shards, a process per
+    ``source.inputs(split)`` part, in a folder named by ``source.stem()`` and the hash of ``source.fingerprint()``."""
     fingerprint = {
         "format": FORMAT_VERSION,
         "source": f"{type(source).__module__}.{type(source).__qualname__}",
@@ -315,8 +279,8 @@ def _prepare_documents(
 
 
 def source_texts(source: Source, part: Any) -> Iterator[str]:
-    """The texts of the records ``source.records(part)`` yields, each checked: a mapping whose "text" is a string,
-    else a ``DataError`` naming the source, the part and the record."""
+    """The texts of ``source.records(part)``, each checked: a mapping whose "text" is a string, else a DataError naming
+    the source, the part and the record."""
     for index, record in enumerate(source.records(part)):
         text = record.get("text") if isinstance(record, dict) else None
         if not isinstance(text, str):
@@ -329,14 +293,12 @@ def source_texts(source: Source, part: Any) -> Iterator[str]:
 
 
 def encode_documents(part: Any, source: Source, tokenizer_json: str) -> Iterator[np.ndarray]:
-    """The token ids of the documents of ``source.records(part)``, each followed by EOS, as 1-D arrays of up to 1,024
-    documents (what ``optimize`` writes)."""
+    """The documents of ``source.records(part)`` as token ids, each followed by EOS (``documents_encoded``)."""
     return documents_encoded(source_texts(source, part), worker_tokenizer(tokenizer_json))
 
 
 def documents_encoded(texts: Iterable[str], tokenizer: Tokenizer) -> Iterator[np.ndarray]:
-    """The token ids of ``texts``, each a document followed by EOS, as 1-D arrays of up to 1,024 documents; the texts
-    read one at a time (a source's whole split may be one generator)."""
+    """``texts`` as token ids, each followed by EOS, in 1-D arrays of up to 1,024 documents, read one at a time."""
     dtype = token_dtype(tokenizer.vocab_size)
     eos = np.array([tokenizer.eos_id], dtype=dtype)
     batch: list[str] = []
@@ -353,16 +315,11 @@ def documents_encoded(texts: Iterable[str], tokenizer: Tokenizer) -> Iterator[np
 
 
 def prepared_folder(prepare: PrepareConfig, stem: str, fingerprint: dict, build: Callable[[Path], dict]) -> Path:
-    """The folder ``<prepare.dir>/<stem>-<hash of fingerprint>``, prepared by ``build`` once per job: what every kind
-    of prepared data (token shards, records) shares. For an object-store ``dir``, the local folder under
-    ``prepare.cache_dir`` that holds it, or its small files (``split_location`` gives LitData the rest).
-
-    A complete folder is returned at once. Else the process that takes ``<folder>.lock`` empties the folder (what a
-    killed preparation left), calls ``build(folder)``, and writes ``prepared.json`` (the fingerprint and what
-    ``build`` returned) last and atomically; the other processes wait for the lock, then find the folder complete.
-    The random generators are left as they were: preparation runs in whichever process gets there first, before the
-    model is built, and must not make that process start from other weights than the others.
-    """
+    """The folder ``<prepare.dir>/<stem>-<hash of fingerprint>``, prepared by ``build`` once per job (for an object
+    store: the local folder under ``prepare.cache_dir`` of its small files). A complete folder is returned at once; else
+    the process that takes ``<folder>.lock`` empties it, calls ``build(folder)`` and writes ``prepared.json`` (the
+    fingerprint and what ``build`` returned) last and atomically, while the others wait. The random generators are left
+    as they were (preparation runs before the model is built, in whichever process gets there first)."""
     name = f"{stem}-{content_hash(fingerprint)}"
     if urlparse(prepare.dir).scheme in REMOTE_SCHEMES:
         with _store_errors(prepare.dir):
@@ -372,10 +329,8 @@ def prepared_folder(prepare: PrepareConfig, stem: str, fingerprint: dict, build:
 
 
 def split_location(folder: Path, split: str, manifest: dict | None = None) -> str | Dir:
-    """Where LitData reads a prepared folder's split: the local folder, its shards checked (a missing or cut-short
-    shard, a corrupt ``index.json``, is a DataError naming it: the data modules open their splits at set-up, so that
-    it is found before training, not in a loader worker); or, for a mirror of a folder in an object store, the local
-    folder (small files, downloaded shards) and the split's URL."""
+    """Where LitData reads a split: the local folder, its shards checked (a missing or cut-short shard, a corrupt
+    ``index.json``: a DataError, found at set-up, not in a loader worker); for a store's mirror, its folder and URL."""
     manifest = read_manifest(folder) if manifest is None else manifest
     local = folder / split
     if "url" in manifest:
@@ -411,8 +366,8 @@ def _local_folder(folder: Path, fingerprint: dict, build: Callable[[Path], dict]
 
 
 def _in_object_store(url: str, local: Path, fingerprint: dict, build: Callable[[Path], dict]) -> Path:
-    """The job's rank 0 prepares ``local`` and uploads it to ``url``, ``prepared.json`` last; every other process
-    waits for that file. A node that did not prepare mirrors the small files (``small_files`` of the manifest)."""
+    """The job's rank 0 prepares ``local`` and uploads it to ``url``, ``prepared.json`` last; the others wait for that
+    file. A node that did not prepare mirrors the small files (the manifest's ``small_files``)."""
     store = object_store(url)
     if not store.exists(f"{url}/{MANIFEST}"):
         if _job_rank_zero():
@@ -440,8 +395,8 @@ def _in_object_store(url: str, local: Path, fingerprint: dict, build: Callable[[
 
 
 def object_store(url: str):
-    """LitData's client of the object store of ``url`` (``s3://``, ``gs://``, ``r2://``: ``REMOTE_SCHEMES``), the one
-    LitData itself reads and writes that store with: ``exists``, ``upload_file``, ``download_file``."""
+    """LitData's own client of the store of ``url`` (``REMOTE_SCHEMES``): ``exists``, ``upload_file``,
+    ``download_file``."""
     from litdata.streaming.fs_provider import GCPFsProvider, R2FsProvider, S3FsProvider
 
     return {"s3": S3FsProvider, "gs": GCPFsProvider, "r2": R2FsProvider}[urlparse(url).scheme]()
@@ -458,8 +413,8 @@ _CREDENTIALS["r2"] = _CREDENTIALS["s3"]
 
 @contextmanager
 def _store_errors(store_dir: str) -> Iterator[None]:
-    """What the store's client raises (no credentials, access denied, no such bucket, no connection) as a DataError
-    naming ``data.prepare.dir``, the bucket, and what to give: credentials, or a local folder."""
+    """The store client's errors (no credentials, access denied, no bucket or connection) as a DataError naming
+    ``data.prepare.dir``, the bucket, and where credentials go (or a local folder)."""
     errors: list[type[BaseException]] = []
     with suppress(ImportError):
         from botocore.exceptions import BotoCoreError, ClientError
@@ -481,8 +436,8 @@ def _store_errors(store_dir: str) -> Iterator[None]:
 
 
 def _upload(folder: Path, url: str, store) -> None:
-    """Every file of a prepared folder to ``url``, then its manifest, which also lists the small files (all but the
-    shards) that a node mirrors."""
+    """A prepared folder's files to ``url``, then its manifest, which lists the small files (not shards) nodes
+    mirror."""
     files = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != MANIFEST)
     relative = [path.relative_to(folder).as_posix() for path in files]
     manifest = {**read_manifest(folder), "small_files": [name for name in relative if not name.endswith(".bin")]}
@@ -510,8 +465,8 @@ def _complete(folder: Path) -> bool:
 
 
 def _job_rank_zero() -> bool:
-    """Whether this process is the job's global rank 0, from the launcher's environment, before any process group
-    exists: torchrun's ``RANK``, SLURM's ``SLURM_PROCID``, or else Lightning's ``NODE_RANK`` and ``LOCAL_RANK``."""
+    """Whether this is the job's global rank 0, before any process group: ``RANK``, ``SLURM_PROCID``, or else
+    ``NODE_RANK`` and ``LOCAL_RANK``."""
     env = os.environ
     for key in ("RANK", "SLURM_PROCID"):
         if key in env:
@@ -520,13 +475,10 @@ def _job_rank_zero() -> bool:
 
 
 def write_shards(folder: Path, fn: Callable, inputs: list, workers: int | None, item_loader=None) -> None:
-    """``litdata.optimize``: ``fn(input)`` yields the items of one input, written in the inputs' order into 64 MB
-    chunks in ``folder`` by ``workers`` processes (default: every core), each holding one input at a time.
-
-    An error that ``fn`` raises (a bad line of the user's files, which only the worker reading it sees) is raised
-    here, as itself, once the workers have stopped: a worker that meets one saves it and stops, the others stop at
-    their next input. LitData's own handling would terminate the workers mid-way, leaving their helper processes
-    orphaned, and raise a RuntimeError around the traceback's text."""
+    """``litdata.optimize``: the items of ``fn(input)`` for each input, in order, into 64 MB chunks in ``folder``, on
+    ``workers`` processes (default: every core), each holding one input at a time. An error ``fn`` raises (a bad line
+    only that worker sees) is raised here, as itself, once the workers stopped (a worker saves it and stops, the others
+    at their next input): LitData's own handling would orphan the workers' helpers and wrap the traceback's text."""
     workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(inputs)))
     errors = folder.with_name(f".{folder.name}-errors")
     shutil.rmtree(errors, ignore_errors=True)
@@ -555,8 +507,7 @@ def write_shards(folder: Path, fn: Callable, inputs: list, workers: int | None, 
 
 
 def _until_an_error(item: Any, fn: Callable, errors: str) -> Iterator:
-    """``fn(item)``'s items, unless a worker has met an error (then none); an error ``fn`` raises is saved in
-    ``errors`` (``write_shards`` raises it) instead of ending the worker."""
+    """``fn(item)``'s items unless a worker met an error; an error ``fn`` raises is saved in ``errors`` instead."""
     if os.listdir(errors):
         return
     try:
@@ -577,15 +528,15 @@ def pieces(items: Sequence, size: int) -> list:
 
 
 def sample_limit(pieces: Sequence, sample_bytes: int) -> int | None:
-    """The bytes to read of each of ``pieces`` (with a ``weight`` in bytes) for a sample of about ``sample_bytes``
-    taken evenly from all of them (what a tokenizer trains on); None: all of them, when they hold no more."""
+    """The bytes to read of each of ``pieces`` (each of a ``weight``) for a sample of about ``sample_bytes`` taken
+    evenly from all (a tokenizer's); None: all of them."""
     total = sum(piece.weight for piece in pieces)
     return None if total <= sample_bytes else sample_bytes // len(pieces)
 
 
 def piece_size(count: int, most: int, workers: int | None) -> int:
-    """Items a piece of ``count`` items cut into pieces of at most ``most``: fewer where that gives each of the
-    ``workers`` preparing processes (``PrepareConfig.num_workers``; None: every core) a piece."""
+    """Items per piece of ``count`` items: at most ``most``, fewer where that gives each of ``workers`` (None: every
+    core) a piece."""
     return max(1, min(most, math.ceil(count / (workers or len(os.sched_getaffinity(0))))))
 
 
@@ -598,18 +549,13 @@ def write_records(
     expected: int | None = None,
     summaries: list | None = None,
 ) -> int:
-    """Records (dicts of arrays, numbers, strings, bytes) into a split folder that ``streaming.Records`` reads by
-    index, in the order ``records_of`` yields them for each input in turn; returns their count (a RuntimeError when
-    it is not ``expected``, if given). A ``bytes`` field (an image file's) is written as a ``litdata.File``: read
-    back as the same bytes, one record at a time. Plain bytes would go into LitData's Arrow footer, which a random
-    read decodes 256 rows at a time (18× slower reads of rendered lines: benchmarks/record_reads.py). ``records_of``
-    is a module-level function or a ``functools.partial`` of one (the workers get it by pickling). ``summaries``: a
-    list that gets what ``records_of`` returns for each input (a generator's return value: what the worker counted
-    or refused), in the inputs' order.
-
-    ``<folder>/lengths.npy`` (records × ``length_fields``, int32) holds the length of each named field of each
-    record, for samplers that batch by length (a token budget) without reading the records.
-    """
+    """Records (dicts of arrays, numbers, strings, bytes) into a split folder that ``streaming.Records`` reads by index,
+    in the order ``records_of`` (a module-level function or ``partial``: pickled to the workers) yields them input by
+    input; returns their count (a RuntimeError when not ``expected``). A ``bytes`` field is written as a
+    ``litdata.File``, read back one record at a time (plain bytes would go into LitData's Arrow footer, 256 rows a read:
+    18× slower, benchmarks/record_reads.py). ``summaries`` gets what ``records_of`` returns for each input, in order.
+    ``<folder>/lengths.npy`` (records × ``length_fields``, int32) holds each record's field lengths, for length
+    batching."""
     side = folder.with_name(f".{folder.name}-lengths")
     shutil.rmtree(side, ignore_errors=True)
     side.mkdir(parents=True)
@@ -630,8 +576,7 @@ def write_records(
 
 
 def _records_with_lengths(item: tuple[int, Any], records_of: Callable, fields: tuple[str, ...], side: str):
-    """One input's records; once they are all out, their lengths and what ``records_of`` returned are saved beside
-    them (``<side>/<input index>.pickle``)."""
+    """One input's records; then their lengths and what ``records_of`` returned, saved in ``<side>/<index>.pickle``."""
     index, source = item
     lengths, records = [], iter(records_of(source))
     while True:
@@ -701,10 +646,8 @@ def load_or_train_tokenizer(
     needed: tuple[str, ...] | None = None,
     what: str | None = None,
 ) -> Tokenizer:
-    """``config.file``'s tokenizer (refused when it lacks a special token of ``needed``, by default the
-    ``extra_special_tokens``), or one trained with ``extra_special_tokens`` on ``sample(splits)``, a bounded sample of
-    the text of those splits: every split's for "char" (no validation character unknown), train's for "bpe". ``what``:
-    how the training is announced (``preparing``)."""
+    """``config.file``'s tokenizer (refused if it lacks a special token of ``needed``, default the extra ones), or one
+    trained with ``extra_special_tokens`` on ``sample(splits)``: every split's for "char", train's for "bpe"."""
     if config.file is not None:
         tokenizer = Tokenizer.from_file(config.file)
         specials = {tokenizer.decode([i], skip_special=False) for i in tokenizer.special_ids}
@@ -725,9 +668,8 @@ def load_or_train_tokenizer(
 
 
 def check_unknown_characters(tokenizer: Tokenizer, config: TokenizerConfig, texts: Iterable[str]) -> None:
-    """Count the characters of the data's ``texts`` (the sample a tokenizer would train on) that a character tokenizer
-    loaded from ``data.tokenizer.file`` lacks, and so encodes as UNK: refused (``DataError``) above
-    ``data.tokenizer.max_unknown`` of them, warned below, naming each with its count."""
+    """Count the characters of ``texts`` (the tokenizer's sample) that a loaded character tokenizer lacks (UNK): a
+    DataError above ``data.tokenizer.max_unknown`` of them, a warning below, naming each with its count."""
     if tokenizer.kind != "char":
         return  # byte-level BPE encodes anything
     counts: Counter[str] = Counter()
@@ -756,8 +698,7 @@ def worker_tokenizer(tokenizer_json: str) -> Tokenizer:
 
 
 def encode_piece(piece: Piece, tokenizer_json: str, text_field: str = "text"):
-    """The token ids of a piece as 1-D arrays (what ``optimize`` writes): a text piece's running text, or each
-    document of a JSONL or Parquet piece followed by EOS."""
+    """A piece's token ids as 1-D arrays: a text piece's running text, or each JSONL / Parquet document and EOS."""
     tokenizer = worker_tokenizer(tokenizer_json)
     if piece.format == "text":
         for text in read_piece(piece, text_field):
@@ -802,9 +743,8 @@ def _lock(folder: Path):
 
 @contextmanager
 def _removed_on_failure(folder: Path):
-    """Inside ``_lock(folder)``: when the block fails (bad data, a full disk, an interrupt), ``folder`` and its lock
-    file are removed, so that a refused preparation leaves nothing behind. The lock file goes while it is held: a
-    process waiting on it finds it unlinked and takes a new one (filelock checks for that)."""
+    """Inside ``_lock(folder)``: a failing block (bad data, full disk, interrupt) removes ``folder`` and its lock file
+    (unlinked while held: a waiting process takes a new one; filelock checks)."""
     try:
         yield
     except BaseException:
@@ -815,9 +755,8 @@ def _removed_on_failure(folder: Path):
 
 @contextmanager
 def _random_state_kept():
-    """Preparation runs in whichever process gets there first, before the model is built: it must not move the
-    random generators, or that process would start from other weights than the others (and than a rerun that finds
-    the data prepared): torch's, CUDA's (when CUDA is available), NumPy's and Python's."""
+    """Preparation must not move torch's, CUDA's, NumPy's or Python's generators: the process that prepares would start
+    from other weights than the others (and than a rerun that finds the data prepared)."""
     torch_state, python_state, numpy_state = torch.get_rng_state(), random.getstate(), np.random.get_state()
     cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
     try:
@@ -831,15 +770,10 @@ def _random_state_kept():
 
 @contextmanager
 def _optimize_environment() -> Iterator[None]:
-    """The environment ``optimize`` and its workers run in, restored after:
-
-    - Hugging Face tokenizers single-threaded: the encoding processes are the parallelism; the tokenizers' own
-      threads would oversubscribe the cores (and it warns when a process that used them forks).
-    - LitData's cache folders of this call's own, removed after. ``optimize`` empties them as it starts, and by
-      default they are ``$TMPDIR/chunks`` and ``$TMPDIR/data``: a corpus kept in /tmp/data, the data folder of a run
-      started in /tmp, or another preparation under way on the machine would go. Folders named in
-      ``DATA_OPTIMIZER_CACHE_FOLDER`` and ``DATA_OPTIMIZER_DATA_CACHE_FOLDER`` are used as given.
-    """
+    """The environment of ``optimize``, restored after: tokenizers single-threaded (the processes are the parallelism),
+    and LitData's cache folders of this call's own, removed after (``optimize`` empties them; by default
+    ``$TMPDIR/chunks`` and ``$TMPDIR/data``, which may hold a user's data); ``DATA_OPTIMIZER_CACHE_FOLDER`` and
+    ``DATA_OPTIMIZER_DATA_CACHE_FOLDER`` are used as given."""
     with tempfile.TemporaryDirectory(prefix="lightformer-optimize-") as cache:
         values = {
             "TOKENIZERS_PARALLELISM": "false",

@@ -1,16 +1,5 @@
-"""The one pipeline that prepares a folder of records (classification, translation, image to text from rendered lines
-or from files): a data module says what its sources are, the pipeline does the rest the same way for all of them.
-
-    the module's sample (bounded: ``sample_bytes``) ──load_or_train_tokenizer──> <folder>/tokenizer*.json
-    the module's record splits: inputs (pieces) + a per-input encoder ──write_records, every core──> <folder>/<split>/
-    what each input's encoder returned (counts, refusals) ──summed──> each split's statistics, for the manifest
-
-A module gives its tokenizers as ``TokenizerJob``s and its splits as a function of the trained tokenizers' JSON (the
-encoders need it), returning ``RecordSplit``s; ``prepare_records`` runs them inside ``prepared_folder``'s build, so the
-lock, the fingerprint and the manifest written last are the same for every module. Nothing here holds a corpus: the
-sample is what the module's ``sample`` yields (bounded by the tokenizer config), and each preparing process holds one
-input at a time.
-"""
+"""The one pipeline that prepares a folder of records (classification, translation, image to text): a module gives
+its tokenizers and record splits, ``prepare_records`` the rest (docs/data.md, "One pipeline for records")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Where examples come from: a text corpus of files (``text``: ``TextSource``, read in bounded pieces by
-``data.pieces``), the built-in offline corpora (``corpora``), labelled texts (``labelled``), image files
-(``image_files``), the Open Clip Art Library (``openclipart``), emoji (``emoji``), printed lines in the declared
-typefaces (``rendering``); ``Source``, the whole contract of a source a user writes, and what every source checks."""
+"""Where examples come from (docs/data.md, "Sources"): text files, the offline corpora, labelled texts, pairs,
+images, clip art, emoji, printed lines; ``Source``, the contract of a source a user writes, and its checks."""
 
 from __future__ import annotations
 
@@ -13,14 +11,11 @@ from typing import Any, ClassVar
 
 
 class Source:
-    """Where examples come from: subclass it (a frozen dataclass of the options), and a config names it
-    (``data.init_args.source: {class_path: mypkg.MySource, init_args: {...}}``) for a family that takes any source
-    (``lightformer.data.TextData``: records ``{"text": str}``, each a document, ended by EOS).
-
-    ``records(split)`` yields a split's examples; ``fingerprint()`` is everything they depend on (the files' stamps,
-    the options): the prepared folder is named by its hash and prepared again when it changes. Optional: ``inputs``
-    cuts a split into parts that the preparation's processes read in parallel (then ``records`` gets one of them),
-    ``stem`` names the prepared folder, ``splits`` lists the splits the source has."""
+    """Where examples come from: subclass it (a frozen dataclass of the options), and a config names it (``source:
+    {class_path: mypkg.MySource, init_args: {...}}``) for a family that takes any source (``TextData``: records
+    ``{"text": str}``). ``records(split)`` yields a split's examples; ``fingerprint()`` is all they depend on (the
+    folder is named by its hash). Optional: ``inputs`` (parts read in parallel, each passed to ``records``), ``stem``
+    (the folder's name), ``splits`` (docs/data.md, "Your own source")."""
 
     splits: ClassVar[tuple[str, ...]] = ("train", "val", "test")
 

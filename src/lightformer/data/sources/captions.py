@@ -1,45 +1,5 @@
-"""Image-to-text data of a user's own: images (text lines, photos) and their texts (transcriptions, captions) named in
-annotation files, prepared once into records as the rendered lines are (``image_text``), for ``ImageToTextTask``.
-
-    annotation files + image folder ──read, grouped by image, each image found──> each split's images and texts
-      ──decode in full, fit to the canvas, every core, in pieces──> <prepare.dir>/image-text-<stem>-<hash>/
-        train | val | test records {"image": PNG (lines) or JPEG (photos), "file", "texts": JSON list},
-        tokenizer.json, prepared.json
-      records ──decode, jitter (train), encode──> {"images": (B, C, H, W), "tgt", "text", "references"}
-
-**Layouts** (found from the file): JSONL (``{"file": "a/b.png", "text": "..."}`` a line), CSV or TSV (a header row
-naming the columns ``file`` and ``text``; quoted as the csv module quotes), or COCO captions (a ``.json`` with
-``"images"`` ``[{"id", "file_name"}]`` and ``"annotations"`` ``[{"image_id", "caption"}]``). The rows of one image
-make one example with several texts (a COCO image of no caption is left out). Files resolve against ``images``
-(default: the annotation file's folder); for ``captions_<X>.json`` also against ``<images>/<X>/`` (and, with no
-``images``, ``<its folder>/../<X>/``: COCO's ``annotations/`` beside ``train2017/``).
-
-**Webdataset shards** (as img2dataset writes them, what OpenCLIP users have): a split may instead be a ``.tar``, a
-glob of them or a folder of them, each holding members ``<key>.jpg|.jpeg|.png|.webp`` with ``<key>.txt`` and/or
-``<key>.json`` (its ``"caption"`` or ``"text"``; the ``.txt`` wins where both are given), one caption per image;
-other members are ignored. Each shard is one piece of the preparation, read as a stream (``tarfile``'s ``r|``):
-nothing of all the shards is held, not even a list of their entries. A key without a caption, a caption without an
-image, a caption longer than ``max_tokens`` tokens can be (below), or an image that does not decode is a DataError
-naming the shard and the key. Validation is carved by the
-hash of the key as it is of a file name.
-
-**Splits.** ``train`` is required; without ``val``, the images whose file name hashes below ``val_fraction`` are
-carved from train (the same images whatever their order or number); ``test`` is optional.
-
-**Preparation** (``prepared_folder``, once per job, named by a hash of the annotation files' contents, each image's
-path, size and modification time, and the options): a missing image, a row without file or text, a COCO caption of
-no image, a line longer than a text of ``max_tokens`` tokens can be (``TOKEN_BYTES`` characters a token: refused as
-it is read, before it is held whole), is a DataError naming the annotation file, the row and the file, before
-anything is written; each image is
-decoded in full and fitted to the canvas (``fit``: "line", as a text line, ``image_files.fit_line``; "resize", a
-photo) in the preparing processes, where an unreadable one is a DataError naming the same. The tokenizer is a file,
-or trained on the texts (``TokenizerConfig``: "char" on every split's, "bpe" on train's). Only the annotations'
-text is held in memory, never the images.
-
-**Loading.** Training items draw their text from the image's texts by (seed, epoch, index): the next one each epoch,
-so every caption is trained on; jittered and resumable as the rendered lines. Val and test come in order, ``text``
-their first text and ``references`` all of them (what BLEU and exact readings are scored against).
-"""
+"""A user's captioned images for image to text: annotation files (JSONL, CSV, TSV, COCO captions) or webdataset
+shards, read and fitted into records (docs/data.md, "Captioned images of one's own")."""
 
 from __future__ import annotations
 
@@ -64,26 +24,18 @@ from lightformer.errors import DataError
 from lightformer.nn.checks import check_at_least
 
 LAYOUTS = {".jsonl": "JSONL", ".csv": "CSV", ".tsv": "TSV", ".json": "COCO captions"}
-
-
 SHARD_IMAGES = (".jpg", ".jpeg", ".png", ".webp")  # a webdataset sample's image members (img2dataset's)
-
-
 SHARD_TEXTS = (".txt", ".json")  # its caption members (a .txt wins over a .json caption)
-
-
 MAX_TOKENS = 4096  # the default of ``max_tokens``: more tokens than any text of a model here holds
 
 
-# The most bytes of a file's line (or characters of a text) that one token of ``max_tokens`` may stand for: a token is
-# a character or a BPE piece of a few (4 on average in English), and JSON's escapes take at most 6 bytes a character,
-# so a longer line holds a text of more than ``max_tokens`` tokens, and is refused before it is parsed or held whole.
+# The most bytes of a line (characters of a text) one token of ``max_tokens`` may stand for (a token is a character
+# or a BPE piece of ~4; a JSON escape is ≤ 6 bytes): a longer line is refused before it is parsed or held whole.
 TOKEN_BYTES = 128
 
 
 def is_shards(path: str) -> bool:
-    """Whether a split's path names webdataset shards rather than an annotation file (of a suffix of ``LAYOUTS``): a
-    ``.tar``, a glob (``*``, ``?``, ``[``), or a folder (a path of no suffix or an existing directory)."""
+    """Whether a split's path names webdataset shards, not an annotation file: a ``.tar``, a glob, or a folder."""
     suffix = Path(path).suffix.lower()
     return suffix not in LAYOUTS and (suffix == ".tar" or any(c in path for c in "*?[") or Path(path).is_dir()
                                       or not suffix)  # fmt: skip
@@ -99,17 +51,14 @@ class ImageTextFiles:
         val: the validation annotations or shards; default: ``val_fraction`` of the training images.
         test: the test annotations or shards; default: no test split.
         images: the folder the annotations' file names resolve against; default: the annotation file's own.
-        val_fraction: share of the training images carved out for validation (by a hash of the file name) when
-            there is no ``val``; 0: no validation.
+        val_fraction: share of the training images (by a hash of the file name) carved for validation without ``val``.
         height: the canvas's height in pixels.
         width: the canvas's width in pixels.
         channels: 1 (grey) or 3 (RGB).
         fit: "line": a text line of any size, scaled to the height (at most the width), at the left on its own
             background; "resize": a photo, resized to height × width.
-        max_tokens: the most tokens a text may have: a line of an annotation file (a COCO caption, a shard's caption
-            member) longer than ``max_tokens × TOKEN_BYTES`` characters is refused as it is read, naming the file
-            and line, before it is held whole (the model's position table is held to the data's longest text at
-            set-up).
+        max_tokens: the most tokens a text may have: a line longer than ``max_tokens × TOKEN_BYTES`` characters is
+            refused as it is read, naming the file and line (the model's positions are held to the longest text).
     """
 
     train: str
@@ -158,9 +107,8 @@ class Entry(NamedTuple):
 
 
 def bounded_lines(f, limit: int, too_long: Callable[[int], Exception]) -> Iterator[tuple[int, str | bytes]]:
-    """(number from 1, line) of each line of an open file (text or binary), none read with more than ``limit``
-    characters (bytes) besides its line break, so that memory stays bounded however long a line is; a longer line
-    raises ``too_long(its number)`` before any more of it is read."""
+    """(number from 1, line) of an open file's lines, none read past ``limit`` characters (bytes) besides its break: a
+    longer line raises ``too_long(its number)`` before more of it is read."""
     number = 0
     while line := f.readline(limit + 2):  # a line of ``limit`` and its "\r\n" whole
         number += 1
@@ -178,8 +126,8 @@ def line_too_long(where: str, limit: int, max_tokens: int, unit: str = "characte
 
 
 def source_key(source) -> dict:
-    """A source's fields as its prepared folder's fingerprint holds them: ``max_tokens`` only where it is not the
-    default (a bound that refuses texts and changes none: the folders prepared before it keep their names)."""
+    """A source's fields for its folder's fingerprint: ``max_tokens`` only where not the default (so folders prepared
+    before it keep their names)."""
     fields = asdict(source)
     if fields.get("max_tokens") == MAX_TOKENS:
         del fields["max_tokens"]
@@ -233,7 +181,7 @@ def _coco_rows(data: dict, where: str, max_tokens: int):
 
 
 def image_folders(annotation: Path, images: str | None) -> list[Path]:
-    """The folders an annotation file's image names resolve against, in order (see the module docstring)."""
+    """The folders an annotation file's image names resolve against, in order (docs/data.md, "Layouts")."""
     base = Path(images) if images else annotation.parent
     if not annotation.stem.startswith("captions_"):
         return [base]
@@ -242,10 +190,9 @@ def image_folders(annotation: Path, images: str | None) -> list[Path]:
 
 
 def read_annotations(path: Path, images: str | None, field: str, max_tokens: int = MAX_TOKENS) -> list[Entry]:
-    """The images of an annotation file, in the order first named, each with its texts; a file that is not there,
-    not of a layout, a row without file or text, a COCO caption of no image, an image not found, or a line (a COCO
-    caption) longer than ``max_tokens`` tokens can be (``TOKEN_BYTES`` characters each; not read whole): a DataError
-    naming ``field``, the file, the row and the image."""
+    """The images of an annotation file, in order first named, each with its texts; a missing file or image, a row
+    without file or text, a COCO caption of no image, a line longer than ``max_tokens`` tokens can be (not read whole):
+    a DataError naming ``field``, the file, the row and the image."""
     where = f"data.source.{field}: {path}"
     if not path.is_file():
         raise DataError(f"{where} does not exist; give an annotation file ({', '.join(LAYOUTS)})")
@@ -281,8 +228,7 @@ def carved(name: str, fraction: float) -> bool:
 
 
 def shard_files(path: str, field: str) -> list[Path]:
-    """The ``.tar`` shards a split's path names (a file, a glob, a folder's ``*.tar``), sorted; none: a DataError
-    naming ``field``."""
+    """The ``.tar`` shards a split's path names (a file, a glob, a folder's), sorted; none: a DataError."""
     if Path(path).is_dir():
         found = sorted(Path(path).glob("*.tar"))
     elif any(c in path for c in "*?["):
@@ -317,10 +263,8 @@ def _caption(suffix: str, data: bytes, where: str) -> str:
 def shard_samples(
     shard: Path, field: str, images: bool = True, max_tokens: int = MAX_TOKENS
 ) -> Iterator[tuple[str, bytes | None, str]]:
-    """(key, image bytes (None unless ``images``), caption) of each sample of a shard, read as a stream, one sample
-    at a time; a key without a caption or without an image, a caption member larger than a text of ``max_tokens``
-    tokens can be (``TOKEN_BYTES`` bytes each: refused by its size, unread), or a shard that is not a tar file: a
-    DataError naming ``field``, the shard and the key."""
+    """(key, image bytes or None without ``images``, caption) of each sample of a shard, streamed; a key without caption
+    or image, a caption member too large for ``max_tokens`` (refused unread), or not a tar file: a DataError."""
     where, limit = f"data.source.{field}: {shard}", max_tokens * TOKEN_BYTES
     key, image, caption, has_image = None, None, "", False
 
@@ -362,9 +306,9 @@ def shard_samples(
 
 
 def shard_records(shard: str, field: str, keep: str | None, fraction: float, source: ImageTextFiles):
-    """The records {"image", "file": "<shard>/<key>", "texts"} of a shard's samples (``keep``: "train" or "val" keeps
-    those ``carved`` puts there; None: all), decoded in full and fitted one at a time; an image that does not decode
-    is a DataError naming the shard and the key."""
+    """The records {"image", "file": "<shard>/<key>", "texts"} of a shard (``keep``: the "train" or "val" ones of
+    ``carved``; None: all), decoded and fitted one at a time; an undecodable image is a DataError naming shard and
+    key."""
     for key, data, caption in shard_samples(Path(shard), field, max_tokens=source.max_tokens):
         if keep is not None and carved(key, fraction) != (keep == "val"):
             continue
@@ -381,8 +325,7 @@ def shard_records(shard: str, field: str, keep: str | None, fraction: float, sou
 
 
 def unreadable_image(error: BaseException, stream: io.BytesIO) -> str:
-    """Why the bytes in ``stream`` are not an image ``load_image`` reads, in words that name no Python object (PIL's
-    message holds the stream's repr, ``<_io.BytesIO object at 0x…>``): not an image, cut short, or what was said."""
+    """Why ``stream``'s bytes are not an image, in words naming no Python object: not an image, cut short, or PIL's."""
     cause = error.__cause__ or error
     if isinstance(cause, UnidentifiedImageError):
         return "not an image: PIL recognises no image format in it"
@@ -392,8 +335,8 @@ def unreadable_image(error: BaseException, stream: io.BytesIO) -> str:
 
 
 def image_records(piece: list[Entry], source: ImageTextFiles, annotation: str):
-    """The records {"image": the fitted image's PNG or JPEG, "file", "texts": JSON list} of a piece of images, one at
-    a time; an image that does not decode in full is a DataError naming the annotation file, the row and the file."""
+    """The records {"image": PNG or JPEG, "file", "texts": JSON list} of a piece of images, one at a time; an image that
+    does not decode is a DataError naming the annotation file, the row and the file."""
     for entry in piece:
         try:
             image = load_image(entry.path, source.channels)

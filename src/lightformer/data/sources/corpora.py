@@ -1,36 +1,5 @@
-"""Where the offline corpora come from and how they are read: Jane Austen's novels and the Ding German–English
-dictionary (Debian packages), Fashion-MNIST's files (Debian package), sentence-pair files (TSV, line-aligned), and
-downloads with a checksum for machines with internet access.
-
-Everything written here is written atomically (``lightformer.io.files.atomic_open``), so several processes (DDP ranks,
-parallel tests) can prepare the same corpus at once.
-
-**Splits.** Unless val/test files are given, a pair's split depends only on its first side (German for Ding,
-the source for files): `bucket = int(md5(first.encode("utf-8")).hexdigest(), 16) % 100`; test if bucket < 5,
-val if bucket < 10, else train. A sentence therefore never appears in two splits, and the split does not change
-when the corpus grows.
-
-**Ding extraction** (Debian's `trans-de-en`, `/usr/share/trans/de-en`: lines `German :: English`):
-
-1. `#` lines are comments. `|` separates aligned sub-entries on both sides: the i-th German sub-entry is
-   paired with the i-th English one; a line whose two sides have different counts is skipped.
-2. Each sub-entry is cleaned: annotations are removed, namely `{...}` (gender, word class, irregular
-   forms), `[...]` (usage and region labels: `[ugs.]`, `[Br.]`), `<...>` (search keywords, variant
-   spellings), `/ABC/` abbreviation markers, and `(...)` (optional words and explanations: "Er scheint (sehr)
-   krank zu sein." becomes "Er scheint krank zu sein."); whitespace is then collapsed and spaces before
-   `. , ! ? ; :` removed.
-3. `;` separates synonyms (alternative translations); the FIRST synonym of each side is kept: the
-   dictionary lists the main translation first, and the alternatives on the two sides are not aligned.
-4. A pair is a sentence pair when both sides start with a capital letter, end in `.`, `!` or `?`, have three
-   words or more, and contain no dictionary notation: no `/` (word alternatives: "zu dumm/bunt"), no elision
-   (`…`, `...`) and no placeholder (`etw.`, `jdn.`, `jdm.`, `jds.`, `sth.`, `sb.`).
-5. Sentence pairs are deduplicated (first occurrence kept) and split by the bucket of the German side.
-
-With the 2023-01-30 dictionary this gives 17,231 pairs: 15,462 train, 890 val, 879 test, of 7.5 German and
-7.8 English words on average (`TranslationDataModule.stats` has the counts of the file in use).
-`ding_phrases=True` adds the other cleaned sub-entry pairs (words and phrases: "Aalsuppe" → "eel soup") to
-the train split only, leaving out any whose German side is a val or test German sentence: 371,141 pairs.
-"""
+"""The offline corpora: Austen's novels and the Ding dictionary (Debian packages), Fashion-MNIST's files, checked
+downloads; the md5 split, Ding's extraction, Austen's passages (docs/data.md, "Sources", "Sentence pairs")."""
 
 from __future__ import annotations
 
@@ -70,8 +39,7 @@ AUSTEN_DATA_DIR = Path("usr/lib/R/site-library/janeaustenr/data")
 AUSTEN_SYSTEM_DATA_DIR = Path("/") / AUSTEN_DATA_DIR
 
 
-# Debian's `dataset-fashion-mnist` package installs the original gzip files here.
-DEBIAN_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+DEBIAN_FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")  # dataset-fashion-mnist's gzip files
 MNIST_RAW_FILES = (
     "train-images-idx3-ubyte",
     "train-labels-idx1-ubyte",
@@ -88,8 +56,7 @@ class CorpusUnavailableError(RuntimeError):
 
 
 def ding_dictionary(path: str | Path) -> Path:
-    """``path`` (``data.source.ding_file``), the Ding German–English dictionary, or a CorpusUnavailableError naming
-    the field and the package."""
+    """``path``, the Ding dictionary, or a CorpusUnavailableError naming the field and the package."""
     path = Path(path)
     if not path.is_file():
         raise CorpusUnavailableError(
@@ -101,11 +68,8 @@ def ding_dictionary(path: str | Path) -> Path:
 
 
 def download(url: str, dest: str | Path, sha256: str | None = None) -> Path:
-    """Download `url` to `dest` and check its SHA-256 (hex) when `sha256` is given.
-
-    Skips the download when `dest` already exists with the right hash (or exists at all, when `sha256`
-    is None). The body is streamed to a temporary file next to `dest` and renamed only once verified.
-    """
+    """Download `url` to `dest`, checked against `sha256` (hex) if given; skipped when `dest` exists with the right hash
+    (or at all, without one). Streamed to a temporary file beside `dest`, renamed once verified."""
     dest = Path(dest)
     expected = sha256.lower() if sha256 else None
     if dest.exists() and (expected is None or sha256_of(dest) == expected):
@@ -129,17 +93,8 @@ def download(url: str, dest: str | Path, sha256: str | None = None) -> Path:
 
 
 def austen_text(root: str | Path = "data/austen") -> Path:
-    """Path of `<root>/austen.txt`: Jane Austen's six novels as one UTF-8 text file, created if missing.
-
-    The text comes from Debian's `r-cran-janeaustenr` package. Its data files are looked up in
-    `<root>/deb/usr/lib/R/site-library/janeaustenr/data/`, then in the system R library; if neither has
-    them, the package is fetched with `apt-get download` and unpacked with `dpkg-deb -x` into
-    `<root>/deb` (neither needs root, and R is not installed).
-
-    Layout: each novel's lines joined by "\\n", novels separated by one blank line, no final newline,
-    in the package's order: Sense and Sensibility, Pride and Prejudice, Mansfield Park, Emma,
-    Northanger Abbey, Persuasion (4,025,032 characters, 81 distinct).
-    """
+    """`<root>/austen.txt`, Jane Austen's six novels as one UTF-8 file, made if missing from Debian's
+    `r-cran-janeaustenr` (docs/data.md, "Sources": where it is looked for, how fetched, the layout)."""
     root = Path(root)
     target = root / "austen.txt"
     if target.exists():
@@ -152,9 +107,8 @@ def austen_text(root: str | Path = "data/austen") -> Path:
 
 
 def austen_novels(root: str | Path = "data/austen") -> list[Path]:
-    """The six novels of ``austen_text`` as six files ``<root>/novels/<n>-<name>.txt``, in the package's order, created
-    if missing. Each file is its novel from its title line up to the next novel's (the separating blank line
-    included), so the files read in order are ``austen.txt`` byte for byte."""
+    """The six novels of ``austen_text`` as files ``<root>/novels/<n>-<name>.txt``, made if missing: each from its title
+    line to the next novel's, so that read in order they are ``austen.txt`` byte for byte."""
     folder = Path(root) / "novels"
     paths = [folder / f"{n}-{name}.txt" for n, (name, _) in enumerate(AUSTEN_NOVELS, start=1)]
     if not all(path.is_file() for path in paths):
@@ -165,8 +119,7 @@ def austen_novels(root: str | Path = "data/austen") -> list[Path]:
 
 
 def split_austen_text(text: str) -> dict[str, str]:
-    """The six novels of ``austen.txt`` (``austen_text``), keyed by package name, cut at each novel's title line (a
-    line equal to the title, any case: "Persuasion" has a title line in title case)."""
+    """The six novels of ``austen.txt`` by package name, cut at each title line (any case)."""
     starts = []
     for _, title in AUSTEN_NOVELS:
         found = [m.start() for m in re.finditer(rf"^{re.escape(title)}$", text, re.IGNORECASE | re.MULTILINE)]
@@ -181,13 +134,8 @@ def split_austen_text(text: str) -> dict[str, str]:
 
 
 def read_austen_novels(data_dir: str | Path) -> dict[str, str]:
-    """Read the six novels from janeaustenr's R lazy-load database `Rdata.rdx` / `Rdata.rdb`.
-
-    The `.rdx` is gzip'ed R serialization holding, under `variables`, each object's (offset, length)
-    in the `.rdb`; an `.rdb` entry is a 4-byte big-endian uncompressed length followed by a zlib
-    stream of the R serialization of a character vector with one element per line ("" or NA: blank).
-    Returns {package name of the novel: its lines joined with "\\n"}.
-    """
+    """The six novels from janeaustenr's R lazy-load database (``Rdata.rdx`` / ``Rdata.rdb``; docs/data.md, "Sources"):
+    {package name of the novel: its lines joined with "\\n"}."""
     import rdata  # here, not at the top: it takes ~0.3 s to import and is needed once, to build austen.txt
 
     data_dir = Path(data_dir)
@@ -268,12 +216,8 @@ def _fetch_austen_deb(root: Path) -> Path:
 
 
 def install_debian_fashion_mnist(root: str | Path) -> bool:
-    """Decompress Debian's Fashion-MNIST files into ``<root>/FashionMNIST/raw/``, where torchvision reads them.
-
-    torchvision looks for the decompressed files; its own download step would not accept Debian's ``.gz`` files,
-    which are recompressed and so fail its checksums. Writes each file atomically (``atomic_open``), so concurrent
-    processes never read half a file. Returns whether all four files are there.
-    """
+    """Decompress Debian's Fashion-MNIST files atomically into ``<root>/FashionMNIST/raw/`` for torchvision (whose
+    checksums refuse Debian's recompressed ``.gz``); returns whether all four files are there."""
     raw_dir = Path(root) / "FashionMNIST" / "raw"
     missing = [name for name in MNIST_RAW_FILES if not (raw_dir / name).is_file()]
     if not missing:
@@ -305,8 +249,8 @@ def split_of(sentence: str) -> str:
 
 
 def split_of_line(text: str, split: str, held_out: Collection[str]) -> str:
-    """Where a text (a pair's first side) of a ``split`` file goes: a train text whose bucket (``split_of``) is a
-    held-out split (one without files of its own) goes there, every other text to its file's split."""
+    """Where a text (a pair's first side) of a ``split`` file goes: a train text whose bucket is a held-out split (one
+    without files) goes there, every other to its file's split."""
     if split == "train" and held_out and (bucket := split_of(text)) in held_out:
         return bucket
     return split
@@ -324,7 +268,7 @@ _NOTATION = re.compile(r"/|…|\.\.\.|\b(?:etw|jdn|jdm|jds|sth|sb)\.")
 
 
 def clean_ding_entry(entry: str) -> str:
-    """The first synonym of one Ding sub-entry, annotations removed (see the module docstring, steps 2 and 3)."""
+    """The first synonym of one Ding sub-entry, annotations removed (docs/data.md, "Ding extraction", steps 2 and 3)."""
     removed = 1
     while removed:  # innermost brackets first, until none are left
         entry, removed = _ANNOTATION.subn(" ", entry)
@@ -349,11 +293,8 @@ def is_sentence(text: str) -> bool:
 
 
 def extract_ding_pairs(path: str | Path) -> tuple[list[Pair], list[Pair], dict[str, int]]:
-    """(sentence pairs, other word/phrase pairs, counts) of a Ding dictionary file, both lists deduplicated.
-
-    Pairs are (German, English) in file order; the counts say how many lines, sub-entries and skipped
-    lines (different `|` counts on the two sides, or no " :: ") were seen.
-    """
+    """(sentence pairs, other word/phrase pairs, counts) of a Ding file, both deduplicated, (German, English) in file
+    order; the counts: lines, sub-entries, skipped lines (unequal `|` counts, or no " :: ")."""
     path = Path(path)
     text = read_utf8(path)
     sentences: dict[Pair, None] = {}  # dicts keep the first occurrence's order
@@ -383,9 +324,8 @@ def extract_ding_pairs(path: str | Path) -> tuple[list[Pair], list[Pair], dict[s
 
 
 def source_files(source: TextSource) -> dict[str, list[Path]]:
-    """Each split's files of a text ``source``: a built-in corpus fetched (Jane Austen's Debian package), or the one
-    at ``source.url`` downloaded and checked against its ``sha256``, else the files the config names (each refused,
-    naming its option, when missing); val and test are [] when cut from the train files."""
+    """Each split's files of a text ``source``: a built-in corpus fetched, a ``url`` downloaded and checked, else the
+    files named (a missing one refused by option); val and test [] when cut from train."""
     if source.corpus == "austen":
         train = austen_novels(Path(source.data_root) / "austen")
     elif source.url is not None:
@@ -401,31 +341,17 @@ def source_files(source: TextSource) -> dict[str, list[Path]]:
 
 
 TRAIN_SHARE, VAL_SHARE = 0.8, 0.1  # of each novel's passages, in order: train, val, then test
-
-
 Example = tuple[str, int, int]  # (text, class index, position: the passage's index in its novel)
-
-
 _CHAPTER = re.compile(r"^chapter\b", re.IGNORECASE)
-
-
 _HEADING = re.compile(r"^(?:chapter|volume)\b", re.IGNORECASE)
-
-
 _END_MARK = re.compile(r"^(?:the end|finis|a note on the text)$", re.IGNORECASE)
-
-
 _SENTENCE_END = re.compile(r"[.!?]['\"’”)\]_]*(?=\s)")
-
-
 _ABBREVIATION = re.compile(r"\b(?:Mr|Mrs|Dr|St|Messrs)\.$")
-
-
 MIN_SENTENCE_WORDS = 3
 
 
 def split_sentences(paragraph: str) -> list[str]:
-    """A paragraph's sentences by the rule of the module docstring (step 3), short fragments included."""
+    """A paragraph's sentences (docs/data.md, "Labelled texts", step 3), short fragments included."""
     text = " ".join(paragraph.split())
     sentences, start = [], 0
     for end in _SENTENCE_END.finditer(text):
@@ -439,7 +365,8 @@ def split_sentences(paragraph: str) -> list[str]:
 
 
 def novel_sentences(novel: str) -> list[str]:
-    """The sentences of a novel's body, headings and fragments of fewer than three words dropped (steps 1-3)."""
+    """A novel body's sentences, headings and fragments under three words dropped (steps 1-3 of docs/data.md, "Labelled
+    texts")."""
     lines = novel.split("\n")
     first = next((i for i, line in enumerate(lines) if _CHAPTER.match(line.strip())), 0)
     last = next((i for i in range(first, len(lines)) if _END_MARK.match(lines[i].strip())), len(lines))
@@ -453,7 +380,8 @@ def novel_sentences(novel: str) -> list[str]:
 
 
 def austen_passages(text: str, passage_sentences: int) -> dict[str, list[Example]]:
-    """Each split's (passage, novel index, passage index in its novel), novel by novel (steps 4 and 5)."""
+    """Each split's (passage, novel index, index in its novel), novel by novel (docs/data.md, "Labelled texts", 4,
+    5)."""
     splits: dict[str, list[Example]] = {split: [] for split in SPLITS}
     for label, novel in enumerate(split_austen_text(text).values()):
         sentences = novel_sentences(novel)

@@ -1,12 +1,5 @@
-"""Emoji in two styles, for contrastive image-text data with a held-out style (``data.modules.captioned_images``):
-Noto Color Emoji's colour bitmaps (Debian's ``fonts-noto-color-emoji``: CBDT, which Pillow draws at size 109 with
-``embedded_color=True``) and Symbola's black outlines (``fonts-symbola``), each named by Unicode ("RED APPLE").
-
-**Which.** The characters both fonts map, outside ASCII, of a Unicode name (``unicodedata.name``) and of a symbol's
-general category (So, Sm, Po: not the skin-tone modifiers, the joiner, the keycap's combining mark), less the regional
-indicator letters (halves of flags); a character either font draws as nothing is left out (and counted).
-Sequences (flags, skin tones, ZWJ families) need CLDR names and are not drawn.
-"""
+"""Emoji in two styles (Noto Color Emoji's bitmaps, Symbola's outlines), named by Unicode, for contrastive image-text
+data with a held-out style (docs/data.md, "Emoji in two styles")."""
 
 from __future__ import annotations
 

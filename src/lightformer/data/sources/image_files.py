@@ -1,9 +1,5 @@
-"""Image files: reading any PIL-readable file as grey or RGB, the class-folder layout of image datasets, and the
-records an image folder is prepared into (each file's bytes, checked by decoding it in full).
-
-A folder dataset follows torchvision's ``ImageFolder`` layout: ``<folder>/train/<class>/<files>`` with optional
-``val/`` and ``test/`` beside it, or ``<folder>/<class>/<files>`` directly.
-"""
+"""Image files: any PIL-readable file as grey or RGB, fitted to a canvas; torchvision's ``ImageFolder`` layout; the
+records an image folder is prepared into (each file's bytes, decoded in full as a check)."""
 
 from __future__ import annotations
 
@@ -28,16 +24,11 @@ _WARNED: set[str] = set()  # the large files warned of, once each in a process
 
 @contextlib.contextmanager
 def open_image(path: str | Path | BinaryIO, trusted_pixels: int | None = None) -> Iterator[Image.Image]:
-    """``Image.open(path)`` for decoding inside the ``with``, PIL's failures as ours: a missing file is a
-    FileNotFoundError, one that PIL cannot read (in the ``with`` too: a file cut short fails as it is decoded) a
-    DataError naming it, with what would be valid.
-
-    Pillow's decompression-bomb guard (``Image.MAX_IMAGE_PIXELS``, 89 megapixels) printed two lines of its own above
-    it and raised a traceback above twice it. Here a file above it (a 12000 × 12000 photo: 144 megapixels) is decoded,
-    with one warning line naming it and its size, once per file (a stream: none); one above twice it is refused
-    (DataError naming it, its size and the limit) before it is decoded. ``trusted_pixels``: a file the library ships,
-    decoded without a word up to this many pixels.
-    """
+    """``Image.open(path)`` for decoding inside the ``with``, PIL's failures as ours: a missing file a
+    FileNotFoundError, an unreadable one (also when decoded: a file cut short) a DataError naming it. Pillow's
+    decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``, 89 megapixels) becomes: above it, decoded with one warning
+    line naming the file, once; above twice it, refused before decoding (a DataError naming it, its size, the limit).
+    ``trusted_pixels``: a file the library ships, decoded silently up to this many pixels."""
     limit = Image.MAX_IMAGE_PIXELS
     try:
         Image.MAX_IMAGE_PIXELS = None  # the size is checked here, with the file's name
@@ -77,17 +68,11 @@ def open_image(path: str | Path | BinaryIO, trusted_pixels: int | None = None) -
 
 
 def load_image(path: str | Path | BinaryIO, in_channels: int = 3, image_size: int | None = None) -> Image.Image:
-    """Open an image file (or its bytes, as a binary stream) as a PIL image in mode "L" (in_channels=1) or "RGB"
-    (in_channels=3).
-
-    Any PIL mode with 8-bit channels (RGBA, LA, P, CMYK, 1, ...) is converted; an alpha channel is dropped.
-    16-bit greyscale keeps its 8 most significant bits (PIL's own conversion would clip it at 255). 32-bit
-    integer or float pixels (PIL modes "I", "F") have no standard range and are refused. With `image_size`,
-    the image is resized to image_size × image_size (aspect ratio not kept), as `ImageDataModule` does.
-    Raises FileNotFoundError, or DataError (a ValueError) naming the file when it is missing, not a readable image,
-    of such a mode, or larger than an image file may be (``open_image``: above Pillow's decompression-bomb limit, it
-    is decoded with a warning).
-    """
+    """An image file (or its bytes, as a stream) as a PIL image of mode "L" (in_channels=1) or "RGB" (3): any 8-bit mode
+    converted (alpha dropped), 16-bit grey its top 8 bits (PIL would clip at 255), 32-bit pixels ("I", "F": no standard
+    range) refused. With `image_size`, resized to image_size × image_size (aspect not kept), as `ImageDataModule` does.
+    A missing file is a FileNotFoundError; an unreadable one, of such a mode, or too large (``open_image``), a DataError
+    naming it."""
     modes = {1: "L", 3: "RGB"}
     if in_channels not in modes:
         raise ValueError(f"load_image: in_channels={in_channels} is not supported; use 1 (grey) or 3 (RGB)")
@@ -111,8 +96,7 @@ def load_image(path: str | Path | BinaryIO, in_channels: int = 3, image_size: in
 def read_images(
     paths: list[str | Path], in_channels: int, image_size: int, mean: list[float], std: list[float]
 ) -> torch.Tensor:
-    """Image files as a model's input ``(len(paths), C, S, S)``: loaded, resized and normalised as the data module
-    does for evaluation."""
+    """Image files as a model's input ``(len(paths), C, S, S)``, loaded, resized and normalised as for evaluation."""
     transform = to_normalised_tensor(mean, std)
     return torch.stack([transform(load_image(path, in_channels, image_size)) for path in paths])
 
@@ -123,9 +107,8 @@ def to_normalised_tensor(mean: Sequence[float], std: Sequence[float]) -> v2.Comp
 
 
 def fit_line(image: Image.Image, height: int, width: int) -> Image.Image:
-    """A line image of any size on a ``height`` × ``width`` canvas, as text lines are rendered for training: scaled
-    (aspect kept) to the canvas's height, or less where it would be wider than the canvas, at the left and centred
-    vertically, on the image's own background (the median of its border)."""
+    """A line image of any size on a ``height`` × ``width`` canvas, as lines are rendered: scaled (aspect kept) to the
+    height, or less where too wide, at the left, centred vertically, on its own background (its border's median)."""
     pixels = np.asarray(image)
     border = np.concatenate([pixels[0], pixels[-1], pixels[:, 0], pixels[:, -1]])
     background = tuple(int(v) for v in np.median(border.reshape(len(border), -1), axis=0))
@@ -137,8 +120,7 @@ def fit_line(image: Image.Image, height: int, width: int) -> Image.Image:
 
 
 def fit_image(image: Image.Image, height: int, width: int, fit: str | None) -> Image.Image:
-    """``image`` on a ``height`` × ``width`` canvas: as a text line (``fit`` "line": ``fit_line``), else stretched to
-    it (a photo)."""
+    """``image`` on a ``height`` × ``width`` canvas: as a text line (``fit`` "line"), else stretched (a photo)."""
     if fit == "line":
         return fit_line(image, height, width)
     return image.resize((width, height), Image.Resampling.LANCZOS)
@@ -152,9 +134,8 @@ def read_line_image(
     std: Sequence[float],
     fit: str | None = "line",
 ) -> torch.Tensor:
-    """An image file as an image-to-text model's input ``(C, H, W)``: loaded, brought to the canvas (``fit``: "line",
-    a text line, ``fit_line``; "resize" or None, stretched to it) and normalised. A blank image (one value
-    everywhere) is a DataError naming the file: it holds no text."""
+    """An image file as an image-to-text model's input ``(C, H, W)``: loaded, fitted (``fit_image``) and normalised; a
+    blank image (one value everywhere) is a DataError naming the file."""
     image = load_image(path, in_channels)
     pixels = np.asarray(image)
     if pixels.min() == pixels.max():
@@ -179,11 +160,8 @@ def class_folder_names(directory: Path) -> list[str]:
 
 
 def read_image_folder_layout(image_folder: str | None) -> ImageFolderLayout:
-    """Find the splits and class names of an image folder (torchvision ImageFolder layout).
-
-    Either `image_folder/train/<class>/<files>` with optional `val/` and `test/` alongside, or
-    `image_folder/<class>/<files>` directly, from which validation and test sets are carved.
-    """
+    """The splits and class names of an image folder (torchvision's ImageFolder layout): ``<folder>/train/<class>/``
+    with optional ``val/`` and ``test/`` beside it, or ``<folder>/<class>/`` directly (val and test then carved)."""
     expected = (
         "a folder holding train/ (and optionally val/ and test/), each with one subfolder of images per "
         "class, or holding the class subfolders directly"
@@ -215,8 +193,8 @@ def read_image_folder_layout(image_folder: str | None) -> ImageFolderLayout:
 
 
 def class_folder_files(directory: Path, class_names: list[str], require_every_class: bool) -> list[tuple[str, int]]:
-    """The image files under ``directory/<class name>/`` (searched recursively, in torchvision's sorted order), each
-    with its class index."""
+    """The image files under ``directory/<class name>/`` (recursively, in torchvision's order) with their class
+    index."""
     class_to_index = {name: index for index, name in enumerate(class_names)}
     samples = make_dataset(str(directory), class_to_index, extensions=IMG_EXTENSIONS, allow_empty=True)
     if not samples:
@@ -233,9 +211,8 @@ def class_folder_files(directory: Path, class_names: list[str], require_every_cl
 
 
 def read_checked_image(path: str, in_channels: int) -> tuple[bytes | None, str | None]:
-    """The bytes of an image file and what keeps it from being a training image (None: nothing), found by decoding
-    the bytes in full as the loader will: a header alone (``Image.open``, or PIL's ``verify``) misses a file cut
-    short, which then failed in a loader worker after training started."""
+    """An image file's bytes and what keeps it from training (None: nothing), found by decoding it in full as the loader
+    will (a header check misses a file cut short, which then failed in a loader worker mid-training)."""
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
@@ -256,9 +233,8 @@ def read_checked_image(path: str, in_channels: int) -> tuple[bytes | None, str |
 
 
 def image_file_records(files: list[tuple[str, int]], in_channels: int) -> Generator[dict, None, list[str]]:
-    """The records ``{"image": the file's bytes, "label": class index}`` of one piece ``[(path, label)]`` of an image
-    folder's split, each file checked by ``read_checked_image``: what the preparing workers run. The files that are
-    not readable images are left out and returned, as "path (problem)"."""
+    """The records ``{"image": the file's bytes, "label"}`` of one piece ``[(path, label)]`` of a split, each file
+    checked (``read_checked_image``); the unreadable ones are left out and returned as "path (problem)"."""
     problems = []
     for path, label in files:
         data, problem = read_checked_image(path, in_channels)

@@ -1,6 +1,5 @@
-"""Image datasets (``ImageSource``): Fashion-MNIST, MNIST, CIFAR-10 (read offline from their files), scikit-learn's
-digits, and image folders of one's own (a class per folder), with the splits carved where a dataset has none; an
-image folder is prepared once into records of each file's bytes."""
+"""Image datasets (``ImageSource``): Fashion-MNIST, MNIST, CIFAR-10, digits and image folders of one's own, their
+splits, and an image folder prepared into records (docs/data.md, "Images")."""
 
 from __future__ import annotations
 
@@ -37,17 +36,10 @@ from lightformer.errors import ConfigError, DataError
 DatasetName = Literal["fashion_mnist", "mnist", "cifar10", "digits", "image_folder"]
 
 
-# Fraction of the pool carved off as the test set when a dataset has no test split of its own, and the
-# constant seed of that carve: the test set must not change with `seed`.
+# The test carve of a dataset without a test split, by a constant seed: it does not change with `seed`.
 CARVED_TEST_FRACTION = 0.15
-
-
 CARVED_TEST_SEED = 0
-
-
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
-
-
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
@@ -99,8 +91,6 @@ DATASET_INFO: dict[str, ImageDatasetInfo] = {
         default_val_fraction=0.15,
     ),
 }
-
-
 TORCHVISION_DATASETS = {
     "fashion_mnist": torchvision.datasets.FashionMNIST,
     "mnist": torchvision.datasets.MNIST,
@@ -113,10 +103,7 @@ TORCHVISION_FOLDERS = {"fashion_mnist": "FashionMNIST/raw", "mnist": "MNIST/raw"
 
 
 def load_digits_as_images() -> TensorDataset:
-    """scikit-learn's 1,797 handwritten digits as uint8 images (1797, 1, 8, 8) and labels (1797,).
-
-    The raw values 0..16 (16 = most ink) are scaled to 0..255 so they share the uint8 pipeline.
-    """
+    """scikit-learn's 1,797 handwritten digits as uint8 images (1797, 1, 8, 8), 0..16 scaled to 0..255, and labels."""
     from sklearn.datasets import load_digits  # here: scikit-learn takes a second to import
 
     digits = load_digits()
@@ -126,23 +113,20 @@ def load_digits_as_images() -> TensorDataset:
 
 @dataclass(frozen=True)
 class ImageSource:
-    """Which images, and how their training pool splits (``data.source``): shared by ``ImageDataModule`` and
+    """Which images, and how their training pool splits (``data.source``), for ``ImageDataModule`` and
     ``ImageTokenDataModule``.
 
     Args:
-        dataset: "fashion_mnist" reads Debian's dataset-fashion-mnist package offline, else downloads; "mnist" and
-            "cifar10" download through torchvision; "digits" is scikit-learn's 8×8 digits (instant, for tests);
-            "image_folder" reads image files from ``image_folder``.
+        dataset: "fashion_mnist" (Debian's dataset-fashion-mnist offline, else downloaded); "mnist", "cifar10"
+            (downloaded by torchvision); "digits" (scikit-learn's 8×8, instant, for tests); "image_folder" (files).
         root: directory where torchvision datasets are stored (or downloaded to).
         download: let torchvision download a dataset missing under ``root`` (needs internet).
-        image_folder: for dataset="image_folder": a folder with train/ and optionally val/ and test/, each holding one
-            subfolder of images per class; or the class subfolders directly. Split folders that are missing are
-            carved from the training images.
-        val_size: validation images carved from the training pool (a count), with a random split seeded by the data's
-            ``seed``. Default: 5000 for fashion_mnist, mnist and cifar10; for digits and image folders
-            ``val_fraction`` 0.15. Ignored when an image folder has its own val/.
-        val_fraction: instead of ``val_size``, the fraction of the pool carved for validation, in [0, 1).
-            Digits with the defaults: 1298 train, 229 val, 270 test (a fixed 15% carve).
+        image_folder: for "image_folder": a folder with train/ and optional val/ and test/, each with a subfolder of
+            images per class, or the class subfolders directly; a missing split is carved from the training images.
+        val_size: validation images carved from the training pool by the data's ``seed`` (5000 for fashion_mnist, mnist,
+            cifar10; digits and image folders: ``val_fraction`` 0.15); ignored when an image folder has its own val/.
+        val_fraction: instead of ``val_size``, the share of the pool carved for validation, in [0, 1) (digits by
+            default: 1298 train, 229 val, 270 test).
     """
 
     dataset: DatasetName = "fashion_mnist"
@@ -177,8 +161,8 @@ class ImageSource:
         return DATASET_INFO[self.dataset]
 
     def val_count(self, pool_size: int) -> int:
-        """Number of validation images to carve from a pool of ``pool_size`` images (the dataset's default where
-        neither ``val_size`` nor ``val_fraction`` is given)."""
+        """Validation images to carve from a pool of ``pool_size`` (the dataset's default without ``val_size`` or
+        ``val_fraction``)."""
         val_size, val_fraction = self.val_size, self.val_fraction
         if val_size is None and val_fraction is None:
             val_size, val_fraction = self.info.default_val_size, self.info.default_val_fraction
@@ -195,11 +179,8 @@ class ImageSource:
 def carve_splits(
     pool_size: int, carve_test: bool, val_count_of: Callable[[int], int], carve_val: bool, seed: int
 ) -> tuple[list[int], list[int], list[int]]:
-    """Split indices 0..pool_size-1 into (train, val, test); a split not carved comes back empty.
-
-    The test carve uses the constant CARVED_TEST_SEED, the validation carve uses ``seed`` and takes
-    ``val_count_of(size of what is left)`` images.
-    """
+    """Indices 0..pool_size-1 split into (train, val, test), a split not carved empty: test by CARVED_TEST_SEED (fixed),
+    val by ``seed``, ``val_count_of(what is left)`` of them."""
     remaining = torch.arange(pool_size)
     test_indices = torch.tensor([], dtype=torch.long)
     if carve_test:
@@ -216,24 +197,16 @@ def carve_splits(
 
 # bump when what a prepared image folder holds changes meaning (2: the files as litdata File leaves)
 IMAGE_RECORDS_VERSION = 2
-
-
 CARVE = "carve.json"  # in a prepared image folder: each split's files, in record order
-
-
 MAX_PIECE_FILES = 1000  # image files per piece a preparing worker holds at a time
 
 
 def prepare_image_folder(
     layout: ImageFolderLayout, source: ImageSource, in_channels: int, seed: int, prepare: PrepareConfig
 ) -> Path:
-    """Prepare an image folder once per job (``prepare.prepared_folder``) into per-split records of the files' bytes
-    and labels, written by every core, in the order the splits read them (the carve: the folder's val/ and test/,
-    else ``carve_splits`` of train/); returns the prepared folder, which records the carve in ``carve.json``.
-
-    Every file is decoded in full while it is written; files that are not readable images are refused together in
-    one ConfigError naming them (nothing of the folder is left: ``prepare.prepared_folder``).
-    """
+    """Prepare an image folder once per job into each split's records of the files' bytes and labels, by every core, in
+    the carve's order (val/ and test/, else ``carve_splits`` of train/, kept in ``carve.json``); returns the folder.
+    Files that are not readable images are refused together, naming them, and nothing is left."""
     listed = {"train": class_folder_files(layout.train_dir, layout.class_names, require_every_class=True)}
     for split, directory in (("val", layout.val_dir), ("test", layout.test_dir)):
         if directory is not None:

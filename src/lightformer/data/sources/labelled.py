@@ -1,6 +1,5 @@
-"""Labelled texts for text classification: Austen's passages by novel (``corpora.austen_passages``) or "text<TAB>label"
-lines of TSV files, read piece by piece (``PassageSource``, its files' labels counted in a first pass, their examples
-by split; the records a piece makes: ``tsv_records``, ``example_records``)."""
+"""Labelled texts for classification (``PassageSource``): Austen's passages by novel or "text<TAB>label" TSV lines,
+read piece by piece, and the records a piece makes (docs/data.md, "Labelled texts")."""
 
 from __future__ import annotations
 
@@ -126,19 +125,18 @@ def chosen_examples(count: int, train_examples: int | None) -> np.ndarray | None
 
 @dataclass(frozen=True)
 class PassageSource:
-    """Where the labelled texts come from: `corpus` (the default) or `tsv_files` with `corpus: null`; see the module
-    docstring for how passages are made and the splits drawn.
+    """Where the labelled texts come from: `corpus` (the default) or `tsv_files` with `corpus: null` (docs/data.md,
+    "Labelled texts").
 
     Args:
-        corpus: "austen": passages of Jane Austen's six novels labelled with their novel (fetched from Debian's
-            r-cran-janeaustenr into `<data_root>/austen`, see ``corpora.austen_text``); null to read `tsv_files`.
+        corpus: "austen": passages of Jane Austen's six novels labelled with their novel (Debian's r-cran-janeaustenr,
+            into `<data_root>/austen`); null to read `tsv_files`.
         tsv_files: training texts as "text<TAB>label" lines (UTF-8; paths or glob patterns); needs `corpus: null`.
         val_tsv_files: validation texts in the same form; default: the md5 bucket split of `tsv_files` (5%).
         test_tsv_files: test texts in the same form; default: the md5 bucket split of `tsv_files` (5%).
         passage_sentences: consecutive sentences per Austen passage.
-        train_examples: label only this many training texts, drawn at random once (the same ones for every run and
-            seed; in their order); None: all of them. For learning curves, and for pretraining on more text than is
-            labelled, the case pretraining is for. Val and test stay whole. A trained BPE is trained on these texts.
+        train_examples: label only this many training texts, drawn once (the same for every run and seed; in order; a
+            trained BPE trains on them), for learning curves and pretraining on more text than is labelled; None: all.
         data_root: where the built-in corpus is stored.
     """
 

@@ -1,52 +1,5 @@
-"""Image-to-text data (TrOCR-style OCR of printed lines): lines of Jane Austen's novels (or of the German sentences of
-the Ding dictionary, ``source.corpus="ding"``) rendered in many typefaces, prepared once into records, streamed as
-batches of (line image, token ids, text).
-
-    Austen's novels ──sentences, split by position──> lines of 1-8 words ──render (``rendering``), every core,
-    in pieces──> <prepare.dir>/image-text-austen-<hash>/ train | val | test | test_seen records {"image": PNG bytes,
-    "text", "family"}, prepared.json (the lines, families and redraws of each split, the pixels' mean and std)
-    records ──decode, jitter (train), encode──> {"images": (B, 1, H, W) float32, "tgt": (B, T) int64, "text"}
-
-**Text.** Each novel's sentences (``corpora.novel_sentences``: headings, title pages and editors' notes left
-out) are split by position as the text classifier's passages are: the first 80% train, the next 10% val, the last
-10% test. A line is a run of ``min_words`` to ``max_words`` consecutive words of one sentence of its split, drawn at
-random, of at most ``max_chars`` characters; it is kept only if the md5 bucket of its own text (``corpora.split_of``)
-is its split too, so that no line of val or test is ever a train line, even a line of one common word. Ding's German
-sentences are split by that bucket alone (90% train, 5% val, 5% test), as the translation task splits its pairs.
-
-**Typefaces.** Lines are drawn in the declared typefaces (``rendering.TYPEFACES``: 47 families, each file under
-/usr/share/fonts with its Debian package, checked before any work: a missing one is named with ``apt-get install
-<package>``) and in no other font installed, so the same options render the same lines on every machine; or, when
-``source.font_dir`` names a folder of the user's own, in every text font in it (``rendering.discover_fonts``),
-grouped by family. The ``held_out_families`` are never trained on: val and test are rendered in them alone, the
-train split in every other family; every font used must draw every character of the corpus (checked before
-rendering: a missing glyph would render as a box). ``test_seen`` is a second test split, of the same texts (line i
-of both holds the same text, but for lines that had to be redrawn) rendered in the training families;
-``source.test_fonts`` picks which of the two ``test`` reads, so the same model is tested on typefaces it has and has
-not seen. Both are always prepared.
-
-**Lines.** Line i of a split is drawn from (seed, split, i) alone: its text from one generator (the same for test and
-test_seen), its family, style, size, letter spacing, rotation, shear, blur, noise, contrast and background from
-another (``render``). A line too wide for the canvas at its size is drawn smaller, down to the smallest ``size``;
-if it is still too wide, another style (``STYLE_TRIES``), then another text is drawn: the manifest counts both. So
-the same seed renders the same images bit for bit, whatever the number of processes.
-
-**Preparation** (``prepared_folder``: once per job, named by a hash of the corpus's file, the fonts' paths and sizes,
-the options, the seed and the format version) renders each split in pieces of at most ``PIECE_LINES`` lines on
-every core and writes the records as they are rendered (``write_records``): no process holds more than one image and
-the records of the chunk it is writing, however many lines are prepared.
-
-**Loading.** Training lines come in an order drawn from (seed, epoch), lightly jittered (brightness, contrast, a shift
-of a pixel or two) by draws from (seed, epoch, index), through the resumable loader: a resumed run continues mid-epoch
-with the same batches. Val and test lines are read in order, unjittered. ``tgt`` is [BOS] + ids + [EOS], padded with
-the tokenizer's PAD to the batch's longest.
-
-**Tokenizer.** By default the character tokenizer of the main job's Austen language model
-(``configs/lm/austen_char.yaml``: ``TextDataModule`` with ``TokenizerConfig(kind="char")``), built by the same function
-from the same text (``austen_char_tokenizer``), so that the decoder can be warm-started from that GPT; or
-``tokenizer.file`` (a run's ``tokenizer.json``). For Ding, the characters of all its German sentences (written into
-the prepared folder as ``tokenizer.json``).
-"""
+"""Printed lines for image to text: lines of Austen (or Ding) drawn in many typefaces from (seed, split, index), and
+the records they are prepared into (docs/data.md, "Printed lines")."""
 
 from __future__ import annotations
 
@@ -91,27 +44,14 @@ from lightformer.nn.checks import check_at_least
 from lightformer.tokenization.text import Tokenizer
 
 CORPORA = ("austen", "ding")
-
-
 PREPARED_SPLITS = ("train", "val", "test", "test_seen")
-
-
 TEXT_SPLIT = {"train": "train", "val": "val", "test": "test", "test_seen": "test"}  # whose sentences a split reads
-
-
 SPLIT_CODE = {"train": 0, "val": 1, "test": 2, "test_seen": 3}  # in the seeds of a split's style draws
-
-
-DEFAULT_HELD_OUT = ("DejaVu Serif", "P052", "URW Gothic")  # designs unlike any training family (Vera serif,
-
-
-# Palatino, Avant Garde): the Liberation, Free and Nimbus families are metric clones of each other and stay together
+# Designs unlike any training family (Vera serif, Palatino, Avant Garde): the Liberation, Free and Nimbus families are
+# metric clones of each other and stay together.
+DEFAULT_HELD_OUT = ("DejaVu Serif", "P052", "URW Gothic")
 PIECE_LINES = 1000  # lines per piece a preparing process renders and writes before taking the next
-
-
 STYLE_TRIES = 4  # styles drawn for a text before another text is drawn, when the line is too wide
-
-
 MIN_HEIGHT = 16
 
 
@@ -120,25 +60,23 @@ class ImageTextSource:
     """Which lines of text, how many, and in which typefaces (``data.source``).
 
     Args:
-        corpus: "austen": Jane Austen's six novels (Debian's r-cran-janeaustenr, fetched into ``<data_root>/austen``);
-            "ding": the German sentences of the Ding dictionary (Debian's trans-de-en, read from ``ding_file``), the
-            translation task's, split as it splits them.
+        corpus: "austen": Jane Austen's six novels (Debian's r-cran-janeaustenr, into ``<data_root>/austen``); "ding":
+            the German sentences of the Ding dictionary (Debian's trans-de-en, ``ding_file``), split as translation
+            splits them.
         min_words: fewest words of a line.
         max_words: most words of a line (fewer where a sentence is shorter).
-        max_chars: most characters of a line, spaces included: a longer text is drawn again. The default, 62, keeps
-            every line within a decoder of 64 positions (BOS and EOS added), the main job's language model's, which
-            ``printed_lines_from_lm.yaml`` starts from; narrow typefaces would otherwise fit 70 and more.
+        max_chars: most characters of a line, spaces included (a longer text is drawn again); 62 keeps every line within
+            the 64 positions (BOS and EOS added) of the language model ``printed_lines_from_lm.yaml`` starts from.
         train_lines: lines rendered for training.
         val_lines: lines rendered for validation (held-out text, held-out typefaces); 0: no validation.
         test_lines: lines rendered for each of the two test splits (held-out text; held-out and training typefaces).
-        held_out_families: font families never trained on: val and test (``test_fonts="unseen"``) are rendered in
-            them. Names as the fonts give them ("DejaVu Serif", "Nimbus Roman", "URW Gothic", ...).
-        test_fonts: "unseen": the test split is rendered in the held-out families; "seen": the same texts rendered
-            in the training families (changing it prepares nothing again).
-        font_dir: "/usr/share/fonts" (the default): the declared typefaces (``rendering.TYPEFACES``, installed by
-            debian-packages.txt), nothing else there; another folder, of your own: every text font in it (.ttf, .otf,
-            .t1, .pfb), grouped by family. Every font used must draw every character of the corpus (checked before
-            rendering).
+        held_out_families: font families never trained on, which val and test (``test_fonts="unseen"``) are rendered in,
+            named as the fonts name themselves ("DejaVu Serif", "URW Gothic", ...).
+        test_fonts: "unseen": test is rendered in the held-out families; "seen": the same texts in the training families
+            (changing it prepares nothing again).
+        font_dir: "/usr/share/fonts" (the default): the declared typefaces (``rendering.TYPEFACES``) alone; another
+            folder, your own: every text font in it (.ttf, .otf, .t1, .pfb), by family. Each must draw every character
+            of the text.
         data_root: where the built-in corpus is stored.
         ding_file: where the Ding dictionary is (``apt-get install trans-de-en`` puts it at the default).
     """
@@ -231,18 +169,16 @@ class RenderConfig:
 
 
 def austen_char_tokenizer(data_root: str = "data") -> Tokenizer:
-    """The character tokenizer of the main job's Austen language model, made by the function that makes it there
-    (``prepare_text`` for ``TextSource(corpus="austen")``, ``TokenizerConfig(kind="char")``) from the same text: every
-    split's characters, so the split's fractions do not change it."""
+    """The character tokenizer of the Austen language model, made as ``prepare_text`` makes it there (every split's
+    characters: the fractions do not change it)."""
     source = TextSource(corpus="austen", val_fraction=0.1, data_root=data_root)
     return _tokenizer(TokenizerConfig(kind="char"), source.pieces(source_files(source)), source.text_field, ())
 
 
 @lru_cache(maxsize=2)
 def split_sentences(corpus: str, path: str) -> dict[str, tuple[str, ...]]:
-    """Each split's sentences of a built-in ``corpus`` read from ``path``. Austen's novels: by position in each
-    novel, 80% train, 10% val, 10% test. Ding's German sentences: by the md5 bucket of each (``split_of``; 90%, 5%,
-    5%), as the translation task splits its pairs, so that neither task trains on the other's test sentences."""
+    """Each split's sentences of a built-in ``corpus`` at ``path``: Austen's by position in each novel (80%, 10%, 10%),
+    Ding's German ones by md5 bucket (``split_of``), as translation splits its pairs."""
     splits: dict[str, list[str]] = {"train": [], "val": [], "test": []}
     if corpus == "ding":
         pairs, _, _ = extract_ding_pairs(path)
@@ -270,9 +206,8 @@ def check_glyphs(fonts: dict[str, tuple[str, ...]], characters: str) -> None:
 
 
 def split_families(source: ImageTextSource) -> dict[str, tuple[str, ...]]:
-    """The font families of each prepared split: val and test the held-out ones, train and test_seen the others.
-    A held-out family that is not among the typefaces (``rendering.typefaces``), or none left to train on, is a
-    ConfigError naming the field; a declared typeface's missing file, a DataError naming its package."""
+    """The font families of each split: val and test the held-out ones, train and test_seen the others; a held-out
+    family not installed, or none left to train on, is a ConfigError (a declared file missing: a DataError)."""
     installed = typefaces(source.font_dir)
     missing = [family for family in source.held_out_families if family not in installed]
     if missing:
@@ -293,8 +228,8 @@ def split_families(source: ImageTextSource) -> dict[str, tuple[str, ...]]:
 
 @dataclass(frozen=True)
 class Line:
-    """A drawn line: its text, typeface and style, and how many draws it took (texts whose bucket was another
-    split's; styles too wide; texts too long or too wide)."""
+    """A drawn line: its text, typeface and style, and its redraws (texts of another split; styles or texts too
+    wide)."""
 
     text: str
     family: str
@@ -307,8 +242,7 @@ class Line:
 
 @dataclass(frozen=True)
 class LineDrawer:
-    """Draws and renders line i of a split from (seed, split, i) alone: what a preparing process needs, small to
-    pickle (the sentences are read once per process, ``split_sentences``)."""
+    """Draws and renders line i of a split from (seed, split, i) alone; small to pickle to a preparing process."""
 
     source: ImageTextSource
     render: RenderConfig
@@ -378,8 +312,8 @@ class LineDrawer:
 
 
 def line_records(piece: tuple[int, int], drawer: LineDrawer, split: str) -> Generator[dict, None, dict]:
-    """The records of lines [start, stop) of ``split``, rendered one at a time: {"image": PNG bytes, "text",
-    "family"}; returns the piece's counts (redraws, families, longest text)."""
+    """The records {"image": PNG bytes, "text", "family"} of lines [start, stop) of ``split``, rendered one at a time;
+    returns the piece's counts (redraws, families, longest text)."""
     start, stop = piece
     counts: Counter = Counter()
     families: Counter = Counter()

@@ -1,19 +1,5 @@
-"""The Open Clip Art Library 0.18 (Debian's ``openclipart-png`` and ``openclipart-svg``, public domain): its drawings,
-the captions their authors wrote into each SVG's RDF metadata, the top-level category each sits in, and each
-drawing's PNG fitted to a square canvas on white, for contrastive image-text data (``data.modules.captioned_images``).
-
-**Captions.** The SVG's ``<cc:Work>`` holds the author's title (the first ``<dc:title>``: the second one, inside
-``<dc:creator>``, is the author's name), a ``<dc:description>`` and keywords (``<dc:subject>`` → ``<rdf:li>``). A
-drawing's captions, in order, without repeats: the title; the description where it differs from the title; and
-"title, keyword, keyword, ..." (keywords alone where there is no title; a keyword that repeats the title left out)
-as long as it fits ``max_chars``. Each is whitespace-collapsed and cut at the last word boundary within
-``max_chars``. A drawing of no title, description or
-keyword has no caption and is left out (3 of 8,121).
-
-**Variants.** A drawing's variants (``crawfish1_ganson`` and ``crawfish1_bw_ganson``; ``jigsaw_blue_01`` to ``_09``;
-``switch_cisco_nico1`` and ``switch_cisco_nico_``) share a ``variant_key``: the file name lower-cased, without the
-words ``bw``, ``color``, ``colour``, and without trailing digits and underscores. The split is drawn from that key.
-"""
+"""The Open Clip Art Library 0.18 (Debian's ``openclipart-png`` and ``openclipart-svg``): drawings, their captions,
+categories and variant keys, fitted on white for contrastive data (docs/data.md, "The Open Clip Art Library")."""
 
 from __future__ import annotations
 

@@ -34,17 +34,15 @@ _DING_INPUT_PAIRS = 100_000  # Ding pairs per encoding input (one worker process
 
 @dataclass(frozen=True)
 class PairSource:
-    """Where the sentence pairs come from: exactly one of `corpus`, `tsv_files`, or `src_file` + `tgt_file`.
-
-    For files, the val and test pairs come from `val_*` / `test_*` files when given, else from the md5 bucket split
-    of the source sentences (see the module docstring); file pairs are kept as they are (not deduplicated), except
-    that pairs with an empty side are skipped.
+    """Where the sentence pairs come from: exactly one of `corpus`, `tsv_files`, or `src_file` + `tgt_file`. For files,
+    val and test come from `val_*` / `test_*` files, else the md5 bucket split of the source sentences; file pairs are
+    kept as they are (not deduplicated), but for those with an empty side.
 
     Args:
-        corpus: a built-in offline corpus: "ding" (German–English sentence pairs from the Ding dictionary, Debian
-            package trans-de-en, read at run time from `ding_file`; GPL-2+, so never copied into the repository).
-        tsv_files: files of `source<TAB>target` lines (UTF-8; paths or glob patterns). Blank lines are skipped;
-            columns after the second are ignored (as in Tatoeba exports).
+        corpus: "ding": German–English sentence pairs of the Ding dictionary (Debian's trans-de-en, read from
+            `ding_file` at run time; GPL-2+, never copied into the repository).
+        tsv_files: files of `source<TAB>target` lines (UTF-8; paths or globs); blank lines skipped, further columns
+            ignored.
         src_file: source sentences, one per line, line-aligned with `tgt_file`.
         tgt_file: target sentences, one per line.
         val_tsv_files: validation pairs as TSV files (else `val_src_file` + `val_tgt_file`, else the bucket split).
@@ -54,13 +52,12 @@ class PairSource:
         test_src_file: test source sentences, line-aligned with `test_tgt_file`.
         test_tgt_file: test target sentences.
         ding_file: where the Ding dictionary is (`apt-get install trans-de-en` puts it at the default).
-        ding_phrases: with corpus="ding", also train on the dictionary's word and phrase pairs (371,141 in the
-            2023 dictionary; train split only, none whose German side is a val or test sentence).
-        sentence_repeats: with ding_phrases, each train sentence pair appears this many times per epoch (the
-            phrase pairs once), so that 15k sentences are not drowned by 24 times as many short phrase pairs.
-            Without ding_phrases it has no effect (an epoch of sentences only needs no balance).
-        direction: with corpus="ding", "de-en" translates German to English, "en-de" English to German. For
-            files the source is always the first column / `src_file`; only "de-en" (the default) is accepted.
+        ding_phrases: with corpus="ding", also train on its word and phrase pairs (371,141; train only, none whose
+            German side is a val or test sentence).
+        sentence_repeats: with ding_phrases, each train sentence pair's appearances per epoch (phrases once), so 15k
+            sentences are not drowned by 24 times as many phrases; no effect without ding_phrases.
+        direction: with corpus="ding", "de-en" or "en-de"; for files the source is the first column / `src_file`, and
+            only "de-en" (the default) is accepted.
     """
 
     corpus: Literal["ding"] | None = None

@@ -1,18 +1,5 @@
-"""Printed text lines as images: the typefaces they are drawn in, and one line of text rendered in one of them
-(Pillow), for image-to-text data (``data.modules.image_text``).
-
-The typefaces are declared, not discovered: ``TYPEFACES`` names each family's files under ``FONT_ROOT`` and the Debian
-package each comes from (``debian-packages.txt`` installs them all), and ``declared_fonts`` checks them, naming the
-package of a missing one. Another font installed beside them (a browser's older Liberation, say) is never used, so
-the same seed renders the same lines on every machine. A folder of a user's own (``data.source.font_dir``) is searched
-for every text font in it instead (``discover_fonts``); ``typefaces`` picks between the two.
-
-A line is drawn in dark ink on a light background, as a grey (mode "L") image of a fixed ``height × width``: the
-font's line box (ascent + descent) is a share ``size`` of the height, the glyphs are spaced by ``spacing`` em, the
-line is sheared and rotated, scaled down if it then overflows the height, placed ``margin`` pixels from the left at
-a random height, and blurred and noised. Everything that varies is a ``LineStyle``, drawn by the caller from a
-seeded generator: rendering is a pure function of (text, font file, style, height, width), the same bit for bit.
-"""
+"""Printed text lines as images: the declared typefaces (``TYPEFACES``, with their Debian packages) or a folder's own
+fonts, and one line rendered, a pure function of its style (docs/data.md, "Printed lines")."""
 
 from __future__ import annotations
 

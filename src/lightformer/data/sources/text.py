@@ -18,20 +18,19 @@ class TextSource:
     """Where a text corpus comes from, and how it splits into train | val | test.
 
     Args:
-        train_files: training text: files, globs (``**`` allowed; a glob's matches are sorted) or folders (every
-            file under them). ``.jsonl`` / ``.ndjson`` and ``.parquet`` files are records with a ``text_field``; any
-            other file is plain UTF-8 text.
+        train_files: training text: files, globs (``**`` allowed; matches sorted) or folders (every file under them);
+            ``.jsonl`` / ``.ndjson`` and ``.parquet`` files are records with a ``text_field``, others plain UTF-8 text.
         val_files: validation text; default: the last ``val_fraction`` of the training text.
         test_files: test text; default: the last ``test_fraction`` of the training text.
-        corpus: a built-in offline corpus: "austen" (Jane Austen's six novels, 4.0 M characters, fetched from a
-            Debian package into ``<data_root>/austen``).
+        corpus: "austen": Jane Austen's six novels (4.0 M characters, from a Debian package into
+            ``<data_root>/austen``).
         url: download the training text from this URL into ``<data_root>/downloads/``.
         sha256: the expected SHA-256 (hex) of the file at ``url``; None skips the check.
         text_field: the field (JSONL) or column (Parquet) that holds each record's text.
         val_fraction: share of the training text held out for validation, in [0, 1), when no ``val_files``.
         test_fraction: share held out for testing, in [0, 1), when no ``test_files``.
-        split: where val and test are cut from the training files: "end" (of them all, in order) or "each_file"
-            (the same shares of the end of every file: each novel of corpus "austen").
+        split: where val and test are cut from the training files: "end" (of them all, in order) or "each_file" (the
+            same shares of the end of every file: each novel of corpus "austen").
         data_root: where built-in and downloaded corpora are stored.
     """
 

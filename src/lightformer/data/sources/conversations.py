@@ -1,63 +1,31 @@
-"""A user's images and conversations about them, in LLaVA's layout, for a vision-language model: a JSONL file (or a
-JSON list) of ``{"id": ..., "image": "rel/path.jpg", "conversations": [{"from": "human", "value": "<image>\\nQ"},
-{"from": "gpt", "value": "A"}, ...]}``, several turns per image, every answer trained on.
-
-    train | val | test files ──pieces of lines (byte offsets: no file is held), every core──> each record checked,
-      its image loaded and fitted to the square canvas ──> <prepare.dir>/conversations-<hash>/ train | val | test
-      records {"image": JPEG, "turns": JSON [[question, answer], ...], "group": 0}, tokenizer.json, prepared.json
-    records ──ChatRecords: the chat template, batches of one canvas──> the vision-language batch
-
-Images resolve against ``image_folder`` (default: the file's own folder) and are fitted to the square ``image_size``
-(``fit``: "resize", stretched, the default; or "pad", LLaVA-1.5's: padded to a square with the colour of CLIP's
-mean, ``PAD_COLOUR``, then resized). Without a val file, ``val_fraction`` of the training records (by a hash of the
-record's image path) are carved out for validation, as ``image_text_files`` carves. A record that is not a JSON object,
-without an image, with an image that does not load, or whose turns are not human, gpt, human, gpt, ...: a DataError
-naming the file, the line (or list index) and the field. So is a record longer than ``max_tokens``: a JSONL line of
-more than ``max_tokens × TOKEN_BYTES`` bytes as the file is first read (a line is never read whole beyond that), a
-record's text of more than as many characters before it is tokenized, and its ids (the chat template's) once they are
-counted, before its image is loaded. Every record is one group, "files/answer/held-out".
-
-Tokenizer: ``tokenizer.file`` (the language model's run's ``tokenizer.json``: the text tower starts from it; the
-characters it lacks under the ``max_unknown`` rule), else one trained on the conversations (characters or BPE).
-"""
+"""TODO docstring"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Literal
 
 from PIL import Image
 
-from lightformer.config_groups import as_config
-from lightformer.data.loading.pictures import channel_statistics
-from lightformer.data.loading.streaming import ImageLoaderConfig
-from lightformer.data.modules.chat_records import ChatRecords
 from lightformer.data.objectives.chat import ChatTemplate
 from lightformer.data.pieces import SPLITS
-from lightformer.data.preparation.caching import file_stamp
 from lightformer.data.preparation.prepare import (
-    TOKENIZER,
-    PrepareConfig,
-    TokenizerConfig,
-    _tokenizer_key,
-    as_tokenizer_config,
     worker_tokenizer,
 )
-from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
-from lightformer.data.sources.captions import MAX_TOKENS, TOKEN_BYTES, bounded_lines, carved, line_too_long, source_key
+from lightformer.data.sources.captions import MAX_TOKENS, TOKEN_BYTES, bounded_lines, carved, line_too_long
 from lightformer.data.sources.image_files import fit_image, load_image
 from lightformer.data.sources.rendering import jpeg_bytes
 from lightformer.errors import DataError
-from lightformer.facts import DataFacts
 from lightformer.nn.checks import check_at_least
 
-FORMAT_VERSION = 1  # bump when what a prepared folder holds, or how an image is fitted, changes meaning
 PIECE_RECORDS = 500  # records per piece a preparing process reads and writes before taking the next
+
+
 PAD_COLOUR = (122, 116, 104)  # CLIP's mean colour (0.4815, 0.4578, 0.4082), which LLaVA-1.5 pads images with
-GROUP = "files/answer/held-out"
+
+
 ROLES = ("human", "gpt")
 
 
@@ -230,98 +198,3 @@ def conversation_records(piece, field: str, keep: str | None, source: Conversati
         longest = max(longest, len(ids))
         yield {"image": jpeg_bytes(image), "turns": json.dumps(turns, ensure_ascii=False), "group": 0}
     return {"longest": longest}
-
-
-class ConversationFilesDataModule(ChatRecords):
-    """A user's images and LLaVA conversations (the module docstring), for a vision-language model: the batches
-    and facts of ``VisualQADataModule`` (one canvas, one group).
-
-    Args:
-        source: the files, the image folder, the canvas (``ConversationFiles``).
-        tokenizer: ``file``: the language model run's ``tokenizer.json``; unset: trained on the conversations.
-        template: the chat template (``ChatTemplate``), stored in the facts.
-        loader: records per batch, loader workers, pinned memory (``ImageLoaderConfig``).
-        prepare: where and with how many processes the records are prepared (``PrepareConfig``).
-        augment: jitter training images; never val or test.
-        seed: seeds the training order and jitter.
-    """
-
-    def __init__(
-        self,
-        source: ConversationFiles,
-        tokenizer: TokenizerConfig = TokenizerConfig(),
-        template: ChatTemplate = ChatTemplate(),
-        loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=32),
-        prepare: PrepareConfig = PrepareConfig(),
-        augment: bool = False,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(loader, prepare, augment, seed)
-        self.save_hyperparameters()
-        self.source, self.template = as_config(ConversationFiles, source), as_config(ChatTemplate, template)
-        self.tokenizer_config = as_tokenizer_config(tokenizer, TokenizerConfig())
-
-    def data_facts(self) -> DataFacts:
-        tokenizer, manifest, s = self.tokenizer, self.manifest, self.source
-        return DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
-                         image_size=(s.image_size, s.image_size), in_channels=3, image_fit=s.fit,
-                         normalize_mean=tuple(manifest["mean"]), normalize_std=tuple(manifest["std"]),
-                         max_length=manifest["longest"], chat_template=self.template.as_dict(), groups=(GROUP,),
-                         canvases={s.fit: [s.image_size, s.image_size]})  # fmt: skip
-
-    def _stem(self) -> str:
-        return "conversations"
-
-    def _files(self) -> dict[str, tuple[Path, str, str | None]]:
-        """Each split's (file, field, which part of it it keeps)."""
-        s = self.source
-        carve = s.val is None and s.val_fraction > 0
-        files = {"train": (Path(s.train), "train", "train" if carve else None)}
-        if s.val is not None or carve:
-            files["val"] = (Path(s.val), "val", None) if s.val is not None else (Path(s.train), "train", "val")
-        if s.test is not None:
-            files["test"] = (Path(s.test), "test", None)
-        return files
-
-    def _fingerprint(self) -> dict:
-        """What the records depend on: the files (paths, sizes, times), the options, the tokenizer, the template.
-        The images are named by the files; change a file to prepare again."""
-        stamps = {split: file_stamp(path) if path.is_file() else str(path) for split, (path, _, _) in
-                  self._files().items()}  # fmt: skip
-        tokenizer = _tokenizer_key(self.tokenizer_config, ())
-        return {"format": FORMAT_VERSION, "files": stamps, "source": source_key(self.source), "tokenizer": tokenizer,
-                "template": self.template.as_dict()}  # fmt: skip
-
-    def _build(self, folder: Path) -> dict:
-        """``prepared_folder``'s build through ``prepare_records``: the tokenizer loaded or trained on the
-        conversations, each split's pieces read, checked and fitted on every core."""
-        files = self._files()
-        split_pieces = {split: read_pieces(path, field, self.source.max_tokens) for split, (path, field, _) in
-                        files.items()}  # fmt: skip
-
-        def sample(splits: tuple[str, ...]):
-            for split in splits:
-                for piece in split_pieces.get(split, []):
-                    for where, record in piece_entries(piece, files[split][1]):
-                        for question, answer in turns_of(record, where, self.source.max_tokens):
-                            yield question.replace(self.template.image, "")
-                            yield answer
-            yield self.template.user + self.template.assistant
-
-        jobs = [TokenizerJob(TOKENIZER, self.tokenizer_config, sample, what="a tokenizer of the conversations")]
-
-        def splits(tokenizers: dict[str, str]) -> list[RecordSplit]:
-            return [RecordSplit(split, split_pieces[split],
-                                partial(conversation_records, field=field, keep=keep, source=self.source,
-                                        template=self.template, tokenizer_json=tokenizers[TOKENIZER]))
-                    for split, (_, field, keep) in files.items()]  # fmt: skip
-
-        _, parts = prepare_records(folder, jobs, splits, ("turns",), self.prepare_config.num_workers,
-                                   maxima=("longest",))  # fmt: skip
-        records = {split: parts.get(split, {}).get("records", 0) for split in SPLITS}
-        if not records["train"]:
-            raise DataError(f"data.source.train: {self.source.train} holds no training record")
-        mean, std = channel_statistics(folder / "train", records["train"])
-        longest = max(part.get("longest", 0) for part in parts.values())
-        runs = {split: [[0, n]] if n else [] for split, n in records.items()}  # one canvas
-        return {"records": records, "runs": runs, "mean": mean, "std": std, "longest": longest}

@@ -1,75 +1,52 @@
-"""Question-answer records about images for a vision-language model, built only from what the offline sources say:
-the Open Clip Art Library's titles, categories and keywords, the text of printed lines, emoji's Unicode names.
+"""What the vision-language data modules share once their question-answer records are prepared: records
+{"image": PNG, "question", "answer", "group", "text"} (or {"image", "turns": JSON}) read by index and laid out by the
+chat template, batches of one canvas (``CanvasBatchSampler``: one small integer per record held, its canvas's index,
+read from the manifest's runs), normalised with the training images' mean and standard deviation of each channel.
 
-    sources ──questions of QUESTIONS, answers read from the source──> units (one source, one canvas each)
-      ──draw / fit each image, every core, in pieces (``prepare_records``)──> <prepare.dir>/visual-qa-<hash>/
-        train | val | test records {"image": PNG (RGB, at its canvas), "question", "answer", "group", "text"},
-        prepared.json
-      records ──decode, chat template (``ChatTemplate``), one canvas per batch (``CanvasBatchSampler``)──>
-        {"images", "ids", "labels", "prompt_length", "group", "answer", "question", "transcript"}
-
-**Questions** (``QUESTIONS``; one (image, question, answer) per record):
-- clip art: "What is this?" → its title (drawings that have one); "Which category?" → its top-level category as
-  ``ClipArtDataModule`` names it ("signs and symbols"; drawings of one of its classes); "Name its keywords." → its
-  first 3 keywords joined by ", " (drawings that have keywords); both cut at a word within ``max_chars``. Split by
-  ``openclipart.split_of`` (a hash of the variant key: variants together), each drawing fitted on the square
-  ``drawing_size`` canvas (``drawing_image``).
-- lines: "What does it say?" → the line; "What is word N?" → its N-th word, N drawn from (seed, split, line). Lines
-  of ``words`` words of Austen drawn and rendered by ``image_text.LineDrawer`` at height 32 on a ``line_width``
-  canvas; train in the seen families, val and test in the held-out ones (``split_families``), text split by position.
-- fashion_mnist: "What kind of garment is this?" → its class name as torchvision names it ("Ankle boot"); the 28×28
-  grey images resized (bilinear) to ``garment_size`` (32: a grid of 4 × 4 patches of 8 after a pixel shuffle of 2)
-  and made RGB; train the official train split, val the first half of the official test split, test the second.
-- emoji: "What is this emoji?" → its Unicode name in lower case; training in the style not held out, val and test in
-  the held-out style (val: the names that ``carved`` picks by ``emoji_val_fraction``).
-
-**Text**: a record's "text" is the text its image shows, where the source knows it (a printed line's; "" for the
-others): the target of the task's CTC loss on the image tower (``VisionLanguageTask``'s ``ctc_weight``).
-
-**Groups**: "<source>/<kind>/held-out" for val and test records; with ``seen`` > 0, ``seen`` training images of each
-source (evenly spaced) are also val and test records of "<source>/<kind>/seen". Training records carry their seen
-group.
-
-**Pixels**: RGB uint8 at the canvas; batches normalised with the mean and standard deviation of each channel over
-``STATS_IMAGES`` training images spread evenly over the split (measured in preparation, in the facts).
-
-**Tokenizer**: by default the Austen character language model's (``austen_char_tokenizer``, ``configs/lm/
-austen_char.yaml``'s), so that the language model of the main job starts the text tower; or ``tokenizer.file``. The
-characters of the questions and answers it lacks are encoded as UNK within ``tokenizer.max_unknown``, refused above it.
+    records ──decode, jitter (train), ChatTemplate.encode──> {"images": (B, 3, H, W) float32, "ids", "labels",
+      "prompt_length", "group", "answer", "question", "transcript"}
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
-from functools import cached_property, lru_cache, partial
+from dataclasses import asdict
+from functools import cached_property, partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import NamedTuple
 
 import numpy as np
-import torchvision
-from PIL import Image
+from torch.utils.data import DataLoader
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.pictures import channel_statistics
+from lightformer.data.loading.pictures import QARecords, channel_statistics, collate_qa
+from lightformer.data.loading.sampling import CanvasBatchSampler, map_loader
 from lightformer.data.loading.streaming import ImageLoaderConfig
-from lightformer.data.modules.chat_records import ChatRecords
+from lightformer.data.module import DataModule
 from lightformer.data.objectives.chat import ChatTemplate
-from lightformer.data.pieces import SPLITS
+from lightformer.data.pieces import SPLITS, stage_splits
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
+    TOKENIZER,
     PrepareConfig,
     TokenizerConfig,
+    _tokenizer_key,
     as_tokenizer_config,
     check_unknown_characters,
     piece_size,
     pieces,
-    worker_tokenizer,
+    split_location,
 )
-from lightformer.data.preparation.records import RecordSplit, prepare_records
+from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
 from lightformer.data.sources import emoji, openclipart
-from lightformer.data.sources.captions import carved
+from lightformer.data.sources.captions import carved, source_key
+from lightformer.data.sources.conversations import (
+    ConversationFiles,
+    conversation_records,
+    piece_entries,
+    read_pieces,
+    turns_of,
+)
 from lightformer.data.sources.corpora import (
     DEBIAN_FASHION_MNIST_DIR,
     MNIST_RAW_FILES,
@@ -77,186 +54,186 @@ from lightformer.data.sources.corpora import (
     install_debian_fashion_mnist,
 )
 from lightformer.data.sources.lines import (
-    DEFAULT_HELD_OUT,
-    ImageTextSource,
     LineDrawer,
     RenderConfig,
     austen_char_tokenizer,
     split_families,
     split_sentences,
 )
-from lightformer.data.sources.rendering import SYSTEM_FONT_DIR, png_bytes, typefaces
+from lightformer.data.sources.questions import (
+    CANVAS_OF,
+    KEYWORDS,
+    LINE_HEIGHT,
+    PIECE_IMAGES,
+    QUESTIONS,
+    Unit,
+    VisualQASource,
+    garments,
+    qa_records,
+)
+from lightformer.data.sources.rendering import typefaces
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
-from lightformer.nn.checks import check_at_least
-from lightformer.tokenization.text import Tokenizer
-
-FORMAT_VERSION = 3  # bump when what a prepared folder holds, or how an image is drawn, changes meaning
-QUESTIONS = {  # source → question kind → the question ("{n}": the word's number)
-    "clipart": {"name": "What is this?", "category": "Which category?", "keywords": "Name its keywords."},
-    "lines": {"read": "What does it say?", "word": "What is word {n}?"},
-    "fashion_mnist": {"garment": "What kind of garment is this?"},
-    "emoji": {"name": "What is this emoji?"},
-}
-# source → its images' kind (an image_fit name: how an image of another size is brought to the canvas)
-CANVAS_OF = {"clipart": "drawing", "lines": "line", "fashion_mnist": "resize", "emoji": "drawing"}
-LINE_HEIGHT = 32
-KEYWORDS = 3  # keywords in a keywords answer
-PIECE_IMAGES = 250  # images per piece a preparing process draws and writes before taking the next
+from lightformer.tokenization.text import PAD_ID, Tokenizer
 
 
-@dataclass(frozen=True)
-class VisualQASource:
-    """Which sources, how many images of each, on which canvases (``data.source``).
+class ChatData(DataModule):
+    """Question-answer records of images, laid out by a chat template: the vision-language family. Its manifest holds
+    each split's "records", its "runs" ([[canvas index, records], ...] in the records' order), the pixels' "mean" and
+    "std"; batches hold images of one canvas each (``CanvasBatchSampler``).
 
     Args:
-        sources: of "clipart", "lines", "fashion_mnist", "emoji" (``QUESTIONS``).
-        seen: training images of each source also evaluated, as "<source>/<kind>/seen" groups of val and test.
-        max_images: most images of a source in a split; None: all. Clip art's are then taken in the order of a hash
-            of their names (a sample of every category), the others' in their sources' order.
-        drawing_size: the square canvas of drawings and emoji, in pixels (a multiple of 16).
-        line_width: the lines' canvas width (height 32), a multiple of 16.
-        garment_size: Fashion-MNIST's square canvas (its 28×28 images resized to it), a multiple of 16.
-        words: (fewest, most) words of a line.
-        max_chars: most characters of an answer: a longer line is drawn again; a longer clip art title or keyword
-            list is cut at a word (``openclipart.cut``).
-        train_lines: lines rendered for training; val_lines, test_lines: for val and test (held-out typefaces).
-        held_out_families: the typefaces never trained on (``ImageTextSource.held_out_families``).
-        clipart_root: the Open Clip Art Library's folder (``png/``, ``svg/``).
-        val_fraction, test_fraction: the clip art's drawings (by their variant's hash) held out for val and test.
-        emoji_held_out_style: the emoji style of val and test ("symbola" or "noto").
-        emoji_val_fraction: share of the held-out emoji (by name) in val; the rest are test.
-        font_dir, data_root: the lines' typefaces (``ImageTextSource.font_dir``: the default, the declared ones); where
-            the Austen corpus and Fashion-MNIST (``FashionMNIST/raw``, from Debian's dataset-fashion-mnist) are stored.
+        loader: records per batch, loader workers, pinned memory (``ImageLoaderConfig``).
+        prepare: where and with how many processes the records are prepared (``PrepareConfig``).
+        augment: jitter training images; never val or test.
+        seed: seeds the training order and jitter.
     """
 
-    sources: tuple[str, ...] = ("clipart", "lines")
-    seen: int = 100
-    max_images: int | None = None
-    drawing_size: int = 64
-    line_width: int = 192
-    garment_size: int = 32
-    words: tuple[int, int] = (1, 4)
-    max_chars: int = 62
-    train_lines: int = 20_000
-    val_lines: int = 500
-    test_lines: int = 500
-    held_out_families: tuple[str, ...] = DEFAULT_HELD_OUT
-    clipart_root: str = openclipart.OPENCLIPART_ROOT
-    val_fraction: float = 0.05
-    test_fraction: float = 0.05
-    emoji_held_out_style: str = "symbola"
-    emoji_val_fraction: float = 0.5
-    font_dir: str = SYSTEM_FONT_DIR  # "/usr/share/fonts": the declared typefaces
-    data_root: str = "data"
+    counted = "records"
+    template: ChatTemplate
+    tokenizer: object
 
-    def __post_init__(self) -> None:
-        for name in ("sources", "held_out_families", "words"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
-        unknown = [s for s in self.sources if s not in QUESTIONS]
-        if not self.sources or unknown or len(set(self.sources)) < len(self.sources):
-            raise ValueError(f"data.source.sources={list(self.sources)}: give each of {list(QUESTIONS)} at most once, "
-                             "one at least")  # fmt: skip
-        check_at_least("data.source.seen", self.seen, 0)
-        check_at_least("data.source.max_chars", self.max_chars, 8)
-        if self.max_images is not None:
-            check_at_least("data.source.max_images", self.max_images, 1)
-        for name in ("drawing_size", "line_width", "garment_size"):
-            if getattr(self, name) < 16 or getattr(self, name) % 16:
-                raise ValueError(f"data.source.{name}={getattr(self, name)} must be a positive multiple of 16 (the "
-                                 "patch grid: patch 8 × pixel shuffle 2)")  # fmt: skip
-        if len(self.words) != 2 or not 1 <= self.words[0] <= self.words[1]:
-            raise ValueError(f"data.source.words={list(self.words)} must be [fewest, most] with 1 <= fewest <= most")
-        if self.emoji_held_out_style not in emoji.STYLES:
-            raise ValueError(f"data.source.emoji_held_out_style={self.emoji_held_out_style!r}; valid: "
-                             f"{list(emoji.STYLES)}")  # fmt: skip
+    def __init__(self, loader: ImageLoaderConfig, prepare: PrepareConfig, augment: bool, seed: int) -> None:
+        super().__init__()
+        self.loader, self.prepare_config = as_config(ImageLoaderConfig, loader), as_config(PrepareConfig, prepare)
+        self.augment, self.seed = augment, seed
 
-    def line_source(self) -> ImageTextSource:
-        """The printed lines' options as ``image_text`` reads them."""
-        return ImageTextSource(min_words=self.words[0], max_words=self.words[1], max_chars=self.max_chars,
-                               train_lines=self.train_lines,
-                               val_lines=self.val_lines, test_lines=self.test_lines,
-                               held_out_families=self.held_out_families, font_dir=self.font_dir,
-                               data_root=self.data_root)  # fmt: skip
+    def setup(self, stage: str | None = None) -> None:
+        for split in stage_splits(stage):
+            if self._has(split):
+                self.dataset(split)
 
-    def groups(self) -> tuple[str, ...]:
-        """Every group's name, in the order a record's "group" indexes them."""
-        which = ("held-out", "seen") if self.seen else ("held-out",)
-        return tuple(f"{s}/{kind}/{w}" for s in self.sources for kind in QUESTIONS[s] for w in which)
+    def _has(self, split: str) -> bool:
+        return bool(self.manifest[self.counted][split])
 
-    def canvases(self) -> dict[str, list[int]]:
-        """Each kind of image's [height, width]."""
-        size = {"drawing": [self.drawing_size] * 2, "line": [LINE_HEIGHT, self.line_width],
-                "resize": [self.garment_size] * 2}  # fmt: skip
-        return {CANVAS_OF[s]: size[CANVAS_OF[s]] for s in self.sources}
+    def predict_dataloader(self) -> DataLoader:
+        return self.test_dataloader()
+
+    def canvases_of(self, split: str) -> np.ndarray:
+        """Each record's canvas index (uint8): all a sampler holds per record."""
+        runs = self.manifest["runs"][split]
+        return np.repeat(np.asarray([c for c, _ in runs], np.uint8), [n for _, n in runs])
+
+    def dataset(self, split: str) -> QARecords:
+        """A prepared split's records, its shards checked."""
+        if split not in self.datasets:
+            if not self.manifest["records"][split]:
+                raise DataError(f"data.source: the {split} split holds no record; give it images")
+            self.datasets[split] = QARecords(split_location(self.prepared, split), self.tokenizer.to_str(),
+                                             self.template, self.augment and split == "train", self.seed)  # fmt: skip
+        return self.datasets[split]
+
+    def _dataloader(self, split: str, shuffle: bool = False):
+        dataset = self.dataset(split)
+        sampler = CanvasBatchSampler(self.canvases_of(split), self.loader.batch_size, shuffle, self.seed,
+                                     with_epoch=shuffle)  # fmt: skip
+        collate = partial(collate_qa, mean=self.manifest["mean"], std=self.manifest["std"], pad_id=PAD_ID)
+        return map_loader(dataset, self.loader, resumable=shuffle, batch_sampler=sampler, collate_fn=collate)
 
 
-class Unit(NamedTuple):
-    """What one preparing process draws at a time: images of one source (one canvas), each with its (group, question,
-    answer) records. ``items``: clip art's drawing names, lines' indices in ``line_split`` (a range), Fashion-MNIST's
-    (official split, index) pairs, emoji's (character, style) pairs."""
-
-    source: str
-    items: list | range
-    questions: list  # per item: [(group, question, answer), ...]; lines': [] (read from the drawn line)
-    groups: dict[str, int]  # lines: question kind → group
-    line_split: str = ""  # lines: the split whose lines they are
+CONVERSATIONS_FORMAT = 1  # bump when what a prepared folder holds, or how an image is fitted, changes meaning
+GROUP = "files/answer/held-out"
 
 
-def qa_records(unit: Unit, options: VisualQASource, drawer: LineDrawer | None, tokenizer_json: str, seed: int):
-    """The records {"image": PNG, "question", "answer", "group", "text"} of ``unit``, one image at a time; returns the
-    longest ids (the chat template's, of one turn) it made."""
-    tokenizer, longest = worker_tokenizer(tokenizer_json), 0
-    for position, item in enumerate(unit.items):
-        text = ""  # what the image shows, where the source knows it
-        if unit.source == "clipart":
-            path = Path(options.clipart_root) / "png" / f"{item}.png"
-            try:
-                image = openclipart.drawing_image(path, options.drawing_size)
-            except (OSError, ValueError) as error:
-                raise DataError(f"data.source.clipart_root: {path} is not a readable PNG ({error})") from None
-            questions = unit.questions[position]
-        elif unit.source == "fashion_mnist":
-            official, index = item
-            pixels = garments(options.data_root, official)[0][index]
-            image = Image.fromarray(pixels).resize((options.garment_size,) * 2, Image.Resampling.BILINEAR)
-            questions = unit.questions[position]
-        elif unit.source == "emoji":
-            character, style = item
-            font = emoji.NOTO_EMOJI if style == "noto" else emoji.SYMBOLA
-            image = emoji.draw(character, style, font, options.drawing_size)
-            questions = unit.questions[position]
-        else:
-            split, index = unit.line_split, item
-            line, image = drawer.line(split, index)
-            text, words = line.text, line.text.split()
-            rng = np.random.default_rng(np.random.SeedSequence((seed, 2, ("train", "val", "test").index(split), index)))
-            n = int(rng.integers(1, len(words) + 1))
-            questions = [(unit.groups["read"], QUESTIONS["lines"]["read"], line.text),
-                         (unit.groups["word"], QUESTIONS["lines"]["word"].format(n=n), words[n - 1])]  # fmt: skip
-        png = png_bytes(image.convert("RGB"))
-        for group, question, answer in questions:
-            longest = max(longest, len(ChatTemplate().encode(tokenizer, [(question, answer)], tokenizer.vocab_size)[0]))
-            yield {"image": png, "question": question, "answer": answer, "group": group, "text": text}
-    return {"longest": longest}
+class ConversationFilesDataModule(ChatData):
+    """A user's images and LLaVA conversations (the module docstring), for a vision-language model: the batches
+    and facts of ``VisualQADataModule`` (one canvas, one group).
+
+    Args:
+        source: the files, the image folder, the canvas (``ConversationFiles``).
+        tokenizer: ``file``: the language model run's ``tokenizer.json``; unset: trained on the conversations.
+        template: the chat template (``ChatTemplate``), stored in the facts.
+        loader: records per batch, loader workers, pinned memory (``ImageLoaderConfig``).
+        prepare: where and with how many processes the records are prepared (``PrepareConfig``).
+        augment: jitter training images; never val or test.
+        seed: seeds the training order and jitter.
+    """
+
+    def __init__(
+        self,
+        source: ConversationFiles,
+        tokenizer: TokenizerConfig = TokenizerConfig(),
+        template: ChatTemplate = ChatTemplate(),
+        loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=32),
+        prepare: PrepareConfig = PrepareConfig(),
+        augment: bool = False,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(loader, prepare, augment, seed)
+        self.save_hyperparameters()
+        self.source, self.template = as_config(ConversationFiles, source), as_config(ChatTemplate, template)
+        self.tokenizer_config = as_tokenizer_config(tokenizer, TokenizerConfig())
+
+    def data_facts(self) -> DataFacts:
+        tokenizer, manifest, s = self.tokenizer, self.manifest, self.source
+        return DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+                         image_size=(s.image_size, s.image_size), in_channels=3, image_fit=s.fit,
+                         normalize_mean=tuple(manifest["mean"]), normalize_std=tuple(manifest["std"]),
+                         max_length=manifest["longest"], chat_template=self.template.as_dict(), groups=(GROUP,),
+                         canvases={s.fit: [s.image_size, s.image_size]})  # fmt: skip
+
+    def _stem(self) -> str:
+        return "conversations"
+
+    def _files(self) -> dict[str, tuple[Path, str, str | None]]:
+        """Each split's (file, field, which part of it it keeps)."""
+        s = self.source
+        carve = s.val is None and s.val_fraction > 0
+        files = {"train": (Path(s.train), "train", "train" if carve else None)}
+        if s.val is not None or carve:
+            files["val"] = (Path(s.val), "val", None) if s.val is not None else (Path(s.train), "train", "val")
+        if s.test is not None:
+            files["test"] = (Path(s.test), "test", None)
+        return files
+
+    def _fingerprint(self) -> dict:
+        """What the records depend on: the files (paths, sizes, times), the options, the tokenizer, the template.
+        The images are named by the files; change a file to prepare again."""
+        stamps = {split: file_stamp(path) if path.is_file() else str(path) for split, (path, _, _) in
+                  self._files().items()}  # fmt: skip
+        tokenizer = _tokenizer_key(self.tokenizer_config, ())
+        return {"format": CONVERSATIONS_FORMAT, "files": stamps, "source": source_key(self.source),
+                "tokenizer": tokenizer, "template": self.template.as_dict()}  # fmt: skip
+
+    def _build(self, folder: Path) -> dict:
+        """``prepared_folder``'s build through ``prepare_records``: the tokenizer loaded or trained on the
+        conversations, each split's pieces read, checked and fitted on every core."""
+        files = self._files()
+        split_pieces = {split: read_pieces(path, field, self.source.max_tokens) for split, (path, field, _) in
+                        files.items()}  # fmt: skip
+
+        def sample(splits: tuple[str, ...]):
+            for split in splits:
+                for piece in split_pieces.get(split, []):
+                    for where, record in piece_entries(piece, files[split][1]):
+                        for question, answer in turns_of(record, where, self.source.max_tokens):
+                            yield question.replace(self.template.image, "")
+                            yield answer
+            yield self.template.user + self.template.assistant
+
+        jobs = [TokenizerJob(TOKENIZER, self.tokenizer_config, sample, what="a tokenizer of the conversations")]
+
+        def splits(tokenizers: dict[str, str]) -> list[RecordSplit]:
+            return [RecordSplit(split, split_pieces[split],
+                                partial(conversation_records, field=field, keep=keep, source=self.source,
+                                        template=self.template, tokenizer_json=tokenizers[TOKENIZER]))
+                    for split, (_, field, keep) in files.items()]  # fmt: skip
+
+        _, parts = prepare_records(folder, jobs, splits, ("turns",), self.prepare_config.num_workers,
+                                   maxima=("longest",))  # fmt: skip
+        records = {split: parts.get(split, {}).get("records", 0) for split in SPLITS}
+        if not records["train"]:
+            raise DataError(f"data.source.train: {self.source.train} holds no training record")
+        mean, std = channel_statistics(folder / "train", records["train"])
+        longest = max(part.get("longest", 0) for part in parts.values())
+        runs = {split: [[0, n]] if n else [] for split, n in records.items()}  # one canvas
+        return {"records": records, "runs": runs, "mean": mean, "std": std, "longest": longest}
 
 
-@lru_cache(maxsize=2)
-def garments(root: str, official: str) -> tuple[np.ndarray, list[str]]:
-    """Fashion-MNIST's official "train" or "test" split under ``root`` as (N, 28, 28) uint8 images and their class
-    names as torchvision names them (read once per preparing process); a DataError saying how to install it."""
-    install_debian_fashion_mnist(root)
-    try:
-        dataset = torchvision.datasets.FashionMNIST(root, train=official == "train", download=False)
-    except (RuntimeError, OSError) as error:
-        raise DataError(f"data.source.sources holds fashion_mnist but it is not under data.source.data_root={root!r} "
-                        f"({error}): apt-get install dataset-fashion-mnist puts it in {DEBIAN_FASHION_MNIST_DIR}, "
-                        "from where it is copied") from None  # fmt: skip
-    names = [dataset.classes[int(label)] for label in dataset.targets]
-    return dataset.data.numpy(), names
+QUESTIONS_FORMAT = 3  # bump when what a prepared folder holds, or how an image is drawn, changes meaning
 
 
-class VisualQADataModule(ChatRecords):
+class VisualQADataModule(ChatData):
     """Questions and answers about images (the module docstring), for a vision-language model: batches of one canvas
     {"images": (B, 3, H, W) float32 normalised, "ids": (B, T) int64 (one placeholder == vocab_size per row), "labels",
     "prompt_length", "group", "answer", "question"}; the facts add the chat template, the groups and the canvases.
@@ -349,7 +326,7 @@ class VisualQADataModule(ChatRecords):
             files += [file_stamp(Path(s.data_root) / "FashionMNIST" / "raw" / name)[1:] for name in MNIST_RAW_FILES]
         if "emoji" in s.sources:
             files += [file_stamp(Path(font))[1:] for font in (emoji.NOTO_EMOJI, emoji.SYMBOLA)]
-        return {"format": FORMAT_VERSION, "files": content_hash(files), "source": asdict(s), "seed": self.seed,
+        return {"format": QUESTIONS_FORMAT, "files": content_hash(files), "source": asdict(s), "seed": self.seed,
                 "families": {split: list(f) for split, f in self.families.items()},
                 "tokenizer": content_hash(self.tokenizer.to_str()), "template": self.template.as_dict()}  # fmt: skip
 
