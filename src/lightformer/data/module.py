@@ -14,6 +14,7 @@ from typing import Any
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
+from lightformer.data.pieces import stage_splits
 from lightformer.data.preparation.caching import SameDataOnResume, read_manifest
 from lightformer.data.preparation.prepare import TOKENIZER, prepared_folder
 from lightformer.facts import DataFacts
@@ -114,15 +115,29 @@ class DataModule(SameDataOnResume, L.LightningDataModule):
         """Prepare the data (once per job), or find it prepared."""
         self.prepared  # noqa: B018 (prepares on first use)
 
-    # --- the splits' loaders: ``_dataloader(split, shuffle)``; no validation loader (Lightning then skips
-    # validation) when ``_has("val")`` says that split is empty ---
+    # --- the splits' datasets (``dataset(split)``) and loaders (``_dataloader(split, shuffle)``); no validation loader
+    # (Lightning then skips validation) when ``_has("val")`` says that split is empty ---
+
+    counted = ""  # the manifest's entry of each split's records, by split ("": every split holds some)
+
+    def dataset(self, split: str) -> Dataset:
+        raise NotImplementedError
 
     def _dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
         raise NotImplementedError
 
     def _has(self, split: str) -> bool:
         """Whether a split holds any data."""
-        return True
+        return not self.counted or bool(self.manifest[self.counted].get(split))
+
+    def setup(self, stage: str | None = None) -> None:
+        """Open the datasets of the splits that ``stage`` needs (all for None)."""
+        for split in stage_splits(stage):
+            if self._has(split):
+                self.dataset(split)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.test_dataloader()
 
     def train_dataloader(self) -> DataLoader:
         return self._dataloader("train", shuffle=True)

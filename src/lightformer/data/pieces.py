@@ -49,9 +49,8 @@ def resolve_files(patterns: list[str], field_name: str) -> list[Path]:
 
 @dataclass(frozen=True)
 class Piece:
-    """A part of one file that preparation reads on its own: bytes [start, end) of a text or JSONL file, rows
-    [start, end) of a Parquet file. ``file_end``: the piece ends its file (a text file's last line may lack a break).
-    """
+    """A part of one file that preparation reads on its own: bytes [start, end) of a text or JSONL file, rows [start,
+    end) of a Parquet file. ``file_end``: the piece ends its file (a text file's last line may lack a break)."""
 
     path: str
     format: Format
@@ -134,8 +133,8 @@ def split_pieces(
     piece_bytes: int = PIECE_BYTES,
     cut: Split = "end",
 ) -> dict[str, list[Piece]]:
-    """Each split's pieces: the val and test files given in ``held_out``, else the end of the training files (of
-    them all, or of each file: ``cut``)."""
+    """Each split's pieces: ``held_out``'s val and test files, else the end of the train files (all, or each:
+    ``cut``)."""
     spans = [FileSpan.of(path) for path in train]
     fractions = {
         split: 0.0 if held_out.get(split) else fraction
@@ -209,8 +208,7 @@ def _last_character_start(data: bytes) -> int:
 
 
 def line_pieces(path: Path, piece_bytes: int | None = None) -> list[Piece]:
-    """A file of lines cut into pieces of about ``piece_bytes`` (default ``PIECE_BYTES``) that begin and end at line
-    breaks, however long a line (cut as JSONL is: a line is one example, never split)."""
+    """A file of lines cut into pieces of about ``piece_bytes`` (``PIECE_BYTES``) at line breaks, as JSONL is."""
     span = FileSpan(Path(path), "jsonl", Path(path).stat().st_size, Path(path).stat().st_size)
     return pieces_of(span, 0, span.extent, piece_bytes or PIECE_BYTES)
 
@@ -237,8 +235,7 @@ def piece_lines(piece: Piece, what: str, limit: int | None = None) -> list[str]:
 
 
 def first_line(piece: Piece) -> int:
-    """The number (from 1) of a piece's first line in its file: the line breaks before it, counted when asked (for
-    an error message: it reads the file up to the piece)."""
+    """The number (from 1) of a piece's first line in its file, counted when asked (an error's: reads up to it)."""
     breaks, position = 0, 0
     with open(piece.path, "rb") as f:
         while position < piece.start:
@@ -251,8 +248,7 @@ def first_line(piece: Piece) -> int:
 
 @dataclass(frozen=True)
 class AlignedPiece:
-    """The same range of lines of two line-aligned files (line i of one translates line i of the other): their byte
-    ranges ``src`` and ``tgt``."""
+    """The same lines of two line-aligned files (line i translates line i): their byte ranges ``src`` and ``tgt``."""
 
     src: Piece
     tgt: Piece

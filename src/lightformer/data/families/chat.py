@@ -16,7 +16,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from torch.utils.data import DataLoader
 
 from lightformer.config_groups import as_config
 from lightformer.data.loading.pictures import QARecords, channel_statistics, collate_qa
@@ -24,7 +23,7 @@ from lightformer.data.loading.sampling import CanvasBatchSampler, map_loader
 from lightformer.data.loading.streaming import ImageLoaderConfig
 from lightformer.data.module import DataModule
 from lightformer.data.objectives.chat import ChatTemplate
-from lightformer.data.pieces import SPLITS, stage_splits
+from lightformer.data.pieces import SPLITS
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
     TOKENIZER,
@@ -97,17 +96,6 @@ class ChatData(DataModule):
         super().__init__()
         self.loader, self.prepare_config = as_config(ImageLoaderConfig, loader), as_config(PrepareConfig, prepare)
         self.augment, self.seed = augment, seed
-
-    def setup(self, stage: str | None = None) -> None:
-        for split in stage_splits(stage):
-            if self._has(split):
-                self.dataset(split)
-
-    def _has(self, split: str) -> bool:
-        return bool(self.manifest[self.counted][split])
-
-    def predict_dataloader(self) -> DataLoader:
-        return self.test_dataloader()
 
     def canvases_of(self, split: str) -> np.ndarray:
         """Each record's canvas index (uint8): all a sampler holds per record."""

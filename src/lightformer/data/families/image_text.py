@@ -25,7 +25,7 @@ from lightformer.data.loading.pictures import (
 from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler, map_loader
 from lightformer.data.loading.streaming import ImageLoaderConfig
 from lightformer.data.module import DataModule
-from lightformer.data.pieces import SPLITS, line_pieces, stage_splits
+from lightformer.data.pieces import SPLITS, line_pieces
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
 from lightformer.data.preparation.prepare import (
     TOKENIZER,
@@ -58,7 +58,7 @@ from lightformer.data.sources.corpora import (
     ding_dictionary,
 )
 from lightformer.data.sources.emoji import EmojiSource, emoji_records
-from lightformer.data.sources.image_files import check_canvas_size, fit_image, load_image
+from lightformer.data.sources.image_files import MIN_SIZE, fit_image, load_image
 from lightformer.data.sources.lines import (
     PIECE_LINES,
     PREPARED_SPLITS,
@@ -125,7 +125,8 @@ class ImageTextData(DataModule):
         self.tokenizer_config = as_tokenizer_config(tokenizer, TokenizerConfig())
         self.tokenizer_config.check_used_by(type(self).__name__, **self.tokenizer_use)
         self.loader, self.prepare_config = as_config(ImageLoaderConfig, loader), as_config(PrepareConfig, prepare)
-        check_canvas_size(image_size)
+        if image_size < MIN_SIZE:
+            raise ValueError(f"data.image_size={image_size} must be at least {MIN_SIZE} pixels")
         if channels not in (1, 3):
             raise ValueError(f"data.channels={channels} must be 1 (grey) or 3 (RGB)")
         self.image_size, self.channels, self.augment, self.seed = image_size, channels, augment, seed
@@ -136,15 +137,7 @@ class ImageTextData(DataModule):
                          image_size=(self.image_size, self.image_size), in_channels=self.channels,
                          image_fit=self.image_fit, normalize_mean=tuple(manifest["mean"]),
                          normalize_std=tuple(manifest["std"]), max_length=manifest["longest"] + 2,
-                         class_names=tuple(manifest["class_names"]) if self.labels else ())  # fmt: skip
-
-    def setup(self, stage: str | None = None) -> None:
-        for split in stage_splits(stage):
-            if self._has(split):
-                self.dataset(split)
-
-    def _has(self, split: str) -> bool:
-        return bool(self.manifest[self.counted].get(split))
+                         class_names=tuple(manifest["class_names"]) if self.labels else None)  # fmt: skip
 
     def dataset(self, split: str) -> CaptionedImages:
         """A prepared split's images, its shards checked."""
@@ -163,9 +156,6 @@ class ImageTextData(DataModule):
         collate = partial(collate_captions, mean=self.manifest["mean"], std=self.manifest["std"], pad_id=PAD_ID)
         return map_loader(dataset, self.loader, sampler or evaluation_sampler(dataset), shuffle, collate_fn=collate)
 
-    def predict_dataloader(self) -> DataLoader:
-        return self.test_dataloader()
-
     # --- a source's own images: its records fitted to the canvas (the presets prepare theirs in their own way) ---
 
     def _stem(self) -> str:
@@ -181,9 +171,12 @@ class ImageTextData(DataModule):
         """The source's records through ``prepare_captioned``: the texts read once (for the tokenizer), then each
         input of each split on every core, its images read and fitted one at a time."""
         splits = [split for split in SPLITS if split in self.source.splits]
-        rows = ((split, source_texts(self.source, part)) for split in splits
-                for part in self.source.inputs(split) for _ in [0])  # fmt: skip
-        rows = ((split, texts) for split, records in rows for texts in records)
+        rows = (
+            (split, checked_texts(record, self.source, part, index))
+            for split in splits
+            for part in self.source.inputs(split)
+            for index, record in enumerate(self.source.records(part))
+        )
         fitted = partial(source_images, source=self.source, size=self.image_size, channels=self.channels)
 
         def record_splits(images: dict[str, int]) -> list[RecordSplit]:
@@ -206,30 +199,30 @@ class ImageTextData(DataModule):
         return record_splits
 
 
-def source_texts(source: Source, part) -> Iterator[list[str]]:
-    """Each record's texts of ``source.records(part)``, checked: a mapping of an "image" and its "texts" (a list of
-    strings, at least one), else a ``DataError`` naming the source, the part and the record."""
-    for index, record in enumerate(source.records(part)):
-        texts = record.get("texts") if isinstance(record, dict) else None
-        if not (isinstance(texts, list | tuple) and texts and all(isinstance(text, str) for text in texts)
-                and isinstance(record.get("image"), str | bytes | Path)):  # fmt: skip
-            raise DataError(
-                f"data.source: {type(source).__name__}.records({part!r}) gave {record!r:.80} as its record {index}: an "
-                'image-text source gives records {"image": a path or the file\'s bytes, "texts": [str, ...]}'
-            )
-        yield list(texts)
+def checked_texts(record: object, source: Source, part, index: int) -> list[str]:
+    """A source's record's texts, the record checked: a mapping of an "image" (a path or the file's bytes) and its
+    "texts" (a list of strings, at least one), else a ``DataError`` naming the source, the part and the record."""
+    texts = record.get("texts") if isinstance(record, dict) else None
+    if not (isinstance(texts, list | tuple) and texts and all(isinstance(text, str) for text in texts)
+            and isinstance(record.get("image"), str | bytes | Path)):  # fmt: skip
+        raise DataError(
+            f"data.source: {type(source).__name__}.records({part!r}) gave {record!r:.80} as its record {index}: an "
+            'image-text source gives records {"image": a path or the file\'s bytes, "texts": [str, ...]}'
+        )
+    return list(texts)
 
 
 def source_images(part, source: Source, size: int, channels: int) -> Iterator[dict]:
     """The records {"image": JPEG, "texts": JSON list} of ``source.records(part)``, each image read and resized to
     the square canvas one at a time; one that does not decode is a ``DataError`` naming it."""
-    for record, texts in zip(source.records(part), source_texts(source, part), strict=True):
-        image = record["image"]
+    for index, record in enumerate(source.records(part)):
+        texts, image = checked_texts(record, source, part, index), record["image"]
         try:
             loaded = load_image(io.BytesIO(image) if isinstance(image, bytes) else image, channels)
         except (OSError, ValueError) as error:
-            where = f"{image!r:.60}" if not isinstance(image, bytes) else "an image of bytes"
-            raise DataError(f"data.source: {type(source).__name__}.records({part!r}): {where}: {error}") from None
+            where = "its image's bytes" if isinstance(image, bytes) else str(image)
+            raise DataError(f"data.source: {type(source).__name__}.records({part!r}), record {index}: {where}: "
+                            f"{error}") from None  # fmt: skip
         yield {"image": jpeg_bytes(fit_image(loaded, size, size, "resize")),
                "texts": json.dumps(texts, ensure_ascii=False)}  # fmt: skip
 

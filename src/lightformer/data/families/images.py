@@ -294,10 +294,6 @@ class ImageDataModule(DataModule):
             raise RuntimeError(f"ImageDataModule.{split}_dataloader() needs setup() to have run first")
         return image_loader(dataset, self.loader, self.seed, shuffle)
 
-    def predict_dataloader(self) -> DataLoader:
-        """The test set, for ``lightformer predict``: the task returns each image's class probabilities."""
-        return self._dataloader("test")
-
 
 # A uniform palette has levels³ colours: past this the vocabulary outgrows Image GPT's (512 k-means colours).
 MAX_UNIFORM_COLOURS = 4096
@@ -449,8 +445,7 @@ class ImageTokenDataModule(DataModule):
         return self._pixel_tokenizer
 
     def _palette_sample(self) -> Tensor:
-        """The training images a k-means palette is fitted on: a built-in dataset's all; an image folder's at most
-        ``PALETTE_SAMPLE_PIXELS`` pixels' worth, drawn by the seed."""
+        """A k-means palette's training images: a built-in set's all, a folder's ``PALETTE_SAMPLE_PIXELS`` worth."""
         if not self.streams_images:
             self._read_images()
             return self._images["train"]

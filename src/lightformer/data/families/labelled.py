@@ -209,8 +209,7 @@ class TextClassificationDataModule(DataModule):
         return map_loader(dataset, self.loader, sampler, shuffle, collate_fn=collate)
 
     def _chosen(self) -> np.ndarray | None:
-        """The indices of the `train_examples` train texts, drawn once (the same for every seed), in order; None:
-        all."""
+        """The indices of the `train_examples` train texts, drawn once, the same for every seed; None: all."""
         return chosen_examples(sum(self.manifest["counts"]["train"]), self.source.train_examples)
 
     def _describe_source(self) -> str:
@@ -222,8 +221,7 @@ class TextClassificationDataModule(DataModule):
         return "classify-" + ("austen" if self.source.corpus == "austen" else stem_of(self.files["train"]))
 
     def _fingerprint(self) -> dict:
-        """What the prepared folder depends on: the corpus's content or the files' stamps, the passage rule, the
-        tokenizer, the format version."""
+        """What the folder depends on: the corpus or files, the passage rule, the tokenizer, the format version."""
         if self.tokenizer_config.file is not None:
             tokenizer = {
                 "file": content_hash(Path(self.tokenizer_config.file).read_text(encoding="utf-8", errors="replace"))

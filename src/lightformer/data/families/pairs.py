@@ -150,8 +150,8 @@ class TranslationDataModule(DataModule):
         return self._side_tokenizer(1 - self.source.source_side)
 
     def data_facts(self) -> DataFacts:
-        """The two tokenizers, and the positions the longest pair of any split needs: its source, and its target less
-        one (teacher forcing feeds ``tgt[:, :-1]``)."""
+        """The two tokenizers and the positions of the longest pair: its source, its target less one (teacher
+        forcing)."""
         for split in SPLITS:
             if split not in self.datasets and self.stats.get(f"{split}_pairs"):
                 self.datasets[split] = self._encode_split(split)
@@ -174,8 +174,7 @@ class TranslationDataModule(DataModule):
     # --- LightningDataModule hooks (``prepared``: the folder of tokenizers, record splits and manifest) ---
 
     def setup(self, stage: str | None = None) -> None:
-        """Open the splits `stage` needs (all for None): train pairs over `max_sentence_tokens` dropped, val and test
-        cut."""
+        """Open the splits `stage` needs (None: all): long train pairs dropped, val and test ones cut."""
         for split in stage_splits(stage):
             if split not in self.datasets:
                 self.datasets[split] = self._encode_split(split)
@@ -262,8 +261,7 @@ class TranslationDataModule(DataModule):
         }
 
     def _build(self, folder: Path) -> dict:
-        """Prepare `folder` through ``prepare_records``: the tokenizers, then the record splits; returns the manifest's
-        additions."""
+        """Prepare `folder` through ``prepare_records`` (tokenizers, then record splits); returns manifest additions."""
         if self.source.corpus == "ding":
             inputs, stats = self._ding_inputs()
             train, wanted, held_out = inputs["train"], {}, ()
@@ -309,8 +307,7 @@ class TranslationDataModule(DataModule):
         return {"stats": stats}
 
     def _ding_inputs(self) -> tuple[dict[str, list], dict[str, object]]:
-        """Each split's Ding pairs (in memory: ~40 MB), in lists of `_DING_INPUT_PAIRS`, and the extraction's
-        statistics."""
+        """Each split's Ding pairs (in memory: ~40 MB) in lists of `_DING_INPUT_PAIRS`, and the extraction's stats."""
         with preparing(f"reading the sentence pairs of the Ding dictionary {self.source.ding_file}"):
             sentences, phrases, stats = extract_ding_pairs(ding_dictionary(self.source.ding_file))
         pairs: dict[str, list[Pair]] = {split: [] for split in SPLITS}

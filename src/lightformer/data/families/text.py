@@ -195,8 +195,7 @@ class TextData(DataModule):
         return self._loader(dataset, sampler, drop_last=True, resumable=True)
 
     def _use_sentinels(self, num_sentinels: int) -> None:
-        """Give the tokenizer <mask> and ``num_sentinels`` T5 sentinels as special tokens: one tokenizer, and one
-        prepared folder, for both pretraining objectives."""
+        """Give the tokenizer <mask> and ``num_sentinels`` sentinels: one prepared folder for both objectives."""
         check_at_least("data.num_sentinels", num_sentinels, 0)
         least = MIN_BPE_VOCAB_SIZE + 1 + num_sentinels
         config = self.tokenizer_config

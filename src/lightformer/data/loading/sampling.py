@@ -47,16 +47,10 @@ class EpochShuffleSampler(Sampler[int]):
 
 
 class ResumableDataLoader(DataLoader):
-    """A ``DataLoader`` whose position inside an epoch is saved in every checkpoint: a run resumed mid-epoch trains on
-    exactly the batches of the uninterrupted run (docs/data.md, "Resume of the map-style loaders").
-
-    ``state_dict()`` is the epoch and the batches handed out in it (Lightning's fetcher asks a loader of known length
-    for no batch ahead, so: the batches trained on). The next iteration skips them where the indices are drawn (their
-    examples are never read), only in the saved epoch (the sampler's ``epoch``, when it has one) and only if it had
-    batches left: a checkpoint at an epoch's end resumes at the next epoch's first batch. The resumed iteration draws
-    its workers' base seed from a fork of the global generator (the run being resumed drew it at the epoch's start), so
-    dropout's numbers match the uninterrupted run's. Lightning hands the state over only if it builds the loaders after
-    restoring the checkpoint; ``Task.on_train_start`` hands it over when they were built before."""
+    """A ``DataLoader`` whose position inside an epoch (its ``state_dict``: the epoch and the batches handed out in it)
+    is saved in every checkpoint; the resumed iteration skips those batches where the indices are drawn (docs/data.md,
+    "Resume of the map-style loaders"). ``Task.on_train_start`` hands the state over when Lightning built the loaders
+    before restoring the checkpoint."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -95,8 +89,7 @@ class ResumableDataLoader(DataLoader):
         return None
 
     def _batches_to_skip(self) -> int:
-        """The batches the restored state says were trained on in the epoch now starting (0: a fresh loader, another
-        epoch, or an epoch done); the state is used once."""
+        """The batches the restored state says were trained on in the epoch now starting (0 if none); used once."""
         restored, self._restored = self._restored, None
         if restored is None or restored["epoch"] != self._epoch:
             return 0
@@ -137,9 +130,8 @@ def map_loader(dataset: Dataset, config, sampler=None, resumable: bool = False, 
 
 
 def evaluation_sampler(dataset: Dataset) -> Sampler | None:
-    """Under DDP, Lightning's ``UnrepeatedDistributedSampler``: rank r of n evaluates examples r, r + n, ..., each once
-    (Lightning's default, ``DistributedSampler``, repeats a few to even the ranks, skewing metrics; being one, this is
-    kept); else None."""
+    """Under DDP, ``UnrepeatedDistributedSampler``: rank r of n evaluates r, r + n, ..., each example once (Lightning's
+    ``DistributedSampler`` repeats some, skewing metrics; being one, this is kept, not replaced); else None."""
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     several = distributed and torch.distributed.get_world_size() > 1
     return UnrepeatedDistributedSampler(dataset, shuffle=False) if several else None
@@ -156,17 +148,8 @@ class _EpochCounter:
 
 
 class TokenBudgetBatchSampler(BatchSampler):
-    """Batches of indices whose padded size, rows × max(source, target length), stays within `max_tokens`.
-
-    As fairseq's `max_tokens`: examples sorted by length (ties broken at random per epoch with `shuffle`, else by index)
-    are grouped while `(batch size) × (longest) <= max_tokens`, and with `shuffle` the batches put in a random order,
-    from (seed, epoch) alone (`set_epoch`, which Lightning calls). An example over the budget gets a batch of its own.
-    Rank r of n takes batches r, r + n, ...; the largest batches are halved until every rank has as many, each example
-    on one rank (fewer examples than ranks repeat batches). The ranks come from a `DistributedSampler` given as
-    `sampler` (what Lightning injects; only its `num_replicas`, `rank` and `epoch` are read), else `num_replicas` /
-    `rank`, else `torch.distributed`; every rank builds it with the same lengths, seed and budget. With `blocks=K` the
-    examples are K equal consecutive blocks, versions of the same examples (BPE-dropout's segmentations): epoch e
-    batches block e mod K, every block halving its largest batches to as many as the most any has.
+    """Batches of indices whose padded size, rows × max(source, target length), stays within `max_tokens`, from (seed,
+    epoch) alone, as many per rank (docs/data.md, "Token-budget batches": the grouping, the ranks, the blocks).
 
     Args:
         lengths: per example, the longer of its source and target length in tokens.

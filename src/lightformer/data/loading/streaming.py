@@ -99,8 +99,7 @@ class ResumableStreamingDataLoader(StreamingDataLoader):
         yield from batches
 
     def load_state_dict(self, obj: dict) -> None:
-        """LitData's, with the shards where this run has them (LitData's state holds the absolute folder and refuses
-        another); the module's ``load_state_dict`` checked the data is the same (``SameDataOnResume``)."""
+        """LitData's, with the shards where this run has them (LitData's state holds an absolute folder)."""
         state = obj.get("dataset")
         if isinstance(state, dict) and "input_dir_path" in state:
             obj = {**obj, "dataset": {**state, "input_dir_path": self.dataset.input_dir.path,

@@ -37,8 +37,8 @@ class ChatTemplate:
     def prompt(
         self, tokenizer, question: str, image_token_id: int, history: Sequence[tuple[str, str]] = ()
     ) -> list[int]:
-        """The ids up to and including the assistant prefix of ``question``'s turn, after the turns of ``history``:
-        generation continues from here."""
+        """The ids up to the assistant prefix of ``question``'s turn, after ``history``: generation goes on from
+        here."""
         ids = self.encode(tokenizer, history, image_token_id)[0] if history else [tokenizer.bos_id]
         ids += self._question_ids(tokenizer, question, image_token_id, first=not history)
         return ids + tokenizer.encode(self.assistant)

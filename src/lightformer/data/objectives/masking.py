@@ -38,15 +38,8 @@ def mask_tokens(
     random_low: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """BERT's masked-LM corruption of one sequence, as Google's ``create_masked_lm_predictions`` (Devlin et al. 2018,
-    3.1 and A.1): (inputs, labels), both int64 of `ids`' length.
-
-    Exactly `max(1, round(probability * maskable.sum()))` maskable positions are drawn without replacement (none if
-    nothing is maskable); each draws u ~ U(0, 1): u < `mask_fraction` puts `mask_id` there, u < `mask_fraction +
-    random_fraction` a token uniform in [`random_low`, `vocab_size`) (maybe the original, as in BERT), else it stays.
-    `labels` holds the original ids there, `IGNORE_INDEX` elsewhere. With `word_starts` (``--do_whole_word_mask``),
-    whole words are drawn: a word starts at a maskable token where `word_starts` is True or after a non-maskable one,
-    and runs over the maskable non-starts after it; the words are shuffled and taken while the count stays at most the
-    budget (a word that would overshoot is skipped); the 80/10/10 choice stays per token.
+    3.1 and A.1): (inputs, labels), both int64 of `ids`' length, `labels` the original ids at the selected positions and
+    `IGNORE_INDEX` elsewhere (docs/data.md, "Pretraining objectives": the selection, the 80/10/10, whole words).
 
     Args:
         ids: `(seq,)` integer token ids, all in [0, `vocab_size`).
@@ -114,13 +107,8 @@ def mask_tokens(
 def random_spans_noise_mask(
     length: int, rng: np.random.Generator, noise_density: float = 0.15, mean_span_length: float = 3.0
 ) -> np.ndarray:
-    """`(length,)` bool mask, True on noise: T5's `random_spans_noise_mask` (Raffel et al. 2020, 3.1.4), numpy's.
-
-    The counts are fixed by the length: `num_noise_tokens = round(length * noise_density)` in [1, length - 1] and
-    `num_noise_spans = max(1, round(num_noise_tokens / mean_span_length))` (here also at most either token count, so no
-    span is empty); only the layout is random: both kinds are split into that many positive lengths uniformly
-    (`_random_segmentation`), alternating non-noise, noise, ..., so the mask starts kept and ends with noise. Rounding
-    is half to even, as `tf.round`."""
+    """`(length,)` bool mask, True on noise: T5's `random_spans_noise_mask` (Raffel et al. 2020, 3.1.4; docs/data.md),
+    its counts here also at most either token count (no span empty); rounding half to even, as `tf.round`."""
     num_noise_tokens, num_noise_spans = _noise_span_counts(length, noise_density, mean_span_length, "length")
     noise_lengths = _random_segmentation(num_noise_tokens, num_noise_spans, rng)
     nonnoise_lengths = _random_segmentation(length - num_noise_tokens, num_noise_spans, rng)

@@ -29,8 +29,7 @@ def content_hash(value: object) -> str:
 
 @contextmanager
 def preparing(what: str) -> Iterator[None]:
-    """Say what slow preparation is running (tokenizer training, encoding, extraction, fetching), and how long it
-    took: a run is not silent for minutes before its first step."""
+    """Say what slow preparation runs (training, encoding, fetching) and how long it took: no silent minutes."""
     rank_zero_info(f"preparing data: {what} ...")
     start = time.monotonic()
     yield
@@ -76,8 +75,7 @@ def prepared_identity(prepared: object) -> dict | None:
 
 
 def check_same_data(trained: dict, now: dict | None) -> None:
-    """Refuse to resume a run on data other than the one it trained on (``prepared_identity``), naming the source
-    files that changed, appeared or went, or else the settings, and the two ways forward."""
+    """Refuse resuming on other data than trained on, naming the files changed, new or gone (or the settings)."""
     if now is None or trained.get("folder") == now["folder"]:
         return
     before, after = _file_stamps(trained.get("fingerprint")), _file_stamps(now["fingerprint"])

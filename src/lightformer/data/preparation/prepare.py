@@ -129,9 +129,7 @@ class TokenizerConfig:
     def check_used_by(
         self, data_module: str, kinds: tuple[str, ...] = ("char", "bpe"), file: bool = True, pairs: bool = False
     ) -> None:
-        """ConfigError naming a field ``data_module`` cannot use: a ``kind`` not in ``kinds`` (without a ``file``), a
-        ``file`` where it trains its own (``file=False``), ``joint_vocab`` / ``bpe_dropout`` without pairs
-        (``pairs=False``)."""
+        """ConfigError naming a field ``data_module`` cannot use (a ``kind`` or ``file`` it refuses, pairs' fields)."""
         refused = None
         if self.kind not in kinds and self.file is None:
             valid = " or ".join(repr(kind) for kind in kinds)
@@ -156,8 +154,7 @@ class TokenizerConfig:
 
 
 def as_tokenizer_config(value: TokenizerConfig | dict, default: TokenizerConfig) -> TokenizerConfig:
-    """A module's tokenizer config, or the dict a checkpoint stores read over ``default`` (a translation one has no
-    ``kind``)."""
+    """A module's tokenizer config, or a checkpoint's dict read over ``default`` (a translation one lacks ``kind``)."""
     return value if isinstance(value, TokenizerConfig) else replace(default, **value)
 
 
@@ -395,8 +392,7 @@ def _in_object_store(url: str, local: Path, fingerprint: dict, build: Callable[[
 
 
 def object_store(url: str):
-    """LitData's own client of the store of ``url`` (``REMOTE_SCHEMES``): ``exists``, ``upload_file``,
-    ``download_file``."""
+    """LitData's own client of ``url``'s store (``REMOTE_SCHEMES``): ``exists``, ``upload_file``, ``download_file``."""
     from litdata.streaming.fs_provider import GCPFsProvider, R2FsProvider, S3FsProvider
 
     return {"s3": S3FsProvider, "gs": GCPFsProvider, "r2": R2FsProvider}[urlparse(url).scheme]()
@@ -436,8 +432,7 @@ def _store_errors(store_dir: str) -> Iterator[None]:
 
 
 def _upload(folder: Path, url: str, store) -> None:
-    """A prepared folder's files to ``url``, then its manifest, which lists the small files (not shards) nodes
-    mirror."""
+    """A prepared folder's files to ``url``, then its manifest, listing the small files (not shards) nodes mirror."""
     files = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != MANIFEST)
     relative = [path.relative_to(folder).as_posix() for path in files]
     manifest = {**read_manifest(folder), "small_files": [name for name in relative if not name.endswith(".bin")]}
@@ -465,8 +460,8 @@ def _complete(folder: Path) -> bool:
 
 
 def _job_rank_zero() -> bool:
-    """Whether this is the job's global rank 0, before any process group: ``RANK``, ``SLURM_PROCID``, or else
-    ``NODE_RANK`` and ``LOCAL_RANK``."""
+    """Whether this is the job's rank 0, before any process group: ``RANK``, ``SLURM_PROCID``, or node and local
+    rank."""
     env = os.environ
     for key in ("RANK", "SLURM_PROCID"):
         if key in env:
@@ -528,15 +523,13 @@ def pieces(items: Sequence, size: int) -> list:
 
 
 def sample_limit(pieces: Sequence, sample_bytes: int) -> int | None:
-    """The bytes to read of each of ``pieces`` (each of a ``weight``) for a sample of about ``sample_bytes`` taken
-    evenly from all (a tokenizer's); None: all of them."""
+    """The bytes to read of each of ``pieces`` for a sample of about ``sample_bytes`` from all; None: all of them."""
     total = sum(piece.weight for piece in pieces)
     return None if total <= sample_bytes else sample_bytes // len(pieces)
 
 
 def piece_size(count: int, most: int, workers: int | None) -> int:
-    """Items per piece of ``count`` items: at most ``most``, fewer where that gives each of ``workers`` (None: every
-    core) a piece."""
+    """Items per piece of ``count``: at most ``most``, fewer to give each of ``workers`` (None: every core) a piece."""
     return max(1, min(most, math.ceil(count / (workers or len(os.sched_getaffinity(0))))))
 
 

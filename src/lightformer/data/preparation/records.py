@@ -15,9 +15,8 @@ from lightformer.tokenization.text import Tokenizer
 @dataclass(frozen=True)
 class TokenizerJob:
     """A tokenizer a preparation loads (``config.file``) or trains, and saves into the folder as ``name``.
-
-    ``sample(splits)``: the texts of those splits it trains on (every split's for "char", train's for "bpe"), a
-    bounded sample that the module draws from its sources; ``extra_special_tokens``: trained after PAD, BOS, EOS, UNK;
+    ``sample(splits)``: the texts of those splits it trains on (every split's for "char", train's for "bpe"), a bounded
+    sample that the module draws from its sources; ``extra_special_tokens``: trained after PAD, BOS, EOS, UNK;
     ``needed``: the special tokens a loaded file must have (default: the extra ones); ``what``: how training is
     announced."""
 

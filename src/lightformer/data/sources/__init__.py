@@ -46,8 +46,8 @@ def hashed(key: str, fraction: float) -> bool:
 
 
 def check_one_source(given: dict[str, bool], what: str) -> None:
-    """Refuse a ``data.source`` that gives other than exactly one of its sources (``given``: whether each, by name, is
-    set); ``what``: the kind of data and the sources the error lists."""
+    """Refuse a ``data.source`` giving other than one of its sources (``given``: each one's); ``what``: for the
+    error."""
     named = [name for name, is_given in given.items() if is_given]
     if len(named) != 1:
         raise ValueError(f"data.source needs exactly one source of {what}; got {', '.join(named) if named else 'none'}")

@@ -126,8 +126,7 @@ def line_too_long(where: str, limit: int, max_tokens: int, unit: str = "characte
 
 
 def source_key(source) -> dict:
-    """A source's fields for its folder's fingerprint: ``max_tokens`` only where not the default (so folders prepared
-    before it keep their names)."""
+    """A source's fields for its fingerprint: ``max_tokens`` only if not the default (older folders keep names)."""
     fields = asdict(source)
     if fields.get("max_tokens") == MAX_TOKENS:
         del fields["max_tokens"]
@@ -306,9 +305,7 @@ def shard_samples(
 
 
 def shard_records(shard: str, field: str, keep: str | None, fraction: float, source: ImageTextFiles):
-    """The records {"image", "file": "<shard>/<key>", "texts"} of a shard (``keep``: the "train" or "val" ones of
-    ``carved``; None: all), decoded and fitted one at a time; an undecodable image is a DataError naming shard and
-    key."""
+    """The records {"image", "file": "<shard>/<key>", "texts"} of a shard (``keep``: "train", "val" or None: all)."""
     for key, data, caption in shard_samples(Path(shard), field, max_tokens=source.max_tokens):
         if keep is not None and carved(key, fraction) != (keep == "val"):
             continue

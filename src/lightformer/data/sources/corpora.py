@@ -93,8 +93,7 @@ def download(url: str, dest: str | Path, sha256: str | None = None) -> Path:
 
 
 def austen_text(root: str | Path = "data/austen") -> Path:
-    """`<root>/austen.txt`, Jane Austen's six novels as one UTF-8 file, made if missing from Debian's
-    `r-cran-janeaustenr` (docs/data.md, "Sources": where it is looked for, how fetched, the layout)."""
+    """`<root>/austen.txt`: Austen's six novels in one UTF-8 file, made if missing (docs/data.md, "Sources")."""
     root = Path(root)
     target = root / "austen.txt"
     if target.exists():
@@ -249,8 +248,7 @@ def split_of(sentence: str) -> str:
 
 
 def split_of_line(text: str, split: str, held_out: Collection[str]) -> str:
-    """Where a text (a pair's first side) of a ``split`` file goes: a train text whose bucket is a held-out split (one
-    without files) goes there, every other to its file's split."""
+    """A ``split`` file's text's split: a train text whose bucket is a held-out split goes there, else its file's."""
     if split == "train" and held_out and (bucket := split_of(text)) in held_out:
         return bucket
     return split
@@ -365,8 +363,7 @@ def split_sentences(paragraph: str) -> list[str]:
 
 
 def novel_sentences(novel: str) -> list[str]:
-    """A novel body's sentences, headings and fragments under three words dropped (steps 1-3 of docs/data.md, "Labelled
-    texts")."""
+    """A novel body's sentences, headings and fragments under three words dropped (docs/data.md, steps 1-3)."""
     lines = novel.split("\n")
     first = next((i for i, line in enumerate(lines) if _CHAPTER.match(line.strip())), 0)
     last = next((i for i in range(first, len(lines)) if _END_MARK.match(lines[i].strip())), len(lines))
@@ -380,8 +377,7 @@ def novel_sentences(novel: str) -> list[str]:
 
 
 def austen_passages(text: str, passage_sentences: int) -> dict[str, list[Example]]:
-    """Each split's (passage, novel index, index in its novel), novel by novel (docs/data.md, "Labelled texts", 4,
-    5)."""
+    """Each split's (passage, novel index, index in its novel), novel by novel (docs/data.md, steps 4 and 5)."""
     splits: dict[str, list[Example]] = {split: [] for split in SPLITS}
     for label, novel in enumerate(split_austen_text(text).values()):
         sentences = novel_sentences(novel)

@@ -37,7 +37,7 @@ def mapped(path: str | Path) -> set[int]:
 
 
 def emoji_characters(noto: str | Path = NOTO_EMOJI, symbola: str | Path = SYMBOLA) -> list[str]:
-    """The emoji both fonts map (the module docstring), in code point order (drawn or not: see ``draw``)."""
+    """The emoji both fonts map (docs/data.md, "Emoji in two styles"), by code point (drawn or not: ``draw``)."""
     both = sorted(mapped(noto) & mapped(symbola))
     return [chr(c) for c in both if c > 0x7F and unicodedata.name(chr(c), "") and
             unicodedata.category(chr(c)) in CATEGORIES and not 0x1F1E6 <= c <= 0x1F1FF]  # fmt: skip
@@ -49,9 +49,8 @@ def _font(path: str, size: int) -> ImageFont.FreeTypeFont:
 
 
 def draw(character: str, style: str, font: str, size: int) -> Image.Image | None:
-    """``character`` drawn in ``style`` ("noto": ``font`` is Noto Color Emoji's; "symbola": Symbola's) on white,
-    cropped to its ink and fitted (aspect kept, centred) to a ``size`` × ``size`` RGB canvas; None where the font
-    draws nothing."""
+    """``character`` in ``style`` ("noto": Noto Color Emoji's ``font``; "symbola": Symbola's) on white, cropped to its
+    ink and fitted (aspect kept, centred) to a ``size`` square RGB canvas; None where the font draws nothing."""
     points = NOTO_SIZE if style == "noto" else SYMBOLA_SIZE
     glyph = Image.new("RGBA", (2 * points, 2 * points), (255, 255, 255, 0))
     ImageDraw.Draw(glyph).text((points // 2, points // 2), character, font=_font(font, points), embedded_color=True,
@@ -100,8 +99,7 @@ class EmojiSource:
 
 
 def emoji_records(piece: list[tuple[str, int]], style: str, font: str, size: int):
-    """The records {"image", "file": "U+1F34E", "texts": [its name], "label"} of a piece of (character, label) drawn
-    in ``style``."""
+    """The records {"image", "file": "U+1F34E", "texts": [its name], "label"} of (character, label) in ``style``."""
     for character, label in piece:
         image = draw(character, style, font, size)
         yield {"image": png_bytes(image), "file": f"U+{ord(character):04X}",

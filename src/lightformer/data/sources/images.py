@@ -161,8 +161,7 @@ class ImageSource:
         return DATASET_INFO[self.dataset]
 
     def val_count(self, pool_size: int) -> int:
-        """Validation images to carve from a pool of ``pool_size`` (the dataset's default without ``val_size`` or
-        ``val_fraction``)."""
+        """Validation images to carve from a pool of ``pool_size`` (the dataset's default without a given one)."""
         val_size, val_fraction = self.val_size, self.val_fraction
         if val_size is None and val_fraction is None:
             val_size, val_fraction = self.info.default_val_size, self.info.default_val_fraction
@@ -179,8 +178,7 @@ class ImageSource:
 def carve_splits(
     pool_size: int, carve_test: bool, val_count_of: Callable[[int], int], carve_val: bool, seed: int
 ) -> tuple[list[int], list[int], list[int]]:
-    """Indices 0..pool_size-1 split into (train, val, test), a split not carved empty: test by CARVED_TEST_SEED (fixed),
-    val by ``seed``, ``val_count_of(what is left)`` of them."""
+    """Indices 0..pool_size-1 as (train, val, test): test by CARVED_TEST_SEED, val by ``seed``; uncarved: empty."""
     remaining = torch.arange(pool_size)
     test_indices = torch.tensor([], dtype=torch.long)
     if carve_test:

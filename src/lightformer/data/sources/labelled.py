@@ -32,9 +32,8 @@ def text_and_label(line: str) -> tuple[str, str, bool]:
 
 
 def read_labelled_tsv(path: str | Path, what: str = "data.source.tsv_files") -> Iterator[tuple[str, str, int]]:
-    """(text, label, line number) of each non-blank "text<TAB>label" line of a UTF-8 file, read piece by piece; a
-    line without a tab, or with an empty text or label, raises ValueError naming ``what``, the file and the line (a
-    file that is not UTF-8: the byte, its offset and line)."""
+    """(text, label, line number) of each non-blank "text<TAB>label" line of a UTF-8 file, piece by piece; no tab, or an
+    empty text or label: a ValueError naming ``what``, the file and the line (not UTF-8: the byte, offset and line)."""
     number = 0
     for piece in line_pieces(Path(path)):
         for line in piece_lines(piece, what):
@@ -54,9 +53,8 @@ def read_labelled_tsv(path: str | Path, what: str = "data.source.tsv_files") -> 
 
 
 def scan_tsv(files: dict[str, list[Path]]) -> tuple[list[str], dict[str, list[int]]]:
-    """The first pass over the TSV files, one piece at a time: every line checked, the class names (the sorted
-    labels of the train files) and each split's count of each class; a val or test label that is not a train label
-    is an error naming the file and line."""
+    """The first pass over the TSV files, a piece at a time: every line checked, the class names (the train labels,
+    sorted) and each split's class counts; a val or test label not among them is an error naming file and line."""
     held_out = frozenset(split for split in ("val", "test") if not files[split])
     counts: dict[str, Counter] = {split: Counter() for split in SPLITS}
     for path in files["train"]:
@@ -86,9 +84,8 @@ def scan_tsv(files: dict[str, list[Path]]) -> tuple[list[str], dict[str, list[in
 def tsv_examples(
     piece: Piece, split: str, held_out: frozenset[str], class_names: list[str], limit: int | None = None
 ) -> list[tuple[str, int]]:
-    """The (text, class index) examples of a piece of a ``split`` file (lines checked by ``scan_tsv``) that go to
-    ``split``'s records: a train piece's lines are filtered by their hash bucket (``split_of_line``). ``limit``: of
-    about this many bytes of the piece (a sample, whole lines)."""
+    """The (text, class index) examples of a ``split`` file's piece that go to ``split`` (train lines filtered by
+    bucket, ``split_of_line``); ``limit``: about this many bytes of the piece (a sample)."""
     index = {name: i for i, name in enumerate(class_names)}
     file_split = "train" if split in held_out else split
     examples = []
@@ -117,7 +114,7 @@ def tsv_records(
 
 def chosen_examples(count: int, train_examples: int | None) -> np.ndarray | None:
     """The indices of `train_examples` of `count` train texts, drawn once (the same for every seed), in order; None:
-    all of them. The BPE trains on these texts, and the model on them."""
+    all."""
     if train_examples is None or train_examples >= count:
         return None
     return np.sort(np.random.default_rng(0).choice(count, train_examples, replace=False))

@@ -169,8 +169,7 @@ class RenderConfig:
 
 
 def austen_char_tokenizer(data_root: str = "data") -> Tokenizer:
-    """The character tokenizer of the Austen language model, made as ``prepare_text`` makes it there (every split's
-    characters: the fractions do not change it)."""
+    """The Austen language model's character tokenizer, made as ``prepare_text`` makes it (every split's text)."""
     source = TextSource(corpus="austen", val_fraction=0.1, data_root=data_root)
     return _tokenizer(TokenizerConfig(kind="char"), source.pieces(source_files(source)), source.text_field, ())
 
@@ -228,8 +227,7 @@ def split_families(source: ImageTextSource) -> dict[str, tuple[str, ...]]:
 
 @dataclass(frozen=True)
 class Line:
-    """A drawn line: its text, typeface and style, and its redraws (texts of another split; styles or texts too
-    wide)."""
+    """A drawn line: its text, typeface, style and redraws (texts of another split; styles or texts too wide)."""
 
     text: str
     family: str

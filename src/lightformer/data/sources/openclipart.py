@@ -28,9 +28,8 @@ EXCLUDED_CATEGORIES = {
     "buttons": "3 drawings: too few for a held-out one",
     "logos": "7 drawings: too few for a held-out one",
 }
-# The PNGs are trusted package files; three exceed Pillow's decompression-bomb limit (178,956,970 pixels): two stop
-# signs of 20,990 × 29,700 pixels (623 million: 2.5 GB as RGBA while one preparing process reduces it) and a microchip
-# of 16,000 × 14,464. Up to this many pixels a PNG of the library is decoded; a larger one is refused by Pillow.
+# The most pixels a (trusted) PNG of the library is decoded at: three exceed Pillow's limit, two stop signs of
+# 20,990 × 29,700 (2.5 GB as RGBA while reduced) and a microchip of 16,000 × 14,464.
 MAX_PIXELS = 700_000_000
 NEAR_WHITE = 16  # grey levels from white that cropping a drawing to its ink counts as paper
 _VARIANT_WORDS = re.compile(r"(?:^|_)(?:bw|colou?r)(?=_|$)")
@@ -38,8 +37,8 @@ _TRAILING = re.compile(r"[\d_]+$")
 
 
 class Drawing(NamedTuple):
-    """A drawing of the library: its path under ``png/`` without suffix ("animals/mammals/dall_sheep_ram_ganson"),
-    its top-level category ("animals"), its captions and its keywords (each cut to the captions' length)."""
+    """A drawing: its path under ``png/`` without suffix ("animals/mammals/dall_sheep_ram_ganson"), its top-level
+    category, its captions and keywords (each cut to the captions' length)."""
 
     name: str
     category: str
@@ -58,15 +57,15 @@ def class_name(category: str) -> str:
 
 
 def variant_key(name: str) -> str:
-    """The key a drawing's variants share (the module docstring): "animals/crawfish1_bw_ganson" → "crawfish1_ganson"."""
+    """The key a drawing's variants share (docs/data.md): "animals/crawfish1_bw_ganson" → "crawfish1_ganson"."""
     stem = Path(name).name.lower()
     stem = _VARIANT_WORDS.sub("", stem)
     return _TRAILING.sub("", stem) or stem
 
 
 def split_of(name: str, val_fraction: float, test_fraction: float) -> str:
-    """A drawing's split, "train", "val" or "test", from a stable hash of its ``variant_key``: below ``val_fraction``
-    val, below ``val_fraction + test_fraction`` test."""
+    """A drawing's split from a stable hash of its ``variant_key``: val below ``val_fraction``, test below
+    ``val_fraction + test_fraction``, else train."""
     share = int(hashlib.sha256(variant_key(name).encode("utf-8")).hexdigest()[:12], 16) / 16**12
     return "val" if share < val_fraction else "test" if share < val_fraction + test_fraction else "train"
 
@@ -80,8 +79,8 @@ def _local(tag: str) -> str:
 
 
 def svg_metadata(path: str | Path) -> tuple[str, str, list[str]]:
-    """(title, description, keywords) of an SVG's ``<cc:Work>`` (empty where absent), read only up to its metadata;
-    an SVG that does not parse is a ValueError naming it."""
+    """(title, description, keywords: ``<dc:subject>`` → ``<rdf:li>``) of an SVG's ``<cc:Work>``, read up to its
+    metadata; an SVG that does not parse is a ValueError naming it."""
     work = None
     try:
         for _, element in ET.iterparse(str(path), events=("end",)):
@@ -114,7 +113,7 @@ def cut(text: str, max_chars: int) -> str:
 
 
 def captions_of(title: str, description: str, keywords: list[str], max_chars: int) -> list[str]:
-    """A drawing's captions (the module docstring), each of at most ``max_chars`` characters; [] where it has none."""
+    """A drawing's captions (docs/data.md, "The Open Clip Art Library"), each within ``max_chars``; [] where none."""
     captions = [cut(title, max_chars)] if title else []
     if description and description != title:
         captions.append(cut(description, max_chars))
@@ -136,8 +135,8 @@ def drawing_names(root: str | Path) -> list[str]:
 
 
 def read_drawings(root: str | Path, names: list[str], max_chars: int) -> Iterator[Drawing | str]:
-    """Each of ``names`` as a ``Drawing`` with its captions from ``<root>/svg/<name>.svg``, or its name alone where it
-    has no caption."""
+    """Each of ``names`` as a ``Drawing`` with its captions from ``<root>/svg/<name>.svg``, or its name where it has
+    none."""
     for name in names:
         title, description, keywords = svg_metadata(Path(root) / "svg" / f"{name}.svg")
         captions = captions_of(title, description, keywords, max_chars)
@@ -156,8 +155,8 @@ def on_white(image: Image.Image) -> Image.Image:
 
 
 def fit_square(image: Image.Image, size: int) -> Image.Image:
-    """An RGB image cropped to what is not near white (a drawing on a page: levels within ``NEAR_WHITE`` of white
-    are paper), scaled (aspect kept) to fit a ``size`` × ``size`` white canvas, centred."""
+    """An RGB image cropped to what is not paper (within ``NEAR_WHITE`` of white), scaled (aspect kept) onto a white
+    ``size`` × ``size`` canvas, centred."""
     difference = ImageChops.difference(image, Image.new("RGB", image.size, "white")).convert("L")
     box = difference.point(lambda level: 255 if level > NEAR_WHITE else 0).getbbox()
     image = image.crop(box) if box else image
@@ -170,11 +169,9 @@ def fit_square(image: Image.Image, size: int) -> Image.Image:
 
 
 def drawing_image(path: str | Path, size: int, trusted_pixels: int | None = MAX_PIXELS) -> Image.Image:
-    """The PNG at ``path`` on a ``size`` × ``size`` white canvas. A PNG many times the canvas is put on white and
-    reduced in strips of rows (``reduced_on_white``), so that no full-size copy of it is made beside the decoded
-    one; then it is fitted. A file that is not a readable image is a DataError naming it (``open_image``);
-    ``trusted_pixels``: the library's files are decoded without a word up to ``MAX_PIXELS``; None (a user's file):
-    Pillow's decompression-bomb limit applies, as ``open_image`` does."""
+    """The PNG at ``path`` fitted on a white ``size`` square; one many times the canvas is put on white and reduced in
+    strips (``reduced_on_white``), no second full-size copy made. Unreadable: a DataError (``open_image``);
+    ``trusted_pixels``: decoded silently up to ``MAX_PIXELS`` (the library's); None: Pillow's limit applies."""
     with open_image(path, trusted_pixels) as opened:
         opened.load()
         factor = max(1, max(opened.size) // (4 * size))
@@ -183,8 +180,7 @@ def drawing_image(path: str | Path, size: int, trusted_pixels: int | None = MAX_
 
 
 def reduced_on_white(image: Image.Image, factor: int, strip_pixels: int = 1 << 22) -> Image.Image:
-    """``image`` put on white (``on_white``) and reduced ``factor`` times (the mean of each factor × factor block),
-    a strip of rows at a time: what it holds beside ``image`` is a strip of about ``strip_pixels`` pixels."""
+    """``image`` on white, reduced ``factor`` times (block means), a strip of about ``strip_pixels`` at a time."""
     width, height = image.size
     rows = factor * max(1, strip_pixels // (width * factor))
     out = Image.new("RGB", (-(-width // factor), -(-height // factor)), "white")
@@ -199,16 +195,14 @@ class ClipArtSource:
     """The Open Clip Art Library and how its drawings are split and drawn (``data.source``).
 
     Args:
-        root: the library's folder, holding ``png/`` and ``svg/`` (``apt-get install openclipart-png
-            openclipart-svg``).
+        root: the library's folder of ``png/`` and ``svg/`` (``apt-get install openclipart-png openclipart-svg``).
         image_size: the square canvas's side in pixels.
         val_fraction: share of the drawings (by a hash of their variant key) held out for validation.
         test_fraction: share held out for test.
         max_chars: most characters of a caption (cut at a word boundary).
-        keyword_captions: a training drawing's keywords are captions of it too, each alone ("mammal", "animal",
-            "ram"): the text tower then reads single words as it reads whole captions, and a prompt of one word (a
-            class's name) is a text of the kind it was trained on. Val and test keep the title, description and
-            listed keywords, so that retrieval ranks whole captions.
+        keyword_captions: a training drawing's keywords are captions too, each alone ("mammal", "ram"), so the text
+            tower reads single words (a class's name) as it reads captions; val and test keep whole captions for
+            retrieval.
     """
 
     root: str = OPENCLIPART_ROOT
@@ -230,8 +224,8 @@ class ClipArtSource:
 
 
 def clipart_records(piece: list[tuple[Drawing, int]], root: str, size: int):
-    """The records {"image": the drawing's PNG on white fitted to the canvas, "file", "texts", "label"} of a piece of
-    (drawing, label), one at a time; a PNG that does not decode is a DataError naming it."""
+    """The records {"image": PNG on white fitted to the canvas, "file", "texts", "label"} of a piece of (drawing,
+    label), one at a time; a PNG that does not decode is a DataError naming it."""
     for drawing, label in piece:
         path = Path(root) / "png" / f"{drawing.name}.png"
         try:

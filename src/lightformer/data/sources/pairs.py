@@ -127,8 +127,8 @@ class PairSource:
         return tuple(getattr(self, f"{prefix}{kind}") for kind in ("tsv_files", "src_file", "tgt_file"))
 
     def files(self, split: str) -> dict[str, list[Path]]:
-        """{"tsv": [...]} or {"src": [path], "tgt": [path]} of a split's files; {} when it has none. A missing file
-        or a pattern without matches is an error naming the option."""
+        """{"tsv": [...]} or {"src": [path], "tgt": [path]} of a split's files ({} without); a missing file or a pattern
+        of no match is an error naming the option."""
         (tsv, src, tgt), prefix = self.patterns(split), f"data.source.{SPLIT_PREFIX[split]}"
         if tsv:
             return {"tsv": expand_patterns(as_list(tsv), f"{prefix}tsv_files")}
@@ -148,10 +148,9 @@ class PairSource:
 def read_pairs(
     source: list[Pair] | Piece | AlignedPiece, options: str = "data.source.", limit: int | None = None
 ) -> tuple[list[Pair], int]:
-    """(pairs, number of lines skipped for an empty side) of an input: a list of pairs is itself; a TSV piece's
-    non-blank lines (first and second column; a line without a tab is an error naming the file and line); an aligned
-    piece's line pairs. ``options``: the prefix of the options that name the files (``data.source.val_``), for errors.
-    ``limit``: read about this many bytes of a piece (a sample, whole lines)."""
+    """(pairs, lines skipped for an empty side) of an input: a list of pairs itself; a TSV piece's non-blank lines (no
+    tab: an error naming file and line); an aligned piece's line pairs. ``options``: the files' option prefix (for
+    errors); ``limit``: about this many bytes of a piece (a sample)."""
     if isinstance(source, list):
         return source, 0
     if isinstance(source, AlignedPiece):
@@ -181,11 +180,9 @@ def _pair_records(
     options: str = "data.source.",
     dropout: tuple[float, int, int] | None = None,
 ) -> Generator[dict, None, dict]:
-    """The records of one input (``write_records``): its pairs of split `wanted` (all for None), each side's ids
-    without special tokens and both texts; returns the input's pair and word counts. `options`: the prefix of the
-    options naming its files (for errors). `dropout`: (probability, seed, segmentation k) for a
-    BPE-dropout segmentation, drawn from (seed, k, side), and the input's index after the first input (so one input
-    of all the pairs draws as ``Tokenizer.encode_batch_with_dropout`` of the whole list would)."""
+    """One input's records: its pairs of split `wanted` (all for None), each side's ids and both texts; returns its
+    counts. `options`: the files' option prefix; `dropout`: (probability, seed, k), drawn from (seed, k, side) and the
+    input's index after the first (as ``encode_batch_with_dropout`` of all the pairs would)."""
     index, source = item
     pairs, skipped = read_pairs(source, options)
     if wanted is not None:
@@ -218,8 +215,7 @@ def _pair_counts(pairs: list[Pair], skipped: int = 0) -> dict:
 
 
 def _summed_statistics(split: str, counts: dict, languages: tuple[str, str], skipped: bool = True) -> dict[str, object]:
-    """A split's statistics from its inputs' counts added up (``summed``): pairs, words per sentence of each side,
-    lines skipped."""
+    """A split's statistics from its inputs' summed counts: pairs, words per sentence of each side, lines skipped."""
     pairs = counts.get("pairs", 0)
     stats: dict[str, object] = {f"{split}_pairs": pairs}
     for side, language in enumerate(languages):

@@ -17,9 +17,8 @@ from PIL import Image, ImageDraw, ImageFilter, ImageFont
 from lightformer.errors import DataError
 
 FONT_SUFFIXES = (".ttf", ".otf", ".t1", ".pfb")  # in order of preference for one (family, style) in several files
-# Families whose letters are not letters (symbols, dingbats), a math font that repeats a text family's design, or
-# whose lowercase is drawn as small capitals (a reader trained on them would learn that "a" looks like "A"); Symbola
-# (fonts-symbola, the emoji data's outline style) draws letters too, but is there for its symbols.
+# Symbol and dingbat fonts, a math font repeating a text family, small capitals ("a" drawn as "A"), and Symbola (there
+# for the emoji's outlines).
 SKIPPED_FAMILIES = frozenset({"D050000L", "Standard Symbols PS", "DejaVu Math TeX Gyre", "Go Smallcaps", "Symbola"})
 _CHECKED_CHARACTERS = string.ascii_letters + string.digits + ".,;:!?'\"-()"
 _REFERENCE_SIZE = 100  # the size at which a font's metrics are read, to size it by its line box
@@ -73,8 +72,8 @@ def font_family(path: str | Path) -> tuple[str, str]:
 
 
 def missing_glyphs(path: str | Path, characters: str = _CHECKED_CHARACTERS) -> str:
-    """The ``characters`` (spaces aside) that the font at ``path`` does not draw with a glyph of its own (it draws the
-    font's missing-glyph box, or nothing), in order; all of them if Pillow cannot read the font."""
+    """The ``characters`` (not spaces) the font at ``path`` draws with no glyph of its own (its missing-glyph box, or
+    nothing), in order; all of them if Pillow cannot read it."""
     wanted = "".join(dict.fromkeys(c for c in characters if not c.isspace()))
     try:
         font = ImageFont.truetype(str(path), 24)
@@ -90,9 +89,8 @@ def renders_text(path: str | Path) -> bool:
 
 
 def typefaces(font_dir: str = SYSTEM_FONT_DIR) -> dict[str, tuple[str, ...]]:
-    """The typefaces lines are drawn in, by family (sorted), each family's files sorted by path: for
-    ``SYSTEM_FONT_DIR`` (``data.source.font_dir``'s default) the declared ones (``declared_fonts``), whatever else is
-    installed there; for any other folder, a user's own, every text font in it (``discover_fonts``)."""
+    """The typefaces lines are drawn in, by family (sorted; files sorted): for ``SYSTEM_FONT_DIR`` (the default) the
+    declared ones (``declared_fonts``) alone; for another folder, every text font in it (``discover_fonts``)."""
     return declared_fonts() if uses_declared_typefaces(font_dir) else discover_fonts(font_dir)
 
 
@@ -102,14 +100,13 @@ def uses_declared_typefaces(font_dir: str) -> bool:
 
 
 def declared_fonts(root: str | Path | None = None) -> dict[str, tuple[str, ...]]:
-    """``TYPEFACES``' files under ``root`` (default ``FONT_ROOT``), by family (sorted), each family's sorted: each file
-    is checked, and a missing one is a ``DataError`` naming its family, its path and its Debian package."""
+    """``TYPEFACES``' files under ``root`` (default ``FONT_ROOT``) by family, each checked: a missing one is a DataError
+    naming its family, path and Debian package."""
     return _declared_fonts(str(FONT_ROOT if root is None else root))
 
 
 def missing_typefaces(root: str | Path | None = None) -> dict[str, list[tuple[str, Path]]]:
-    """The files of ``TYPEFACES`` that are not under ``root`` (default ``FONT_ROOT``): Debian package → its (family,
-    path); {} when all are there."""
+    """``TYPEFACES``' files missing under ``root`` (default ``FONT_ROOT``): package → its (family, path); {}: none."""
     base = Path(FONT_ROOT if root is None else root)
     missing: dict[str, list[tuple[str, Path]]] = {}
     for family, packages in TYPEFACES.items():
@@ -144,11 +141,9 @@ def _declared_fonts(root: str) -> dict[str, tuple[str, ...]]:
 
 @lru_cache(maxsize=8)
 def discover_fonts(font_dir: str = SYSTEM_FONT_DIR) -> dict[str, tuple[str, ...]]:
-    """The text fonts under ``font_dir``, by family (sorted): each family's files, one per style (the .ttf, else
-    .otf, .t1, .pfb of a style installed in several formats), sorted by path. Symbol and dingbat fonts
-    (``SKIPPED_FAMILIES``) and fonts that do not draw ASCII letters (``renders_text``) are left out. Used for a
-    ``data.source.font_dir`` of the user's own; the default's typefaces are ``TYPEFACES``, which this found under
-    /usr/share/fonts when they were declared."""
+    """The text fonts under ``font_dir`` by family (sorted): one file per style (the .ttf, else .otf, .t1, .pfb),
+    sorted; symbol fonts (``SKIPPED_FAMILIES``) and fonts without ASCII glyphs (``renders_text``) left out. For a
+    ``font_dir`` of the user's own (``TYPEFACES`` is what it found under /usr/share/fonts when they were declared)."""
     chosen: dict[tuple[str, str], Path] = {}
     files = sorted(p for p in Path(font_dir).rglob("*") if p.suffix.lower() in FONT_SUFFIXES and p.is_file())
     for path in sorted(files, key=lambda p: FONT_SUFFIXES.index(p.suffix.lower())):
@@ -176,9 +171,8 @@ def font_size(font_path: str, line_box: float) -> int:
 
 
 def ink_mask(text: str, font_path: str, style: LineStyle, height: int) -> Image.Image:
-    """The line's ink (mode "L", 255 = ink), sheared, rotated and cut to the line's width; at most ``height`` high
-    (scaled down if the rotation made it taller), the font's line box kept so that the baseline does not move with
-    the letters."""
+    """The line's ink (mode "L", 255 = ink), sheared, rotated and cut to its width, at most ``height`` high (scaled down
+    if rotation made it taller), the font's line box kept so the baseline does not move with the letters."""
     size = font_size(font_path, style.size * height)
     font = _font(font_path, size)
     ascent, descent = font.getmetrics()
@@ -203,8 +197,7 @@ def ink_mask(text: str, font_path: str, style: LineStyle, height: int) -> Image.
 
 
 def _sheared_and_rotated(mask: Image.Image, shear: float, rotation: float) -> Image.Image:
-    """``mask`` sheared (x += shear * (centre y - y)) then rotated by ``rotation`` degrees about its centre, on a
-    canvas that holds the whole result."""
+    """``mask`` sheared (x += shear * (centre y - y)), then rotated ``rotation`` degrees about its centre, whole."""
     if shear == 0 and rotation == 0:
         return mask
     w, h = mask.size
@@ -226,9 +219,8 @@ def _sheared_and_rotated(mask: Image.Image, shear: float, rotation: float) -> Im
 
 
 def render_line(text: str, font_path: str, params: LineStyle, height: int, width: int) -> Image.Image:
-    """``text`` in ``font_path`` as a grey line image (mode "L", ``height × width``): dark ink on a light
-    background, left-aligned ``params.margin`` pixels in, the rest of the width background. Raises
-    ``LineTooWide`` (with the width needed) when the line does not fit: the caller must not pick it."""
+    """``text`` in ``font_path`` as a grey line (mode "L", ``height × width``): dark ink on a light background,
+    left-aligned ``params.margin`` pixels in; ``LineTooWide`` (with the width needed) where it does not fit."""
     mask = ink_mask(text, font_path, params, height)
     needed = params.margin + mask.width + 1
     if needed > width:
@@ -265,12 +257,10 @@ def jpeg_bytes(image: Image.Image, quality: int = 95) -> bytes:
 
 # --- the declared typefaces --------------------------------------------------------------------------------------
 
-# The typefaces of the rendered lines (``configs/image_text/``, the VLM's lines): family → {the Debian package: the
-# family's files of it, under FONT_ROOT}. 47 families, the 22 font packages of debian-packages.txt and
-# fonts-dejavu-extra; "DejaVu Serif", "P052" and "URW Gothic" are held out (``image_text.DEFAULT_HELD_OUT``). Written
-# from what ``discover_fonts()`` found under /usr/share/fonts with exactly these packages installed (Debian 12.11,
-# 2026-12-07; one file per (family, style), symbol fonts and fonts without ASCII glyphs left out), so that prepared
-# folders stay what they were; a family or file added here changes the data (and its fingerprint's "fonts").
+# The rendered lines' typefaces: family → {Debian package: its files of the family, under FONT_ROOT}. 47 families of the
+# 22 font packages of debian-packages.txt and fonts-dejavu-extra (held out: ``lines.DEFAULT_HELD_OUT``), as
+# ``discover_fonts()`` found them with exactly these installed (Debian 12.11, 2026-12-07), so prepared folders stay
+# what they were; a family or file added here changes the data (and its fingerprint's "fonts").
 # fmt: off
 TYPEFACES: dict[str, dict[str, tuple[str, ...]]] = {
     "Accanthis ADF Std": {"fonts-adf-accanthis": ("truetype/adf/AccanthisADFStd-Bold.otf",
