@@ -26,8 +26,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from lightformer.data.families.image_text import ImageTextData
-from lightformer.data.sources import openclipart
-from lightformer.data.sources.image_files import fit_image, load_image, to_normalised_tensor
+from lightformer.data.loading.pictures import image_input
 from lightformer.errors import ConfigError
 from lightformer.io.layouts import clip
 from lightformer.models.contrastive import ContrastiveConfig, ContrastiveModel
@@ -398,11 +397,8 @@ class ContrastiveTask(Task):
         facts, config = self.data_facts, self.model.config.image
         size = config.image_size
         height, width = (size, size) if isinstance(size, int) else size
-        if facts.image_fit == "drawing":  # on white, cropped to its ink, centred: as the clip art and emoji data
-            image = openclipart.drawing_image(path, height, trusted_pixels=None)  # a user's file
-        else:
-            image = fit_image(load_image(path, config.in_channels), height, width, facts.image_fit or "resize")
-        return to_normalised_tensor(facts.normalize_mean, facts.normalize_std)(image)
+        return image_input(path, facts.image_fit or "resize", height, width, config.in_channels, facts.normalize_mean,
+                           facts.normalize_std)  # fmt: skip
 
     @torch.no_grad()
     def encode_image_files(self, paths: Sequence[str], batch_size: int = 32) -> list[Tensor | Exception]:

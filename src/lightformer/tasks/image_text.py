@@ -20,7 +20,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.text import CharErrorRate, SacreBLEUScore, WordErrorRate
 
-from lightformer.data.families.image_text import ImageTextDataModule, ImageTextFilesDataModule
+from lightformer.data.families.image_text import ImageTextData
 from lightformer.data.sources.image_files import fit_image, fit_line, load_image, to_normalised_tensor
 from lightformer.errors import ConfigError, DataError
 from lightformer.generation import beam_search
@@ -506,7 +506,7 @@ def read(
 
 register(
     ImageToTextTask,
-    data=(ImageTextDataModule, ImageTextFilesDataModule),
+    data=ImageTextData,
     commands={"read": read},
     list_options={"read": "--images"},
 )

@@ -17,11 +17,9 @@ from torchmetrics import Metric
 from torchmetrics.functional.text import char_error_rate
 from torchmetrics.text import SacreBLEUScore
 
-from lightformer.data.families.chat import ConversationFilesDataModule, VisualQADataModule
+from lightformer.data.families.chat import ChatData
+from lightformer.data.loading.pictures import image_input
 from lightformer.data.objectives.chat import ChatTemplate
-from lightformer.data.sources import openclipart
-from lightformer.data.sources.conversations import pad_square
-from lightformer.data.sources.image_files import fit_image, load_image, to_normalised_tensor
 from lightformer.errors import ConfigError
 from lightformer.facts import DataFacts
 from lightformer.generation import beam_search
@@ -407,13 +405,8 @@ class VisionLanguageTask(TextTask):
         kind's canvas, as in training, and normalised."""
         facts = self.data_facts
         fit, height, width = self.canvas(fit)
-        if fit == "drawing":
-            image = openclipart.drawing_image(path, height, trusted_pixels=None)  # a user's file
-        elif fit == "pad":  # LLaVA-1.5's: padded to a square, then resized
-            image = fit_image(pad_square(load_image(path, 3)), height, width, "resize")
-        else:
-            image = fit_image(load_image(path, self.model.config.image.in_channels), height, width, fit)
-        return to_normalised_tensor(facts.normalize_mean, facts.normalize_std)(image)
+        channels = self.model.config.image.in_channels
+        return image_input(path, fit, height, width, channels, facts.normalize_mean, facts.normalize_std)
 
     def ask_files(
         self,
@@ -582,7 +575,7 @@ def ask(
 
 register(
     VisionLanguageTask,
-    data=(VisualQADataModule, ConversationFilesDataModule),
+    data=ChatData,
     commands={"ask": ask},
     list_options={"ask": ("--images", "--question")},
     layouts={"hf": llava.HF},

@@ -24,6 +24,9 @@ from lightformer.data.objectives.chat import IGNORE, ChatTemplate
 from lightformer.data.preparation.prepare import (
     worker_tokenizer,
 )
+from lightformer.data.sources import openclipart
+from lightformer.data.sources.conversations import pad_square
+from lightformer.data.sources.image_files import fit_image, load_image, to_normalised_tensor
 
 STATS_LINES = 512  # train lines the pixels' mean and standard deviation are measured on
 
@@ -183,3 +186,16 @@ def channel_statistics(split_dir: Path, count: int) -> tuple[tuple[float, ...], 
     mean = total / pixels
     std = np.sqrt(np.maximum(squares / pixels - mean**2, 1e-12))
     return tuple(round(float(v), 6) for v in mean), tuple(round(float(v), 6) for v in std)
+
+
+def image_input(path: str, fit: str, height: int, width: int, channels: int, mean, std) -> torch.Tensor:
+    """An image file as a model's input ``(C, H, W)``, brought to the canvas as the families' records are (``fit``:
+    "drawing", on white, cropped to its ink and centred, as the clip art and emoji; "pad", LLaVA-1.5's: padded to a
+    square of CLIP's mean colour, then resized; else ``fit_image``'s "line" or "resize"), then normalised."""
+    if fit == "drawing":
+        image = openclipart.drawing_image(path, height, trusted_pixels=None)  # a user's file
+    elif fit == "pad":
+        image = fit_image(pad_square(load_image(path, 3)), height, width, "resize")
+    else:
+        image = fit_image(load_image(path, channels), height, width, fit)
+    return to_normalised_tensor(mean, std)(image)
