@@ -33,8 +33,7 @@ def format_of(path: str | Path) -> Format:
 
 
 def resolve_files(patterns: list[str], field_name: str) -> list[Path]:
-    """The files named by paths, globs (``**`` allowed) and folders (every file under them, sorted), in order; an
-    error names ``field_name`` and the pattern when one matches nothing."""
+    """The files named by paths, globs (``**`` allowed) and folders, in order; one matching nothing is refused."""
     expanded = []
     for pattern in patterns:
         if Path(pattern).is_dir():
@@ -92,8 +91,8 @@ def parquet_rows(path: Path) -> int:
 
 
 def align(span: FileSpan, position: int) -> int:
-    """The first place at or after ``position`` where a piece may begin: the start of a line (text, JSONL), a row
-    (Parquet). A text file with no line break within 64 KiB is cut before the next character instead."""
+    """The first place at or after ``position`` where a piece may begin: a line's or row's start (a text file with no
+    line break within 64 KiB: the next character)."""
     if span.format == "parquet" or position <= 0 or position >= span.extent:
         return min(max(position, 0), span.extent)
     with open(span.path, "rb") as f:
@@ -133,8 +132,7 @@ def split_pieces(
     piece_bytes: int = PIECE_BYTES,
     cut: Split = "end",
 ) -> dict[str, list[Piece]]:
-    """Each split's pieces: ``held_out``'s val and test files, else the end of the train files (all, or each:
-    ``cut``)."""
+    """Each split's pieces: ``held_out``'s val and test files, else the end of the train files (``cut``)."""
     spans = [FileSpan.of(path) for path in train]
     fractions = {
         split: 0.0 if held_out.get(split) else fraction
@@ -214,9 +212,8 @@ def line_pieces(path: Path, piece_bytes: int | None = None) -> list[Piece]:
 
 
 def piece_lines(piece: Piece, what: str, limit: int | None = None) -> list[str]:
-    """The lines of a piece of a UTF-8 file, split on "\\n" only, "\\r" dropped, a file's byte-order mark dropped.
-    ``limit``: read about this many bytes at most, whole lines (a sample). A piece that is not UTF-8 raises
-    DataError naming ``what`` (the option), the file, the byte, its offset and its line."""
+    """The lines of a piece of a UTF-8 file, split on "\\n" only, "\\r" and a byte-order mark dropped; ``limit``:
+    about this many bytes at most (whole lines). Not UTF-8: a DataError naming ``what``, file, byte, offset, line."""
     end = piece.end if limit is None else min(piece.end, piece.start + limit)
     with open(piece.path, "rb") as f:
         f.seek(piece.start)
@@ -259,9 +256,8 @@ class AlignedPiece:
 
 
 def aligned_pieces(src_path: Path, tgt_path: Path, piece_bytes: int | None = None) -> list[AlignedPiece]:
-    """Two line-aligned files cut into aligned line ranges of at most about ``piece_bytes`` (default
-    ``PIECE_BYTES``) of either file, by one pass over both that keeps only the byte offsets of the cuts; files of
-    different line counts are an error naming both files and both counts."""
+    """Two line-aligned files cut into aligned line ranges of at most about ``piece_bytes`` of either, in one pass that
+    keeps only the cuts' byte offsets; different line counts are an error naming both files and counts."""
     piece_bytes = piece_bytes or PIECE_BYTES
     paths, sizes = (Path(src_path), Path(tgt_path)), (Path(src_path).stat().st_size, Path(tgt_path).stat().st_size)
 

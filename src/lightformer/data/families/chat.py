@@ -1,11 +1,4 @@
-"""What the vision-language data modules share once their question-answer records are prepared: records
-{"image": PNG, "question", "answer", "group", "text"} (or {"image", "turns": JSON}) read by index and laid out by the
-chat template, batches of one canvas (``CanvasBatchSampler``: one small integer per record held, its canvas's index,
-read from the manifest's runs), normalised with the training images' mean and standard deviation of each channel.
-
-    records ──decode, jitter (train), ChatTemplate.encode──> {"images": (B, 3, H, W) float32, "ids", "labels",
-      "prompt_length", "group", "answer", "question", "transcript"}
-"""
+"""The conversation family ``ChatData`` and its presets ``VisualQADataModule``, ``ConversationFilesDataModule``."""
 
 from __future__ import annotations
 
@@ -77,9 +70,8 @@ from lightformer.tokenization.text import PAD_ID, Tokenizer
 
 
 class ChatData(DataModule):
-    """Question-answer records of images, laid out by a chat template: the vision-language family. Its manifest holds
-    each split's "records", its "runs" ([[canvas index, records], ...] in the records' order), the pixels' "mean" and
-    "std"; batches hold images of one canvas each (``CanvasBatchSampler``).
+    """Question-answer records of images laid out by a chat template, batches of one canvas (docs/data.md, "Questions
+    about images"). The manifest holds each split's "records" and "runs" ([[canvas, records], ...]), "mean", "std".
 
     Args:
         loader: records per batch, loader workers, pinned memory (``ImageLoaderConfig``).
@@ -124,8 +116,7 @@ GROUP = "files/answer/held-out"
 
 
 class ConversationFilesDataModule(ChatData):
-    """A user's images and LLaVA conversations (the module docstring), for a vision-language model: the batches
-    and facts of ``VisualQADataModule`` (one canvas, one group).
+    """A user's images and LLaVA conversations, for a vision-language model: one canvas, one group.
 
     Args:
         source: the files, the image folder, the canvas (``ConversationFiles``).
@@ -175,8 +166,7 @@ class ConversationFilesDataModule(ChatData):
         return files
 
     def _fingerprint(self) -> dict:
-        """What the records depend on: the files (paths, sizes, times), the options, the tokenizer, the template.
-        The images are named by the files; change a file to prepare again."""
+        """The files (paths, sizes, times; they name the images), the options, the tokenizer, the template."""
         stamps = {split: file_stamp(path) if path.is_file() else str(path) for split, (path, _, _) in
                   self._files().items()}  # fmt: skip
         tokenizer = _tokenizer_key(self.tokenizer_config, ())
@@ -184,8 +174,7 @@ class ConversationFilesDataModule(ChatData):
                 "tokenizer": tokenizer, "template": self.template.as_dict()}  # fmt: skip
 
     def _build(self, folder: Path) -> dict:
-        """``prepared_folder``'s build through ``prepare_records``: the tokenizer loaded or trained on the
-        conversations, each split's pieces read, checked and fitted on every core."""
+        """The tokenizer loaded or trained; each split's pieces read, checked and fitted on every core."""
         files = self._files()
         split_pieces = {split: read_pieces(path, field, self.source.max_tokens) for split, (path, field, _) in
                         files.items()}  # fmt: skip
@@ -222,9 +211,8 @@ QUESTIONS_FORMAT = 3  # bump when what a prepared folder holds, or how an image 
 
 
 class VisualQADataModule(ChatData):
-    """Questions and answers about images (the module docstring), for a vision-language model: batches of one canvas
-    {"images": (B, 3, H, W) float32 normalised, "ids": (B, T) int64 (one placeholder == vocab_size per row), "labels",
-    "prompt_length", "group", "answer", "question"}; the facts add the chat template, the groups and the canvases.
+    """Questions and answers about what the offline sources' images show, for a vision-language model; the facts add
+    the chat template, the groups and the canvases.
 
     Args:
         source: the sources, images per source, canvases, lines and typefaces (``VisualQASource``).
@@ -298,8 +286,7 @@ class VisualQADataModule(ChatData):
         return austen_text(Path(self.source.data_root) / "austen")
 
     def _fingerprint(self) -> dict:
-        """What the records depend on: the drawings' and fonts' files (paths, sizes, times), the text, the options,
-        the seed, the tokenizer and template (the longest ids)."""
+        """The drawings' and fonts' files, the text, the options, the seed, the tokenizer and the template."""
         s, files = self.source, []
         if "clipart" in s.sources:
             root = Path(s.clipart_root)
@@ -319,7 +306,7 @@ class VisualQADataModule(ChatData):
                 "tokenizer": content_hash(self.tokenizer.to_str()), "template": self.template.as_dict()}  # fmt: skip
 
     def _clipart_units(self, index: dict[str, int]) -> dict[str, list[tuple[str, list]]]:
-        """Each split's drawings with their questions (the module docstring); the seen ones added to val and test."""
+        """Each split's drawings with their questions; the seen ones added to val and test."""
         s = self.source
         names = openclipart.drawing_names(s.clipart_root)
         classes = set(openclipart.categories(names))
@@ -379,8 +366,7 @@ class VisualQADataModule(ChatData):
         return self._with_seen(found, index)
 
     def _with_seen(self, found: dict[str, list], index: dict[str, int]) -> dict[str, list]:
-        """``found`` with ``seen`` of its training items, evenly spaced over them (every category's drawings, not the
-        first folder's), added to val and test (their seen groups)."""
+        """``found`` with ``seen`` of its training items, evenly spaced over them, added to val and test."""
         train, count = found["train"], self.source.seen
         seen = train[:: max(1, len(train) // count)][:count] if count else []
         for split in ("val", "test"):
@@ -388,8 +374,7 @@ class VisualQADataModule(ChatData):
         return found
 
     def _build(self, folder: Path) -> dict:
-        """``prepared_folder``'s build through ``prepare_records``: each source's units of each split, drawn in pieces
-        on every core; what it returns goes into the manifest."""
+        """Each source's units of each split drawn in pieces on every core; returns the manifest's fields."""
         s, tokenizer = self.source, self.tokenizer
         groups = s.groups()
         index = {name: i for i, name in enumerate(groups)}

@@ -1,4 +1,4 @@
-"""Image-to-text data of printed lines (``ImageTextDataModule``): the source is ``sources.lines``."""
+"""The image-and-text family ``ImageTextData`` and its presets: printed lines, one's own files, clip art, emoji."""
 
 from __future__ import annotations
 
@@ -16,12 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from lightformer.config_groups import as_config
-from lightformer.data.loading.pictures import (
-    CaptionedImages,
-    LineImages,
-    collate_captions,
-    pixel_statistics,
-)
+from lightformer.data.loading.pictures import CaptionedImages, LineImages, collate_captions, pixel_statistics
 from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler, map_loader
 from lightformer.data.loading.streaming import ImageLoaderConfig
 from lightformer.data.module import DataModule
@@ -53,10 +48,7 @@ from lightformer.data.sources.captions import (
     shard_samples,
     source_key,
 )
-from lightformer.data.sources.corpora import (
-    austen_text,
-    ding_dictionary,
-)
+from lightformer.data.sources.corpora import austen_text, ding_dictionary
 from lightformer.data.sources.emoji import EmojiSource, emoji_records
 from lightformer.data.sources.image_files import MIN_SIZE, fit_image, load_image
 from lightformer.data.sources.lines import (
@@ -84,12 +76,9 @@ SOURCE_FORMAT = 1  # bump when what a prepared folder of a source's own images h
 
 
 class ImageTextData(DataModule):
-    """Images each with one or more texts (captions, transcriptions) and, where a source labels them, a class: the
-    batches of ``ContrastiveTask`` and ``ImageToTextTask``, {"images": (B, C, H, W) float32 normalised, "tgt": (B, T)
-    int64 [BOS] ids [EOS] padded with PAD, "text", "references": each image's texts[, "labels": (B,) int64]}. Prepared
-    once into records (each image fitted to the canvas; its texts), trained on jittered by (seed, epoch, index),
-    every text of an image in turn. Any ``Source`` whose records are ``{"image": a path or the file's bytes, "texts":
-    [str, ...]}`` (docs/data.md, "Your own source"); the presets below are its built-in sources.
+    """Images each with one or more texts (and, where a source labels them, a class), for ``ContrastiveTask`` and
+    ``ImageToTextTask``: any ``Source`` of records ``{"image": a path or the file's bytes, "texts": [str, ...]}``; the
+    presets below are its built-in sources (docs/data.md, "Captioned images: the contrastive family's data").
 
     Args:
         source: where the captioned images come from (a ``Source`` subclass, named by ``class_path``).
@@ -168,8 +157,7 @@ class ImageTextData(DataModule):
                 "tokenizer": _tokenizer_key(self.tokenizer_config, ())}  # fmt: skip
 
     def _build(self, folder: Path) -> dict:
-        """The source's records through ``prepare_captioned``: the texts read once (for the tokenizer), then each
-        input of each split on every core, its images read and fitted one at a time."""
+        """The source's records through ``prepare_captioned``, each input's images read and fitted one at a time."""
         splits = [split for split in SPLITS if split in self.source.splits]
         rows = (
             (split, checked_texts(record, self.source, part, index))
@@ -200,8 +188,7 @@ class ImageTextData(DataModule):
 
 
 def checked_texts(record: object, source: Source, part, index: int) -> list[str]:
-    """A source's record's texts, the record checked: a mapping of an "image" (a path or the file's bytes) and its
-    "texts" (a list of strings, at least one), else a ``DataError`` naming the source, the part and the record."""
+    """A source's record's texts, the record checked (else a ``DataError`` naming the source, part and record)."""
     texts = record.get("texts") if isinstance(record, dict) else None
     if not (isinstance(texts, list | tuple) and texts and all(isinstance(text, str) for text in texts)
             and isinstance(record.get("image"), str | bytes | Path)):  # fmt: skip
@@ -213,8 +200,8 @@ def checked_texts(record: object, source: Source, part, index: int) -> list[str]
 
 
 def source_images(part, source: Source, size: int, channels: int) -> Iterator[dict]:
-    """The records {"image": JPEG, "texts": JSON list} of ``source.records(part)``, each image read and resized to
-    the square canvas one at a time; one that does not decode is a ``DataError`` naming it."""
+    """The records {"image": JPEG, "texts": JSON list} of ``source.records(part)``, resized to the canvas one at a
+    time."""
     for index, record in enumerate(source.records(part)):
         texts, image = checked_texts(record, source, part, index), record["image"]
         try:
@@ -229,18 +216,13 @@ def source_images(part, source: Source, size: int, channels: int) -> Iterator[di
 
 class ImageTextDataModule(ImageTextData):
     """Printed lines of Austen's novels (or Ding's German sentences) and their text, for an image-to-text model:
-    batches {"images": (B, 1, H, W) float32 normalised, "tgt": (B, T) int64 [BOS] ids [EOS] padded with PAD, "text":
-    list of B strings}. See the module docstring for how lines are drawn, split, prepared and loaded; ``data_facts()``
-    (after preparation) tells the model the tokenizer, the image size (H, W), one channel, the pixels' mean and std,
-    and the longest ``tgt``.
+    batches {"images": (B, 1, H, W), "tgt", "text"} (docs/data.md, "Printed lines").
 
     Args:
         source: the lines, their counts, the held-out typefaces (``ImageTextSource``).
         render: the image size and the ranges of every style draw (``RenderConfig``).
-        tokenizer: ``file``: a tokenizer JSON (``Tokenizer.save``; a run's ``tokenizer.json``); unset: for Austen,
-            the character tokenizer of the Austen language model (``configs/lm/austen_char.yaml``), whose GPT can
-            warm-start the decoder; for Ding, a character tokenizer of all its German sentences, made in preparation
-            (``TokenizerConfig``; kind "char").
+        tokenizer: ``file``: a run's ``tokenizer.json``; unset: the Austen character LM's (Austen), or the characters
+            of Ding's sentences (Ding) (``TokenizerConfig``; kind "char").
         loader: lines per batch, loader workers, pinned memory (``ImageLoaderConfig``).
         prepare: where and with how many processes the lines are rendered (``PrepareConfig``).
         augment: jitter training lines (brightness, contrast, a shift of a pixel or two); never val or test.
@@ -290,13 +272,12 @@ class ImageTextDataModule(ImageTextData):
                          normalize_mean=(manifest["mean"],), normalize_std=(manifest["std"],),
                          max_length=longest + 2)  # fmt: skip
 
-    # --- the prepared data (see the module docstring) ---
+    # --- the prepared data ---
 
     def _stem(self) -> str:
         return f"image-text-{self.source.corpus}"
 
-    # ``manifest``: the fingerprint, each split's "lines", "families", "redraws", the "longest" text (chars, bytes),
-    # the train pixels' "mean" and "std", the text's "characters"
+    # manifest: each split's "lines", "families", "redraws"; "longest" (chars, bytes), "mean", "std", "characters"
 
     def _text_path(self) -> str:
         """The corpus's file (Austen's fetched first)."""
@@ -325,8 +306,7 @@ class ImageTextDataModule(ImageTextData):
                 "render": asdict(self.render), "seed": self.seed}  # fmt: skip
 
     def _build(self, folder: Path) -> dict:
-        """``prepared_folder``'s build through ``prepare_records``: each split's records, rendered in pieces on every
-        core; what it returns goes into the manifest."""
+        """Each split's lines rendered in pieces on every core (``prepare_records``); returns the manifest's fields."""
         drawer = self._drawer()
         corpus = self.source.corpus
         with preparing(f"cutting {'Ding' if corpus == 'ding' else 'Austen'}'s text into sentences"):
@@ -373,18 +353,8 @@ FILES_FORMAT = 2  # bump when what a prepared folder holds changes meaning (2: i
 FILES_PIECE_IMAGES = 500  # images per piece a preparing process fits and writes before taking the next
 
 
-# --- reading the annotations -----------------------------------------------------------------------------------
-
-
-# --- webdataset shards ----------------------------------------------------------------------------------------
-
-
-# --- preparation and loading -----------------------------------------------------------------------------------
-
-
 def written_texts(folder: Path, rows: Iterable[tuple[str, list[str]]]) -> tuple[dict[str, Path], dict, dict]:
-    """Each split's texts written to ``<folder>/.texts-<split>.jsonl`` ({"text"} a line) from (split, an image's
-    texts) rows read once; returns the files and each split's images and texts counted."""
+    """(split, an image's texts) rows written to ``<folder>/.texts-<split>.jsonl``: the files, images and texts."""
     files = {split: folder / f".texts-{split}.jsonl" for split in SPLITS}
     images, texts = dict.fromkeys(SPLITS, 0), dict.fromkeys(SPLITS, 0)
     with contextlib.ExitStack() as stack:
@@ -414,10 +384,8 @@ def prepare_captioned(
     workers: int | None,
     what: str,
 ) -> dict:
-    """A folder of captioned images through ``prepare_records``: the texts of ``rows`` ((split, an image's texts),
-    read once) written to disk and sampled for the tokenizer, each split of ``record_splits(images counted)`` written
-    on every core, then the longest text and the train pixels' statistics. Returns the manifest's {"images",
-    "texts", "mean", "std", "longest"}."""
+    """A folder of captioned images through ``prepare_records`` (docs/data.md, "Captioned images"): returns the
+    manifest's {"images", "texts", "mean", "std", "longest"}."""
     files, images, texts = written_texts(folder, rows)
     text_pieces = {split: line_pieces(path) if images[split] else [] for split, path in files.items()}
     job = TokenizerJob(TOKENIZER, tokenizer_config, piece_sample(text_pieces, "text", tokenizer_config.sample_bytes))
@@ -431,11 +399,8 @@ def prepare_captioned(
 
 
 class ImageTextFilesDataModule(ImageTextData):
-    """A user's own images and texts for an image-to-text model: batches {"images": (B, C, H, W) float32
-    normalised, "tgt": (B, T) int64 [BOS] ids [EOS] padded with PAD, "text": B strings, "references": each image's
-    texts}. See the module docstring for the layouts, splits, preparation and loading; ``data_facts()`` (after
-    preparation) tells the model the tokenizer, the canvas (H, W), the channels, each channel's mean and std, and the
-    longest ``tgt``.
+    """A user's own images and texts (annotation files or webdataset shards), for an image-to-text model
+    (docs/data.md, "Captioned images of one's own").
 
     Args:
         source: the annotation files, the image folder and the canvas (``ImageTextFiles``).
@@ -472,8 +437,7 @@ class ImageTextFilesDataModule(ImageTextData):
         return f"image-text-{stem_of([Path(self.source.train)])}"
 
     def splits(self) -> dict[str, list[Entry]]:
-        """Each split's images and texts, read from the annotation files (val carved from train when not given); a
-        split of webdataset shards has none here (``shards``)."""
+        """Each split's images and texts from the annotation files (val carved from train when not given)."""
         s = self.source
         splits = {split: read_annotations(Path(getattr(s, split)), s.images, split, s.max_tokens)
                   if getattr(s, split) and not is_shards(getattr(s, split)) else [] for split in SPLITS}  # fmt: skip
@@ -500,9 +464,7 @@ class ImageTextFilesDataModule(ImageTextData):
         return not self.source.val and bool(self.source.val_fraction) and is_shards(self.source.train)
 
     def _fingerprint(self) -> dict:
-        """What the records depend on: the annotation files' contents, each image's path, size and modification
-        time (hashed as they are read: not held), each shard's path, size and modification time, the options, the
-        tokenizer's."""
+        """The annotation files' contents, each image's and shard's path, size and time, the options, the tokenizer."""
         self._entries = splits = self.splits()  # read once: what ``_build`` prepares
         self._shards = shards = self.shards()
         annotations = {split: sha256_of(getattr(self.source, split)) for split in SPLITS
@@ -517,8 +479,7 @@ class ImageTextFilesDataModule(ImageTextData):
                 "tokenizer": _tokenizer_key(self.tokenizer_config, ())}  # fmt: skip
 
     def _rows(self) -> Iterator[tuple[str, list[str]]]:
-        """(split, an image's texts) of every image: the annotations' entries, then the shards' samples, read as a
-        stream (the carved ones as val)."""
+        """(split, an image's texts) of every image: the annotations' entries, then the shards' samples (streamed)."""
         for split in SPLITS:
             for entry in self._entries[split]:
                 yield split, entry.texts
@@ -529,9 +490,7 @@ class ImageTextFilesDataModule(ImageTextData):
                     yield ("val" if carve and split == "train" and carved(key, fraction) else split), [caption]
 
     def _build(self, folder: Path) -> dict:
-        """``prepared_folder``'s build through ``prepare_captioned``: the tokenizer, each split's records in pieces
-        (of images; of shards, one a piece) on every core; then the train pixels' statistics, the longest text; what
-        it returns goes into the manifest."""
+        """Through ``prepare_captioned``: each split's records in pieces (of images; a shard a piece) on every core."""
         splits, shards, workers = self._entries, self._shards, self.prepare_config.num_workers
         carve = self._carves_shards()
 
@@ -581,17 +540,9 @@ DRAWN_FORMAT = 1  # bump when what a prepared folder holds, or how an image is d
 DRAWN_PIECE_IMAGES = 250  # images per piece a preparing process fits and writes before taking the next
 
 
-# --- records ---------------------------------------------------------------------------------------------------
-
-
-# --- the data modules ------------------------------------------------------------------------------------------
-
-
 class ClipArtDataModule(ImageTextData):
-    """The Open Clip Art Library's drawings and their authors' captions, for a contrastive image-text model:
-    batches {"images": (B, 3, S, S) float32 normalised, "tgt": (B, T) int64 [BOS] ids [EOS] padded with PAD, "text",
-    "references": each drawing's captions, "labels": (B,) int64, its top-level category's index in
-    ``class_names`` or -1}. See the module docstring for captions, split and labels.
+    """The Open Clip Art Library's drawings and their captions, for a contrastive image-text model; "labels": the
+    top-level category's index in ``class_names`` or -1 (docs/data.md, "Captioned images").
 
     Args:
         source: the library's folder, the canvas, the split's fractions, the captions' length (``ClipArtSource``).
@@ -625,8 +576,7 @@ class ClipArtDataModule(ImageTextData):
         return "clipart"
 
     def _fingerprint(self) -> dict:
-        """What the records depend on: each PNG's and SVG's path, size and modification time, the options, the
-        tokenizer's."""
+        """Each PNG's and SVG's path, size and modification time, the options, the tokenizer."""
         self._names = openclipart.drawing_names(self.source.root)
         if not self._names:
             raise DataError(f"data.source.root={self.source.root!r}: its png/ folder holds no drawing")
@@ -641,8 +591,7 @@ class ClipArtDataModule(ImageTextData):
                 "tokenizer": _tokenizer_key(self.tokenizer_config, ())}  # fmt: skip
 
     def _build(self, folder: Path) -> dict:
-        """``prepared_folder``'s build through ``prepare_captioned``: captions read, split by variant, labelled; the
-        PNGs fitted in pieces on every core; what it returns goes into the manifest."""
+        """Captions read, split by variant, labelled; PNGs fitted in pieces on every core (``prepare_captioned``)."""
         s = self.source
         classes = openclipart.categories(self._names)
         index = {category: i for i, category in enumerate(classes)}
@@ -668,9 +617,8 @@ class ClipArtDataModule(ImageTextData):
 
 
 class EmojiDataModule(ImageTextData):
-    """Emoji named by Unicode in two styles, one held out, for a contrastive image-text model: batches as
-    ``ClipArtDataModule``'s, "labels" each emoji's index in ``class_names`` (its name). Training in one style, val and
-    test in the other (the module docstring).
+    """Emoji named by Unicode in two styles, training in one and val and test in the other, for a contrastive model;
+    "labels": each emoji's index in ``class_names`` (docs/data.md, "Captioned images").
 
     Args:
         source: the fonts, the style held out, the canvas (``EmojiSource``).
@@ -707,7 +655,7 @@ class EmojiDataModule(ImageTextData):
         return {"noto": self.source.noto_font, "symbola": self.source.symbola_font}
 
     def _fingerprint(self) -> dict:
-        """What the records depend on: the fonts (paths and sizes), the options, the tokenizer's."""
+        """The fonts (paths and sizes), the options, the tokenizer."""
         fonts = {style: [path, Path(path).stat().st_size] for style, path in self.fonts().items()}
         return {"format": DRAWN_FORMAT, "fonts": content_hash(fonts), "source": asdict(self.source),
                 "tokenizer": _tokenizer_key(self.tokenizer_config, ())}  # fmt: skip

@@ -27,16 +27,9 @@ from lightformer.data.objectives.augment import (
 )
 from lightformer.data.pieces import SPLITS
 from lightformer.data.preparation.caching import read_manifest
-from lightformer.data.preparation.prepare import (
-    PrepareConfig,
-    split_location,
-)
+from lightformer.data.preparation.prepare import PrepareConfig, split_location
 from lightformer.data.sources.corpora import DEBIAN_FASHION_MNIST_DIR, install_debian_fashion_mnist
-from lightformer.data.sources.image_files import (
-    load_image,
-    read_image_folder_layout,
-    to_normalised_tensor,
-)
+from lightformer.data.sources.image_files import load_image, read_image_folder_layout, to_normalised_tensor
 from lightformer.data.sources.images import (
     TORCHVISION_DATASETS,
     TORCHVISION_FOLDERS,
@@ -72,9 +65,8 @@ class ImageRecords(Dataset):
 
 @dataclass(eq=False)
 class ImageSubset(Dataset):
-    """The (uint8 image, label) items of ``source`` at ``indices``, each image through ``transform`` if given, its draws
-    from (``seed``, epoch, index) alone (the sampler's ``(index, epoch)`` keys): afresh each epoch, the same whatever
-    the loader workers, exact on resume. A source in memory (``TensorDataset``) is sliced a batch at once."""
+    """The (uint8 image, label) items of ``source`` at ``indices``, each through ``transform`` if given, its draws from
+    (``seed``, epoch, index) alone; a source in memory (``TensorDataset``) is sliced a batch at once."""
 
     source: Dataset
     indices: list[int]
@@ -129,10 +121,8 @@ class ImageDataModule(DataModule):
         source: which images and how they split (``ImageSource``).
         augment: the training set's augmentation (``AugmentConfig``).
         loader: batch size, loader workers, pinned memory (``ImageLoaderConfig``).
-        prepare: where an image folder is prepared, with how many processes (``PrepareConfig``; built-in datasets are
-            held in memory, not prepared).
-        image_size: side length images are resized to (square); None: the dataset's (28 for (fashion_)mnist, 32 for
-            cifar10, 8 for digits, 224 for image folders).
+        prepare: where and with how many processes an image folder is prepared (``PrepareConfig``).
+        image_size: side length images are resized to (square); None: the dataset's (224 for image folders).
         seed: seeds the validation carve and the training-set shuffling.
     """
 
@@ -263,9 +253,8 @@ class ImageDataModule(DataModule):
         return {"trivialaugment": v2.TrivialAugmentWide(), "randaugment": v2.RandAugment()}.get(self.augment.policy)
 
     def transform_batch(self, batch: tuple[Tensor, Tensor], train: bool) -> tuple[Tensor, Tensor]:
-        """uint8 images ``(batch, C, S, S)`` and labels → normalised float32 images (training: flipped and cropped
-        per ``augment.policy`` before, erased per ``augment.random_erasing`` after, each image its own draw) and the
-        labels."""
+        """uint8 images ``(batch, C, S, S)`` and labels → normalised float32 images (training: flipped, cropped and
+        erased per ``augment``, each image its own draw) and the labels."""
         images, labels = batch
         if train and self.augment.policy in ("flip", "flip_crop"):
             if self.augment.policy == "flip_crop":
@@ -310,10 +299,8 @@ def pixel_pairs(y: Tensor, start_id: int) -> tuple[Tensor, Tensor]:
 
 
 class PixelSequences(Dataset):
-    """Item i is (x, y) for image i: y its pixel ids ``(S*S,)`` int64, x = ``[start_id] + y[:-1]``; ``__getitems__``
-    makes a whole batch at once. The ids are ``tokens`` ``(N, S*S)``, held in memory (stored compactly, widened per
-    batch), or those of ``images`` (a dataset of (uint8 image ``(C, S, S)``, label): a prepared image folder's split)
-    encoded with ``tokenizer`` as their batch is read, so that no split's ids are ever all held."""
+    """Item i is (x, y): y image i's pixel ids ``(S*S,)`` int64, x = ``[start_id] + y[:-1]``; the ids are ``tokens``
+    held in memory, or ``images`` (a prepared folder's split) encoded with ``tokenizer`` a batch at a time."""
 
     def __init__(self, tokenizer: PixelTokenizer, tokens: Tensor | None = None, images: Dataset | None = None) -> None:
         self.tokenizer, self.tokens, self.images = tokenizer, tokens, images
@@ -334,8 +321,7 @@ class PixelSequences(Dataset):
 
 
 def check_image_size(image_size: int | None, source: ImageSource) -> None:
-    """Refuse an ``image_size`` Image GPT cannot read ``source`` at: images are only made smaller (area averaging), and
-    an image folder's files have no common size to default to."""
+    """Refuse an ``image_size`` Image GPT cannot read ``source`` at (it only shrinks; a folder needs one)."""
     dataset, native = source.dataset, source.info.image_size
     if image_size is None:
         if dataset == "image_folder":
@@ -367,20 +353,16 @@ def check_palette(palette: PaletteConfig, info: ImageDatasetInfo) -> None:
 
 
 class ImageTokenDataModule(DataModule):
-    """Images as sequences of palette ids for Image GPT: batches (x, y), each ``(batch, image_size²)`` int64. After
-    construction: ``data_facts()``, ``block_size``, ``pixel_tokenizer``, ``resolution``, ``channels``, ``class_names``;
-    after ``setup``: ``tokens(split)``, ``images(split)``, ``labels(split)``.
+    """Images as sequences of palette ids for Image GPT: batches (x, y), each ``(batch, image_size²)`` int64; after
+    ``setup``: ``tokens(split)``, ``images(split)``, ``labels(split)``.
 
     Args:
-        source: which images and how they split (``ImageSource``, as ``ImageDataModule``'s); an image folder's labels
-            serve only ``lightformer probe``.
+        source: which images and how they split (``ImageSource``); an image folder's labels serve only ``probe``.
         palette: the colours pixels are read as (``PaletteConfig``).
-        loader: batch size, loader workers, pinned memory (``ImageLoaderConfig``; a batch is one slice of a tensor in
-            memory: 0 workers is usually best).
+        loader: batch size, loader workers, pinned memory (``ImageLoaderConfig``; 0 workers is usually best).
         prepare: where an image folder is prepared (``PrepareConfig``, as ``ImageDataModule``'s).
-        image_size: side of the modelled images, at most the dataset's (28 for (fashion_)mnist, 32 for cifar10, 8 for
-            digits), made by area averaging; each image is ``image_size²`` tokens. None: the dataset's size; required
-            for image folders.
+        image_size: side of the modelled images (area-averaged), at most the dataset's; None: the dataset's size
+            (required for image folders).
         seed: seeds the validation carve, the k-means palette and the training-set shuffling.
     """
 
@@ -476,8 +458,7 @@ class ImageTokenDataModule(DataModule):
             self._images[split], self._labels[split] = self._read_split(split)
 
     def _read_split(self, split: str, limit: int | None = None) -> tuple[Tensor, Tensor]:
-        """The first ``limit`` images of a split (all if None), uint8 at the model's resolution (area-averaged), and
-        labels: sliced from memory, or a prepared folder's decoded one by one, only those."""
+        """The first ``limit`` images of a split (all if None) at the model's resolution, and labels."""
         self.images_data.setup()
         subset: ImageSubset = getattr(self.images_data, f"{split}_dataset")
         count = len(subset) if limit is None else min(limit, len(subset))
@@ -493,8 +474,7 @@ class ImageTokenDataModule(DataModule):
         return images.contiguous(), labels
 
     def setup(self, stage: str | None = None) -> None:
-        """Read the splits (all, once): a built-in dataset's encoded into palette ids held in memory; an image folder's
-        records, which the loaders encode batch by batch."""
+        """Read the splits once: a built-in dataset's encoded into palette ids in memory; an image folder's records."""
         self.images_data.setup()
         for split in SPLITS:
             if len(getattr(self.images_data, f"{split}_dataset")) == 0:
@@ -535,8 +515,7 @@ class ImageTokenDataModule(DataModule):
         return self._labels[split]
 
     def labelled_images(self, split: str, limit: int | None = None) -> tuple[Tensor, Tensor]:
-        """``images(split)`` and ``labels(split)``, the first ``limit`` if given (``lightformer probe``); an image
-        folder's read from its records, only those: memory grows with ``limit``, not the folder."""
+        """``images(split)`` and ``labels(split)``, the first ``limit`` if given (read only those)."""
         if not self.streams_images:
             self._require(split)
             return self.pixel_tokenizer.decode(self._tokens[split][:limit].long()), self._labels[split][:limit]

@@ -30,11 +30,7 @@ from lightformer.data.preparation.prepare import (
     stem_of,
 )
 from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
-from lightformer.data.sources.corpora import (
-    AUSTEN_NOVELS,
-    austen_passages,
-    austen_text,
-)
+from lightformer.data.sources.corpora import AUSTEN_NOVELS, austen_passages, austen_text
 from lightformer.data.sources.labelled import (
     EXAMPLES_PER_INPUT,
     PassageSource,
@@ -81,15 +77,13 @@ def collate_classification(items: list[dict], max_tokens: int, pad_id: int = PAD
 
 class TextClassificationDataModule(DataModule):
     """Labelled texts for a BERT classifier: batches {"ids": (B, T), "labels": (B,)}, each text [CLS] tokens [SEP] cut
-    to `max_tokens` ([SEP] kept) and padded (docs/data.md, "Labelled texts"). `data_facts()` gives the tokenizer,
-    `class_names` and `max_tokens`; `class_counts` and `chance_accuracy` describe the splits.
+    and padded (docs/data.md, "Labelled texts"); `class_counts` and `chance_accuracy` describe the splits.
 
     Args:
         source: the labelled texts and their splits (``PassageSource``).
         tokenizer: the tokenizer file, or the size of the BPE to train (``TokenizerConfig``; kind "bpe" or a file).
         loader: texts per batch and loader workers (``LoaderConfig``; `val_windows` must stay unset).
-        max_tokens: longest sequence in tokens, [CLS] and [SEP] included (at most the model's `max_len`); longer texts
-            are cut as they are read.
+        max_tokens: longest sequence in tokens, [CLS] and [SEP] included (at most the model's `max_len`).
         prepare: where and with how many processes the texts are prepared (``PrepareConfig``).
         seed: seeds the order of the training texts in each epoch (the splits do not depend on it).
     """
@@ -300,8 +294,7 @@ class TextClassificationDataModule(DataModule):
         return [text for i, text in enumerate(texts) if i in kept]
 
     def _tsv_sample(self, pieces: list[Piece], held_out: frozenset[str], class_names: list[str]) -> Iterator[str]:
-        """The train texts of the train pieces: all when they hold at most `tokenizer.sample_bytes` (or `train_examples`
-        is set), else the same share of the start of every piece."""
+        """The train texts of the train pieces, or the same share of the start of every piece (``sample_bytes``)."""
         sample_bytes = self.tokenizer_config.sample_bytes
         limit = sample_limit(pieces, sample_bytes) if self.source.train_examples is None else None
         for piece in pieces:

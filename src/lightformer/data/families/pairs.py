@@ -16,15 +16,7 @@ from lightformer.data.loading.sampling import TokenBudgetBatchSampler, map_loade
 from lightformer.data.loading.sequences import bucket_lengths, collate_pairs
 from lightformer.data.loading.streaming import Records
 from lightformer.data.module import STAGE_OF, DataModule
-from lightformer.data.pieces import (
-    SPLIT_PREFIX,
-    SPLITS,
-    AlignedPiece,
-    Piece,
-    aligned_pieces,
-    line_pieces,
-    stage_splits,
-)
+from lightformer.data.pieces import SPLIT_PREFIX, SPLITS, AlignedPiece, Piece, aligned_pieces, line_pieces, stage_splits
 from lightformer.data.preparation.caching import file_stamp, preparing
 from lightformer.data.preparation.prepare import (
     PrepareConfig,
@@ -36,13 +28,7 @@ from lightformer.data.preparation.prepare import (
     stem_of,
 )
 from lightformer.data.preparation.records import RecordSplit, TokenizerJob, prepare_records
-from lightformer.data.sources.corpora import (
-    Pair,
-    ding_dictionary,
-    extract_ding_pairs,
-    split_of,
-    split_of_line,
-)
+from lightformer.data.sources.corpora import Pair, ding_dictionary, extract_ding_pairs, split_of, split_of_line
 from lightformer.data.sources.pairs import (
     _DING_INPUT_PAIRS,
     PairSource,
@@ -69,13 +55,10 @@ class PairBatches:
     Args:
         max_sentence_tokens: longest train sentence in tokens, BOS/EOS included; longer train pairs are dropped, val and
             test ids cut to it (EOS kept; texts whole, so BLEU sees full references). Not the model's `max_len`.
-        max_tokens: token budget of one batch: rows × longest row (source or target) <= max_tokens; at least
-            `max_sentence_tokens`.
+        max_tokens: token budget of one batch (rows × longest row), at least `max_sentence_tokens`.
         num_workers: DataLoader worker processes.
-        length_multiple: pad both sides of a batch to one length, a multiple of this (at most `max_sentence_tokens`),
-            and its rows to `max_tokens // length`: a few static shapes for a compiled model (`compile: true`) instead
-            of dynamic ones, slow to compile on a GPU. null: each batch padded to its longest (what an eager model
-            wants).
+        length_multiple: pad a batch to a multiple of this (and its rows to `max_tokens // length`): a few static shapes
+            for a compiled model; null: each batch padded to its longest (docs/data.md, "Sentence pairs").
     """
 
     max_sentence_tokens: int = 128
@@ -106,15 +89,12 @@ class PairBatches:
 
 
 class TranslationDataModule(DataModule):
-    """Sentence pairs for an encoder-decoder: batches {"src": (B, S), "tgt": (B, T), "src_text", "tgt_text"}: `src` is
-    `encode(source) + [EOS]`, `tgt` `[BOS] + encode(target) + [EOS]`, padded with `pad_id`, up to `batches.max_tokens`
-    padded tokens per side (docs/data.md, "Sentence pairs"). Under DDP the batch sampler divides the batches among ranks
-    itself, with Lightning's `use_distributed_sampler` true (reading the injected sampler) or false.
+    """Sentence pairs for an encoder-decoder: batches {"src": (B, S), "tgt": (B, T), "src_text", "tgt_text"}, `src` ids
+    + [EOS], `tgt` [BOS] + ids + [EOS], padded (docs/data.md, "Sentence pairs").
 
     Args:
         source: where the pairs come from, which direction they are translated (``PairSource``).
-        tokenizer: the BPE tokenizers and BPE-dropout (``TokenizerConfig``: kind "bpe", 8,000 tokens by default; trained
-            on the train pairs, or a sample of about ``sample_bytes`` of larger files).
+        tokenizer: the BPE tokenizers and BPE-dropout (``TokenizerConfig``: kind "bpe", 8,000 tokens by default).
         batches: sentence length, token budget, loader workers (``PairBatches``).
         prepare: where and with how many processes the pairs are prepared (``PrepareConfig``).
         seed: seeds the batches' shuffling and BPE-dropout's draws (the splits do not depend on it).
@@ -150,8 +130,7 @@ class TranslationDataModule(DataModule):
         return self._side_tokenizer(1 - self.source.source_side)
 
     def data_facts(self) -> DataFacts:
-        """The two tokenizers and the positions of the longest pair: its source, its target less one (teacher
-        forcing)."""
+        """The two tokenizers and the longest pair's positions: its source, its target less one."""
         for split in SPLITS:
             if split not in self.datasets and self.stats.get(f"{split}_pairs"):
                 self.datasets[split] = self._encode_split(split)
@@ -199,9 +178,8 @@ class TranslationDataModule(DataModule):
         return map_loader(dataset, self.batches, resumable=split == "train", batch_sampler=budget, collate_fn=collate)
 
     def _encode_split(self, split: str) -> PreparedPairs:
-        """The split's dataset: source + EOS, BOS + target + EOS; over-long train pairs dropped, val/test cut. With
-        `bpe_dropout`, train is one block per segmentation (the sampler draws an epoch from one); a pair too long in any
-        is dropped."""
+        """The split's dataset: over-long train pairs dropped, val/test cut; with `bpe_dropout`, train is one block per
+        segmentation (a pair too long in any dropped)."""
         if split == "train" and self.tokenizer_config.bpe_dropout:
             names = [_dropout_split(k) for k in range(self.tokenizer_config.bpe_dropout_segmentations)]
         else:
@@ -236,8 +214,7 @@ class TranslationDataModule(DataModule):
         return f"translation-{stem_of([path for paths in self.source.files('train').values() for path in paths])}"
 
     def _fingerprint(self) -> dict:
-        """What the prepared folder depends on: the sources (the Ding file's hash, user files' stamps), the format, the
-        tokenizers' options, BPE-dropout's draws."""
+        """The sources (the Ding file's hash, user files' stamps), the format, the tokenizers, BPE-dropout."""
         if self.source.corpus == "ding":
             sources: dict = {
                 "ding": sha256_of(ding_dictionary(self.source.ding_file)),
@@ -365,9 +342,8 @@ class TranslationDataModule(DataModule):
 
 
 class PreparedPairs(Dataset):
-    """Prepared pairs in one direction, by index: item i is {"src": ids + EOS, "tgt": BOS + ids + EOS (int64),
-    "src_text", "tgt_text"}, the records `keep` of each of `blocks` (one, or one per BPE-dropout segmentation) in turn;
-    `cut_to`: longer ids cut to it, EOS kept (val and test)."""
+    """Prepared pairs in one direction, by index: item i {"src", "tgt" (int64), "src_text", "tgt_text"} of the records
+    `keep` of each of `blocks` in turn; `cut_to`: longer ids cut to it, EOS kept (val and test)."""
 
     def __init__(self, blocks: list[Records], keep: np.ndarray, source_side: int, cut_to: int | None) -> None:
         self.blocks, self.keep, self.source_side, self.cut_to = blocks, np.asarray(keep, np.int64), source_side, cut_to

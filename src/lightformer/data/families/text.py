@@ -44,13 +44,7 @@ from lightformer.data.sources.text import TextSource
 from lightformer.errors import DataError
 from lightformer.facts import DataFacts
 from lightformer.nn.checks import check_at_least
-from lightformer.tokenization.text import (
-    MASK,
-    MIN_BPE_VOCAB_SIZE,
-    PAD_ID,
-    Tokenizer,
-    sentinel,
-)
+from lightformer.tokenization.text import MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Tokenizer, sentinel
 
 
 class TextData(DataModule):
@@ -106,8 +100,7 @@ class TextData(DataModule):
         return self.prepared.tokenizer
 
     def setup(self, stage: str | None = None) -> None:
-        """Make the datasets of the splits `stage` needs (all for None); refuse ``test`` without a test split, before a
-        checkpoint is restored."""
+        """The datasets of the splits `stage` needs; ``test`` without a test split refused before a checkpoint loads."""
         if stage == "test" and not self.prepared.has("test"):
             raise DataError("data: there is no test split: set data.source.test_files, or test_fraction above 0")
         for split in stage_splits(stage):
@@ -249,19 +242,16 @@ class TextDataModule(TextData):
 
 
 class MaskedLMDataModule(TextData):
-    """BERT pretraining data: batches {"ids", "segment_ids", "labels": (B, T) int64, "nsp_labels": (B,) int64}, segments
-    of `segment_tokens` as NSP pairs or single runs, masked (docs/data.md, "Pretraining objectives"); `ids` padded with
-    PAD_ID, `segment_ids` with 0, `labels` with IGNORE_INDEX (-100). Its source, tokenizer (BPE by default, with <mask>
-    and the sentinels), loader, prepare and seed are ``TextData``'s.
+    """BERT pretraining data: batches {"ids", "segment_ids", "labels": (B, T), "nsp_labels": (B,)} (docs/data.md,
+    "Pretraining objectives"); its source, tokenizer (BPE, with <mask> and the sentinels), loader, prepare and seed as
+    ``TextData``'s.
 
     Args:
-        num_sentinels: T5 sentinels <extra_id_0..N-1> in the vocabulary (unused by BERT; the same tokenizer as
-            SpanCorruptionDataModule's, so both share the prepared data).
-        segment_tokens: tokens per segment (an NSP "sentence"); an example has up to 2·segment_tokens tokens.
+        num_sentinels: T5 sentinels <extra_id_0..N-1> in the vocabulary (unused by BERT: SpanCorruptionDataModule's
+        too). segment_tokens: tokens per segment (an NSP "sentence"); an example has up to 2·segment_tokens tokens.
         nsp: next-sentence prediction pairs; False: single runs of text without "nsp_labels".
         mlm_probability: share of the tokens selected for the masked-LM loss, in (0, 1].
-        whole_word_masking: select whole words (a token starting with whitespace, or after a line end, starts one)
-            instead of single tokens.
+        whole_word_masking: select whole words instead of single tokens (docs/data.md).
     """
 
     def __init__(
@@ -344,9 +334,9 @@ class MaskedLMDataModule(TextData):
 
 
 class SpanCorruptionDataModule(TextData):
-    """T5 pretraining data, in the translation task's batch format: {"src": (B, S), "tgt": (B, T) int64 padded with
-    PAD_ID, "src_text", "tgt_text"}: segments of `segment_tokens` through span corruption, one joint tokenizer for both
-    sides (docs/data.md, "Pretraining objectives"). Its source, tokenizer, loader, prepare and seed are ``TextData``'s.
+    """T5 pretraining data in the translation task's batch format {"src", "tgt", "src_text", "tgt_text"}: segments
+    through span corruption (docs/data.md, "Pretraining objectives"); source, tokenizer, loader, prepare and seed as
+    ``TextData``'s.
 
     Args:
         num_sentinels: sentinels <extra_id_0..N-1> in the vocabulary: at least the number of spans of a segment.
@@ -406,8 +396,7 @@ class SpanCorruptionDataModule(TextData):
 
     @classmethod
     def facts_from_config(cls, init_args: Mapping[str, Any]) -> ConfigFacts:
-        """The positions sources and targets take (``segment_tokens``, ``noise_density``, ``mean_span_length``); within
-        a bound: the largest ``segment_tokens`` that fits."""
+        """The positions sources and targets take; within a bound: the largest ``segment_tokens`` that fits."""
         try:
             segment_tokens = init_args["segment_tokens"]
             spans = (init_args["noise_density"], init_args["mean_span_length"])

@@ -14,16 +14,11 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from lightformer.data.loading.sampling import (
-    Key,
-    index_and_epoch,
-)
+from lightformer.data.loading.sampling import Key, index_and_epoch
 from lightformer.data.loading.streaming import Records
 from lightformer.data.objectives.augment import jitter
 from lightformer.data.objectives.chat import IGNORE, ChatTemplate
-from lightformer.data.preparation.prepare import (
-    worker_tokenizer,
-)
+from lightformer.data.preparation.prepare import worker_tokenizer
 from lightformer.data.sources import openclipart
 from lightformer.data.sources.conversations import pad_square
 from lightformer.data.sources.image_files import fit_image, load_image, to_normalised_tensor

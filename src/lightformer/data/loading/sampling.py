@@ -24,11 +24,8 @@ def index_and_epoch(key: Key) -> tuple[int, int]:
 
 
 class EpochShuffleSampler(Sampler[int]):
-    """A random permutation of ``range(size)`` drawn from (seed, epoch) alone, the epoch set by Lightning's
-    ``set_epoch`` (``DataLoader(shuffle=True)`` advances one generator, so a run resumed at epoch 3 would replay epoch
-    1's order); under DDP Lightning wraps it, each process a shard. ``with_epoch``: yield ``(index, epoch)``, for items
-    drawn afresh each epoch from (seed, epoch, index): exact whatever the loader workers (whose copies miss
-    ``set_epoch``)."""
+    """A permutation of ``range(size)`` from (seed, epoch) alone, the epoch set by ``set_epoch`` (docs/data.md, "What
+    streaming does"); ``with_epoch``: yield ``(index, epoch)`` keys, for items drawn afresh each epoch."""
 
     def __init__(self, size: int, seed: int, with_epoch: bool = False) -> None:
         self.size, self.seed, self.epoch, self.with_epoch = size, seed, 0, with_epoch
@@ -47,10 +44,8 @@ class EpochShuffleSampler(Sampler[int]):
 
 
 class ResumableDataLoader(DataLoader):
-    """A ``DataLoader`` whose position inside an epoch (its ``state_dict``: the epoch and the batches handed out in it)
-    is saved in every checkpoint; the resumed iteration skips those batches where the indices are drawn (docs/data.md,
-    "Resume of the map-style loaders"). ``Task.on_train_start`` hands the state over when Lightning built the loaders
-    before restoring the checkpoint."""
+    """A ``DataLoader`` whose position in an epoch (the epoch and the batches handed out) is saved in every checkpoint
+    (docs/data.md, "Resume of the map-style loaders")."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -98,10 +93,8 @@ class ResumableDataLoader(DataLoader):
 
 
 class _Skipping:
-    """A ``ResumableDataLoader``'s index sampler as its iterators see it: starting where the loader's position says
-    (read after ``set_epoch``), of the whole epoch's length. Its loader is a weak reference: a persistent-workers
-    iterator keeps this for good and the loader keeps that iterator, a cycle that would keep the workers alive until
-    collected."""
+    """A ``ResumableDataLoader``'s index sampler, starting where the loader's position says; its loader a weak reference
+    (a persistent-workers iterator would otherwise keep the workers alive in a cycle)."""
 
     def __init__(self, loader: ResumableDataLoader, index_sampler: Sampler | BatchSampler) -> None:
         self.loader, self.index_sampler = weakref.ref(loader), index_sampler
@@ -114,9 +107,8 @@ class _Skipping:
 
 
 def map_loader(dataset: Dataset, config, sampler=None, resumable: bool = False, **options) -> DataLoader:
-    """A map-style dataset's loader from loader options ``config``: batches of ``config.batch_size`` (unless ``options``
-    give a ``batch_sampler``) in ``sampler``'s order, workers kept across epochs, memory pinned as ``config.pin_memory``
-    says (else with a GPU); ``resumable``: a ``ResumableDataLoader``."""
+    """A map-style dataset's loader from ``config``: batches (or ``options``' ``batch_sampler``) in ``sampler``'s
+    order, workers kept across epochs, memory pinned per ``config.pin_memory``; ``resumable``: resumable mid-epoch."""
     if "batch_sampler" not in options:
         options["batch_size"] = config.batch_size
     return (ResumableDataLoader if resumable else DataLoader)(
@@ -130,8 +122,8 @@ def map_loader(dataset: Dataset, config, sampler=None, resumable: bool = False, 
 
 
 def evaluation_sampler(dataset: Dataset) -> Sampler | None:
-    """Under DDP, ``UnrepeatedDistributedSampler``: rank r of n evaluates r, r + n, ..., each example once (Lightning's
-    ``DistributedSampler`` repeats some, skewing metrics; being one, this is kept, not replaced); else None."""
+    """Under DDP, ``UnrepeatedDistributedSampler`` (each example once; Lightning's ``DistributedSampler`` repeats some);
+    else None."""
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     several = distributed and torch.distributed.get_world_size() > 1
     return UnrepeatedDistributedSampler(dataset, shuffle=False) if several else None
@@ -273,9 +265,8 @@ def _split_to_count(batches: list[list[int]], count: int) -> list[list[int]]:
 
 
 class CanvasBatchSampler(TokenBudgetBatchSampler):
-    """Batches of ``batch_size`` indices of one canvas (an image shape) each, dealt as ``TokenBudgetBatchSampler``
-    deals: shuffled by (seed, epoch) or in index order, as many per rank, exact on resume. ``canvases``: one small
-    integer per example, all that is held; ``with_epoch``: yield (index, epoch) keys."""
+    """Batches of ``batch_size`` indices of one canvas each, dealt as ``TokenBudgetBatchSampler`` deals; ``canvases``:
+    one small integer per example; ``with_epoch``: yield (index, epoch) keys."""
 
     def __init__(
         self,

@@ -26,8 +26,7 @@ class LoaderConfig:
     Args:
         batch_size: examples per batch (per process).
         num_workers: loader worker processes per training process.
-        val_windows: validate during ``fit`` on this many windows of the validation split, drawn once (from the seed),
-            not all of them; ``fit`` ends with one validation on the whole split. None: all of them.
+        val_windows: validate during ``fit`` on this many windows of the validation split, drawn once; None: all.
     """
 
     batch_size: int = 12
@@ -74,10 +73,8 @@ def training_loader(
 
 
 class ResumableStreamingDataLoader(StreamingDataLoader):
-    """LitData's loader, whose epoch order depends on the seed and the epoch alone, however the run was resumed. A
-    loader Lightning restores no position to (a checkpoint at an epoch's end) starts from ``epoch()``, the trainer's
-    epochs, instead of 0; a restored one counts on from its saved count. With ``drop_last``, a saved position less than
-    a batch from the end (LitData's count stops short by the partial batch) is the end."""
+    """LitData's loader, its epoch order from the seed and the epoch alone however the run was resumed (docs/data.md,
+    "What streaming does"); a loader restored at an epoch's end starts from ``epoch()``, the trainer's epochs."""
 
     def __init__(self, *args, epoch: Callable[[], int] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -158,9 +155,8 @@ def validation_subset(dataset: Dataset, count: int, seed: int) -> Subset:
 
 
 class Records(Dataset):
-    """Every record of a prepared records split (``write_records``), by index: map-style, a sampler picks which rank
-    reads which. LitData reads with per-item decoding (its default decodes items ahead, ~10× slower at random), a batch
-    in index order (``__getitems__``), so a batch moves between chunks at most once per chunk; opened on first use."""
+    """Every record of a prepared records split (``write_records``), by index, with per-item decoding, a batch in index
+    order (``__getitems__``; docs/data.md, "Random reads of records"); opened on first use."""
 
     def __init__(self, split_dir: str | Dir) -> None:
         self.split_dir = split_dir
@@ -194,8 +190,7 @@ class ImageLoaderConfig:
 
     Args:
         batch_size: images per batch, in every split.
-        num_workers: DataLoader worker processes; 0: the main process (an in-memory batch is one slice of a tensor:
-            workers help image folders and TrivialAugment / RandAugment).
+        num_workers: DataLoader worker processes; 0: the main process (workers help image folders and RandAugment).
         pin_memory: pin batches in page-locked memory for faster copies to a GPU.
     """
 

@@ -13,12 +13,7 @@ from torch.utils.data import Dataset
 
 from lightformer.data.loading.sampling import Key, index_and_epoch
 from lightformer.data.loading.streaming import Windows
-from lightformer.tokenization.text import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    Tokenizer,
-)
+from lightformer.tokenization.text import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 # The label of positions that carry no loss: the default `ignore_index` of torch.nn.functional.cross_entropy.
 IGNORE_INDEX = -100
@@ -172,10 +167,8 @@ def span_corruption(
 def reconstruct_from_spans(
     inputs: np.ndarray, targets: np.ndarray, sentinel_ids: Sequence[int] | np.ndarray
 ) -> np.ndarray:
-    """The sequence `span_corruption` corrupted into (inputs, targets), int64: each sentinel in `inputs` is replaced by
-    what follows it in `targets` up to the next sentinel. Lenient (for showing samples): tokens before the first
-    sentinel are ignored, a missing sentinel fills nothing, a repeated one counts once; strip EOS and padding from
-    `targets` first."""
+    """The sequence `span_corruption` corrupted into (inputs, targets), int64; lenient, for showing samples (strip EOS
+    and padding from `targets` first)."""
     inputs = _as_ids(inputs, "inputs")
     targets = _as_ids(targets, "targets")
     sentinels = _as_sentinels(sentinel_ids)
@@ -193,18 +186,10 @@ def reconstruct_from_spans(
 
 
 def nsp_pair(
-    segment_a: np.ndarray,
-    segment_b: np.ndarray,
-    *,
-    cls_id: int,
-    sep_id: int,
-    max_length: int,
-    rng: np.random.Generator,
+    segment_a: np.ndarray, segment_b: np.ndarray, *, cls_id: int, sep_id: int, max_length: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
-    """BERT's next-sentence-prediction input `[CLS] A [SEP] B [SEP]`, at most `max_length` (≥ 5) long: (ids,
-    segment_ids), int64, segment 0 up to the first [SEP]. A longer pair is cut as BERT's `truncate_seq_pair`: a token at
-    a time from the longer segment (B when equal), front or back with probability 1/2. Whether B follows A is the
-    caller's."""
+    """BERT's next-sentence-prediction input `[CLS] A [SEP] B [SEP]`, at most `max_length` (≥ 5) long, cut as BERT's
+    `truncate_seq_pair`: (ids, segment_ids), int64, segment 0 up to the first [SEP]."""
     segment_a = _as_ids(segment_a, "segment_a")
     segment_b = _as_ids(segment_b, "segment_b")
     if max_length < 5:
@@ -309,10 +294,8 @@ class _Segments(Dataset):
 
 @dataclass(eq=False, kw_only=True)
 class MaskedLMDataset(_Segments):
-    """BERT examples: with `nsp`, item i is `[CLS] A [SEP] B [SEP]`, A segment i, B the next segment (label 1) or,
-    with probability 1/2, one neither i nor next to it (0), cut to `max_length`; else `[CLS]` + window i (`max_length
-    - 2` ids) + `[SEP]`. Then masked (`mask_tokens`): {"ids", "segment_ids", "labels": `(seq,)` int64, "nsp_label"
-    with nsp}."""
+    """BERT examples (docs/data.md, "Pretraining objectives"), masked by `mask_tokens`: {"ids", "segment_ids", "labels":
+    `(seq,)` int64, "nsp_label" with nsp}."""
 
     nsp: bool
     max_length: int

@@ -53,8 +53,7 @@ class PrepareConfig:
 
     Args:
         dir: the folder of prepared data (a subfolder per source and tokenizer, reused while unchanged), or an
-            object-store URL (``s3://bucket/prefix``, ``gs://``, ``r2://``): prepared by the job's rank 0, uploaded,
-            streamed by all.
+            object-store URL (``s3://bucket/prefix``, ``gs://``, ``r2://``): prepared by rank 0, uploaded, streamed.
         num_workers: parallel encoding processes; default: every core.
         cache_dir: for an object-store ``dir``: where rank 0 prepares, and every node keeps the small files and shards.
     """
@@ -85,13 +84,9 @@ class TokenizerConfig:
         file: load this tokenizer JSON (a run's ``tokenizer.json``) instead of training one; overrides ``kind``.
         sample_bytes: train on at most this many bytes of text, taken evenly from every piece of the corpus.
         joint_vocab: translation: one BPE on both sides of the train pairs (to share embeddings); False: one per side.
-        bpe_dropout: translation: BPE-dropout (Provilkov et al. 2020; 0.1 in the paper) on the train split, each merge
-            skipped with this probability (``Tokenizer.encode_batch_with_dropout``); val and test keep plain BPE. 0:
-            off.
-        bpe_dropout_segmentations: translation, with bpe_dropout: segmentations drawn of each train sentence (from the
-            data's ``seed``, prepared); epoch e trains on the (e mod this)-th: exact on resume and on every rank.
-        max_unknown: the share of the data's characters that a character tokenizer loaded from ``file`` may lack (as
-            UNK): above it preparation is refused, naming them; below it, warned.
+        bpe_dropout: translation: BPE-dropout's probability of skipping a train merge (0.1 in the paper; 0: off).
+        bpe_dropout_segmentations: translation, with bpe_dropout: segmentations drawn of each train sentence.
+        max_unknown: the share of the data's characters a loaded character tokenizer may lack: above it, refused.
     """
 
     kind: Literal["char", "bpe"] = "char"
@@ -189,10 +184,7 @@ class PreparedText:
 
 
 def prepare_text(
-    source: TextSource,
-    tokenizer: TokenizerConfig,
-    prepare: PrepareConfig,
-    extra_special_tokens: tuple[str, ...] = (),
+    source: TextSource, tokenizer: TokenizerConfig, prepare: PrepareConfig, extra_special_tokens: tuple[str, ...] = ()
 ) -> PreparedText:
     """Prepare ``source`` into ``prepare.dir``, or find it prepared; returns the folder. ``extra_special_tokens``: a
     trained tokenizer's special tokens after PAD, BOS, EOS and UNK (``MASK``, ...)."""
@@ -208,25 +200,15 @@ def prepare_text(
         "text_field": source.text_field,
         "tokenizer": _tokenizer_key(tokenizer, extra_special_tokens),
     }
-    build = partial(
-        _prepare_text,
-        source=source,
-        files=files,
-        config=tokenizer,
-        num_workers=prepare.num_workers,
-        extra_special_tokens=extra_special_tokens,
-    )
+    build = partial(_prepare_text, source=source, files=files, config=tokenizer, num_workers=prepare.num_workers,
+                    extra_special_tokens=extra_special_tokens)  # fmt: skip
     return PreparedText(prepared_folder(prepare, stem_of(files["train"]), fingerprint, build))
 
 
 def prepare_documents(
-    source: Source,
-    tokenizer: TokenizerConfig,
-    prepare: PrepareConfig,
-    extra_special_tokens: tuple[str, ...] = (),
+    source: Source, tokenizer: TokenizerConfig, prepare: PrepareConfig, extra_special_tokens: tuple[str, ...] = ()
 ) -> PreparedText:
-    """Prepare any ``Source``'s documents (records ``{"text": str}``) as ``prepare_text`` does files: a tokenizer on the
-    first ``tokenizer.sample_bytes`` of them, then each split's documents ended by EOS into token shards, a process per
+    """Prepare any ``Source``'s documents (records ``{"text": str}``) as ``prepare_text`` does files, a process per
     ``source.inputs(split)`` part, in a folder named by ``source.stem()`` and the hash of ``source.fingerprint()``."""
     fingerprint = {
         "format": FORMAT_VERSION,
@@ -234,13 +216,8 @@ def prepare_documents(
         "examples": source.fingerprint(),
         "tokenizer": _tokenizer_key(tokenizer, extra_special_tokens),
     }
-    build = partial(
-        _prepare_documents,
-        source=source,
-        config=tokenizer,
-        num_workers=prepare.num_workers,
-        extra_special_tokens=extra_special_tokens,
-    )
+    build = partial(_prepare_documents, source=source, config=tokenizer, num_workers=prepare.num_workers,
+                    extra_special_tokens=extra_special_tokens)  # fmt: skip
     return PreparedText(prepared_folder(prepare, source.stem(), fingerprint, build))
 
 
@@ -276,8 +253,7 @@ def _prepare_documents(
 
 
 def source_texts(source: Source, part: Any) -> Iterator[str]:
-    """The texts of ``source.records(part)``, each checked: a mapping whose "text" is a string, else a DataError naming
-    the source, the part and the record."""
+    """The texts of ``source.records(part)``, each record checked (a DataError naming source, part, record)."""
     for index, record in enumerate(source.records(part)):
         text = record.get("text") if isinstance(record, dict) else None
         if not isinstance(text, str):
@@ -312,11 +288,8 @@ def documents_encoded(texts: Iterable[str], tokenizer: Tokenizer) -> Iterator[np
 
 
 def prepared_folder(prepare: PrepareConfig, stem: str, fingerprint: dict, build: Callable[[Path], dict]) -> Path:
-    """The folder ``<prepare.dir>/<stem>-<hash of fingerprint>``, prepared by ``build`` once per job (for an object
-    store: the local folder under ``prepare.cache_dir`` of its small files). A complete folder is returned at once; else
-    the process that takes ``<folder>.lock`` empties it, calls ``build(folder)`` and writes ``prepared.json`` (the
-    fingerprint and what ``build`` returned) last and atomically, while the others wait. The random generators are left
-    as they were (preparation runs before the model is built, in whichever process gets there first)."""
+    """The folder ``<prepare.dir>/<stem>-<hash of fingerprint>`` (for an object store: its local mirror under
+    ``prepare.cache_dir``), prepared by ``build`` once per job (docs/data.md, "What preparation does")."""
     name = f"{stem}-{content_hash(fingerprint)}"
     if urlparse(prepare.dir).scheme in REMOTE_SCHEMES:
         with _store_errors(prepare.dir):
@@ -326,8 +299,7 @@ def prepared_folder(prepare: PrepareConfig, stem: str, fingerprint: dict, build:
 
 
 def split_location(folder: Path, split: str, manifest: dict | None = None) -> str | Dir:
-    """Where LitData reads a split: the local folder, its shards checked (a missing or cut-short shard, a corrupt
-    ``index.json``: a DataError, found at set-up, not in a loader worker); for a store's mirror, its folder and URL."""
+    """Where LitData reads a split: the local folder, its shards checked; for a store's mirror, folder and URL."""
     manifest = read_manifest(folder) if manifest is None else manifest
     local = folder / split
     if "url" in manifest:
@@ -363,8 +335,7 @@ def _local_folder(folder: Path, fingerprint: dict, build: Callable[[Path], dict]
 
 
 def _in_object_store(url: str, local: Path, fingerprint: dict, build: Callable[[Path], dict]) -> Path:
-    """The job's rank 0 prepares ``local`` and uploads it to ``url``, ``prepared.json`` last; the others wait for that
-    file. A node that did not prepare mirrors the small files (the manifest's ``small_files``)."""
+    """The job's rank 0 prepares and uploads; the others wait for ``prepared.json``, then mirror small files."""
     store = object_store(url)
     if not store.exists(f"{url}/{MANIFEST}"):
         if _job_rank_zero():
@@ -409,8 +380,7 @@ _CREDENTIALS["r2"] = _CREDENTIALS["s3"]
 
 @contextmanager
 def _store_errors(store_dir: str) -> Iterator[None]:
-    """The store client's errors (no credentials, access denied, no bucket or connection) as a DataError naming
-    ``data.prepare.dir``, the bucket, and where credentials go (or a local folder)."""
+    """The store client's errors as a DataError naming ``data.prepare.dir``, the bucket, where credentials go."""
     errors: list[type[BaseException]] = []
     with suppress(ImportError):
         from botocore.exceptions import BotoCoreError, ClientError
@@ -460,8 +430,7 @@ def _complete(folder: Path) -> bool:
 
 
 def _job_rank_zero() -> bool:
-    """Whether this is the job's rank 0, before any process group: ``RANK``, ``SLURM_PROCID``, or node and local
-    rank."""
+    """Whether this is the job's rank 0, before any process group: ``RANK``, ``SLURM_PROCID``, or node ranks."""
     env = os.environ
     for key in ("RANK", "SLURM_PROCID"):
         if key in env:
@@ -471,9 +440,7 @@ def _job_rank_zero() -> bool:
 
 def write_shards(folder: Path, fn: Callable, inputs: list, workers: int | None, item_loader=None) -> None:
     """``litdata.optimize``: the items of ``fn(input)`` for each input, in order, into 64 MB chunks in ``folder``, on
-    ``workers`` processes (default: every core), each holding one input at a time. An error ``fn`` raises (a bad line
-    only that worker sees) is raised here, as itself, once the workers stopped (a worker saves it and stops, the others
-    at their next input): LitData's own handling would orphan the workers' helpers and wrap the traceback's text."""
+    ``workers`` processes (default: every core); an error ``fn`` raises is raised here, as itself (docs/data.md)."""
     workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(inputs)))
     errors = folder.with_name(f".{folder.name}-errors")
     shutil.rmtree(errors, ignore_errors=True)
@@ -542,13 +509,9 @@ def write_records(
     expected: int | None = None,
     summaries: list | None = None,
 ) -> int:
-    """Records (dicts of arrays, numbers, strings, bytes) into a split folder that ``streaming.Records`` reads by index,
-    in the order ``records_of`` (a module-level function or ``partial``: pickled to the workers) yields them input by
-    input; returns their count (a RuntimeError when not ``expected``). A ``bytes`` field is written as a
-    ``litdata.File``, read back one record at a time (plain bytes would go into LitData's Arrow footer, 256 rows a read:
-    18× slower, benchmarks/record_reads.py). ``summaries`` gets what ``records_of`` returns for each input, in order.
-    ``<folder>/lengths.npy`` (records × ``length_fields``, int32) holds each record's field lengths, for length
-    batching."""
+    """Records (dicts of arrays, numbers, strings, bytes: ``litdata.File`` leaves) of ``records_of(input)`` (pickled
+    to the workers) for each input, into a split folder ``streaming.Records`` reads by index, with ``lengths.npy``
+    (records × ``length_fields``, int32); returns their count. ``summaries`` gets what each input returned."""
     side = folder.with_name(f".{folder.name}-lengths")
     shutil.rmtree(side, ignore_errors=True)
     side.mkdir(parents=True)
@@ -621,8 +584,7 @@ def _tokenizer(
 def piece_sample(
     pieces: dict[str, list[Piece]], text_field: str, sample_bytes: int
 ) -> Callable[[tuple[str, ...]], Iterator[str]]:
-    """A tokenizer's sample of each split's pieces: ``sample(splits)`` reads at most ``sample_bytes`` of those
-    splits' text, taken evenly from every piece (the first part of each), one piece at a time."""
+    """``sample(splits)``: at most ``sample_bytes`` of those splits' text, evenly from every piece's start."""
 
     def sample(splits: tuple[str, ...]) -> Iterator[str]:
         sampled = [piece for split in splits for piece in pieces[split]]
@@ -748,8 +710,7 @@ def _removed_on_failure(folder: Path):
 
 @contextmanager
 def _random_state_kept():
-    """Preparation must not move torch's, CUDA's, NumPy's or Python's generators: the process that prepares would start
-    from other weights than the others (and than a rerun that finds the data prepared)."""
+    """torch's, CUDA's, NumPy's and Python's generators as they were: the ranks start from one model."""
     torch_state, python_state, numpy_state = torch.get_rng_state(), random.getstate(), np.random.get_state()
     cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
     try:
@@ -763,10 +724,7 @@ def _random_state_kept():
 
 @contextmanager
 def _optimize_environment() -> Iterator[None]:
-    """The environment of ``optimize``, restored after: tokenizers single-threaded (the processes are the parallelism),
-    and LitData's cache folders of this call's own, removed after (``optimize`` empties them; by default
-    ``$TMPDIR/chunks`` and ``$TMPDIR/data``, which may hold a user's data); ``DATA_OPTIMIZER_CACHE_FOLDER`` and
-    ``DATA_OPTIMIZER_DATA_CACHE_FOLDER`` are used as given."""
+    """Tokenizers single-threaded and LitData's cache folders of this call's own, for ``optimize``."""
     with tempfile.TemporaryDirectory(prefix="lightformer-optimize-") as cache:
         values = {
             "TOKENIZERS_PARALLELISM": "false",

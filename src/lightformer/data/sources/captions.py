@@ -55,10 +55,8 @@ class ImageTextFiles:
         height: the canvas's height in pixels.
         width: the canvas's width in pixels.
         channels: 1 (grey) or 3 (RGB).
-        fit: "line": a text line of any size, scaled to the height (at most the width), at the left on its own
-            background; "resize": a photo, resized to height × width.
-        max_tokens: the most tokens a text may have: a line longer than ``max_tokens × TOKEN_BYTES`` characters is
-            refused as it is read, naming the file and line (the model's positions are held to the longest text).
+        fit: "line": a text line scaled to the height (at most the width), at the left; "resize": a photo, resized.
+        max_tokens: the most tokens a text may have (a longer line is refused as it is read, naming file and line).
     """
 
     train: str
@@ -107,8 +105,7 @@ class Entry(NamedTuple):
 
 
 def bounded_lines(f, limit: int, too_long: Callable[[int], Exception]) -> Iterator[tuple[int, str | bytes]]:
-    """(number from 1, line) of an open file's lines, none read past ``limit`` characters (bytes) besides its break: a
-    longer line raises ``too_long(its number)`` before more of it is read."""
+    """(number from 1, line) of an open file's lines; one longer than ``limit`` raises ``too_long(number)`` unread."""
     number = 0
     while line := f.readline(limit + 2):  # a line of ``limit`` and its "\r\n" whole
         number += 1
@@ -189,9 +186,8 @@ def image_folders(annotation: Path, images: str | None) -> list[Path]:
 
 
 def read_annotations(path: Path, images: str | None, field: str, max_tokens: int = MAX_TOKENS) -> list[Entry]:
-    """The images of an annotation file, in order first named, each with its texts; a missing file or image, a row
-    without file or text, a COCO caption of no image, a line longer than ``max_tokens`` tokens can be (not read whole):
-    a DataError naming ``field``, the file, the row and the image."""
+    """The images of an annotation file, in order first named, each with its texts; a bad row, file or image is a
+    DataError naming ``field``, the file, the row and the image (docs/data.md, "Captioned images of one's own")."""
     where = f"data.source.{field}: {path}"
     if not path.is_file():
         raise DataError(f"{where} does not exist; give an annotation file ({', '.join(LAYOUTS)})")
@@ -262,8 +258,7 @@ def _caption(suffix: str, data: bytes, where: str) -> str:
 def shard_samples(
     shard: Path, field: str, images: bool = True, max_tokens: int = MAX_TOKENS
 ) -> Iterator[tuple[str, bytes | None, str]]:
-    """(key, image bytes or None without ``images``, caption) of each sample of a shard, streamed; a key without caption
-    or image, a caption member too large for ``max_tokens`` (refused unread), or not a tar file: a DataError."""
+    """(key, image bytes or None without ``images``, caption) of each sample of a shard, streamed, checked."""
     where, limit = f"data.source.{field}: {shard}", max_tokens * TOKEN_BYTES
     key, image, caption, has_image = None, None, "", False
 
@@ -332,8 +327,7 @@ def unreadable_image(error: BaseException, stream: io.BytesIO) -> str:
 
 
 def image_records(piece: list[Entry], source: ImageTextFiles, annotation: str):
-    """The records {"image": PNG or JPEG, "file", "texts": JSON list} of a piece of images, one at a time; an image that
-    does not decode is a DataError naming the annotation file, the row and the file."""
+    """The records {"image": PNG or JPEG, "file", "texts": JSON list} of a piece of images, one at a time."""
     for entry in piece:
         try:
             image = load_image(entry.path, source.channels)

@@ -1,4 +1,4 @@
-"""TODO docstring"""
+"""A user's LLaVA conversation files (``ConversationFiles``): read in pieces, checked, their images fitted."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ from PIL import Image
 
 from lightformer.data.objectives.chat import ChatTemplate
 from lightformer.data.pieces import SPLITS
-from lightformer.data.preparation.prepare import (
-    worker_tokenizer,
-)
+from lightformer.data.preparation.prepare import worker_tokenizer
 from lightformer.data.sources.captions import MAX_TOKENS, TOKEN_BYTES, bounded_lines, carved, line_too_long
 from lightformer.data.sources.image_files import fit_image, load_image
 from lightformer.data.sources.rendering import jpeg_bytes
@@ -21,11 +19,7 @@ from lightformer.errors import DataError
 from lightformer.nn.checks import check_at_least
 
 PIECE_RECORDS = 500  # records per piece a preparing process reads and writes before taking the next
-
-
 PAD_COLOUR = (122, 116, 104)  # CLIP's mean colour (0.4815, 0.4578, 0.4082), which LLaVA-1.5 pads images with
-
-
 ROLES = ("human", "gpt")
 
 
@@ -41,10 +35,8 @@ class ConversationFiles:
         val_fraction: share of the training records carved out for validation when there is no ``val``.
         image_size: the square canvas's side in pixels, a multiple of 16.
         fit: "resize" (stretched to the square) or "pad" (LLaVA-1.5's: padded to a square, then resized).
-        max_tokens: the most ids a record may have (its turns in the chat template, BOS, EOS and the image's
-            placeholder counted): a longer record is refused naming its file and line, a JSONL line of more than
-            ``max_tokens × TOKEN_BYTES`` bytes before it is parsed. The model's ``text.block_size`` must hold the
-            data's longest record and its image's tokens (checked at set-up).
+        max_tokens: the most ids a record may have (its turns in the chat template, BOS, EOS, the image's place);
+            the model's ``text.block_size`` must hold the longest record and its image's tokens (checked at set-up).
     """
 
     train: str
@@ -81,10 +73,8 @@ def pad_square(image: Image.Image, colour: tuple[int, int, int] = PAD_COLOUR) ->
 
 
 def read_pieces(path: Path, field: str, max_tokens: int = MAX_TOKENS) -> list[tuple[str, int, int, int]]:
-    """A file's pieces as (path, byte offset or list index, first line number, records) of at most
-    ``PIECE_RECORDS`` records, read one line at a time (a JSON list: loaded to count it); a DataError naming the
-    field and file when it is not there, or the line when it is longer than a record of ``max_tokens`` tokens can be
-    (``TOKEN_BYTES`` bytes a token: no more of it is read)."""
+    """A file's pieces (path, byte offset or list index, first line number, records) of at most ``PIECE_RECORDS``
+    records, read a line at a time; a line longer than ``max_tokens`` tokens can be is refused as it is read."""
     if not path.is_file():
         raise DataError(f"data.source.{field}: {path} does not exist; give a .jsonl or .json file of LLaVA records")
     found = []
@@ -141,8 +131,7 @@ def piece_entries(piece: tuple[str, int, int, int], field: str):
 
 
 def turns_of(record: object, where: str, max_tokens: int = MAX_TOKENS) -> list[tuple[str, str]]:
-    """A record's (question, answer) turns, or a DataError naming where and which field is wrong, or that its text
-    is longer than a record of ``max_tokens`` tokens can be (``TOKEN_BYTES`` characters a token)."""
+    """A record's (question, answer) turns, or a DataError naming where and which field is wrong (or too long)."""
     if not isinstance(record, dict):
         raise DataError(f"{where} is not a JSON object with 'image' and 'conversations'")
     if not isinstance(record.get("image"), str) or not record["image"]:
@@ -169,8 +158,8 @@ def _keep(record: dict, keep: str | None, fraction: float) -> bool:
 
 def conversation_records(piece, field: str, keep: str | None, source: ConversationFiles, template: ChatTemplate,
                          tokenizer_json: str):  # fmt: skip
-    """The records {"image": JPEG, "turns", "group": 0} of a piece (``keep``: "train" or "val" of a carved training
-    file, None all), one image at a time; returns the longest ids (the chat template's) it made."""
+    """The records {"image": JPEG, "turns", "group": 0} of a piece (``keep``: "train" or "val" of a carved file, None
+    all), one image at a time; returns the longest ids it made."""
     tokenizer, longest = worker_tokenizer(tokenizer_json), 0
     folder = Path(source.image_folder) if source.image_folder else Path(piece[0]).parent
     for where, record in piece_entries(piece, field):

@@ -68,8 +68,8 @@ def ding_dictionary(path: str | Path) -> Path:
 
 
 def download(url: str, dest: str | Path, sha256: str | None = None) -> Path:
-    """Download `url` to `dest`, checked against `sha256` (hex) if given; skipped when `dest` exists with the right hash
-    (or at all, without one). Streamed to a temporary file beside `dest`, renamed once verified."""
+    """Download `url` to `dest` (streamed to a temporary file, renamed once verified against `sha256` if given); skipped
+    when `dest` exists with the right hash."""
     dest = Path(dest)
     expected = sha256.lower() if sha256 else None
     if dest.exists() and (expected is None or sha256_of(dest) == expected):
@@ -106,8 +106,7 @@ def austen_text(root: str | Path = "data/austen") -> Path:
 
 
 def austen_novels(root: str | Path = "data/austen") -> list[Path]:
-    """The six novels of ``austen_text`` as files ``<root>/novels/<n>-<name>.txt``, made if missing: each from its title
-    line to the next novel's, so that read in order they are ``austen.txt`` byte for byte."""
+    """The six novels of ``austen_text`` as files ``<root>/novels/<n>-<name>.txt`` (docs/data.md, "Sources")."""
     folder = Path(root) / "novels"
     paths = [folder / f"{n}-{name}.txt" for n, (name, _) in enumerate(AUSTEN_NOVELS, start=1)]
     if not all(path.is_file() for path in paths):
@@ -133,8 +132,7 @@ def split_austen_text(text: str) -> dict[str, str]:
 
 
 def read_austen_novels(data_dir: str | Path) -> dict[str, str]:
-    """The six novels from janeaustenr's R lazy-load database (``Rdata.rdx`` / ``Rdata.rdb``; docs/data.md, "Sources"):
-    {package name of the novel: its lines joined with "\\n"}."""
+    """The six novels from janeaustenr's R lazy-load database: {package name: its lines joined with "\\n"}."""
     import rdata  # here, not at the top: it takes ~0.3 s to import and is needed once, to build austen.txt
 
     data_dir = Path(data_dir)
@@ -215,8 +213,8 @@ def _fetch_austen_deb(root: Path) -> Path:
 
 
 def install_debian_fashion_mnist(root: str | Path) -> bool:
-    """Decompress Debian's Fashion-MNIST files atomically into ``<root>/FashionMNIST/raw/`` for torchvision (whose
-    checksums refuse Debian's recompressed ``.gz``); returns whether all four files are there."""
+    """Decompress Debian's Fashion-MNIST files atomically into ``<root>/FashionMNIST/raw/`` for torchvision; returns
+    whether all four files are there."""
     raw_dir = Path(root) / "FashionMNIST" / "raw"
     missing = [name for name in MNIST_RAW_FILES if not (raw_dir / name).is_file()]
     if not missing:
@@ -323,7 +321,7 @@ def extract_ding_pairs(path: str | Path) -> tuple[list[Pair], list[Pair], dict[s
 
 def source_files(source: TextSource) -> dict[str, list[Path]]:
     """Each split's files of a text ``source``: a built-in corpus fetched, a ``url`` downloaded and checked, else the
-    files named (a missing one refused by option); val and test [] when cut from train."""
+    files named; val and test [] when cut from train."""
     if source.corpus == "austen":
         train = austen_novels(Path(source.data_root) / "austen")
     elif source.url is not None:

@@ -24,11 +24,9 @@ _WARNED: set[str] = set()  # the large files warned of, once each in a process
 
 @contextlib.contextmanager
 def open_image(path: str | Path | BinaryIO, trusted_pixels: int | None = None) -> Iterator[Image.Image]:
-    """``Image.open(path)`` for decoding inside the ``with``, PIL's failures as ours: a missing file a
-    FileNotFoundError, an unreadable one (also when decoded: a file cut short) a DataError naming it. Pillow's
-    decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``, 89 megapixels) becomes: above it, decoded with one warning
-    line naming the file, once; above twice it, refused before decoding (a DataError naming it, its size, the limit).
-    ``trusted_pixels``: a file the library ships, decoded silently up to this many pixels."""
+    """``Image.open(path)`` for decoding inside the ``with``, PIL's failures as ours (a missing file a
+    FileNotFoundError, an unreadable one a DataError); above Pillow's bomb limit, warned once; above twice it, refused
+    before decoding. ``trusted_pixels``: a file the library ships, decoded silently up to this many pixels."""
     limit = Image.MAX_IMAGE_PIXELS
     try:
         Image.MAX_IMAGE_PIXELS = None  # the size is checked here, with the file's name
@@ -68,11 +66,8 @@ def open_image(path: str | Path | BinaryIO, trusted_pixels: int | None = None) -
 
 
 def load_image(path: str | Path | BinaryIO, in_channels: int = 3, image_size: int | None = None) -> Image.Image:
-    """An image file (or its bytes, as a stream) as a PIL image of mode "L" (in_channels=1) or "RGB" (3): any 8-bit mode
-    converted (alpha dropped), 16-bit grey its top 8 bits (PIL would clip at 255), 32-bit pixels ("I", "F": no standard
-    range) refused. With `image_size`, resized to image_size × image_size (aspect not kept), as `ImageDataModule` does.
-    A missing file is a FileNotFoundError; an unreadable one, of such a mode, or too large (``open_image``), a DataError
-    naming it."""
+    """An image file (or its bytes) as a PIL image of mode "L" (in_channels=1) or "RGB" (3): 8-bit modes converted,
+    16-bit grey its top 8 bits, 32-bit pixels refused; with `image_size`, resized to a square (aspect not kept)."""
     modes = {1: "L", 3: "RGB"}
     if in_channels not in modes:
         raise ValueError(f"load_image: in_channels={in_channels} is not supported; use 1 (grey) or 3 (RGB)")
@@ -193,8 +188,7 @@ def read_image_folder_layout(image_folder: str | None) -> ImageFolderLayout:
 
 
 def class_folder_files(directory: Path, class_names: list[str], require_every_class: bool) -> list[tuple[str, int]]:
-    """The image files under ``directory/<class name>/`` (recursively, in torchvision's order) with their class
-    index."""
+    """The image files under ``directory/<class name>/`` (in torchvision's order) with their class index."""
     class_to_index = {name: index for index, name in enumerate(class_names)}
     samples = make_dataset(str(directory), class_to_index, extensions=IMG_EXTENSIONS, allow_empty=True)
     if not samples:
@@ -212,7 +206,7 @@ def class_folder_files(directory: Path, class_names: list[str], require_every_cl
 
 def read_checked_image(path: str, in_channels: int) -> tuple[bytes | None, str | None]:
     """An image file's bytes and what keeps it from training (None: nothing), found by decoding it in full as the loader
-    will (a header check misses a file cut short, which then failed in a loader worker mid-training)."""
+    will (a header check misses a file cut short)."""
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:

@@ -26,11 +26,7 @@ from lightformer.data.preparation.prepare import (
     stem_of,
     write_records,
 )
-from lightformer.data.sources.image_files import (
-    ImageFolderLayout,
-    class_folder_files,
-    image_file_records,
-)
+from lightformer.data.sources.image_files import ImageFolderLayout, class_folder_files, image_file_records
 from lightformer.errors import ConfigError, DataError
 
 DatasetName = Literal["fashion_mnist", "mnist", "cifar10", "digits", "image_folder"]
@@ -114,19 +110,18 @@ def load_digits_as_images() -> TensorDataset:
 @dataclass(frozen=True)
 class ImageSource:
     """Which images, and how their training pool splits (``data.source``), for ``ImageDataModule`` and
-    ``ImageTokenDataModule``.
+    ``ImageTokenDataModule`` (docs/data.md, "Images").
 
     Args:
-        dataset: "fashion_mnist" (Debian's dataset-fashion-mnist offline, else downloaded); "mnist", "cifar10"
-            (downloaded by torchvision); "digits" (scikit-learn's 8×8, instant, for tests); "image_folder" (files).
+        dataset: "fashion_mnist" (Debian's, else downloaded); "mnist", "cifar10" (downloaded by torchvision); "digits"
+            (scikit-learn's 8×8, for tests); "image_folder" (files).
         root: directory where torchvision datasets are stored (or downloaded to).
         download: let torchvision download a dataset missing under ``root`` (needs internet).
-        image_folder: for "image_folder": a folder with train/ and optional val/ and test/, each with a subfolder of
-            images per class, or the class subfolders directly; a missing split is carved from the training images.
-        val_size: validation images carved from the training pool by the data's ``seed`` (5000 for fashion_mnist, mnist,
-            cifar10; digits and image folders: ``val_fraction`` 0.15); ignored when an image folder has its own val/.
-        val_fraction: instead of ``val_size``, the share of the pool carved for validation, in [0, 1) (digits by
-            default: 1298 train, 229 val, 270 test).
+        image_folder: for "image_folder": a folder of train/ (optional val/, test/), each a subfolder per class, or the
+            class subfolders directly.
+        val_size: validation images carved from the training pool by ``seed`` (5000; digits and image folders:
+            ``val_fraction`` 0.15); ignored when an image folder has its own val/.
+        val_fraction: instead of ``val_size``, the share of the pool carved for validation, in [0, 1).
     """
 
     dataset: DatasetName = "fashion_mnist"
@@ -202,9 +197,8 @@ MAX_PIECE_FILES = 1000  # image files per piece a preparing worker holds at a ti
 def prepare_image_folder(
     layout: ImageFolderLayout, source: ImageSource, in_channels: int, seed: int, prepare: PrepareConfig
 ) -> Path:
-    """Prepare an image folder once per job into each split's records of the files' bytes and labels, by every core, in
-    the carve's order (val/ and test/, else ``carve_splits`` of train/, kept in ``carve.json``); returns the folder.
-    Files that are not readable images are refused together, naming them, and nothing is left."""
+    """Prepare an image folder once per job into each split's records of the files' bytes and labels, in the carve's
+    order (kept in ``carve.json``); unreadable files are refused together, naming them. Returns the folder."""
     listed = {"train": class_folder_files(layout.train_dir, layout.class_names, require_every_class=True)}
     for split, directory in (("val", layout.val_dir), ("test", layout.test_dir)):
         if directory is not None:

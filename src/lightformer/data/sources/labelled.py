@@ -12,13 +12,8 @@ from typing import Literal
 import numpy as np
 
 from lightformer.data.pieces import SPLIT_PREFIX, SPLITS, Piece, line_pieces, piece_lines
-from lightformer.data.preparation.prepare import (
-    pieces,
-    worker_tokenizer,
-)
-from lightformer.data.sources.corpora import (
-    split_of_line,
-)
+from lightformer.data.preparation.prepare import pieces, worker_tokenizer
+from lightformer.data.sources.corpora import split_of_line
 from lightformer.io.files import as_list, expand_patterns
 from lightformer.nn.checks import check_at_least
 
@@ -113,8 +108,7 @@ def tsv_records(
 
 
 def chosen_examples(count: int, train_examples: int | None) -> np.ndarray | None:
-    """The indices of `train_examples` of `count` train texts, drawn once (the same for every seed), in order; None:
-    all."""
+    """The indices of `train_examples` of `count` train texts, drawn once, in order; None: all."""
     if train_examples is None or train_examples >= count:
         return None
     return np.sort(np.random.default_rng(0).choice(count, train_examples, replace=False))
@@ -126,14 +120,13 @@ class PassageSource:
     "Labelled texts").
 
     Args:
-        corpus: "austen": passages of Jane Austen's six novels labelled with their novel (Debian's r-cran-janeaustenr,
-            into `<data_root>/austen`); null to read `tsv_files`.
+        corpus: "austen": passages of Austen's six novels labelled with their novel; null to read `tsv_files`.
         tsv_files: training texts as "text<TAB>label" lines (UTF-8; paths or glob patterns); needs `corpus: null`.
         val_tsv_files: validation texts in the same form; default: the md5 bucket split of `tsv_files` (5%).
         test_tsv_files: test texts in the same form; default: the md5 bucket split of `tsv_files` (5%).
         passage_sentences: consecutive sentences per Austen passage.
-        train_examples: label only this many training texts, drawn once (the same for every run and seed; in order; a
-            trained BPE trains on them), for learning curves and pretraining on more text than is labelled; None: all.
+        train_examples: label only this many training texts, drawn once (the same for every seed), for learning curves;
+            None: all.
         data_root: where the built-in corpus is stored.
     """
 
@@ -175,8 +168,7 @@ class PassageSource:
             )
 
     def files(self) -> dict[str, list[Path]]:
-        """Each split's TSV files ([] for the corpus, and for a split cut from the train files); missing files and
-        patterns without matches are refused, naming the option."""
+        """Each split's TSV files ([] for the corpus or a split cut from train); a missing one refused by option."""
         return {
             split: expand_patterns(as_list(getattr(self, f"{prefix}tsv_files")), f"data.source.{prefix}tsv_files")
             for split, prefix in SPLIT_PREFIX.items()

@@ -13,10 +13,7 @@ from typing import Literal
 import numpy as np
 from PIL import Image
 
-from lightformer.data.preparation.prepare import (
-    TokenizerConfig,
-    _tokenizer,
-)
+from lightformer.data.preparation.prepare import TokenizerConfig, _tokenizer
 from lightformer.data.sources.corpora import (
     DING_FILE,
     TRAIN_SHARE,
@@ -57,26 +54,22 @@ MIN_HEIGHT = 16
 
 @dataclass(frozen=True)
 class ImageTextSource:
-    """Which lines of text, how many, and in which typefaces (``data.source``).
+    """Which lines of text, how many, and in which typefaces (``data.source``; docs/data.md, "Printed lines").
 
     Args:
-        corpus: "austen": Jane Austen's six novels (Debian's r-cran-janeaustenr, into ``<data_root>/austen``); "ding":
-            the German sentences of the Ding dictionary (Debian's trans-de-en, ``ding_file``), split as translation
-            splits them.
+        corpus: "austen": Jane Austen's six novels (into ``<data_root>/austen``); "ding": the Ding dictionary's German
+            sentences (``ding_file``), split as translation splits them.
         min_words: fewest words of a line.
         max_words: most words of a line (fewer where a sentence is shorter).
-        max_chars: most characters of a line, spaces included (a longer text is drawn again); 62 keeps every line within
-            the 64 positions (BOS and EOS added) of the language model ``printed_lines_from_lm.yaml`` starts from.
+        max_chars: most characters of a line, spaces included (a longer text is drawn again); 62 fits the 64 positions
+            of the language model ``printed_lines_from_lm.yaml`` starts from.
         train_lines: lines rendered for training.
         val_lines: lines rendered for validation (held-out text, held-out typefaces); 0: no validation.
         test_lines: lines rendered for each of the two test splits (held-out text; held-out and training typefaces).
-        held_out_families: font families never trained on, which val and test (``test_fonts="unseen"``) are rendered in,
-            named as the fonts name themselves ("DejaVu Serif", "URW Gothic", ...).
-        test_fonts: "unseen": test is rendered in the held-out families; "seen": the same texts in the training families
-            (changing it prepares nothing again).
-        font_dir: "/usr/share/fonts" (the default): the declared typefaces (``rendering.TYPEFACES``) alone; another
-            folder, your own: every text font in it (.ttf, .otf, .t1, .pfb), by family. Each must draw every character
-            of the text.
+        held_out_families: font families never trained on, which val and test are rendered in ("DejaVu Serif", ...).
+        test_fonts: "unseen": test is rendered in the held-out families; "seen": the same texts in the trained ones.
+        font_dir: "/usr/share/fonts" (the default): the declared typefaces (``rendering.TYPEFACES``); another folder:
+            every text font in it, by family. Each must draw every character of the text.
         data_root: where the built-in corpus is stored.
         ding_file: where the Ding dictionary is (``apt-get install trans-de-en`` puts it at the default).
     """
@@ -205,8 +198,8 @@ def check_glyphs(fonts: dict[str, tuple[str, ...]], characters: str) -> None:
 
 
 def split_families(source: ImageTextSource) -> dict[str, tuple[str, ...]]:
-    """The font families of each split: val and test the held-out ones, train and test_seen the others; a held-out
-    family not installed, or none left to train on, is a ConfigError (a declared file missing: a DataError)."""
+    """The font families of each split: val and test the held-out ones, train and test_seen the others (a ConfigError
+    when a held-out one is not installed, or none is left to train on)."""
     installed = typefaces(source.font_dir)
     missing = [family for family in source.held_out_families if family not in installed]
     if missing:

@@ -135,8 +135,7 @@ def drawing_names(root: str | Path) -> list[str]:
 
 
 def read_drawings(root: str | Path, names: list[str], max_chars: int) -> Iterator[Drawing | str]:
-    """Each of ``names`` as a ``Drawing`` with its captions from ``<root>/svg/<name>.svg``, or its name where it has
-    none."""
+    """Each of ``names`` as a ``Drawing`` with its captions from its SVG, or its name where it has none."""
     for name in names:
         title, description, keywords = svg_metadata(Path(root) / "svg" / f"{name}.svg")
         captions = captions_of(title, description, keywords, max_chars)
@@ -169,9 +168,8 @@ def fit_square(image: Image.Image, size: int) -> Image.Image:
 
 
 def drawing_image(path: str | Path, size: int, trusted_pixels: int | None = MAX_PIXELS) -> Image.Image:
-    """The PNG at ``path`` fitted on a white ``size`` square; one many times the canvas is put on white and reduced in
-    strips (``reduced_on_white``), no second full-size copy made. Unreadable: a DataError (``open_image``);
-    ``trusted_pixels``: decoded silently up to ``MAX_PIXELS`` (the library's); None: Pillow's limit applies."""
+    """The PNG at ``path`` fitted on a white ``size`` square, a large one reduced in strips (``reduced_on_white``);
+    ``trusted_pixels``: decoded silently up to ``MAX_PIXELS``; None: Pillow's limit applies."""
     with open_image(path, trusted_pixels) as opened:
         opened.load()
         factor = max(1, max(opened.size) // (4 * size))
@@ -200,9 +198,7 @@ class ClipArtSource:
         val_fraction: share of the drawings (by a hash of their variant key) held out for validation.
         test_fraction: share held out for test.
         max_chars: most characters of a caption (cut at a word boundary).
-        keyword_captions: a training drawing's keywords are captions too, each alone ("mammal", "ram"), so the text
-            tower reads single words (a class's name) as it reads captions; val and test keep whole captions for
-            retrieval.
+        keyword_captions: a training drawing's keywords are captions too, each alone (the text tower reads class names).
     """
 
     root: str = OPENCLIPART_ROOT
@@ -224,8 +220,7 @@ class ClipArtSource:
 
 
 def clipart_records(piece: list[tuple[Drawing, int]], root: str, size: int):
-    """The records {"image": PNG on white fitted to the canvas, "file", "texts", "label"} of a piece of (drawing,
-    label), one at a time; a PNG that does not decode is a DataError naming it."""
+    """The records {"image", "file", "texts", "label"} of a piece of (drawing, label), one at a time."""
     for drawing, label in piece:
         path = Path(root) / "png" / f"{drawing.name}.png"
         try:

@@ -10,22 +10,10 @@ from typing import Literal
 
 import numpy as np
 
-from lightformer.data.pieces import (
-    SPLIT_PREFIX,
-    AlignedPiece,
-    Piece,
-    first_line,
-    piece_lines,
-)
-from lightformer.data.preparation.prepare import (
-    worker_tokenizer,
-)
+from lightformer.data.pieces import SPLIT_PREFIX, AlignedPiece, Piece, first_line, piece_lines
+from lightformer.data.preparation.prepare import worker_tokenizer
 from lightformer.data.sources import check_one_source
-from lightformer.data.sources.corpora import (
-    DING_FILE,
-    Pair,
-    split_of_line,
-)
+from lightformer.data.sources.corpora import DING_FILE, Pair, split_of_line
 from lightformer.io.files import as_list, expand_patterns
 from lightformer.nn.checks import check_at_least
 
@@ -34,15 +22,12 @@ _DING_INPUT_PAIRS = 100_000  # Ding pairs per encoding input (one worker process
 
 @dataclass(frozen=True)
 class PairSource:
-    """Where the sentence pairs come from: exactly one of `corpus`, `tsv_files`, or `src_file` + `tgt_file`. For files,
-    val and test come from `val_*` / `test_*` files, else the md5 bucket split of the source sentences; file pairs are
-    kept as they are (not deduplicated), but for those with an empty side.
+    """Where the sentence pairs come from: exactly one of `corpus`, `tsv_files`, or `src_file` + `tgt_file`; without val
+    and test files, the md5 bucket split (docs/data.md, "Sentence pairs").
 
     Args:
-        corpus: "ding": German–English sentence pairs of the Ding dictionary (Debian's trans-de-en, read from
-            `ding_file` at run time; GPL-2+, never copied into the repository).
-        tsv_files: files of `source<TAB>target` lines (UTF-8; paths or globs); blank lines skipped, further columns
-            ignored.
+        corpus: "ding": German–English sentence pairs of the Ding dictionary (read from `ding_file`, never copied).
+        tsv_files: files of `source<TAB>target` lines (UTF-8; paths or globs); blank lines skipped, more columns too.
         src_file: source sentences, one per line, line-aligned with `tgt_file`.
         tgt_file: target sentences, one per line.
         val_tsv_files: validation pairs as TSV files (else `val_src_file` + `val_tgt_file`, else the bucket split).
@@ -52,12 +37,9 @@ class PairSource:
         test_src_file: test source sentences, line-aligned with `test_tgt_file`.
         test_tgt_file: test target sentences.
         ding_file: where the Ding dictionary is (`apt-get install trans-de-en` puts it at the default).
-        ding_phrases: with corpus="ding", also train on its word and phrase pairs (371,141; train only, none whose
-            German side is a val or test sentence).
-        sentence_repeats: with ding_phrases, each train sentence pair's appearances per epoch (phrases once), so 15k
-            sentences are not drowned by 24 times as many phrases; no effect without ding_phrases.
-        direction: with corpus="ding", "de-en" or "en-de"; for files the source is the first column / `src_file`, and
-            only "de-en" (the default) is accepted.
+        ding_phrases: with corpus="ding", also train on its word and phrase pairs (none of a val or test sentence).
+        sentence_repeats: with ding_phrases, each train sentence pair's appearances per epoch (phrases once).
+        direction: with corpus="ding", "de-en" or "en-de"; for files only "de-en" (the first column / `src_file`).
     """
 
     corpus: Literal["ding"] | None = None
@@ -127,8 +109,7 @@ class PairSource:
         return tuple(getattr(self, f"{prefix}{kind}") for kind in ("tsv_files", "src_file", "tgt_file"))
 
     def files(self, split: str) -> dict[str, list[Path]]:
-        """{"tsv": [...]} or {"src": [path], "tgt": [path]} of a split's files ({} without); a missing file or a pattern
-        of no match is an error naming the option."""
+        """A split's files, {"tsv": [...]} or {"src": [path], "tgt": [path]} ({} without); a missing one refused."""
         (tsv, src, tgt), prefix = self.patterns(split), f"data.source.{SPLIT_PREFIX[split]}"
         if tsv:
             return {"tsv": expand_patterns(as_list(tsv), f"{prefix}tsv_files")}
@@ -148,9 +129,8 @@ class PairSource:
 def read_pairs(
     source: list[Pair] | Piece | AlignedPiece, options: str = "data.source.", limit: int | None = None
 ) -> tuple[list[Pair], int]:
-    """(pairs, lines skipped for an empty side) of an input: a list of pairs itself; a TSV piece's non-blank lines (no
-    tab: an error naming file and line); an aligned piece's line pairs. ``options``: the files' option prefix (for
-    errors); ``limit``: about this many bytes of a piece (a sample)."""
+    """(pairs, lines skipped for an empty side) of an input: a list of pairs, a TSV piece's or an aligned piece's lines;
+    ``options``: the files' option prefix (for errors); ``limit``: about this many bytes of a piece."""
     if isinstance(source, list):
         return source, 0
     if isinstance(source, AlignedPiece):
@@ -180,9 +160,8 @@ def _pair_records(
     options: str = "data.source.",
     dropout: tuple[float, int, int] | None = None,
 ) -> Generator[dict, None, dict]:
-    """One input's records: its pairs of split `wanted` (all for None), each side's ids and both texts; returns its
-    counts. `options`: the files' option prefix; `dropout`: (probability, seed, k), drawn from (seed, k, side) and the
-    input's index after the first (as ``encode_batch_with_dropout`` of all the pairs would)."""
+    """One input's records of split `wanted` (all for None), each side's ids and both texts; returns its counts.
+    `dropout`: (probability, seed, k), drawn as ``encode_batch_with_dropout`` of all the pairs would."""
     index, source = item
     pairs, skipped = read_pairs(source, options)
     if wanted is not None:

@@ -1,4 +1,4 @@
-"""TODO docstring"""
+"""The vision-language questions of the offline sources (``VisualQASource``, ``QUESTIONS``) and their records."""
 
 from __future__ import annotations
 
@@ -12,19 +12,10 @@ import torchvision
 from PIL import Image
 
 from lightformer.data.objectives.chat import ChatTemplate
-from lightformer.data.preparation.prepare import (
-    worker_tokenizer,
-)
+from lightformer.data.preparation.prepare import worker_tokenizer
 from lightformer.data.sources import emoji, openclipart
-from lightformer.data.sources.corpora import (
-    DEBIAN_FASHION_MNIST_DIR,
-    install_debian_fashion_mnist,
-)
-from lightformer.data.sources.lines import (
-    DEFAULT_HELD_OUT,
-    ImageTextSource,
-    LineDrawer,
-)
+from lightformer.data.sources.corpora import DEBIAN_FASHION_MNIST_DIR, install_debian_fashion_mnist
+from lightformer.data.sources.lines import DEFAULT_HELD_OUT, ImageTextSource, LineDrawer
 from lightformer.data.sources.rendering import SYSTEM_FONT_DIR, png_bytes
 from lightformer.errors import DataError
 from lightformer.nn.checks import check_at_least
@@ -35,18 +26,10 @@ QUESTIONS = {  # source → question kind → the question ("{n}": the word's nu
     "fashion_mnist": {"garment": "What kind of garment is this?"},
     "emoji": {"name": "What is this emoji?"},
 }
-
-
 # source → its images' kind (an image_fit name: how an image of another size is brought to the canvas)
 CANVAS_OF = {"clipart": "drawing", "lines": "line", "fashion_mnist": "resize", "emoji": "drawing"}
-
-
 LINE_HEIGHT = 32
-
-
 KEYWORDS = 3  # keywords in a keywords answer
-
-
 PIECE_IMAGES = 250  # images per piece a preparing process draws and writes before taking the next
 
 
@@ -57,14 +40,12 @@ class VisualQASource:
     Args:
         sources: of "clipart", "lines", "fashion_mnist", "emoji" (``QUESTIONS``).
         seen: training images of each source also evaluated, as "<source>/<kind>/seen" groups of val and test.
-        max_images: most images of a source in a split; None: all. Clip art's are then taken in the order of a hash
-            of their names (a sample of every category), the others' in their sources' order.
+        max_images: most images of a source in a split (clip art's a sample of every category); None: all.
         drawing_size: the square canvas of drawings and emoji, in pixels (a multiple of 16).
         line_width: the lines' canvas width (height 32), a multiple of 16.
         garment_size: Fashion-MNIST's square canvas (its 28×28 images resized to it), a multiple of 16.
         words: (fewest, most) words of a line.
-        max_chars: most characters of an answer: a longer line is drawn again; a longer clip art title or keyword
-            list is cut at a word (``openclipart.cut``).
+        max_chars: most characters of an answer: a longer line is drawn again, a longer clip art answer cut.
         train_lines: lines rendered for training; val_lines, test_lines: for val and test (held-out typefaces).
         held_out_families: the typefaces never trained on (``ImageTextSource.held_out_families``).
         clipart_root: the Open Clip Art Library's folder (``png/``, ``svg/``).
@@ -117,7 +98,7 @@ class VisualQASource:
                              f"{list(emoji.STYLES)}")  # fmt: skip
 
     def line_source(self) -> ImageTextSource:
-        """The printed lines' options as ``image_text`` reads them."""
+        """The printed lines' options."""
         return ImageTextSource(min_words=self.words[0], max_words=self.words[1], max_chars=self.max_chars,
                                train_lines=self.train_lines,
                                val_lines=self.val_lines, test_lines=self.test_lines,
@@ -137,9 +118,8 @@ class VisualQASource:
 
 
 class Unit(NamedTuple):
-    """What one preparing process draws at a time: images of one source (one canvas), each with its (group, question,
-    answer) records. ``items``: clip art's drawing names, lines' indices in ``line_split`` (a range), Fashion-MNIST's
-    (official split, index) pairs, emoji's (character, style) pairs."""
+    """What one preparing process draws at a time: images of one source (one canvas) with their records. ``items``:
+    drawing names, line indices in ``line_split``, Fashion-MNIST's (official split, index), emoji's (emoji, style)."""
 
     source: str
     items: list | range
@@ -149,8 +129,7 @@ class Unit(NamedTuple):
 
 
 def qa_records(unit: Unit, options: VisualQASource, drawer: LineDrawer | None, tokenizer_json: str, seed: int):
-    """The records {"image": PNG, "question", "answer", "group", "text"} of ``unit``, one image at a time; returns the
-    longest ids (the chat template's, of one turn) it made."""
+    """The records {"image": PNG, "question", "answer", "group", "text"} of ``unit``; returns the longest ids made."""
     tokenizer, longest = worker_tokenizer(tokenizer_json), 0
     for position, item in enumerate(unit.items):
         text = ""  # what the image shows, where the source knows it
@@ -188,8 +167,7 @@ def qa_records(unit: Unit, options: VisualQASource, drawer: LineDrawer | None, t
 
 @lru_cache(maxsize=2)
 def garments(root: str, official: str) -> tuple[np.ndarray, list[str]]:
-    """Fashion-MNIST's official "train" or "test" split under ``root`` as (N, 28, 28) uint8 images and their class
-    names as torchvision names them (read once per preparing process); a DataError saying how to install it."""
+    """Fashion-MNIST's official "train" or "test" split: (N, 28, 28) uint8 images and torchvision's class names."""
     install_debian_fashion_mnist(root)
     try:
         dataset = torchvision.datasets.FashionMNIST(root, train=official == "train", download=False)

@@ -100,8 +100,7 @@ def uses_declared_typefaces(font_dir: str) -> bool:
 
 
 def declared_fonts(root: str | Path | None = None) -> dict[str, tuple[str, ...]]:
-    """``TYPEFACES``' files under ``root`` (default ``FONT_ROOT``) by family, each checked: a missing one is a DataError
-    naming its family, path and Debian package."""
+    """``TYPEFACES``' files under ``root`` by family; a missing one is a DataError naming its package."""
     return _declared_fonts(str(FONT_ROOT if root is None else root))
 
 
@@ -141,9 +140,8 @@ def _declared_fonts(root: str) -> dict[str, tuple[str, ...]]:
 
 @lru_cache(maxsize=8)
 def discover_fonts(font_dir: str = SYSTEM_FONT_DIR) -> dict[str, tuple[str, ...]]:
-    """The text fonts under ``font_dir`` by family (sorted): one file per style (the .ttf, else .otf, .t1, .pfb),
-    sorted; symbol fonts (``SKIPPED_FAMILIES``) and fonts without ASCII glyphs (``renders_text``) left out. For a
-    ``font_dir`` of the user's own (``TYPEFACES`` is what it found under /usr/share/fonts when they were declared)."""
+    """The text fonts under a ``font_dir`` of the user's own, by family (sorted): one file per style, sorted; symbol
+    fonts and fonts without ASCII glyphs left out."""
     chosen: dict[tuple[str, str], Path] = {}
     files = sorted(p for p in Path(font_dir).rglob("*") if p.suffix.lower() in FONT_SUFFIXES and p.is_file())
     for path in sorted(files, key=lambda p: FONT_SUFFIXES.index(p.suffix.lower())):
