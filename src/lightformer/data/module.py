@@ -1,7 +1,4 @@
-"""``DataModule``, the one data module: what every lightformer data module is to the rest of the framework (its
-``data_facts``, its prepared data kept with each checkpoint), the prepared folder named by a fingerprint, the splits'
-datasets and their loaders. A family (``data.families``) subclasses it once per batch shape; a public name is a short
-preset of a family."""
+"""``DataModule``, the one data module every family subclasses (docs/data.md, "The data module")."""
 
 from __future__ import annotations
 
@@ -39,16 +36,9 @@ class ConfigFacts:
 
 
 class DataModule(SameDataOnResume, L.LightningDataModule):
-    """A ``LightningDataModule`` that tells its task what the model needs to know about the data through one typed
-    method, ``data_facts`` (``lightformer.facts.DataFacts``), and whose prepared data goes with every checkpoint
-    (``SameDataOnResume``). The tasks read nothing else from it."""
+    """A ``LightningDataModule`` that tells its task about the data through ``data_facts`` alone."""
 
     validates_on_a_subset = False  # whether ``fit`` validates on part of the validation split (``cli.after_fit``)
-
-    # --- the prepared data: once per job into a folder of record splits (``prepared_folder``: named by ``_stem()``
-    # and a hash of ``_fingerprint()``, built by ``_build(folder)``, whose returned dict goes into the manifest), read
-    # by index: ``datasets`` of the splits opened, ``manifest``, and a ``tokenizer.json`` beside them where
-    # preparation writes one. A family whose data is held otherwise overrides ``prepared`` ---
 
     def __init__(self) -> None:
         super().__init__()
@@ -95,8 +85,7 @@ class DataModule(SameDataOnResume, L.LightningDataModule):
         raise NotImplementedError
 
     def save_arguments(self) -> None:
-        """Save the public class's own init arguments as its hyperparameters (what a checkpoint rebuilds it from),
-        called from any ``__init__`` of its chain: a family's options that a preset sets for its user stay out."""
+        """Save the public class's own init arguments as its hyperparameters, from any ``__init__`` of its chain."""
         names = [name for name in inspect.signature(type(self).__init__).parameters if name != "self"]
         self.save_hyperparameters(*names, frame=inspect.currentframe().f_back)
 
@@ -106,17 +95,11 @@ class DataModule(SameDataOnResume, L.LightningDataModule):
 
     @classmethod
     def facts_from_config(cls, init_args: Mapping[str, Any]) -> ConfigFacts:
-        """The facts this module's init arguments (as parsed: defaults filled in) decide before any data is prepared,
-        which the command line checks against the model first (the task's ``check_lengths_before_data``); none here.
-        Values the module refuses when it is built decide nothing (its own message says why)."""
+        """The facts this module's init arguments decide before any data is prepared (docs/data.md); none here."""
         return ConfigFacts()
 
     def prepare_data(self) -> None:
-        """Prepare the data (once per job), or find it prepared."""
         self.prepared  # noqa: B018 (prepares on first use)
-
-    # --- the splits' datasets (``dataset(split)``) and loaders (``_dataloader(split, shuffle)``); no validation loader
-    # (Lightning then skips validation) when ``_has("val")`` says that split is empty ---
 
     counted = ""  # the manifest's entry of each split's records, by split ("": every split holds some)
 
@@ -127,7 +110,6 @@ class DataModule(SameDataOnResume, L.LightningDataModule):
         raise NotImplementedError
 
     def _has(self, split: str) -> bool:
-        """Whether a split holds any data."""
         return not self.counted or bool(self.manifest[self.counted].get(split))
 
     def setup(self, stage: str | None = None) -> None:

@@ -1,5 +1,4 @@
-"""Raw text files read in bounded pieces (text, JSONL, Parquet; files of lines; line-aligned pairs), and their train |
-val | test cut (docs/data.md, "What preparation does")."""
+"""Raw text files read in bounded pieces, and their train | val | test cut (docs/data.md, "What preparation does")."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ def resolve_files(patterns: list[str], field_name: str) -> list[Path]:
 
 @dataclass(frozen=True)
 class Piece:
-    """A part of one file that preparation reads on its own: bytes [start, end) of a text or JSONL file, rows [start,
-    end) of a Parquet file. ``file_end``: the piece ends its file (a text file's last line may lack a break)."""
+    """A part of one file read on its own: bytes [start, end) of text or JSONL, rows of Parquet; ``file_end``: last."""
 
     path: str
     format: Format
@@ -91,8 +89,7 @@ def parquet_rows(path: Path) -> int:
 
 
 def align(span: FileSpan, position: int) -> int:
-    """The first place at or after ``position`` where a piece may begin: a line's or row's start (a text file with no
-    line break within 64 KiB: the next character)."""
+    """The first line's or row's start at or after ``position`` (no line break within 64 KiB: the next character)."""
     if span.format == "parquet" or position <= 0 or position >= span.extent:
         return min(max(position, 0), span.extent)
     with open(span.path, "rb") as f:
@@ -164,8 +161,7 @@ def split_pieces(
 
 
 def read_piece(piece: Piece, text_field: str = "text", limit: int | None = None) -> Iterator[str]:
-    """The text of a piece: one string for text files; one string per record (a document) for JSONL and Parquet.
-    ``limit``: read about this many bytes at most (a sample). Errors name the file, the place and what is wrong."""
+    """The text of a piece: one string for text, one per record for JSONL and Parquet; ``limit``: bytes, about."""
     if piece.format == "parquet":
         yield from _parquet_texts(piece, text_field, limit)
         return
@@ -187,7 +183,6 @@ def read_piece(piece: Piece, text_field: str = "text", limit: int | None = None)
 
 
 def _decode(data: bytes, path: str, offset: int) -> str:
-    """UTF-8 text of ``data``, read from ``path`` at byte ``offset``; an error names the file and the byte."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -202,9 +197,6 @@ def _last_character_start(data: bytes) -> int:
     return end - 1 if end > 0 and data[end - 1] >= 0xC0 else end
 
 
-# --- files of lines (TSV, line-aligned pairs), read in pieces -------------------------------------------------
-
-
 def line_pieces(path: Path, piece_bytes: int | None = None) -> list[Piece]:
     """A file of lines cut into pieces of about ``piece_bytes`` (``PIECE_BYTES``) at line breaks, as JSONL is."""
     span = FileSpan(Path(path), "jsonl", Path(path).stat().st_size, Path(path).stat().st_size)
@@ -212,8 +204,7 @@ def line_pieces(path: Path, piece_bytes: int | None = None) -> list[Piece]:
 
 
 def piece_lines(piece: Piece, what: str, limit: int | None = None) -> list[str]:
-    """The lines of a piece of a UTF-8 file, split on "\\n" only, "\\r" and a byte-order mark dropped; ``limit``:
-    about this many bytes at most (whole lines). Not UTF-8: a DataError naming ``what``, file, byte, offset, line."""
+    """The lines of a piece of a UTF-8 file, split on "\\n" only, "\\r" and a BOM dropped; not UTF-8: a DataError."""
     end = piece.end if limit is None else min(piece.end, piece.start + limit)
     with open(piece.path, "rb") as f:
         f.seek(piece.start)
@@ -256,8 +247,7 @@ class AlignedPiece:
 
 
 def aligned_pieces(src_path: Path, tgt_path: Path, piece_bytes: int | None = None) -> list[AlignedPiece]:
-    """Two line-aligned files cut into aligned line ranges of at most about ``piece_bytes`` of either, in one pass that
-    keeps only the cuts' byte offsets; different line counts are an error naming both files and counts."""
+    """Two line-aligned files cut into aligned line ranges of about ``piece_bytes``; unequal line counts an error."""
     piece_bytes = piece_bytes or PIECE_BYTES
     paths, sizes = (Path(src_path), Path(tgt_path)), (Path(src_path).stat().st_size, Path(tgt_path).stat().st_size)
 

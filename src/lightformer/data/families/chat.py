@@ -70,8 +70,7 @@ from lightformer.tokenization.text import PAD_ID, Tokenizer
 
 
 class ChatData(DataModule):
-    """Question-answer records of images laid out by a chat template, batches of one canvas (docs/data.md, "Questions
-    about images"). The manifest holds each split's "records" and "runs" ([[canvas, records], ...]), "mean", "std".
+    """Question-answer records of images laid out by a chat template, batches of one canvas (docs/data.md).
 
     Args:
         loader: records per batch, loader workers, pinned memory (``ImageLoaderConfig``).
@@ -211,8 +210,7 @@ QUESTIONS_FORMAT = 3  # bump when what a prepared folder holds, or how an image 
 
 
 class VisualQADataModule(ChatData):
-    """Questions and answers about what the offline sources' images show, for a vision-language model; the facts add
-    the chat template, the groups and the canvases.
+    """Questions and answers about what the offline sources' images show, for a vision-language model.
 
     Args:
         source: the sources, images per source, canvases, lines and typefaces (``VisualQASource``).

@@ -76,9 +76,7 @@ SOURCE_FORMAT = 1  # bump when what a prepared folder of a source's own images h
 
 
 class ImageTextData(DataModule):
-    """Images each with one or more texts (and, where a source labels them, a class), for ``ContrastiveTask`` and
-    ``ImageToTextTask``: any ``Source`` of records ``{"image": a path or the file's bytes, "texts": [str, ...]}``; the
-    presets below are its built-in sources (docs/data.md, "Captioned images: the contrastive family's data").
+    """Images with texts, of any ``Source`` of records ``{"image", "texts"}`` (docs/data.md, "Captioned images").
 
     Args:
         source: where the captioned images come from (a ``Source`` subclass, named by ``class_path``).
@@ -176,7 +174,6 @@ class ImageTextData(DataModule):
                                  f"{name}'s images")  # fmt: skip
 
     def _splits_of(self, split_items: dict[str, list], records_of: dict[str, partial]):
-        """``prepare_captioned``'s record splits of each split's items (pieces of them, on every core)."""
         workers = self.prepare_config.num_workers
 
         def record_splits(images: dict[str, int]) -> list[RecordSplit]:
@@ -200,8 +197,7 @@ def checked_texts(record: object, source: Source, part, index: int) -> list[str]
 
 
 def source_images(part, source: Source, size: int, channels: int) -> Iterator[dict]:
-    """The records {"image": JPEG, "texts": JSON list} of ``source.records(part)``, resized to the canvas one at a
-    time."""
+    """The records {"image": JPEG, "texts": JSON list} of ``source.records(part)``, each resized to the canvas."""
     for index, record in enumerate(source.records(part)):
         texts, image = checked_texts(record, source, part, index), record["image"]
         try:
@@ -215,14 +211,12 @@ def source_images(part, source: Source, size: int, channels: int) -> Iterator[di
 
 
 class ImageTextDataModule(ImageTextData):
-    """Printed lines of Austen's novels (or Ding's German sentences) and their text, for an image-to-text model:
-    batches {"images": (B, 1, H, W), "tgt", "text"} (docs/data.md, "Printed lines").
+    """Printed lines of Austen (or Ding), batches {"images", "tgt", "text"} (docs/data.md, "Printed lines").
 
     Args:
         source: the lines, their counts, the held-out typefaces (``ImageTextSource``).
         render: the image size and the ranges of every style draw (``RenderConfig``).
-        tokenizer: ``file``: a run's ``tokenizer.json``; unset: the Austen character LM's (Austen), or the characters
-            of Ding's sentences (Ding) (``TokenizerConfig``; kind "char").
+        tokenizer: ``file``: a run's ``tokenizer.json``; unset: the Austen LM's, or Ding's characters (kind "char").
         loader: lines per batch, loader workers, pinned memory (``ImageLoaderConfig``).
         prepare: where and with how many processes the lines are rendered (``PrepareConfig``).
         augment: jitter training lines (brightness, contrast, a shift of a pixel or two); never val or test.
@@ -247,12 +241,9 @@ class ImageTextDataModule(ImageTextData):
         self.render = as_config(RenderConfig, render)
         self.families = split_families(self.source)  # refuses families that are not installed, before any work
 
-    # --- what the model needs to know ---
-
     @cached_property
     def tokenizer(self) -> Tokenizer:
-        """``tokenizer.file``'s; else for Austen the character LM's (``austen_char_tokenizer``), not a file of the
-        prepared folder; for Ding the characters of its sentences, the prepared folder's ``tokenizer.json``."""
+        """``tokenizer.file``'s; else Austen's character LM's (no file of the folder), or Ding's ``tokenizer.json``."""
         file = self.tokenizer_config.file
         if file:
             return Tokenizer.from_file(file)
@@ -271,8 +262,6 @@ class ImageTextDataModule(ImageTextData):
                          image_size=(self.render.height, self.render.width), in_channels=1, image_fit="line",
                          normalize_mean=(manifest["mean"],), normalize_std=(manifest["std"],),
                          max_length=longest + 2)  # fmt: skip
-
-    # --- the prepared data ---
 
     def _stem(self) -> str:
         return f"image-text-{self.source.corpus}"
@@ -336,8 +325,6 @@ class ImageTextDataModule(ImageTextData):
         return {"lines": lines, "families": families, "redraws": redraws, "longest": longest, "mean": mean,
                 "std": std, "characters": characters}  # fmt: skip
 
-    # --- LightningDataModule hooks ---
-
     def dataset(self, split: str) -> LineImages:
         """A prepared split's lines ("test": the one ``source.test_fonts`` picks), its shards checked."""
         name = "test_seen" if split == "test" and self.source.test_fonts == "seen" else split
@@ -384,8 +371,7 @@ def prepare_captioned(
     workers: int | None,
     what: str,
 ) -> dict:
-    """A folder of captioned images through ``prepare_records`` (docs/data.md, "Captioned images"): returns the
-    manifest's {"images", "texts", "mean", "std", "longest"}."""
+    """A folder of captioned images through ``prepare_records``; returns the manifest's counts and statistics."""
     files, images, texts = written_texts(folder, rows)
     text_pieces = {split: line_pieces(path) if images[split] else [] for split, path in files.items()}
     job = TokenizerJob(TOKENIZER, tokenizer_config, piece_sample(text_pieces, "text", tokenizer_config.sample_bytes))
@@ -399,8 +385,7 @@ def prepare_captioned(
 
 
 class ImageTextFilesDataModule(ImageTextData):
-    """A user's own images and texts (annotation files or webdataset shards), for an image-to-text model
-    (docs/data.md, "Captioned images of one's own").
+    """A user's own images and texts, annotations or webdataset shards (docs/data.md, "Captioned images of one's own").
 
     Args:
         source: the annotation files, the image folder and the canvas (``ImageTextFiles``).
@@ -454,7 +439,6 @@ class ImageTextFilesDataModule(ImageTextData):
         return splits
 
     def shards(self) -> dict[str, list[Path]]:
-        """The webdataset shards of each split given as shards (``shard_files``)."""
         s = self.source
         return {split: shard_files(getattr(s, split), split) for split in SPLITS
                 if getattr(s, split) and is_shards(getattr(s, split))}  # fmt: skip
@@ -525,7 +509,6 @@ class ImageTextFilesDataModule(ImageTextData):
         return f"data.source.{split}: {getattr(self.source, split) or self.source.train}"
 
     def dataset(self, split: str) -> CaptionedImages:
-        """A prepared split's images, its shards checked."""
         if split not in self.datasets:
             if not self.manifest["images"][split]:
                 raise DataError(f"data.source: there is no {split} split; give data.source.{split}")

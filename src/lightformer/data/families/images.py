@@ -1,5 +1,4 @@
-"""Image classification and Image GPT data: built-in datasets held in memory, image folders prepared into records,
-uint8 batches augmented on the device (docs/data.md, "Images")."""
+"""Image classification and Image GPT data: uint8 batches, augmented on the device (docs/data.md, "Images")."""
 
 from __future__ import annotations
 
@@ -46,8 +45,7 @@ from lightformer.tokenization.pixels import PaletteConfig, PixelTokenizer, downs
 
 
 class ImageRecords(Dataset):
-    """A prepared image-folder split by index: item i is (uint8 image ``(C, S, S)`` decoded from the file's bytes and
-    resized to ``image_size``, class index), as reading the file gives."""
+    """A prepared image-folder split by index: item i is (uint8 image ``(C, S, S)`` at ``image_size``, class index)."""
 
     def __init__(self, split_dir: str | Dir, in_channels: int, image_size: int) -> None:
         self.records = Records(split_dir)
@@ -65,8 +63,7 @@ class ImageRecords(Dataset):
 
 @dataclass(eq=False)
 class ImageSubset(Dataset):
-    """The (uint8 image, label) items of ``source`` at ``indices``, each through ``transform`` if given, its draws from
-    (``seed``, epoch, index) alone; a source in memory (``TensorDataset``) is sliced a batch at once."""
+    """The (uint8 image, label) items of ``source`` at ``indices``, through ``transform`` by (seed, epoch, index)."""
 
     source: Dataset
     indices: list[int]
@@ -106,16 +103,14 @@ def collate_images(items: tuple[Tensor, Tensor] | list) -> tuple[Tensor, Tensor]
 
 
 def image_loader(dataset: Dataset, loader: ImageLoaderConfig, seed: int, shuffle: bool) -> DataLoader:
-    """An image split's loader (Image GPT's too): training in an order from (seed, epoch), resumable mid-epoch, handing
-    (index, epoch) keys to a set that augments in the loader; evaluation in order, each image once under DDP."""
+    """An image split's loader: training from (seed, epoch), resumable mid-epoch; evaluation once each, in order."""
     augmented = getattr(dataset, "transform", None) is not None
     sampler = EpochShuffleSampler(len(dataset), seed, with_epoch=augmented) if shuffle else evaluation_sampler(dataset)
     return map_loader(dataset, loader, sampler, shuffle, collate_fn=collate_images)
 
 
 class ImageDataModule(DataModule):
-    """Batches of images (batch, channels, image_size, image_size) and labels (batch,): uint8 from the loaders,
-    normalised (and for training augmented) float32 on the device (docs/data.md, "Images").
+    """Batches of images ``(B, C, S, S)`` and labels ``(B,)``, normalised and augmented on the device (docs/data.md).
 
     Args:
         source: which images and how they split (``ImageSource``).
@@ -249,12 +244,10 @@ class ImageDataModule(DataModule):
     # --- augmentation and normalisation ------------------------------------------------------------------------
 
     def _per_image_augmentation(self) -> v2.Transform | None:
-        """TrivialAugment or RandAugment, which run in the loader on each uint8 image; None otherwise."""
         return {"trivialaugment": v2.TrivialAugmentWide(), "randaugment": v2.RandAugment()}.get(self.augment.policy)
 
     def transform_batch(self, batch: tuple[Tensor, Tensor], train: bool) -> tuple[Tensor, Tensor]:
-        """uint8 images ``(batch, C, S, S)`` and labels → normalised float32 images (training: flipped, cropped and
-        erased per ``augment``, each image its own draw) and the labels."""
+        """uint8 images and labels → normalised float32 images (training: augmented, each its own draw) and labels."""
         images, labels = batch
         if train and self.augment.policy in ("flip", "flip_crop"):
             if self.augment.policy == "flip_crop":
@@ -270,12 +263,9 @@ class ImageDataModule(DataModule):
         return self.transform_batch(batch, train=self.trainer is not None and self.trainer.training)
 
     def eval_transform(self) -> v2.Compose:
-        """PIL image or uint8 ``(C, H, W)`` → normalised float32 ``(C, S, S)``, as evaluation does, for a user's images:
-        ``eval_transform()(load_image(path, in_channels, image_size))``."""
+        """PIL image or uint8 ``(C, H, W)`` → normalised float32 ``(C, S, S)``, as evaluation does (a user's images)."""
         resize = v2.Resize((self.image_size, self.image_size), antialias=True)  # no-op at the native size
         return v2.Compose([resize, to_normalised_tensor(self.normalize_mean, self.normalize_std)])
-
-    # --- loaders -----------------------------------------------------------------------------------------------
 
     def _dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
         dataset = getattr(self, f"{split}_dataset")
@@ -299,8 +289,7 @@ def pixel_pairs(y: Tensor, start_id: int) -> tuple[Tensor, Tensor]:
 
 
 class PixelSequences(Dataset):
-    """Item i is (x, y): y image i's pixel ids ``(S*S,)`` int64, x = ``[start_id] + y[:-1]``; the ids are ``tokens``
-    held in memory, or ``images`` (a prepared folder's split) encoded with ``tokenizer`` a batch at a time."""
+    """Item i is (x, y) of image i's pixel ids (``pixel_pairs``): of ``tokens`` in memory, or ``images`` encoded."""
 
     def __init__(self, tokenizer: PixelTokenizer, tokens: Tensor | None = None, images: Dataset | None = None) -> None:
         self.tokenizer, self.tokens, self.images = tokenizer, tokens, images
@@ -353,16 +342,14 @@ def check_palette(palette: PaletteConfig, info: ImageDatasetInfo) -> None:
 
 
 class ImageTokenDataModule(DataModule):
-    """Images as sequences of palette ids for Image GPT: batches (x, y), each ``(batch, image_size²)`` int64; after
-    ``setup``: ``tokens(split)``, ``images(split)``, ``labels(split)``.
+    """Images as sequences of palette ids for Image GPT: batches (x, y), each ``(batch, image_size²)`` int64.
 
     Args:
         source: which images and how they split (``ImageSource``); an image folder's labels serve only ``probe``.
         palette: the colours pixels are read as (``PaletteConfig``).
         loader: batch size, loader workers, pinned memory (``ImageLoaderConfig``; 0 workers is usually best).
         prepare: where an image folder is prepared (``PrepareConfig``, as ``ImageDataModule``'s).
-        image_size: side of the modelled images (area-averaged), at most the dataset's; None: the dataset's size
-            (required for image folders).
+        image_size: side of the modelled images (area-averaged), at most the dataset's; None: its own (not for folders).
         seed: seeds the validation carve, the k-means palette and the training-set shuffling.
     """
 
@@ -442,16 +429,13 @@ class ImageTokenDataModule(DataModule):
     # --- reading and encoding ---------------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
-        """Fetch a torchvision dataset, or prepare an image folder, once, before ``setup`` runs in every process."""
         self.images_data.prepare_data()
 
     @property
     def prepared(self) -> Path | None:
-        """An image folder's prepared records (``ImageDataModule.prepared``); None for a built-in dataset."""
         return self.images_data.prepared
 
     def _read_images(self) -> None:
-        """Every split's uint8 images at the model's resolution and labels, held once (a built-in dataset's)."""
         if self._images:
             return
         for split in SPLITS:
@@ -486,7 +470,6 @@ class ImageTokenDataModule(DataModule):
             self._encode()
 
     def _encode(self) -> None:
-        """Every split's images as palette ids, held in memory, once."""
         if self._tokens:
             return
         self._read_images()
@@ -522,8 +505,6 @@ class ImageTokenDataModule(DataModule):
         _check_split(split)
         images, labels = self._read_split(split, limit)
         return self.pixel_tokenizer.decode(self.pixel_tokenizer.encode(images).long()), labels
-
-    # --- loaders ----------------------------------------------------------------------------------------------
 
     def _dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
         self.setup()

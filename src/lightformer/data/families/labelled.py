@@ -1,5 +1,4 @@
-"""Text classification data: labelled texts prepared into [CLS] text [SEP] records, read as padded batches with their
-labels (docs/data.md, "Labelled texts")."""
+"""Text classification data: labelled texts as [CLS] text [SEP] records (docs/data.md, "Labelled texts")."""
 
 from __future__ import annotations
 
@@ -52,17 +51,13 @@ MIN_VOCAB_SIZE = MIN_BPE_VOCAB_SIZE + len(EXTRA_SPECIAL_TOKENS)
 FORMAT_VERSION = 2
 
 
-# --- records ---------------------------------------------------------------------------------------------------
-
-
 def cut_to(ids: np.ndarray, max_tokens: int) -> np.ndarray:
     """``ids`` cut to ``max_tokens``, [SEP] (EOS) kept last, when longer."""
     return ids if len(ids) <= max_tokens else np.append(ids[: max_tokens - 1], np.int32(EOS_ID))
 
 
 def collate_classification(items: list[dict], max_tokens: int, pad_id: int = PAD_ID, multiple: int = 8) -> dict:
-    """Records → {"ids": (B, T) int64 cut to ``max_tokens``, padded with ``pad_id`` to the batch's longest rounded up to
-    a multiple of ``multiple`` (fewer shapes to compile), "labels": (B,) int64}."""
+    """Records → {"ids": (B, T) int64 cut to ``max_tokens``, padded to a multiple of ``multiple``, "labels": (B,)}."""
     rows = [cut_to(np.asarray(item["ids"]), max_tokens) for item in items]
     width = -(-max(map(len, rows)) // multiple) * multiple
     ids = torch.full((len(rows), width), pad_id, dtype=torch.int64)
@@ -72,12 +67,8 @@ def collate_classification(items: list[dict], max_tokens: int, pad_id: int = PAD
     return {"ids": ids, "labels": labels}
 
 
-# --- the data module -------------------------------------------------------------------------------------------
-
-
 class TextClassificationDataModule(DataModule):
-    """Labelled texts for a BERT classifier: batches {"ids": (B, T), "labels": (B,)}, each text [CLS] tokens [SEP] cut
-    and padded (docs/data.md, "Labelled texts"); `class_counts` and `chance_accuracy` describe the splits.
+    """Labelled texts for a BERT classifier: batches {"ids": (B, T), "labels": (B,)} (docs/data.md, "Labelled texts").
 
     Args:
         source: the labelled texts and their splits (``PassageSource``).
@@ -119,8 +110,6 @@ class TextClassificationDataModule(DataModule):
         self._class_counts: dict[str, dict[str, int]] | None = None
         self._logged_counts = False
 
-    # --- what the model needs to know of the data (``manifest``: "class_names", each split's "counts") ---
-
     def data_facts(self) -> DataFacts:
         tokenizer = self.tokenizer
         return DataFacts(tokenizer=tokenizer.to_str(), vocab_size=tokenizer.vocab_size, pad_id=PAD_ID,
@@ -128,7 +117,6 @@ class TextClassificationDataModule(DataModule):
 
     @classmethod
     def facts_from_config(cls, init_args: Mapping[str, Any]) -> ConfigFacts:
-        """The longest sequence: ``max_tokens``."""
         max_tokens = init_args.get("max_tokens")
         if not isinstance(max_tokens, int):
             return ConfigFacts()
@@ -174,8 +162,6 @@ class TextClassificationDataModule(DataModule):
             self.datasets[split] = records if chosen is None else Subset(records, chosen.tolist())
         return self.datasets[split]
 
-    # --- LightningDataModule hooks ---
-
     def setup(self, stage: str | None = None) -> None:
         """Open the splits ``stage`` needs that hold texts (their shards checked); log the class counts once."""
         for split in stage_splits(stage):
@@ -190,13 +176,10 @@ class TextClassificationDataModule(DataModule):
             lines.append(f"  chance accuracy (the largest test class): {self.chance_accuracy:.1%}")
             rank_zero_info("\n".join(lines))
 
-    # --- internals ---
-
     def _has(self, split: str) -> bool:
         return bool(sum(self.manifest["counts"][split]))
 
     def _dataloader(self, split: str, shuffle: bool = False) -> DataLoader:
-        """Padded batches of a split: training's shuffled by (seed, epoch) and resumable mid-epoch, else in order."""
         dataset = self.dataset(split)
         sampler = EpochShuffleSampler(len(dataset), self.seed) if shuffle else evaluation_sampler(dataset)
         collate = partial(collate_classification, max_tokens=self.max_tokens)
@@ -286,7 +269,6 @@ class TextClassificationDataModule(DataModule):
         return {"class_names": class_names, "counts": counts, "vocab_size": tokenizer.vocab_size}
 
     def _chosen_texts(self, texts: Iterable[str], counts: dict[str, list[int]]) -> Iterable[str]:
-        """The train texts a BPE trains on: ``texts``, or the `train_examples` chosen of them."""
         chosen = chosen_examples(sum(counts["train"]), self.source.train_examples)
         if chosen is None:
             return texts

@@ -1,5 +1,4 @@
-"""Translation data: sentence pairs prepared into BPE ids and records, batched by length under a token budget
-(docs/data.md, "Sentence pairs")."""
+"""Translation data: sentence pairs as BPE ids, batched under a token budget (docs/data.md, "Sentence pairs")."""
 
 from __future__ import annotations
 
@@ -53,12 +52,10 @@ class PairBatches:
     """How the pairs are cut and batched.
 
     Args:
-        max_sentence_tokens: longest train sentence in tokens, BOS/EOS included; longer train pairs are dropped, val and
-            test ids cut to it (EOS kept; texts whole, so BLEU sees full references). Not the model's `max_len`.
+        max_sentence_tokens: longest sentence in tokens, BOS/EOS included: longer train pairs dropped, val/test ids cut.
         max_tokens: token budget of one batch (rows × longest row), at least `max_sentence_tokens`.
         num_workers: DataLoader worker processes.
-        length_multiple: pad a batch to a multiple of this (and its rows to `max_tokens // length`): a few static shapes
-            for a compiled model; null: each batch padded to its longest (docs/data.md, "Sentence pairs").
+        length_multiple: pad a batch to a multiple of this, its rows to `max_tokens // length`; null: to its longest.
     """
 
     max_sentence_tokens: int = 128
@@ -89,8 +86,7 @@ class PairBatches:
 
 
 class TranslationDataModule(DataModule):
-    """Sentence pairs for an encoder-decoder: batches {"src": (B, S), "tgt": (B, T), "src_text", "tgt_text"}, `src` ids
-    + [EOS], `tgt` [BOS] + ids + [EOS], padded (docs/data.md, "Sentence pairs").
+    """Sentence pairs: batches {"src": ids + [EOS], "tgt": [BOS] + ids + [EOS], "src_text", "tgt_text"} (docs/data.md).
 
     Args:
         source: where the pairs come from, which direction they are translated (``PairSource``).
@@ -117,8 +113,6 @@ class TranslationDataModule(DataModule):
         self.prepare_config = as_config(PrepareConfig, prepare)
         self.seed = seed
 
-    # --- tokenizers, and what the model needs to know of the data ---
-
     @property
     def src_tokenizer(self) -> Tokenizer:
         """Tokenizer of the source side (the same object as `tgt_tokenizer` when `joint_vocab`)."""
@@ -126,7 +120,6 @@ class TranslationDataModule(DataModule):
 
     @property
     def tgt_tokenizer(self) -> Tokenizer:
-        """Tokenizer of the target side."""
         return self._side_tokenizer(1 - self.source.source_side)
 
     def data_facts(self) -> DataFacts:
@@ -150,15 +143,11 @@ class TranslationDataModule(DataModule):
         """The pairs' statistics (the manifest's), with the pairs dropped or cut as the splits are opened."""
         return self.manifest["stats"]
 
-    # --- LightningDataModule hooks (``prepared``: the folder of tokenizers, record splits and manifest) ---
-
     def setup(self, stage: str | None = None) -> None:
         """Open the splits `stage` needs (None: all): long train pairs dropped, val and test ones cut."""
         for split in stage_splits(stage):
             if split not in self.datasets:
                 self.datasets[split] = self._encode_split(split)
-
-    # --- internals ---
 
     def _has(self, split: str) -> bool:
         return bool(self.stats[f"{split}_pairs"])
@@ -178,8 +167,7 @@ class TranslationDataModule(DataModule):
         return map_loader(dataset, self.batches, resumable=split == "train", batch_sampler=budget, collate_fn=collate)
 
     def _encode_split(self, split: str) -> PreparedPairs:
-        """The split's dataset: over-long train pairs dropped, val/test cut; with `bpe_dropout`, train is one block per
-        segmentation (a pair too long in any dropped)."""
+        """The split's dataset: long train pairs dropped (in any BPE-dropout block), val/test ones cut."""
         if split == "train" and self.tokenizer_config.bpe_dropout:
             names = [_dropout_split(k) for k in range(self.tokenizer_config.bpe_dropout_segmentations)]
         else:
@@ -205,7 +193,6 @@ class TranslationDataModule(DataModule):
         return PreparedPairs(blocks, np.flatnonzero(~too_long), src_side, cut_to=None)
 
     def _side_tokenizer(self, side: int) -> Tokenizer:
-        """The tokenizer of stored side 0 or 1 (both the joint one), from the prepared folder."""
         return self._tokenizer_file(f"tokenizer-{_names(self.tokenizer_config)[side]}.json")
 
     def _stem(self) -> str:
@@ -302,7 +289,6 @@ class TranslationDataModule(DataModule):
         return {split: pieces(found, _DING_INPUT_PAIRS) for split, found in pairs.items()}, stats
 
     def _no_pairs(self, split: str, skipped: int) -> ValueError:
-        """The error for a split's files that hold no pair, `skipped` lines with an empty side."""
         layout = "'source<TAB>target' lines" if "tsv" in self.source.files(split) else "line-aligned sentences"
         return ValueError(
             f"no sentence pairs in {self._describe_source(split)}"
@@ -342,8 +328,7 @@ class TranslationDataModule(DataModule):
 
 
 class PreparedPairs(Dataset):
-    """Prepared pairs in one direction, by index: item i {"src", "tgt" (int64), "src_text", "tgt_text"} of the records
-    `keep` of each of `blocks` in turn; `cut_to`: longer ids cut to it, EOS kept (val and test)."""
+    """Prepared pairs in one direction, by index: the records `keep` of each block in turn, ids cut to `cut_to`."""
 
     def __init__(self, blocks: list[Records], keep: np.ndarray, source_side: int, cut_to: int | None) -> None:
         self.blocks, self.keep, self.source_side, self.cut_to = blocks, np.asarray(keep, np.int64), source_side, cut_to
@@ -395,7 +380,6 @@ class PreparedPairs(Dataset):
 
 
 def _names(config: TokenizerConfig) -> tuple[str, str]:
-    """The tokenizer of each stored side, by its file's name (``tokenizer-<name>.json``)."""
     return ("joint", "joint") if config.joint_vocab else ("first", "second")
 
 

@@ -1,5 +1,4 @@
-"""Next-token and pretraining data: a source prepared once into token shards, streamed as (x, y) windows or read as
-segments (docs/data.md, "What preparation does", "Pretraining objectives")."""
+"""Next-token and pretraining data (docs/data.md, "What preparation does", "Pretraining objectives")."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ from lightformer.tokenization.text import MASK, MIN_BPE_VOCAB_SIZE, PAD_ID, Toke
 
 
 class TextData(DataModule):
-    """Next-token prediction on the documents (records ``{"text": str}``, each ended by EOS) of any ``Source``: batches
-    of (x, y), each (batch, block_size) int64 (docs/data.md, "Your own source").
+    """Next-token prediction on any ``Source``'s documents ``{"text": str}``: batches of (x, y) (docs/data.md).
 
     Args:
         source: where the documents come from (a ``Source`` subclass, named by ``class_path``).
@@ -96,7 +94,6 @@ class TextData(DataModule):
 
     @property
     def tokenizer(self) -> Tokenizer:
-        """The prepared data's tokenizer (prepared on first use)."""
         return self.prepared.tokenizer
 
     def setup(self, stage: str | None = None) -> None:
@@ -135,7 +132,6 @@ class TextData(DataModule):
         return windows is not None and self.prepared.has("val") and windows < len(self._dataset("val"))
 
     def _loader(self, dataset: Dataset, sampler, drop_last: bool = False, resumable: bool = False) -> DataLoader:
-        """A loader of ``dataset``; ``resumable`` (training) saves its position inside an epoch in checkpoints."""
         return map_loader(dataset, self.loader, sampler, resumable, drop_last=drop_last, collate_fn=self.collate_fn)
 
     def data_facts(self) -> DataFacts:
@@ -217,8 +213,7 @@ class TextData(DataModule):
 
 
 class TextDataModule(TextData):
-    """Character- or BPE-level next-token prediction on text files: batches of (x, y), each (batch, block_size) int64,
-    prepared once into token shards and streamed (docs/data.md, "What preparation does", "What streaming does").
+    """Next-token prediction on text files: batches of (x, y), each (batch, block_size) int64, streamed (docs/data.md).
 
     Args:
         source: where the text comes from and how it splits (``TextSource``).
@@ -242,13 +237,11 @@ class TextDataModule(TextData):
 
 
 class MaskedLMDataModule(TextData):
-    """BERT pretraining data: batches {"ids", "segment_ids", "labels": (B, T), "nsp_labels": (B,)} (docs/data.md,
-    "Pretraining objectives"); its source, tokenizer (BPE, with <mask> and the sentinels), loader, prepare and seed as
-    ``TextData``'s.
+    """BERT pretraining data (docs/data.md, "Pretraining objectives"); other arguments as ``TextData``'s.
 
     Args:
-        num_sentinels: T5 sentinels <extra_id_0..N-1> in the vocabulary (unused by BERT: SpanCorruptionDataModule's
-        too). segment_tokens: tokens per segment (an NSP "sentence"); an example has up to 2·segment_tokens tokens.
+        num_sentinels: T5 sentinels <extra_id_0..N-1> in the vocabulary (unused by BERT; shared with span corruption).
+        segment_tokens: tokens per segment (an NSP "sentence"); an example has up to 2·segment_tokens tokens.
         nsp: next-sentence prediction pairs; False: single runs of text without "nsp_labels".
         mlm_probability: share of the tokens selected for the masked-LM loss, in (0, 1].
         whole_word_masking: select whole words instead of single tokens (docs/data.md).
@@ -334,9 +327,7 @@ class MaskedLMDataModule(TextData):
 
 
 class SpanCorruptionDataModule(TextData):
-    """T5 pretraining data in the translation task's batch format {"src", "tgt", "src_text", "tgt_text"}: segments
-    through span corruption (docs/data.md, "Pretraining objectives"); source, tokenizer, loader, prepare and seed as
-    ``TextData``'s.
+    """T5 pretraining data (docs/data.md, "Pretraining objectives"); other arguments as ``TextData``'s.
 
     Args:
         num_sentinels: sentinels <extra_id_0..N-1> in the vocabulary: at least the number of spans of a segment.
@@ -375,8 +366,6 @@ class SpanCorruptionDataModule(TextData):
         self.noise_density = noise_density
         self.mean_span_length = mean_span_length
         self.source_length, self.target_length = source_length, target_length
-
-    # --- what the translation task needs to know of the data ---
 
     def data_facts(self) -> DataFacts:
         """One joint tokenizer for the corrupted input and the spans (the translation task's two sides)."""

@@ -1,2 +1,1 @@
-"""How prepared data reaches every process: shards and records streamed with a resumable position (``streaming``),
-epoch-seeded orders and token-budget batches (``sampling``), padded batches (``sequences``)."""
+"""How prepared data reaches every process: streamed shards and records, epoch-seeded samplers, padded batches."""

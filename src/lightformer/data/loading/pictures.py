@@ -1,6 +1,4 @@
-"""The datasets and collates of image-and-text records, which the image-text and conversation families share:
-printed lines (``LineImages``), captioned images (``CaptionedImages``), questions and answers (``QARecords``); the
-train pixels' mean and standard deviation, measured once at preparation."""
+"""The datasets and collates of image-and-text records, shared by the image-text and conversation families."""
 
 from __future__ import annotations
 
@@ -27,10 +25,7 @@ STATS_LINES = 512  # train lines the pixels' mean and standard deviation are mea
 
 
 class LineImages(Dataset):
-    """A prepared split by index: item i is {"image": uint8 (C, H, W), "ids": [BOS] + ids + [EOS] (int64), "text"};
-    with ``augment``, the image jittered by draws from (seed, epoch, i) (``EpochShuffleSampler(with_epoch=True)``
-    hands the epoch with the index), the same whatever the number of loader workers. ``mode``: the PIL mode the
-    images are read in ("L": one channel; "RGB": three)."""
+    """A prepared split by index: item i {"image": uint8, "ids": [BOS] + ids + [EOS], "text"}, jittered by the index."""
 
     mode = "L"
 
@@ -46,7 +41,6 @@ class LineImages(Dataset):
         return self._encoded(record["image"], record["text"], index, epoch)
 
     def _encoded(self, png: bytes, text: str, index: int, epoch: int) -> dict:
-        """An item of the image ``png`` (jittered by draws from (seed, epoch, index) when ``augment``) and ``text``."""
         image = np.asarray(Image.open(io.BytesIO(png)).convert(self.mode))
         if self.augment:
             image = jitter(image, np.random.default_rng(np.random.SeedSequence((self.seed, epoch, index))))
@@ -65,9 +59,7 @@ class LineImages(Dataset):
 
 
 def collate_lines(items: list[dict], mean: float | Sequence[float], std: float | Sequence[float], pad_id: int) -> dict:
-    """Items → {"images": (B, C, H, W) float32, (pixels / 255 - mean) / std (one value, or one per channel); "tgt":
-    (B, T) int64 padded with ``pad_id`` to the longest; "text": the B texts; "references": each item's texts that a
-    reading is scored against (its "references", or its text alone)}."""
+    """Items → {"images" normalised, "tgt" padded with ``pad_id``, "text", "references" (the texts scored against)}."""
     if not isinstance(mean, float | int):
         mean, std = (torch.tensor(v, dtype=torch.float32).view(-1, 1, 1) for v in (mean, std))
     images = torch.stack([item["image"] for item in items]).float().div_(255).sub_(mean).div_(std)
@@ -81,8 +73,7 @@ def collate_lines(items: list[dict], mean: float | Sequence[float], std: float |
 
 
 def pixel_statistics(train: Path, count: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Each channel's mean and standard deviation of the pixels (on [0, 1]) of ``STATS_LINES`` images spread evenly
-    over the ``count`` records of a prepared ``train`` split (records {"image": PNG bytes, ...})."""
+    """Each channel's mean and std of the pixels (on [0, 1]) of ``STATS_LINES`` images spread over a ``train`` split."""
     records = Records(str(train))
     indices = np.unique(np.linspace(0, count - 1, min(count, STATS_LINES)).round().astype(int))
     pixels = np.stack([np.asarray(Image.open(io.BytesIO(records[int(i)]["image"]))) for i in indices])
@@ -94,9 +85,8 @@ def pixel_statistics(train: Path, count: int) -> tuple[tuple[float, ...], tuple[
 
 
 class CaptionedImages(LineImages):
-    """A prepared split of captioned images: items as ``LineImages``'s, grey or RGB, with "references" (all the
-    image's texts) and, with ``labels``, "label" (the record's class index, -1 for none); "text" is, in training
-    (``cycle``), the image's next text each epoch (from (seed, epoch, index)), else its first."""
+    """Captioned images: items as ``LineImages``'s with "references" (all its texts), "label" with ``labels``;
+    "text" is, with ``cycle`` (training), the image's next text each epoch, else its first."""
 
     def __init__(self, split_dir, tokenizer_json: str, augment: bool, seed: int, channels: int, cycle: bool,
                  labels: bool = False) -> None:  # fmt: skip
@@ -122,10 +112,7 @@ STATS_IMAGES = 512  # training images the pixels' mean and standard deviation ar
 
 
 class QARecords(LineImages):
-    """A prepared split by index: item i is {"image": uint8 (3, H, W), "ids", "labels" (int64, the chat template's),
-    "prompt_length", "group", "question", "answer" (the first turn's), "transcript" (the ids of the text the image
-    shows; none where unknown)}: of a record's question and answer, or of its "turns" (JSON [[question, answer],
-    ...]); with ``augment``, the image jittered by draws from (seed, epoch, i)."""
+    """A prepared split by index: item i is a record's image and its chat template's ids and labels (docs/data.md)."""
 
     mode = "RGB"
 
@@ -147,9 +134,7 @@ class QARecords(LineImages):
 
 
 def collate_qa(items: list[dict], mean, std, pad_id: int) -> dict:
-    """Items of one canvas → the vision-language batch: "images" (B, 3, H, W) float32 normalised, "ids" right-padded
-    with ``pad_id``, "labels" padded with -100, "prompt_length", "group" (int64), "answer", "question", "transcript"
-    (B, at least 1) padded with ``pad_id`` and "transcript_length" (0: the image's text is unknown)."""
+    """Items of one canvas → the vision-language batch (docs/data.md, "Batches"); "transcript_length" 0: unknown."""
     mean, std = (torch.tensor(v, dtype=torch.float32).view(-1, 1, 1) for v in (mean, std))
     images = torch.stack([item["image"] for item in items]).float().div_(255).sub_(mean).div_(std)
     longest = max(len(item["ids"]) for item in items)
@@ -170,8 +155,7 @@ def collate_qa(items: list[dict], mean, std, pad_id: int) -> dict:
 
 
 def channel_statistics(split_dir: Path, count: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Each channel's mean and standard deviation (pixels on [0, 1]) of ``STATS_IMAGES`` records spread evenly over a
-    prepared split of ``count`` RGB images of any canvases."""
+    """Each channel's mean and std (pixels on [0, 1]) of ``STATS_IMAGES`` records spread over a split of any canvas."""
     records = Records(str(split_dir))
     total, squares, pixels = np.zeros(3), np.zeros(3), 0
     for i in np.unique(np.linspace(0, count - 1, min(count, STATS_IMAGES)).round().astype(int)):
@@ -184,9 +168,7 @@ def channel_statistics(split_dir: Path, count: int) -> tuple[tuple[float, ...], 
 
 
 def image_input(path: str, fit: str, height: int, width: int, channels: int, mean, std) -> torch.Tensor:
-    """An image file as a model's input ``(C, H, W)``, brought to the canvas as the families' records are (``fit``:
-    "drawing", on white, cropped to its ink and centred, as the clip art and emoji; "pad", LLaVA-1.5's: padded to a
-    square of CLIP's mean colour, then resized; else ``fit_image``'s "line" or "resize"), then normalised."""
+    """An image file as a model's input ``(C, H, W)``, fitted as the records are (``fit``), then normalised."""
     if fit == "drawing":
         image = openclipart.drawing_image(path, height, trusted_pixels=None)  # a user's file
     elif fit == "pad":

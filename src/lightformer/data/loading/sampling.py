@@ -1,5 +1,4 @@
-"""Samplers and loaders of map-style datasets: epoch-seeded shuffles, loaders resumable mid-epoch, evaluation that
-sees every example once under DDP, token-budget and one-canvas batches."""
+"""Samplers and loaders of map-style datasets: epoch-seeded, resumable mid-epoch, every example once under DDP."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ def index_and_epoch(key: Key) -> tuple[int, int]:
 
 
 class EpochShuffleSampler(Sampler[int]):
-    """A permutation of ``range(size)`` from (seed, epoch) alone, the epoch set by ``set_epoch`` (docs/data.md, "What
-    streaming does"); ``with_epoch``: yield ``(index, epoch)`` keys, for items drawn afresh each epoch."""
+    """A permutation of ``range(size)`` from (seed, epoch) alone; ``with_epoch``: yield ``(index, epoch)`` keys."""
 
     def __init__(self, size: int, seed: int, with_epoch: bool = False) -> None:
         self.size, self.seed, self.epoch, self.with_epoch = size, seed, 0, with_epoch
@@ -44,8 +42,7 @@ class EpochShuffleSampler(Sampler[int]):
 
 
 class ResumableDataLoader(DataLoader):
-    """A ``DataLoader`` whose position in an epoch (the epoch and the batches handed out) is saved in every checkpoint
-    (docs/data.md, "Resume of the map-style loaders")."""
+    """A ``DataLoader`` whose position in an epoch goes in every checkpoint (docs/data.md, "What streaming does")."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -77,7 +74,6 @@ class ResumableDataLoader(DataLoader):
             yield batch
 
     def _sampler_epoch(self) -> int | None:
-        """The epoch that ``set_epoch`` gave the batch sampler or sampler, if either keeps one."""
         for holder in (self.batch_sampler, getattr(self.batch_sampler, "sampler", None), self.sampler):
             if isinstance(epoch := getattr(holder, "epoch", None), int):
                 return epoch
@@ -93,8 +89,7 @@ class ResumableDataLoader(DataLoader):
 
 
 class _Skipping:
-    """A ``ResumableDataLoader``'s index sampler, starting where the loader's position says; its loader a weak reference
-    (a persistent-workers iterator would otherwise keep the workers alive in a cycle)."""
+    """A ``ResumableDataLoader``'s index sampler from its position; a weak reference (persistent workers: no cycle)."""
 
     def __init__(self, loader: ResumableDataLoader, index_sampler: Sampler | BatchSampler) -> None:
         self.loader, self.index_sampler = weakref.ref(loader), index_sampler
@@ -107,8 +102,7 @@ class _Skipping:
 
 
 def map_loader(dataset: Dataset, config, sampler=None, resumable: bool = False, **options) -> DataLoader:
-    """A map-style dataset's loader from ``config``: batches (or ``options``' ``batch_sampler``) in ``sampler``'s
-    order, workers kept across epochs, memory pinned per ``config.pin_memory``; ``resumable``: resumable mid-epoch."""
+    """A map-style dataset's loader from ``config``, workers kept across epochs; ``resumable``: resumable mid-epoch."""
     if "batch_sampler" not in options:
         options["batch_size"] = config.batch_size
     return (ResumableDataLoader if resumable else DataLoader)(
@@ -122,8 +116,7 @@ def map_loader(dataset: Dataset, config, sampler=None, resumable: bool = False, 
 
 
 def evaluation_sampler(dataset: Dataset) -> Sampler | None:
-    """Under DDP, ``UnrepeatedDistributedSampler`` (each example once; Lightning's ``DistributedSampler`` repeats some);
-    else None."""
+    """Under DDP, ``UnrepeatedDistributedSampler`` (each example once); else None."""
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     several = distributed and torch.distributed.get_world_size() > 1
     return UnrepeatedDistributedSampler(dataset, shuffle=False) if several else None
@@ -140,8 +133,7 @@ class _EpochCounter:
 
 
 class TokenBudgetBatchSampler(BatchSampler):
-    """Batches of indices whose padded size, rows × max(source, target length), stays within `max_tokens`, from (seed,
-    epoch) alone, as many per rank (docs/data.md, "Token-budget batches": the grouping, the ranks, the blocks).
+    """Batches whose padded size stays within `max_tokens`, from (seed, epoch), as many per rank (docs/data.md).
 
     Args:
         lengths: per example, the longer of its source and target length in tokens.
@@ -190,7 +182,6 @@ class TokenBudgetBatchSampler(BatchSampler):
         return int(getattr(self.sampler, "epoch", 0))
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration use this epoch's shuffle."""
         self.sampler.set_epoch(epoch)
 
     def replicas(self) -> tuple[int, int]:
@@ -265,8 +256,7 @@ def _split_to_count(batches: list[list[int]], count: int) -> list[list[int]]:
 
 
 class CanvasBatchSampler(TokenBudgetBatchSampler):
-    """Batches of ``batch_size`` indices of one canvas each, dealt as ``TokenBudgetBatchSampler`` deals; ``canvases``:
-    one small integer per example; ``with_epoch``: yield (index, epoch) keys."""
+    """Batches of ``batch_size`` indices of one canvas each (``canvases``: one per example), dealt to the ranks."""
 
     def __init__(
         self,

@@ -8,8 +8,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 
 def bucket_lengths(lengths: np.ndarray | int, multiple: int, limit: int) -> np.ndarray | int:
-    """The length a batch whose longest sequence has ``lengths`` tokens is padded to: the next multiple of
-    ``multiple``, but at most ``limit`` (the longest a sequence may be; a longer one keeps its length)."""
+    """The length a batch whose longest has ``lengths`` tokens is padded to: the next multiple, at most ``limit``."""
     rounded = -(-np.asarray(lengths) // multiple) * multiple
     bucketed = np.maximum(np.minimum(rounded, limit), lengths)
     return int(bucketed) if np.ndim(bucketed) == 0 else bucketed
@@ -22,10 +21,7 @@ def collate_pairs(
     limit: int | None = None,
     max_tokens: int | None = None,
 ) -> dict[str, torch.Tensor | list[str]]:
-    """Dataset items → {"src": (B, S), "tgt": (B, T) int64 right-padded with ``pad_id``, "src_text", "tgt_text"}; S and
-    T the batch's longest. With ``length_multiple``, S = T = L, the longer side rounded up to a multiple of it (at most
-    ``limit``), and with ``max_tokens`` ``max_tokens // L`` rows: the items', then rows of no loss (the first source, a
-    target of one token then padding): a few shapes, one per L, for a compiled model's static graphs."""
+    """Dataset items → {"src", "tgt" int64 right-padded with ``pad_id``, "src_text", "tgt_text"} (docs/data.md)."""
     sides = {
         side: [torch.from_numpy(np.asarray(item[side], dtype=np.int64)) for item in items] for side in ("src", "tgt")
     }

@@ -1,5 +1,4 @@
-"""Prepared data to every process: training windows (LitData, sharded, shuffled by seed and epoch, resumable
-mid-epoch), windows and records by index (docs/data.md, "What streaming does")."""
+"""Prepared data to every process: training windows; windows, records by index (docs/data.md, "What streaming does")."""
 
 from __future__ import annotations
 
@@ -73,8 +72,7 @@ def training_loader(
 
 
 class ResumableStreamingDataLoader(StreamingDataLoader):
-    """LitData's loader, its epoch order from the seed and the epoch alone however the run was resumed (docs/data.md,
-    "What streaming does"); a loader restored at an epoch's end starts from ``epoch()``, the trainer's epochs."""
+    """LitData's loader, its epoch order from the seed and the epoch alone however the run was resumed (``epoch()``)."""
 
     def __init__(self, *args, epoch: Callable[[], int] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -114,8 +112,7 @@ def local_folder(split_dir: str | Dir) -> Path:
 
 
 class Windows(Dataset):
-    """Every window of ``window`` ids of a prepared split, in order, by index (int64 arrays; not crossing a shard):
-    map-style, a sampler picks which rank reads which; opened on first use (a worker's copy carries only the path)."""
+    """Every window of ``window`` ids of a prepared split, in order, by index (int64; not crossing a shard)."""
 
     def __init__(self, split_dir: str | Dir, window: int) -> None:
         self.split_dir = split_dir
@@ -155,8 +152,7 @@ def validation_subset(dataset: Dataset, count: int, seed: int) -> Subset:
 
 
 class Records(Dataset):
-    """Every record of a prepared records split (``write_records``), by index, with per-item decoding, a batch in index
-    order (``__getitems__``; docs/data.md, "Random reads of records"); opened on first use."""
+    """Every record of a prepared records split, by index (docs/data.md, "Random reads of records")."""
 
     def __init__(self, split_dir: str | Dir) -> None:
         self.split_dir = split_dir

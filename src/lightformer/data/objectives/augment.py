@@ -1,5 +1,4 @@
-"""Augmentation and normalisation of whole uint8 image batches on the device they train on, each image its own draws
-from the device's generator (docs/data.md, "Images")."""
+"""Augmentation and normalisation of uint8 image batches on the device, each image its own draws (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -19,11 +18,8 @@ class AugmentConfig:
     """How training images are augmented (``data.augment``); validation and test images never are.
 
     Args:
-        policy: "none"; "flip" (horizontal flips; not for mnist and digits); "flip_crop" (a random crop after padding by
-            image_size // 7, plus flips but for mnist and digits); "trivialaugment" (TrivialAugmentWide, in the loader);
-            "randaugment" (RandAugment, in the loader). Flips and crops run on the training device.
-        random_erasing: probability, in [0, 1], that a training image has a random rectangle (2% to 33% of its area)
-            replaced by noise after normalisation (Zhong et al. 2020; timm's ``--reprob``, ``--remode pixel``); 0: none.
+        policy: "none", "flip" (not mnist, digits), "flip_crop" (pad image_size // 7), "trivialaugment", "randaugment".
+        random_erasing: probability, in [0, 1], that a rectangle (2% to 33%) of a training image becomes noise; 0: none.
     """
 
     policy: AugmentName = "flip_crop"
@@ -43,8 +39,7 @@ def random_horizontal_flip(images: Tensor) -> Tensor:
 
 
 def random_crop(images: Tensor, padding: int) -> Tensor:
-    """Pad each image of ``(batch, C, H, W)`` by ``padding`` zeros and cut an ``H × W`` window at its own random offset
-    (torchvision's ``RandomCrop(size, padding)`` per image)."""
+    """Torchvision's ``RandomCrop(size, padding)`` per image of ``(batch, C, H, W)``: zero padding, its own offset."""
     batch, channels, height, width = images.shape
     padded = torch.nn.functional.pad(images, (padding, padding, padding, padding))
     top = torch.randint(0, 2 * padding + 1, (batch, 1), device=images.device)
@@ -61,10 +56,7 @@ def random_erasing(
     scale: tuple[float, float] = (0.02, 1 / 3),
     ratio: tuple[float, float] = (0.3, 3.3),
 ) -> Tensor:
-    """Random erasing (Zhong et al. 2020; timm's ``RandomErasing(mode="pixel")``): with ``probability``, one rectangle
-    of each normalised image ``(batch, C, H, W)`` becomes N(0, 1) noise, independently per image: a share of the area
-    uniform in ``scale``, an aspect (height / width) log-uniform in ``ratio``, a uniform position; a side larger than
-    the image is cut to it (timm redraws up to ten times, then erases nothing)."""
+    """Random erasing (timm's ``RandomErasing(mode="pixel")``, a side cut to the image's, not redrawn; docs/data.md)."""
     batch, _, height, width = images.shape
     device = images.device
     area = torch.empty(batch, device=device).uniform_(*scale) * height * width
@@ -90,8 +82,7 @@ def normalize(images: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -
 
 
 def jitter(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """A training image ``(H, W)`` or ``(H, W, 3)`` uint8, lightly changed: contrast ×[0.8, 1.2] about its mean,
-    brightness ±20 levels, a shift of up to 2 pixels across and 1 down or up (the edges repeated)."""
+    """A training image ``(H, W)`` or ``(H, W, 3)`` uint8: contrast ×[0.8, 1.2], brightness ±20, a shift of 2 and 1."""
     pixels = image.astype(np.float32)
     mean = pixels.mean()
     pixels = (pixels - mean) * rng.uniform(0.8, 1.2) + mean + rng.uniform(-20, 20)

@@ -1,5 +1,4 @@
-"""The vision-language chat template: how an image (one placeholder id), questions and answers are laid out as ids,
-and which ids the loss reads (docs/data.md, "The chat template")."""
+"""The vision-language chat template: how an image, questions and answers are laid out as ids (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -37,15 +36,13 @@ class ChatTemplate:
     def prompt(
         self, tokenizer, question: str, image_token_id: int, history: Sequence[tuple[str, str]] = ()
     ) -> list[int]:
-        """The ids up to the assistant prefix of ``question``'s turn, after ``history``: generation goes on from
-        here."""
+        """The ids up to the assistant prefix of ``question``'s turn, after ``history``: generation goes on there."""
         ids = self.encode(tokenizer, history, image_token_id)[0] if history else [tokenizer.bos_id]
         ids += self._question_ids(tokenizer, question, image_token_id, first=not history)
         return ids + tokenizer.encode(self.assistant)
 
     def encode(self, tokenizer, turns: Sequence[tuple[str, str]], image_token_id: int) -> tuple[list[int], list[int]]:
-        """(ids, labels) of the (question, answer) ``turns``: labels[t] = ids[t + 1] where that is an answer's token or
-        the EOS ending it, else -100 (the loss is on answers only)."""
+        """(ids, labels) of the ``turns``: labels[t] = ids[t + 1] on an answer's tokens and its EOS, else -100."""
         ids, answer = [tokenizer.bos_id], [False]
         for number, (question, reply) in enumerate(turns):
             prompt = self._question_ids(tokenizer, question, image_token_id, first=number == 0)

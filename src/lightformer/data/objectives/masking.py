@@ -1,5 +1,4 @@
-"""The self-supervised text objectives' transforms (BERT masking, T5 span corruption, NSP pairs: pure functions of
-ids and a seeded generator) and their datasets (docs/data.md, "Pretraining objectives")."""
+"""BERT masking, T5 span corruption and NSP pairs, and their datasets (docs/data.md, "Pretraining objectives")."""
 
 from __future__ import annotations
 
@@ -32,9 +31,7 @@ def mask_tokens(
     word_starts: np.ndarray | None = None,
     random_low: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """BERT's masked-LM corruption of one sequence, as Google's ``create_masked_lm_predictions`` (Devlin et al. 2018,
-    3.1 and A.1): (inputs, labels), both int64 of `ids`' length, `labels` the original ids at the selected positions and
-    `IGNORE_INDEX` elsewhere (docs/data.md, "Pretraining objectives": the selection, the 80/10/10, whole words).
+    """BERT's masked-LM corruption of one sequence: (inputs, labels), int64, labels `IGNORE_INDEX` but where selected.
 
     Args:
         ids: `(seq,)` integer token ids, all in [0, `vocab_size`).
@@ -102,8 +99,7 @@ def mask_tokens(
 def random_spans_noise_mask(
     length: int, rng: np.random.Generator, noise_density: float = 0.15, mean_span_length: float = 3.0
 ) -> np.ndarray:
-    """`(length,)` bool mask, True on noise: T5's `random_spans_noise_mask` (Raffel et al. 2020, 3.1.4; docs/data.md),
-    its counts here also at most either token count (no span empty); rounding half to even, as `tf.round`."""
+    """`(length,)` bool mask, True on noise: T5's `random_spans_noise_mask` (docs/data.md), no span empty."""
     num_noise_tokens, num_noise_spans = _noise_span_counts(length, noise_density, mean_span_length, "length")
     noise_lengths = _random_segmentation(num_noise_tokens, num_noise_spans, rng)
     nonnoise_lengths = _random_segmentation(length - num_noise_tokens, num_noise_spans, rng)
@@ -114,8 +110,7 @@ def random_spans_noise_mask(
 
 
 def span_corruption_lengths(length: int, noise_density: float, mean_span_length: float) -> tuple[int, int, int]:
-    """``(spans, source_length, target_length)`` of span corruption of a segment of ``length`` tokens (the same for
-    every such segment): the source keeps a sentinel per span and [EOS]; the target [BOS], sentinels, spans, [EOS]."""
+    """``(spans, source_length, target_length)`` of span corruption of any segment of ``length`` tokens."""
     noise = random_spans_noise_mask(length, np.random.default_rng(0), noise_density, mean_span_length)
     num_spans = int((noise & ~np.concatenate(([False], noise[:-1]))).sum())
     num_noise = int(noise.sum())
@@ -130,18 +125,14 @@ def span_corruption(
     noise_density: float = 0.15,
     mean_span_length: float = 3.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """T5's span corruption of one sequence: (inputs, targets), int64.
+    """T5's span corruption of one sequence: (inputs, targets), int64, no EOS added (docs/data.md).
 
-    `inputs` is `ids` with the i-th noise span (from the left; `random_spans_noise_mask`) replaced by `sentinel_ids[i]`;
-    `targets` is each span's sentinel followed by its tokens (T5's `noise_span_to_unique_sentinel`): with sentinels X,
-    Y, `a b c d e f g` → inputs `a X d e Y`, targets `X b c Y f g`. No EOS is added. Any distinct ids absent from `ids`
-    will do as sentinels (T5: 32099, 32098, ...). `reconstruct_from_spans` inverts it.
+    With sentinels X, Y, `a b c d e f g` → inputs `a X d e Y`, targets `X b c Y f g`.
 
     Args:
         ids: `(seq,)` integer token ids, at least 2 of them (one noise and one kept token).
         rng: the only source of randomness.
-        sentinel_ids: distinct ids, at least as many as the noise spans (`max(1, round(round(seq * noise_density) /
-            mean_span_length))`).
+        sentinel_ids: distinct ids, at least as many as the noise spans.
         noise_density: share of the tokens that are noise, in (0, 1).
         mean_span_length: mean number of tokens in a noise span, at least 1.
     """
@@ -167,8 +158,7 @@ def span_corruption(
 def reconstruct_from_spans(
     inputs: np.ndarray, targets: np.ndarray, sentinel_ids: Sequence[int] | np.ndarray
 ) -> np.ndarray:
-    """The sequence `span_corruption` corrupted into (inputs, targets), int64; lenient, for showing samples (strip EOS
-    and padding from `targets` first)."""
+    """The sequence `span_corruption` corrupted into (inputs, targets); lenient (strip EOS and padding first)."""
     inputs = _as_ids(inputs, "inputs")
     targets = _as_ids(targets, "targets")
     sentinels = _as_sentinels(sentinel_ids)
@@ -188,8 +178,7 @@ def reconstruct_from_spans(
 def nsp_pair(
     segment_a: np.ndarray, segment_b: np.ndarray, *, cls_id: int, sep_id: int, max_length: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
-    """BERT's next-sentence-prediction input `[CLS] A [SEP] B [SEP]`, at most `max_length` (≥ 5) long, cut as BERT's
-    `truncate_seq_pair`: (ids, segment_ids), int64, segment 0 up to the first [SEP]."""
+    """BERT's NSP input `[CLS] A [SEP] B [SEP]`, at most `max_length` (≥ 5), cut as `truncate_seq_pair`; int64."""
     segment_a = _as_ids(segment_a, "segment_a")
     segment_b = _as_ids(segment_b, "segment_b")
     if max_length < 5:
@@ -245,7 +234,6 @@ def _as_ids(ids: np.ndarray | Sequence[int], name: str) -> np.ndarray:
 
 
 def _as_flags(flags: np.ndarray, name: str, length: int) -> np.ndarray:
-    """`flags` as a 1-D bool array of `length`, or a ValueError naming `name`."""
     array = np.asarray(flags)
     if array.shape != (length,):
         raise ValueError(f"{name} must have the shape of ids, ({length},), got {array.shape}")
@@ -255,7 +243,6 @@ def _as_flags(flags: np.ndarray, name: str, length: int) -> np.ndarray:
 
 
 def _as_sentinels(sentinel_ids: Sequence[int] | np.ndarray) -> np.ndarray:
-    """`sentinel_ids` as a 1-D int64 array of distinct ids, or a ValueError naming sentinel_ids."""
     sentinels = _as_ids(sentinel_ids, "sentinel_ids").astype(np.int64)
     if len(np.unique(sentinels)) != len(sentinels):
         raise ValueError("sentinel_ids must be distinct: each noise span needs its own sentinel")
@@ -294,8 +281,7 @@ class _Segments(Dataset):
 
 @dataclass(eq=False, kw_only=True)
 class MaskedLMDataset(_Segments):
-    """BERT examples (docs/data.md, "Pretraining objectives"), masked by `mask_tokens`: {"ids", "segment_ids", "labels":
-    `(seq,)` int64, "nsp_label" with nsp}."""
+    """BERT examples masked by `mask_tokens`: {"ids", "segment_ids", "labels": `(seq,)` int64, "nsp_label" with nsp}."""
 
     nsp: bool
     max_length: int
@@ -358,8 +344,7 @@ class MaskedLMDataset(_Segments):
 
 @dataclass(eq=False, kw_only=True)
 class SpanCorruptionDataset(_Segments):
-    """T5 examples: segment i through `span_corruption`, as a translation pair {"src": inputs + [EOS], "tgt": [BOS] +
-    targets + [EOS] (int64), "src_text", "tgt_text": the texts, sentinels kept}."""
+    """T5 examples: segment i through `span_corruption`, as a pair {"src", "tgt", "src_text", "tgt_text"}."""
 
     tokenizer: Tokenizer
     sentinel_ids: np.ndarray
@@ -389,8 +374,7 @@ class SpanCorruptionDataset(_Segments):
 
 
 def collate_masked(items: list[dict[str, np.ndarray | int]]) -> dict[str, torch.Tensor]:
-    """MaskedLMDataset items → {"ids", "segment_ids", "labels": (B, T) int64 padded with PAD_ID, 0 and IGNORE_INDEX,
-    "nsp_labels": (B,) where the items have them}."""
+    """MaskedLMDataset items → {"ids", "segment_ids", "labels": (B, T) int64, padded; "nsp_labels": (B,) if any}."""
 
     def padded(name: str, value: int) -> torch.Tensor:
         return pad_sequence([torch.from_numpy(item[name]) for item in items], batch_first=True, padding_value=value)
@@ -406,8 +390,7 @@ def collate_masked(items: list[dict[str, np.ndarray | int]]) -> dict[str, torch.
 
 
 def word_boundary_tables(tokenizer: Tokenizer) -> tuple[np.ndarray, np.ndarray]:
-    """Per token id of a byte-level BPE: (starts a word: its text begins with whitespace, ends a line: its text ends
-    with a newline), both `(vocab_size,)` bool. Special tokens are neither."""
+    """Per token id of a byte-level BPE: (starts a word, ends a line), both `(vocab_size,)` bool; specials neither."""
     texts = [tokenizer.decode([i], skip_special=False) for i in range(tokenizer.vocab_size)]
     special = set(tokenizer.special_ids)
     starts = np.array([i not in special and t[:1].isspace() for i, t in enumerate(texts)], dtype=bool)

@@ -1,2 +1,1 @@
-"""How raw data is prepared once per job: tokenizers (``lightformer.tokenization``) trained on a bounded sample, token
-shards and records written by every core into a folder named by the sources' fingerprint (``prepare``, ``caching``)."""
+"""How raw data is prepared once per job into a fingerprinted folder (docs/data.md, "What preparation does")."""

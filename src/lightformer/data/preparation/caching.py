@@ -1,5 +1,4 @@
-"""What names and identifies a prepared folder: stamps and hashes of what it depends on, its manifest, and the check
-that a resumed run trains on the data its checkpoint did."""
+"""What names and identifies a prepared folder, and the check that a resumed run trains on its checkpoint's data."""
 
 from __future__ import annotations
 
@@ -36,22 +35,15 @@ def preparing(what: str) -> Iterator[None]:
     rank_zero_info(f"preparing data: {what}: done in {time.monotonic() - start:.1f} s")
 
 
-# --- the prepared data a checkpoint trained on ---------------------------------------------------------------------
-
 MANIFEST = "prepared.json"  # a prepared folder's fingerprint and what its preparation counted
 
 
 def read_manifest(folder: str | Path) -> dict:
-    """A prepared folder's ``prepared.json``."""
     return json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
 
 
 class SameDataOnResume:
-    """A data module (first base, before ``LightningDataModule``) whose ``prepared`` data (a folder, or an object
-    with its ``folder``) goes with every checkpoint: Lightning saves ``state_dict`` in it and hands it back to
-    ``load_state_dict`` when a run resumes, before the first step. Resuming against data prepared from other files or
-    settings is refused there, naming what changed: the run's position in the data (a shard, a sampler's place) means
-    nothing in other data. ``validate`` and ``test`` of a checkpoint on other data are not refused."""
+    """A data module (first base) whose ``prepared`` data goes in each checkpoint (docs/data.md, "The data module")."""
 
     def state_dict(self) -> dict:
         identity = prepared_identity(self.prepared)
@@ -64,9 +56,7 @@ class SameDataOnResume:
 
 
 def prepared_identity(prepared: object) -> dict | None:
-    """What identifies a prepared folder: its name (its fingerprint's hash) and the fingerprint it was prepared from
-    (the source files with their sizes and times, or contents' hashes; the settings); None when nothing is prepared
-    (a built-in image dataset, held in memory)."""
+    """A prepared folder's name and the fingerprint it was prepared from; None when nothing is prepared."""
     folder = getattr(prepared, "folder", prepared)
     if folder is None:
         return None
@@ -96,7 +86,6 @@ def check_same_data(trained: dict, now: dict | None) -> None:
 
 
 def _file_stamps(fingerprint: object) -> dict[str, list]:
-    """The ``file_stamp``s found anywhere in a fingerprint, by path."""
     if not isinstance(fingerprint, dict | list):
         return {}
     if isinstance(fingerprint, list) and len(fingerprint) == 3 and isinstance(fingerprint[0], str):

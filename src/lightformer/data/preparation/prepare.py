@@ -1,5 +1,4 @@
-"""Preparation once per job, on every core (LitData's ``optimize``): tokenizers, token shards and records in a folder
-named by its fingerprint, under a lock or in an object store (docs/data.md, "What preparation does")."""
+"""Preparation once per job, on every core: tokenizers, shards, records (docs/data.md, "What preparation does")."""
 
 from __future__ import annotations
 
@@ -52,8 +51,7 @@ class PrepareConfig:
     """Where and how raw data is prepared (``lightformer prepare``, or the first ``fit``).
 
     Args:
-        dir: the folder of prepared data (a subfolder per source and tokenizer, reused while unchanged), or an
-            object-store URL (``s3://bucket/prefix``, ``gs://``, ``r2://``): prepared by rank 0, uploaded, streamed.
+        dir: the folder of prepared data (a subfolder per source and tokenizer), or an object-store URL (``s3://...``).
         num_workers: parallel encoding processes; default: every core.
         cache_dir: for an object-store ``dir``: where rank 0 prepares, and every node keeps the small files and shards.
     """
@@ -74,12 +72,10 @@ class PrepareConfig:
 
 @dataclass(frozen=True)
 class TokenizerConfig:
-    """The tokenizer text is prepared with (``data.tokenizer``), for every data module that tokenizes, each with its own
-    defaults (``as_tokenizer_config``) and refusing fields it does not use (``check_used_by``).
+    """The tokenizer text is prepared with (``data.tokenizer``); each module has its defaults and refuses unused fields.
 
     Args:
-        kind: "char" (one id per character of every split's sample; others encode as UNK) or "bpe" (byte-level BPE
-            trained on the train split's sample; encodes any text).
+        kind: "char" (one id per character of every split's sample) or "bpe" (byte-level, trained on the train split's).
         vocab_size: the size of a trained BPE vocabulary (ignored for "char").
         file: load this tokenizer JSON (a run's ``tokenizer.json``) instead of training one; overrides ``kind``.
         sample_bytes: train on at most this many bytes of text, taken evenly from every piece of the corpus.
@@ -179,15 +175,13 @@ class PreparedText:
         return self.manifest["tokens"].get(split, 0)
 
     def split_dir(self, split: str) -> str | Dir:
-        """The split's LitData folder, its chunk files checked (``split_location``)."""
         return split_location(self.folder, split, self.manifest)
 
 
 def prepare_text(
     source: TextSource, tokenizer: TokenizerConfig, prepare: PrepareConfig, extra_special_tokens: tuple[str, ...] = ()
 ) -> PreparedText:
-    """Prepare ``source`` into ``prepare.dir``, or find it prepared; returns the folder. ``extra_special_tokens``: a
-    trained tokenizer's special tokens after PAD, BOS, EOS and UNK (``MASK``, ...)."""
+    """Prepare ``source`` into ``prepare.dir``, or find it; ``extra_special_tokens`` follow PAD, BOS, EOS, UNK."""
     files = source_files(source)
     # A built-in or downloaded corpus is known by its content, a user's file by its stamp.
     identity = sha256_of if source.corpus is not None or source.url is not None else file_stamp
@@ -208,8 +202,7 @@ def prepare_text(
 def prepare_documents(
     source: Source, tokenizer: TokenizerConfig, prepare: PrepareConfig, extra_special_tokens: tuple[str, ...] = ()
 ) -> PreparedText:
-    """Prepare any ``Source``'s documents (records ``{"text": str}``) as ``prepare_text`` does files, a process per
-    ``source.inputs(split)`` part, in a folder named by ``source.stem()`` and the hash of ``source.fingerprint()``."""
+    """Prepare any ``Source``'s documents (records ``{"text": str}``) as ``prepare_text`` does files."""
     fingerprint = {
         "format": FORMAT_VERSION,
         "source": f"{type(source).__module__}.{type(source).__qualname__}",
@@ -266,7 +259,6 @@ def source_texts(source: Source, part: Any) -> Iterator[str]:
 
 
 def encode_documents(part: Any, source: Source, tokenizer_json: str) -> Iterator[np.ndarray]:
-    """The documents of ``source.records(part)`` as token ids, each followed by EOS (``documents_encoded``)."""
     return documents_encoded(source_texts(source, part), worker_tokenizer(tokenizer_json))
 
 
@@ -288,8 +280,7 @@ def documents_encoded(texts: Iterable[str], tokenizer: Tokenizer) -> Iterator[np
 
 
 def prepared_folder(prepare: PrepareConfig, stem: str, fingerprint: dict, build: Callable[[Path], dict]) -> Path:
-    """The folder ``<prepare.dir>/<stem>-<hash of fingerprint>`` (for an object store: its local mirror under
-    ``prepare.cache_dir``), prepared by ``build`` once per job (docs/data.md, "What preparation does")."""
+    """The folder ``<prepare.dir>/<stem>-<hash of fingerprint>`` (or its mirror), prepared by ``build`` once per job."""
     name = f"{stem}-{content_hash(fingerprint)}"
     if urlparse(prepare.dir).scheme in REMOTE_SCHEMES:
         with _store_errors(prepare.dir):
@@ -439,8 +430,7 @@ def _job_rank_zero() -> bool:
 
 
 def write_shards(folder: Path, fn: Callable, inputs: list, workers: int | None, item_loader=None) -> None:
-    """``litdata.optimize``: the items of ``fn(input)`` for each input, in order, into 64 MB chunks in ``folder``, on
-    ``workers`` processes (default: every core); an error ``fn`` raises is raised here, as itself (docs/data.md)."""
+    """``litdata.optimize`` of ``fn(input)``'s items, in order, into ``folder``; ``fn``'s error is raised here."""
     workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(inputs)))
     errors = folder.with_name(f".{folder.name}-errors")
     shutil.rmtree(errors, ignore_errors=True)
@@ -509,9 +499,7 @@ def write_records(
     expected: int | None = None,
     summaries: list | None = None,
 ) -> int:
-    """Records (dicts of arrays, numbers, strings, bytes: ``litdata.File`` leaves) of ``records_of(input)`` (pickled
-    to the workers) for each input, into a split folder ``streaming.Records`` reads by index, with ``lengths.npy``
-    (records × ``length_fields``, int32); returns their count. ``summaries`` gets what each input returned."""
+    """Each input's records into a split folder, with ``lengths.npy``; returns their count, fills ``summaries``."""
     side = folder.with_name(f".{folder.name}-lengths")
     shutil.rmtree(side, ignore_errors=True)
     side.mkdir(parents=True)
@@ -577,7 +565,6 @@ def _prepare_text(
 def _tokenizer(
     config: TokenizerConfig, pieces: dict[str, list[Piece]], text_field: str, extra_special_tokens: tuple[str, ...]
 ) -> Tokenizer:
-    """``load_or_train_tokenizer`` on a sample of the pieces (``piece_sample``)."""
     return load_or_train_tokenizer(config, piece_sample(pieces, text_field, config.sample_bytes), extra_special_tokens)
 
 
@@ -601,8 +588,7 @@ def load_or_train_tokenizer(
     needed: tuple[str, ...] | None = None,
     what: str | None = None,
 ) -> Tokenizer:
-    """``config.file``'s tokenizer (refused if it lacks a special token of ``needed``, default the extra ones), or one
-    trained with ``extra_special_tokens`` on ``sample(splits)``: every split's for "char", train's for "bpe"."""
+    """``config.file``'s tokenizer (with the special tokens ``needed``), or one trained on ``sample(splits)``."""
     if config.file is not None:
         tokenizer = Tokenizer.from_file(config.file)
         specials = {tokenizer.decode([i], skip_special=False) for i in tokenizer.special_ids}
@@ -623,8 +609,7 @@ def load_or_train_tokenizer(
 
 
 def check_unknown_characters(tokenizer: Tokenizer, config: TokenizerConfig, texts: Iterable[str]) -> None:
-    """Count the characters of ``texts`` (the tokenizer's sample) that a loaded character tokenizer lacks (UNK): a
-    DataError above ``data.tokenizer.max_unknown`` of them, a warning below, naming each with its count."""
+    """A DataError above ``data.tokenizer.max_unknown`` of ``texts``' characters a char tokenizer lacks, else warned."""
     if tokenizer.kind != "char":
         return  # byte-level BPE encodes anything
     counts: Counter[str] = Counter()
@@ -698,8 +683,7 @@ def _lock(folder: Path):
 
 @contextmanager
 def _removed_on_failure(folder: Path):
-    """Inside ``_lock(folder)``: a failing block (bad data, full disk, interrupt) removes ``folder`` and its lock file
-    (unlinked while held: a waiting process takes a new one; filelock checks)."""
+    """A failing block removes ``folder`` and its lock file (unlinked while held: a waiting process takes a new one)."""
     try:
         yield
     except BaseException:

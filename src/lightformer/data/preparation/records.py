@@ -1,5 +1,4 @@
-"""The one pipeline that prepares a folder of records (classification, translation, image to text): a module gives
-its tokenizers and record splits, ``prepare_records`` the rest (docs/data.md, "One pipeline for records")."""
+"""The one pipeline that prepares a folder of records (docs/data.md, "One pipeline for records")."""
 
 from __future__ import annotations
 
@@ -14,11 +13,7 @@ from lightformer.tokenization.text import Tokenizer
 
 @dataclass(frozen=True)
 class TokenizerJob:
-    """A tokenizer a preparation loads (``config.file``) or trains, and saves into the folder as ``name``.
-    ``sample(splits)``: the texts of those splits it trains on (every split's for "char", train's for "bpe"), a bounded
-    sample that the module draws from its sources; ``extra_special_tokens``: trained after PAD, BOS, EOS, UNK;
-    ``needed``: the special tokens a loaded file must have (default: the extra ones); ``what``: how training is
-    announced."""
+    """A tokenizer loaded or trained on ``sample(splits)`` (``load_or_train_tokenizer``), saved as ``name``."""
 
     name: str
     config: TokenizerConfig
@@ -30,10 +25,7 @@ class TokenizerJob:
 
 @dataclass(frozen=True)
 class RecordSplit:
-    """A record split a preparation writes into ``<folder>/<name>``: its ``inputs`` (what one preparing process reads
-    at a time: pieces of files, ranges of lines, lists of examples) and ``records_of(input)``, which yields the
-    input's records and may return a summary of it (a module-level function or a ``functools.partial`` of one: the
-    workers get it by pickling); ``expected``: the records it must hold, when known beforehand."""
+    """A record split into ``<folder>/<name>``: ``records_of(input)`` (picklable) yields an input's records, summary."""
 
     name: str
     inputs: list
@@ -49,11 +41,7 @@ def prepare_records(
     workers: int | None,
     maxima: tuple[str, ...] = (),
 ) -> tuple[dict[str, Tokenizer], dict[str, dict]]:
-    """Prepare ``folder`` (inside ``prepared_folder``'s build): each tokenizer of ``tokenizers`` loaded or trained on
-    its sample and saved, then each split of ``splits({name: tokenizer JSON})`` written in parallel pieces
-    (``write_records``, ``length_fields`` measured, on ``workers`` processes). Returns the tokenizers by name, and
-    each split's statistics: ``{"records": count, **the inputs' summaries summed}`` (``summed``; keys in ``maxima``
-    take the largest)."""
+    """Prepare ``folder``: the tokenizers, then each split; returns them by name, and each split's ``summed`` counts."""
     trained: dict[str, Tokenizer] = {}
     for job in tokenizers:
         trained[job.name] = load_or_train_tokenizer(job.config, job.sample, job.extra_special_tokens, job.needed,
@@ -69,9 +57,7 @@ def prepare_records(
 
 
 def summed(parts: Iterable, maxima: tuple[str, ...] = ()) -> dict:
-    """What the inputs' encoders returned, added up: numbers added, lists element by element, dicts key by key (keys
-    in the order first met; a key in ``maxima`` takes the largest, element by element); None (an encoder that returns
-    nothing) is left out."""
+    """What the inputs' encoders returned, added up (element by element, key by key; ``maxima``: the largest)."""
     total: dict = {}
     for part in parts:
         if part is not None:

@@ -1,5 +1,4 @@
-"""Where examples come from (docs/data.md, "Sources"): text files, the offline corpora, labelled texts, pairs,
-images, clip art, emoji, printed lines; ``Source``, the contract of a source a user writes, and its checks."""
+"""Where examples come from (docs/data.md, "Sources"); ``Source``, the contract of a source a user writes."""
 
 from __future__ import annotations
 
@@ -11,11 +10,7 @@ from typing import Any, ClassVar
 
 
 class Source:
-    """Where examples come from: subclass it (a frozen dataclass of the options), and a config names it (``source:
-    {class_path: mypkg.MySource, init_args: {...}}``) for a family that takes any source (``TextData``: records
-    ``{"text": str}``). ``records(split)`` yields a split's examples; ``fingerprint()`` is all they depend on (the
-    folder is named by its hash). Optional: ``inputs`` (parts read in parallel, each passed to ``records``), ``stem``
-    (the folder's name), ``splits`` (docs/data.md, "Your own source")."""
+    """Where examples come from: a frozen dataclass of the options (docs/data.md, "Your own source")."""
 
     splits: ClassVar[tuple[str, ...]] = ("train", "val", "test")
 
@@ -40,14 +35,12 @@ def file_stamps(paths: Iterable[str | Path]) -> list[list]:
 
 
 def hashed(key: str, fraction: float) -> bool:
-    """Whether ``key`` falls in the share ``fraction`` of keys, by its SHA-256: the same key on every machine and
-    run, whatever else the source holds (a split carved by the examples' own names)."""
+    """Whether ``key`` falls in the share ``fraction`` of keys, by its SHA-256: the same on every machine and run."""
     return int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:12], 16) < fraction * 16**12
 
 
 def check_one_source(given: dict[str, bool], what: str) -> None:
-    """Refuse a ``data.source`` giving other than one of its sources (``given``: each one's); ``what``: for the
-    error."""
+    """Refuse a ``data.source`` giving other than one of its sources (``given``: each one's); ``what``: the error's."""
     named = [name for name, is_given in given.items() if is_given]
     if len(named) != 1:
         raise ValueError(f"data.source needs exactly one source of {what}; got {', '.join(named) if named else 'none'}")

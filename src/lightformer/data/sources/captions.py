@@ -1,5 +1,4 @@
-"""A user's captioned images for image to text: annotation files (JSONL, CSV, TSV, COCO captions) or webdataset
-shards, read and fitted into records (docs/data.md, "Captioned images of one's own")."""
+"""A user's captioned images: annotation files or webdataset shards (docs/data.md, "Captioned images of one's own")."""
 
 from __future__ import annotations
 
@@ -46,8 +45,7 @@ class ImageTextFiles:
     """A user's annotation files and images, and the canvas the images are fitted to (``data.source``).
 
     Args:
-        train: the training annotations: ``.jsonl``, ``.csv``, ``.tsv`` (rows with ``file`` and ``text``) or a COCO
-            captions ``.json``; or webdataset shards: a ``.tar``, a glob of them, or a folder of them.
+        train: annotations (``.jsonl``, ``.csv``, ``.tsv``, COCO ``.json``) or webdataset shards (files, glob, folder).
         val: the validation annotations or shards; default: ``val_fraction`` of the training images.
         test: the test annotations or shards; default: no test split.
         images: the folder the annotations' file names resolve against; default: the annotation file's own.
@@ -186,8 +184,7 @@ def image_folders(annotation: Path, images: str | None) -> list[Path]:
 
 
 def read_annotations(path: Path, images: str | None, field: str, max_tokens: int = MAX_TOKENS) -> list[Entry]:
-    """The images of an annotation file, in order first named, each with its texts; a bad row, file or image is a
-    DataError naming ``field``, the file, the row and the image (docs/data.md, "Captioned images of one's own")."""
+    """The images of an annotation file, in order first named, each with its texts; a bad one a DataError naming it."""
     where = f"data.source.{field}: {path}"
     if not path.is_file():
         raise DataError(f"{where} does not exist; give an annotation file ({', '.join(LAYOUTS)})")

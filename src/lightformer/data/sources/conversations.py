@@ -35,8 +35,7 @@ class ConversationFiles:
         val_fraction: share of the training records carved out for validation when there is no ``val``.
         image_size: the square canvas's side in pixels, a multiple of 16.
         fit: "resize" (stretched to the square) or "pad" (LLaVA-1.5's: padded to a square, then resized).
-        max_tokens: the most ids a record may have (its turns in the chat template, BOS, EOS, the image's place);
-            the model's ``text.block_size`` must hold the longest record and its image's tokens (checked at set-up).
+        max_tokens: the most ids a record may have (its turns in the chat template, BOS, EOS, the image's place).
     """
 
     train: str
@@ -73,8 +72,7 @@ def pad_square(image: Image.Image, colour: tuple[int, int, int] = PAD_COLOUR) ->
 
 
 def read_pieces(path: Path, field: str, max_tokens: int = MAX_TOKENS) -> list[tuple[str, int, int, int]]:
-    """A file's pieces (path, byte offset or list index, first line number, records) of at most ``PIECE_RECORDS``
-    records, read a line at a time; a line longer than ``max_tokens`` tokens can be is refused as it is read."""
+    """A file's pieces (path, byte offset or list index, first line number, records) of at most ``PIECE_RECORDS``."""
     if not path.is_file():
         raise DataError(f"data.source.{field}: {path} does not exist; give a .jsonl or .json file of LLaVA records")
     found = []
@@ -158,8 +156,7 @@ def _keep(record: dict, keep: str | None, fraction: float) -> bool:
 
 def conversation_records(piece, field: str, keep: str | None, source: ConversationFiles, template: ChatTemplate,
                          tokenizer_json: str):  # fmt: skip
-    """The records {"image": JPEG, "turns", "group": 0} of a piece (``keep``: "train" or "val" of a carved file, None
-    all), one image at a time; returns the longest ids it made."""
+    """The records {"image": JPEG, "turns", "group": 0} of a piece (``keep``: of a carved file); returns the longest."""
     tokenizer, longest = worker_tokenizer(tokenizer_json), 0
     folder = Path(source.image_folder) if source.image_folder else Path(piece[0]).parent
     for where, record in piece_entries(piece, field):

@@ -1,5 +1,4 @@
-"""The offline corpora: Austen's novels and the Ding dictionary (Debian packages), Fashion-MNIST's files, checked
-downloads; the md5 split, Ding's extraction, Austen's passages (docs/data.md, "Sources", "Sentence pairs")."""
+"""The offline corpora, the md5 split, Ding's pairs, Austen's passages (docs/data.md, "Sources", "Sentence pairs")."""
 
 from __future__ import annotations
 
@@ -68,8 +67,7 @@ def ding_dictionary(path: str | Path) -> Path:
 
 
 def download(url: str, dest: str | Path, sha256: str | None = None) -> Path:
-    """Download `url` to `dest` (streamed to a temporary file, renamed once verified against `sha256` if given); skipped
-    when `dest` exists with the right hash."""
+    """Download `url` to `dest`, renamed once verified against `sha256` if given; skipped when `dest` has that hash."""
     dest = Path(dest)
     expected = sha256.lower() if sha256 else None
     if dest.exists() and (expected is None or sha256_of(dest) == expected):
@@ -213,8 +211,7 @@ def _fetch_austen_deb(root: Path) -> Path:
 
 
 def install_debian_fashion_mnist(root: str | Path) -> bool:
-    """Decompress Debian's Fashion-MNIST files atomically into ``<root>/FashionMNIST/raw/`` for torchvision; returns
-    whether all four files are there."""
+    """Decompress Debian's Fashion-MNIST into ``<root>/FashionMNIST/raw/``; returns whether all four files are there."""
     raw_dir = Path(root) / "FashionMNIST" / "raw"
     missing = [name for name in MNIST_RAW_FILES if not (raw_dir / name).is_file()]
     if not missing:
@@ -227,8 +224,6 @@ def install_debian_fashion_mnist(root: str | Path) -> bool:
             shutil.copyfileobj(compressed, decompressed)
     return True
 
-
-# --- the md5 bucket split ------------------------------------------------------------------------------------
 
 TEST_BUCKETS = 5  # buckets 0..4 are test
 VAL_BUCKETS = 10  # buckets 5..9 are val; 10..99 train
@@ -251,8 +246,6 @@ def split_of_line(text: str, split: str, held_out: Collection[str]) -> str:
         return bucket
     return split
 
-
-# --- Ding dictionary extraction --------------------------------------------------------------------------------
 
 # Innermost bracketed annotations ({m}, [ugs.], <Variante>, (optional words)); removed repeatedly so nested ones go.
 _ANNOTATION = re.compile(r"\{[^{}]*\}|\[[^\[\]]*\]|<[^<>]*>|\([^()]*\)")
@@ -289,8 +282,7 @@ def is_sentence(text: str) -> bool:
 
 
 def extract_ding_pairs(path: str | Path) -> tuple[list[Pair], list[Pair], dict[str, int]]:
-    """(sentence pairs, other word/phrase pairs, counts) of a Ding file, both deduplicated, (German, English) in file
-    order; the counts: lines, sub-entries, skipped lines (unequal `|` counts, or no " :: ")."""
+    """(sentence pairs, other word/phrase pairs, counts) of a Ding file, deduplicated, (German, English) in order."""
     path = Path(path)
     text = read_utf8(path)
     sentences: dict[Pair, None] = {}  # dicts keep the first occurrence's order
@@ -320,8 +312,7 @@ def extract_ding_pairs(path: str | Path) -> tuple[list[Pair], list[Pair], dict[s
 
 
 def source_files(source: TextSource) -> dict[str, list[Path]]:
-    """Each split's files of a text ``source``: a built-in corpus fetched, a ``url`` downloaded and checked, else the
-    files named; val and test [] when cut from train."""
+    """Each split's files of a text ``source`` (a corpus fetched, a ``url`` downloaded); val and test [] when cut."""
     if source.corpus == "austen":
         train = austen_novels(Path(source.data_root) / "austen")
     elif source.url is not None:

@@ -1,5 +1,4 @@
-"""Emoji in two styles (Noto Color Emoji's bitmaps, Symbola's outlines), named by Unicode, for contrastive image-text
-data with a held-out style (docs/data.md, "Emoji in two styles")."""
+"""Emoji in two styles (Noto's bitmaps, Symbola's outlines), named by Unicode (docs/data.md, "Emoji in two styles")."""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ def _font(path: str, size: int) -> ImageFont.FreeTypeFont:
 
 
 def draw(character: str, style: str, font: str, size: int) -> Image.Image | None:
-    """``character`` in ``style`` ("noto": Noto Color Emoji's ``font``; "symbola": Symbola's) on white, cropped to its
-    ink and fitted (aspect kept, centred) to a ``size`` square RGB canvas; None where the font draws nothing."""
+    """``character`` in ``style`` on white, cropped to its ink, fitted to a ``size`` square; None where not drawn."""
     points = NOTO_SIZE if style == "noto" else SYMBOLA_SIZE
     glyph = Image.new("RGBA", (2 * points, 2 * points), (255, 255, 255, 0))
     ImageDraw.Draw(glyph).text((points // 2, points // 2), character, font=_font(font, points), embedded_color=True,

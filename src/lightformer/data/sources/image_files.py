@@ -1,5 +1,4 @@
-"""Image files: any PIL-readable file as grey or RGB, fitted to a canvas; torchvision's ``ImageFolder`` layout; the
-records an image folder is prepared into (each file's bytes, decoded in full as a check)."""
+"""Image files: any PIL-readable file as grey or RGB, fitted to a canvas; image folders and their records."""
 
 from __future__ import annotations
 
@@ -24,9 +23,7 @@ _WARNED: set[str] = set()  # the large files warned of, once each in a process
 
 @contextlib.contextmanager
 def open_image(path: str | Path | BinaryIO, trusted_pixels: int | None = None) -> Iterator[Image.Image]:
-    """``Image.open(path)`` for decoding inside the ``with``, PIL's failures as ours (a missing file a
-    FileNotFoundError, an unreadable one a DataError); above Pillow's bomb limit, warned once; above twice it, refused
-    before decoding. ``trusted_pixels``: a file the library ships, decoded silently up to this many pixels."""
+    """``Image.open(path)``, PIL's failures and bomb limit ours (docs/data.md, "Files"); ``trusted_pixels``: silent."""
     limit = Image.MAX_IMAGE_PIXELS
     try:
         Image.MAX_IMAGE_PIXELS = None  # the size is checked here, with the file's name
@@ -66,8 +63,7 @@ def open_image(path: str | Path | BinaryIO, trusted_pixels: int | None = None) -
 
 
 def load_image(path: str | Path | BinaryIO, in_channels: int = 3, image_size: int | None = None) -> Image.Image:
-    """An image file (or its bytes) as a PIL image of mode "L" (in_channels=1) or "RGB" (3): 8-bit modes converted,
-    16-bit grey its top 8 bits, 32-bit pixels refused; with `image_size`, resized to a square (aspect not kept)."""
+    """An image file (or its bytes) as mode "L" (in_channels=1) or "RGB" (3); with `image_size`, resized to a square."""
     modes = {1: "L", 3: "RGB"}
     if in_channels not in modes:
         raise ValueError(f"load_image: in_channels={in_channels} is not supported; use 1 (grey) or 3 (RGB)")
@@ -102,8 +98,7 @@ def to_normalised_tensor(mean: Sequence[float], std: Sequence[float]) -> v2.Comp
 
 
 def fit_line(image: Image.Image, height: int, width: int) -> Image.Image:
-    """A line image of any size on a ``height`` × ``width`` canvas, as lines are rendered: scaled (aspect kept) to the
-    height, or less where too wide, at the left, centred vertically, on its own background (its border's median)."""
+    """A line image on a ``height`` × ``width`` canvas, as lines are rendered: scaled to the height, at the left."""
     pixels = np.asarray(image)
     border = np.concatenate([pixels[0], pixels[-1], pixels[:, 0], pixels[:, -1]])
     background = tuple(int(v) for v in np.median(border.reshape(len(border), -1), axis=0))
@@ -129,8 +124,7 @@ def read_line_image(
     std: Sequence[float],
     fit: str | None = "line",
 ) -> torch.Tensor:
-    """An image file as an image-to-text model's input ``(C, H, W)``: loaded, fitted (``fit_image``) and normalised; a
-    blank image (one value everywhere) is a DataError naming the file."""
+    """An image file as an image-to-text model's input ``(C, H, W)``; a blank image is a DataError naming the file."""
     image = load_image(path, in_channels)
     pixels = np.asarray(image)
     if pixels.min() == pixels.max():
@@ -155,8 +149,7 @@ def class_folder_names(directory: Path) -> list[str]:
 
 
 def read_image_folder_layout(image_folder: str | None) -> ImageFolderLayout:
-    """The splits and class names of an image folder (torchvision's ImageFolder layout): ``<folder>/train/<class>/``
-    with optional ``val/`` and ``test/`` beside it, or ``<folder>/<class>/`` directly (val and test then carved)."""
+    """The splits and class names of an image folder: ``train/<class>/`` (``val/``, ``test/``), or ``<class>/``."""
     expected = (
         "a folder holding train/ (and optionally val/ and test/), each with one subfolder of images per "
         "class, or holding the class subfolders directly"
@@ -205,8 +198,7 @@ def class_folder_files(directory: Path, class_names: list[str], require_every_cl
 
 
 def read_checked_image(path: str, in_channels: int) -> tuple[bytes | None, str | None]:
-    """An image file's bytes and what keeps it from training (None: nothing), found by decoding it in full as the loader
-    will (a header check misses a file cut short)."""
+    """An image file's bytes and what keeps it from training (None: nothing), decoded in full (a file cut short)."""
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
@@ -227,8 +219,7 @@ def read_checked_image(path: str, in_channels: int) -> tuple[bytes | None, str |
 
 
 def image_file_records(files: list[tuple[str, int]], in_channels: int) -> Generator[dict, None, list[str]]:
-    """The records ``{"image": the file's bytes, "label"}`` of one piece ``[(path, label)]`` of a split, each file
-    checked (``read_checked_image``); the unreadable ones are left out and returned as "path (problem)"."""
+    """The records ``{"image": bytes, "label"}`` of a piece ``[(path, label)]``; returns the bad as "path (problem)"."""
     problems = []
     for path, label in files:
         data, problem = read_checked_image(path, in_channels)

@@ -1,5 +1,4 @@
-"""Image datasets (``ImageSource``): Fashion-MNIST, MNIST, CIFAR-10, digits and image folders of one's own, their
-splits, and an image folder prepared into records (docs/data.md, "Images")."""
+"""Image datasets (``ImageSource``), their splits, and image folders prepared into records (docs/data.md, "Images")."""
 
 from __future__ import annotations
 
@@ -109,18 +108,14 @@ def load_digits_as_images() -> TensorDataset:
 
 @dataclass(frozen=True)
 class ImageSource:
-    """Which images, and how their training pool splits (``data.source``), for ``ImageDataModule`` and
-    ``ImageTokenDataModule`` (docs/data.md, "Images").
+    """Which images, and how their training pool splits (``data.source``; docs/data.md, "Images").
 
     Args:
-        dataset: "fashion_mnist" (Debian's, else downloaded); "mnist", "cifar10" (downloaded by torchvision); "digits"
-            (scikit-learn's 8×8, for tests); "image_folder" (files).
+        dataset: "fashion_mnist", "mnist", "cifar10" (torchvision's); "digits" (scikit-learn's 8×8); "image_folder".
         root: directory where torchvision datasets are stored (or downloaded to).
         download: let torchvision download a dataset missing under ``root`` (needs internet).
-        image_folder: for "image_folder": a folder of train/ (optional val/, test/), each a subfolder per class, or the
-            class subfolders directly.
-        val_size: validation images carved from the training pool by ``seed`` (5000; digits and image folders:
-            ``val_fraction`` 0.15); ignored when an image folder has its own val/.
+        image_folder: for "image_folder": a folder of train/ (optional val/, test/) of class subfolders, or those.
+        val_size: validation images carved from the training pool by ``seed`` (5000; digits, folders: 15%; not val/).
         val_fraction: instead of ``val_size``, the share of the pool carved for validation, in [0, 1).
     """
 
@@ -197,8 +192,7 @@ MAX_PIECE_FILES = 1000  # image files per piece a preparing worker holds at a ti
 def prepare_image_folder(
     layout: ImageFolderLayout, source: ImageSource, in_channels: int, seed: int, prepare: PrepareConfig
 ) -> Path:
-    """Prepare an image folder once per job into each split's records of the files' bytes and labels, in the carve's
-    order (kept in ``carve.json``); unreadable files are refused together, naming them. Returns the folder."""
+    """Prepare an image folder once per job into each split's records (docs/data.md, "Image folders"); its folder."""
     listed = {"train": class_folder_files(layout.train_dir, layout.class_names, require_every_class=True)}
     for split, directory in (("val", layout.val_dir), ("test", layout.test_dir)):
         if directory is not None:

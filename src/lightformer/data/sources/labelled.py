@@ -1,5 +1,4 @@
-"""Labelled texts for classification (``PassageSource``): Austen's passages by novel or "text<TAB>label" TSV lines,
-read piece by piece, and the records a piece makes (docs/data.md, "Labelled texts")."""
+"""Labelled texts (``PassageSource``): Austen's passages or TSV lines (docs/data.md, "Labelled texts")."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ def text_and_label(line: str) -> tuple[str, str, bool]:
 
 
 def read_labelled_tsv(path: str | Path, what: str = "data.source.tsv_files") -> Iterator[tuple[str, str, int]]:
-    """(text, label, line number) of each non-blank "text<TAB>label" line of a UTF-8 file, piece by piece; no tab, or an
-    empty text or label: a ValueError naming ``what``, the file and the line (not UTF-8: the byte, offset and line)."""
+    """(text, label, line number) of each non-blank "text<TAB>label" line of a UTF-8 file; a bad one a ValueError."""
     number = 0
     for piece in line_pieces(Path(path)):
         for line in piece_lines(piece, what):
@@ -48,8 +46,7 @@ def read_labelled_tsv(path: str | Path, what: str = "data.source.tsv_files") -> 
 
 
 def scan_tsv(files: dict[str, list[Path]]) -> tuple[list[str], dict[str, list[int]]]:
-    """The first pass over the TSV files, a piece at a time: every line checked, the class names (the train labels,
-    sorted) and each split's class counts; a val or test label not among them is an error naming file and line."""
+    """The first pass over the TSV files: every line checked, the class names (sorted), each split's class counts."""
     held_out = frozenset(split for split in ("val", "test") if not files[split])
     counts: dict[str, Counter] = {split: Counter() for split in SPLITS}
     for path in files["train"]:
@@ -79,8 +76,7 @@ def scan_tsv(files: dict[str, list[Path]]) -> tuple[list[str], dict[str, list[in
 def tsv_examples(
     piece: Piece, split: str, held_out: frozenset[str], class_names: list[str], limit: int | None = None
 ) -> list[tuple[str, int]]:
-    """The (text, class index) examples of a ``split`` file's piece that go to ``split`` (train lines filtered by
-    bucket, ``split_of_line``); ``limit``: about this many bytes of the piece (a sample)."""
+    """The (text, class index) examples of a piece that go to ``split``; ``limit``: about this many bytes of it."""
     index = {name: i for i, name in enumerate(class_names)}
     file_split = "train" if split in held_out else split
     examples = []
@@ -116,8 +112,7 @@ def chosen_examples(count: int, train_examples: int | None) -> np.ndarray | None
 
 @dataclass(frozen=True)
 class PassageSource:
-    """Where the labelled texts come from: `corpus` (the default) or `tsv_files` with `corpus: null` (docs/data.md,
-    "Labelled texts").
+    """Where the labelled texts come from: `corpus` (the default) or `tsv_files` with `corpus: null`.
 
     Args:
         corpus: "austen": passages of Austen's six novels labelled with their novel; null to read `tsv_files`.
@@ -125,8 +120,7 @@ class PassageSource:
         val_tsv_files: validation texts in the same form; default: the md5 bucket split of `tsv_files` (5%).
         test_tsv_files: test texts in the same form; default: the md5 bucket split of `tsv_files` (5%).
         passage_sentences: consecutive sentences per Austen passage.
-        train_examples: label only this many training texts, drawn once (the same for every seed), for learning curves;
-            None: all.
+        train_examples: label only this many training texts, drawn once (the same for every seed); None: all.
         data_root: where the built-in corpus is stored.
     """
 

@@ -1,5 +1,4 @@
-"""Printed lines for image to text: lines of Austen (or Ding) drawn in many typefaces from (seed, split, index), and
-the records they are prepared into (docs/data.md, "Printed lines")."""
+"""Printed lines, drawn from (seed, split, index), and their records (docs/data.md, "Printed lines")."""
 
 from __future__ import annotations
 
@@ -57,19 +56,16 @@ class ImageTextSource:
     """Which lines of text, how many, and in which typefaces (``data.source``; docs/data.md, "Printed lines").
 
     Args:
-        corpus: "austen": Jane Austen's six novels (into ``<data_root>/austen``); "ding": the Ding dictionary's German
-            sentences (``ding_file``), split as translation splits them.
+        corpus: "austen": Jane Austen's six novels; "ding": the Ding dictionary's German sentences (``ding_file``).
         min_words: fewest words of a line.
         max_words: most words of a line (fewer where a sentence is shorter).
-        max_chars: most characters of a line, spaces included (a longer text is drawn again); 62 fits the 64 positions
-            of the language model ``printed_lines_from_lm.yaml`` starts from.
+        max_chars: most characters of a line, spaces included (a longer text is drawn again; 62: the LM's 64 positions).
         train_lines: lines rendered for training.
         val_lines: lines rendered for validation (held-out text, held-out typefaces); 0: no validation.
         test_lines: lines rendered for each of the two test splits (held-out text; held-out and training typefaces).
         held_out_families: font families never trained on, which val and test are rendered in ("DejaVu Serif", ...).
         test_fonts: "unseen": test is rendered in the held-out families; "seen": the same texts in the trained ones.
-        font_dir: "/usr/share/fonts" (the default): the declared typefaces (``rendering.TYPEFACES``); another folder:
-            every text font in it, by family. Each must draw every character of the text.
+        font_dir: "/usr/share/fonts": the declared typefaces (``rendering.TYPEFACES``); another folder: its text fonts.
         data_root: where the built-in corpus is stored.
         ding_file: where the Ding dictionary is (``apt-get install trans-de-en`` puts it at the default).
     """
@@ -110,7 +106,6 @@ class ImageTextSource:
 
 
 def _range(group: str, name: str, value: tuple[float, float], low: float, high: float) -> tuple[float, float]:
-    """``value`` as a (low, high) pair within [low, high], or a ValueError naming ``data.<group>.<name>``."""
     pair = tuple(float(v) for v in value)
     if len(pair) != 2 or not low <= pair[0] <= pair[1] <= high:
         raise ValueError(
@@ -169,8 +164,7 @@ def austen_char_tokenizer(data_root: str = "data") -> Tokenizer:
 
 @lru_cache(maxsize=2)
 def split_sentences(corpus: str, path: str) -> dict[str, tuple[str, ...]]:
-    """Each split's sentences of a built-in ``corpus`` at ``path``: Austen's by position in each novel (80%, 10%, 10%),
-    Ding's German ones by md5 bucket (``split_of``), as translation splits its pairs."""
+    """Each split's sentences of ``corpus`` at ``path``: Austen's by position (80%, 10%, 10%), Ding's by md5 bucket."""
     splits: dict[str, list[str]] = {"train": [], "val": [], "test": []}
     if corpus == "ding":
         pairs, _, _ = extract_ding_pairs(path)
@@ -198,8 +192,7 @@ def check_glyphs(fonts: dict[str, tuple[str, ...]], characters: str) -> None:
 
 
 def split_families(source: ImageTextSource) -> dict[str, tuple[str, ...]]:
-    """The font families of each split: val and test the held-out ones, train and test_seen the others (a ConfigError
-    when a held-out one is not installed, or none is left to train on)."""
+    """The font families of each split: val and test the held-out ones, train and test_seen the others."""
     installed = typefaces(source.font_dir)
     missing = [family for family in source.held_out_families if family not in installed]
     if missing:
@@ -303,8 +296,7 @@ class LineDrawer:
 
 
 def line_records(piece: tuple[int, int], drawer: LineDrawer, split: str) -> Generator[dict, None, dict]:
-    """The records {"image": PNG bytes, "text", "family"} of lines [start, stop) of ``split``, rendered one at a time;
-    returns the piece's counts (redraws, families, longest text)."""
+    """The records {"image": PNG bytes, "text", "family"} of lines [start, stop) of ``split``; returns its counts."""
     start, stop = piece
     counts: Counter = Counter()
     families: Counter = Counter()

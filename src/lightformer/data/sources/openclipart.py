@@ -1,5 +1,4 @@
-"""The Open Clip Art Library 0.18 (Debian's ``openclipart-png`` and ``openclipart-svg``): drawings, their captions,
-categories and variant keys, fitted on white for contrastive data (docs/data.md, "The Open Clip Art Library")."""
+"""The Open Clip Art Library 0.18: drawings, captions, categories (docs/data.md, "The Open Clip Art Library")."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ _TRAILING = re.compile(r"[\d_]+$")
 
 
 class Drawing(NamedTuple):
-    """A drawing: its path under ``png/`` without suffix ("animals/mammals/dall_sheep_ram_ganson"), its top-level
-    category, its captions and keywords (each cut to the captions' length)."""
+    """A drawing: its path under ``png/`` without suffix, its top-level category, its captions and keywords."""
 
     name: str
     category: str
@@ -64,8 +62,7 @@ def variant_key(name: str) -> str:
 
 
 def split_of(name: str, val_fraction: float, test_fraction: float) -> str:
-    """A drawing's split from a stable hash of its ``variant_key``: val below ``val_fraction``, test below
-    ``val_fraction + test_fraction``, else train."""
+    """A drawing's split from a stable hash of its ``variant_key``: val, then test, by the fractions; else train."""
     share = int(hashlib.sha256(variant_key(name).encode("utf-8")).hexdigest()[:12], 16) / 16**12
     return "val" if share < val_fraction else "test" if share < val_fraction + test_fraction else "train"
 
@@ -79,8 +76,7 @@ def _local(tag: str) -> str:
 
 
 def svg_metadata(path: str | Path) -> tuple[str, str, list[str]]:
-    """(title, description, keywords: ``<dc:subject>`` → ``<rdf:li>``) of an SVG's ``<cc:Work>``, read up to its
-    metadata; an SVG that does not parse is a ValueError naming it."""
+    """(title, description, keywords) of an SVG's ``<cc:Work>``; an SVG that does not parse is a ValueError."""
     work = None
     try:
         for _, element in ET.iterparse(str(path), events=("end",)):
@@ -154,8 +150,7 @@ def on_white(image: Image.Image) -> Image.Image:
 
 
 def fit_square(image: Image.Image, size: int) -> Image.Image:
-    """An RGB image cropped to what is not paper (within ``NEAR_WHITE`` of white), scaled (aspect kept) onto a white
-    ``size`` × ``size`` canvas, centred."""
+    """An RGB image cropped to what is not paper (``NEAR_WHITE``), scaled onto a white ``size`` square, centred."""
     difference = ImageChops.difference(image, Image.new("RGB", image.size, "white")).convert("L")
     box = difference.point(lambda level: 255 if level > NEAR_WHITE else 0).getbbox()
     image = image.crop(box) if box else image
@@ -168,8 +163,7 @@ def fit_square(image: Image.Image, size: int) -> Image.Image:
 
 
 def drawing_image(path: str | Path, size: int, trusted_pixels: int | None = MAX_PIXELS) -> Image.Image:
-    """The PNG at ``path`` fitted on a white ``size`` square, a large one reduced in strips (``reduced_on_white``);
-    ``trusted_pixels``: decoded silently up to ``MAX_PIXELS``; None: Pillow's limit applies."""
+    """The PNG at ``path`` fitted on a white ``size`` square, a large one reduced in strips (``reduced_on_white``)."""
     with open_image(path, trusted_pixels) as opened:
         opened.load()
         factor = max(1, max(opened.size) // (4 * size))

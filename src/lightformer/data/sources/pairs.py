@@ -1,5 +1,4 @@
-"""Sentence pairs for translation (``PairSource``): the Ding dictionary's German-English phrases (a Debian package),
-line-aligned files of each side, or TSV files of pairs; read in pieces, each piece's records, their statistics."""
+"""Sentence pairs for translation (``PairSource``): the Ding dictionary, line-aligned files or TSV files, in pieces."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ _DING_INPUT_PAIRS = 100_000  # Ding pairs per encoding input (one worker process
 
 @dataclass(frozen=True)
 class PairSource:
-    """Where the sentence pairs come from: exactly one of `corpus`, `tsv_files`, or `src_file` + `tgt_file`; without val
-    and test files, the md5 bucket split (docs/data.md, "Sentence pairs").
+    """Where the sentence pairs come from: one of `corpus`, `tsv_files`, `src_file` + `tgt_file` (docs/data.md).
 
     Args:
         corpus: "ding": German–English sentence pairs of the Ding dictionary (read from `ding_file`, never copied).
@@ -104,7 +102,6 @@ class PairSource:
             )
 
     def patterns(self, split: str) -> tuple[list[str] | None, str | None, str | None]:
-        """(tsv_files, src_file, tgt_file) of a split, as given."""
         prefix = SPLIT_PREFIX[split]
         return tuple(getattr(self, f"{prefix}{kind}") for kind in ("tsv_files", "src_file", "tgt_file"))
 
@@ -129,8 +126,7 @@ class PairSource:
 def read_pairs(
     source: list[Pair] | Piece | AlignedPiece, options: str = "data.source.", limit: int | None = None
 ) -> tuple[list[Pair], int]:
-    """(pairs, lines skipped for an empty side) of an input: a list of pairs, a TSV piece's or an aligned piece's lines;
-    ``options``: the files' option prefix (for errors); ``limit``: about this many bytes of a piece."""
+    """(pairs, lines skipped for an empty side) of an input; ``limit``: about this many bytes of a piece."""
     if isinstance(source, list):
         return source, 0
     if isinstance(source, AlignedPiece):
@@ -160,8 +156,7 @@ def _pair_records(
     options: str = "data.source.",
     dropout: tuple[float, int, int] | None = None,
 ) -> Generator[dict, None, dict]:
-    """One input's records of split `wanted` (all for None), each side's ids and both texts; returns its counts.
-    `dropout`: (probability, seed, k), drawn as ``encode_batch_with_dropout`` of all the pairs would."""
+    """One input's records of split `wanted` (all for None); returns its counts. `dropout`: (probability, seed, k)."""
     index, source = item
     pairs, skipped = read_pairs(source, options)
     if wanted is not None:

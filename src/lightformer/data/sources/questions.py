@@ -52,8 +52,7 @@ class VisualQASource:
         val_fraction, test_fraction: the clip art's drawings (by their variant's hash) held out for val and test.
         emoji_held_out_style: the emoji style of val and test ("symbola" or "noto").
         emoji_val_fraction: share of the held-out emoji (by name) in val; the rest are test.
-        font_dir, data_root: the lines' typefaces (``ImageTextSource.font_dir``: the default, the declared ones); where
-            the Austen corpus and Fashion-MNIST (``FashionMNIST/raw``, from Debian's dataset-fashion-mnist) are stored.
+        font_dir, data_root: the lines' typefaces (``ImageTextSource.font_dir``); where Austen and Fashion-MNIST are.
     """
 
     sources: tuple[str, ...] = ("clipart", "lines")
@@ -98,7 +97,6 @@ class VisualQASource:
                              f"{list(emoji.STYLES)}")  # fmt: skip
 
     def line_source(self) -> ImageTextSource:
-        """The printed lines' options."""
         return ImageTextSource(min_words=self.words[0], max_words=self.words[1], max_chars=self.max_chars,
                                train_lines=self.train_lines,
                                val_lines=self.val_lines, test_lines=self.test_lines,
@@ -118,8 +116,7 @@ class VisualQASource:
 
 
 class Unit(NamedTuple):
-    """What one preparing process draws at a time: images of one source (one canvas) with their records. ``items``:
-    drawing names, line indices in ``line_split``, Fashion-MNIST's (official split, index), emoji's (emoji, style)."""
+    """What one preparing process draws at a time: images of one source (one canvas) with their records."""
 
     source: str
     items: list | range

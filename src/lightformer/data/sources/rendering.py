@@ -1,5 +1,4 @@
-"""Printed text lines as images: the declared typefaces (``TYPEFACES``, with their Debian packages) or a folder's own
-fonts, and one line rendered, a pure function of its style (docs/data.md, "Printed lines")."""
+"""Printed text lines as images: the typefaces, and one line rendered from its style (docs/data.md, "Printed lines")."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ def font_family(path: str | Path) -> tuple[str, str]:
 
 
 def missing_glyphs(path: str | Path, characters: str = _CHECKED_CHARACTERS) -> str:
-    """The ``characters`` (not spaces) the font at ``path`` draws with no glyph of its own (its missing-glyph box, or
-    nothing), in order; all of them if Pillow cannot read it."""
+    """The ``characters`` (not spaces) the font at ``path`` has no glyph of; all of them if Pillow cannot read it."""
     wanted = "".join(dict.fromkeys(c for c in characters if not c.isspace()))
     try:
         font = ImageFont.truetype(str(path), 24)
@@ -89,8 +87,7 @@ def renders_text(path: str | Path) -> bool:
 
 
 def typefaces(font_dir: str = SYSTEM_FONT_DIR) -> dict[str, tuple[str, ...]]:
-    """The typefaces lines are drawn in, by family (sorted; files sorted): for ``SYSTEM_FONT_DIR`` (the default) the
-    declared ones (``declared_fonts``) alone; for another folder, every text font in it (``discover_fonts``)."""
+    """The typefaces lines are drawn in, by family: the declared ones for ``SYSTEM_FONT_DIR``, else discovered."""
     return declared_fonts() if uses_declared_typefaces(font_dir) else discover_fonts(font_dir)
 
 
@@ -140,8 +137,7 @@ def _declared_fonts(root: str) -> dict[str, tuple[str, ...]]:
 
 @lru_cache(maxsize=8)
 def discover_fonts(font_dir: str = SYSTEM_FONT_DIR) -> dict[str, tuple[str, ...]]:
-    """The text fonts under a ``font_dir`` of the user's own, by family (sorted): one file per style, sorted; symbol
-    fonts and fonts without ASCII glyphs left out."""
+    """The text fonts under a user's ``font_dir``, by family: one file per style; symbol fonts left out."""
     chosen: dict[tuple[str, str], Path] = {}
     files = sorted(p for p in Path(font_dir).rglob("*") if p.suffix.lower() in FONT_SUFFIXES and p.is_file())
     for path in sorted(files, key=lambda p: FONT_SUFFIXES.index(p.suffix.lower())):
@@ -169,8 +165,7 @@ def font_size(font_path: str, line_box: float) -> int:
 
 
 def ink_mask(text: str, font_path: str, style: LineStyle, height: int) -> Image.Image:
-    """The line's ink (mode "L", 255 = ink), sheared, rotated and cut to its width, at most ``height`` high (scaled down
-    if rotation made it taller), the font's line box kept so the baseline does not move with the letters."""
+    """The line's ink (mode "L", 255 = ink), sheared, rotated, at most ``height`` high, the font's line box kept."""
     size = font_size(font_path, style.size * height)
     font = _font(font_path, size)
     ascent, descent = font.getmetrics()
@@ -217,8 +212,7 @@ def _sheared_and_rotated(mask: Image.Image, shear: float, rotation: float) -> Im
 
 
 def render_line(text: str, font_path: str, params: LineStyle, height: int, width: int) -> Image.Image:
-    """``text`` in ``font_path`` as a grey line (mode "L", ``height × width``): dark ink on a light background,
-    left-aligned ``params.margin`` pixels in; ``LineTooWide`` (with the width needed) where it does not fit."""
+    """``text`` in ``font_path`` as a grey line (mode "L", ``height × width``); ``LineTooWide`` if too wide."""
     mask = ink_mask(text, font_path, params, height)
     needed = params.margin + mask.width + 1
     if needed > width:
@@ -240,7 +234,6 @@ def render_line(text: str, font_path: str, params: LineStyle, height: int, width
 
 
 def png_bytes(image: Image.Image) -> bytes:
-    """The image as PNG (lossless, as the records store it)."""
     buffer = io.BytesIO()
     image.save(buffer, format="PNG", compress_level=6)
     return buffer.getvalue()

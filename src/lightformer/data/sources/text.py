@@ -1,5 +1,4 @@
-"""``TextSource``: where a text corpus comes from (files, globs, folders of text, JSONL or Parquet; a built-in
-corpus; a URL), and how it splits into train | val | test, read in bounded pieces (``data.pieces``)."""
+"""``TextSource``: where a text corpus comes from, and how it splits into train | val | test."""
 
 from __future__ import annotations
 
@@ -18,19 +17,16 @@ class TextSource:
     """Where a text corpus comes from, and how it splits into train | val | test.
 
     Args:
-        train_files: training text: files, globs (``**`` allowed; matches sorted) or folders (every file under them);
-            ``.jsonl`` / ``.ndjson`` and ``.parquet`` files are records with a ``text_field``, others plain UTF-8 text.
+        train_files: training text: files, globs or folders; ``.jsonl`` and ``.parquet`` records, others plain UTF-8.
         val_files: validation text; default: the last ``val_fraction`` of the training text.
         test_files: test text; default: the last ``test_fraction`` of the training text.
-        corpus: "austen": Jane Austen's six novels (4.0 M characters, from a Debian package into
-            ``<data_root>/austen``).
+        corpus: "austen": Jane Austen's six novels (4.0 M characters, a Debian package's, into ``<data_root>/austen``).
         url: download the training text from this URL into ``<data_root>/downloads/``.
         sha256: the expected SHA-256 (hex) of the file at ``url``; None skips the check.
         text_field: the field (JSONL) or column (Parquet) that holds each record's text.
         val_fraction: share of the training text held out for validation, in [0, 1), when no ``val_files``.
         test_fraction: share held out for testing, in [0, 1), when no ``test_files``.
-        split: where val and test are cut from the training files: "end" (of them all, in order) or "each_file" (the
-            same shares of the end of every file: each novel of corpus "austen").
+        split: where val and test are cut from the training files: "end" (of them all) or "each_file" (of each).
         data_root: where built-in and downloaded corpora are stored.
     """
 
@@ -69,8 +65,7 @@ class TextSource:
         return split_pieces(files["train"], files, *fractions, piece_bytes or bounded.PIECE_BYTES, self.split)
 
     def check_held_out(self, files: dict[str, list[Path]], pieces: dict[str, list[Piece]]) -> None:
-        """Refuse a ``val_fraction`` or ``test_fraction`` that left its split empty (``pieces`` of ``files``): the
-        text is cut only between lines (or records), and a short text has too few."""
+        """Refuse a ``val_fraction`` or ``test_fraction`` that left its split empty (cut only between lines)."""
         for split, fraction in (("val", self.val_fraction), ("test", self.test_fraction)):
             if fraction > 0 and not files[split] and not pieces[split]:
                 unit = "line breaks" if all(format_of(path) == "text" for path in files["train"]) else "records"
