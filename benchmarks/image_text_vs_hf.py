@@ -48,7 +48,7 @@ from torch.utils import flop_counter
 from torchmetrics.text import CharErrorRate
 
 from lightformer.data import ImageTextDataModule
-from lightformer.data.loading.streaming import ImageLoaderConfig
+from lightformer.data.loading.streaming import LoaderConfig
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.sources.lines import ImageTextSource
 from lightformer.generation import beam_search
@@ -235,7 +235,7 @@ def make_data(args: argparse.Namespace, data_args: dict) -> ImageTextDataModule:
     options = {k: v for k, v in data_args.items() if k not in ("source", "loader", "prepare")}
     prepare = PrepareConfig(**{**data_args.get("prepare", {}), "dir": args.prepare_dir})
     data = ImageTextDataModule(
-        source=ImageTextSource(**source), loader=ImageLoaderConfig(**loader), prepare=prepare, **options
+        source=ImageTextSource(**source), loader=LoaderConfig(**loader), prepare=prepare, **options
     )
     data.prepare_data()
     data.setup("fit")

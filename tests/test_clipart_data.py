@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from lightformer.data import ClipArtDataModule
-from lightformer.data.loading.streaming import ImageLoaderConfig, Records
+from lightformer.data.loading.streaming import LoaderConfig, Records
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.sources import openclipart
 from lightformer.data.sources.openclipart import ClipArtSource, captions_of, cut, split_of, svg_metadata, variant_key
@@ -78,7 +78,7 @@ def clipart(tmp_path_factory) -> ClipArtDataModule:
             (root / "library" / kind / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(ROOT / kind / f"{name}.{kind}", root / "library" / kind / f"{name}.{kind}")
     source = ClipArtSource(root=str(root / "library"), image_size=24, val_fraction=0.3, test_fraction=0.3)
-    data = ClipArtDataModule(source, loader=ImageLoaderConfig(batch_size=4),
+    data = ClipArtDataModule(source, loader=LoaderConfig(batch_size=4),
                              prepare=PrepareConfig(dir=str(root / "prepared"), num_workers=2))  # fmt: skip
     data.prepare_data()
     data.setup()

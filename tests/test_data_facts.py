@@ -89,8 +89,8 @@ def test_every_data_module_states_its_facts():
     from lightformer.data.module import DataModule
 
     modules = [getattr(data, name) for name in data.__all__ if inspect.isclass(getattr(data, name))]
-    modules = [module for module in modules if issubclass(module, DataModule)]
-    assert len(modules) == 14  # the 13 data modules and the text family over any source (TextData)
+    modules = [module for module in modules if issubclass(module, DataModule) and module is not DataModule]
+    assert len(modules) == 15  # the 13 presets and the families over any source (TextData, ImageTextData)
     for module in modules:
         assert module.data_facts is not DataModule.data_facts, f"{module.__name__} does not state its facts"
 

@@ -6,6 +6,7 @@ the main job trains its first 60 steps on the very batches, with the very losses
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import importlib
 import inspect
@@ -20,6 +21,7 @@ import lightformer.data
 import lightformer.data.families
 from lightformer.cli.main import cli_main
 from lightformer.data.module import DataModule
+from lightformer.errors import DataError
 
 DATA = Path(lightformer.data.__file__).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -67,21 +69,35 @@ def all_subclasses(cls: type) -> set[type]:
 
 
 def test_the_public_presets_keep_their_names_arguments_and_defaults_of_42e7f06():
-    """A config or a checkpoint's hyperparameters name a preset and give its arguments by name; Lightning keeps a data
-    module's state in a checkpoint under its class's ``__qualname__``."""
+    """A config or a checkpoint's hyperparameters name a preset and give its arguments by name, an option group as a
+    partial dict; Lightning keeps a data module's state in a checkpoint under its class's ``__qualname__``. So each
+    preset keeps its name, its arguments in their order, and every option's default (a group may gain fields)."""
     pinned = json.loads((REPO / "tests" / "data" / "data_presets_42e7f06.json").read_text())
-    for name, (qualname, *arguments) in pinned.items():
+    for name, before in pinned.items():
         preset = getattr(lightformer.data, name)
-        assert preset.__qualname__ == qualname
+        assert preset.__qualname__ == before["qualname"]
         parameters = list(inspect.signature(preset.__init__).parameters.values())[1:]
-        found = [[p.name, repr(p.default) if p.default is not inspect.Parameter.empty else None] for p in parameters]
-        assert found == arguments, name
+        assert [p.name for p in parameters] == [argument for argument, _ in before["arguments"]], name
+        for parameter, (argument, default) in zip(parameters, before["arguments"], strict=True):
+            if default is None:  # required then, required now
+                assert parameter.default is inspect.Parameter.empty, (name, argument)
+            elif "fields" in default:  # an option group: every field of then, with its default
+                now = json.loads(json.dumps(dataclasses.asdict(parameter.default), default=str))
+                assert {field: now.get(field) for field in default["fields"]} == default["fields"], (name, argument)
+            else:
+                assert parameter.default == default["value"], (name, argument)
 
 
-@pytest.mark.parametrize("name", ["TextDataModule", "MaskedLMDataModule", "SpanCorruptionDataModule"])
+@pytest.mark.parametrize(
+    "name", ["TextDataModule", "MaskedLMDataModule", "SpanCorruptionDataModule", "ClipArtDataModule", "EmojiDataModule"]
+)
 def test_a_preset_keeps_its_own_arguments_as_hyperparameters_not_its_familys(name):
-    data = getattr(lightformer.data, name)()
-    assert list(data.hparams) == list(inspect.signature(type(data).__init__).parameters)[1:]
+    """What a checkpoint rebuilds a preset from (``Cls(**hparams)``): its own arguments, none of its family's."""
+    try:
+        data = getattr(lightformer.data, name)()
+    except DataError as error:  # the clip art library or the emoji fonts are not installed
+        pytest.skip(str(error))
+    assert set(data.hparams) == set(inspect.signature(type(data).__init__).parameters) - {"self"}
 
 
 def test_the_data_layer_stays_within_its_line_budget():
@@ -118,3 +134,17 @@ def test_the_main_job_trains_its_first_60_steps_on_the_batches_and_losses_of_42e
     assert recorded.batches.hexdigest() == "131a1b41a576ec7368e7d54bee0a2080c109140dc15f83ceb16c092271576680"
     expected = [4.439046859741211, 3.6857054233551025, 2.7816245555877686, 2.602332592010498]
     assert [recorded.losses[i] for i in (0, 9, 29, 59)] == pytest.approx(expected, rel=1e-6)
+
+
+def test_one_loader_config_fills_a_partial_dict_from_the_presets_own_default_and_refuses_windows_off_text():
+    """A checkpoint of 42e7f06 stores an image module's ``loader`` as a dict of the image loader config it had; its
+    missing fields come from the preset's default (128 images, no pinned memory), not from another family's."""
+    from lightformer.data import ImageDataModule, TextClassificationDataModule, TextDataModule
+
+    data = ImageDataModule({"dataset": "digits"}, loader={"num_workers": 0})
+    assert (data.loader.batch_size, data.loader.pin_memory) == (128, False)
+    assert TextDataModule(loader={"val_windows": 8}).loader.batch_size == 12
+    for family in (ImageDataModule, TextClassificationDataModule):
+        message = rf"data.loader.val_windows=4 is for windows of text: {family.__name__} validates on every example"
+        with pytest.raises(ValueError, match=message):
+            family(loader={"val_windows": 4})

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from lightformer.data import EmojiDataModule
-from lightformer.data.loading.streaming import ImageLoaderConfig, Records
+from lightformer.data.loading.streaming import LoaderConfig, Records
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.sources import emoji
 from lightformer.data.sources.emoji import EmojiSource
@@ -40,7 +40,7 @@ def test_the_emoji_both_fonts_draw_named_by_unicode_in_two_styles():
 def emoji_data(tmp_path_factory) -> EmojiDataModule:
     root = tmp_path_factory.mktemp("emoji")
     data = EmojiDataModule(EmojiSource(held_out_style="symbola", image_size=20),
-                           loader=ImageLoaderConfig(batch_size=32),
+                           loader=LoaderConfig(batch_size=32),
                            prepare=PrepareConfig(dir=str(root / "prepared"), num_workers=2))  # fmt: skip
     data.prepare_data()
     data.setup()

@@ -11,7 +11,7 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from lightformer.data.families.images import ImageDataModule
-from lightformer.data.loading.streaming import ImageLoaderConfig
+from lightformer.data.loading.streaming import LoaderConfig
 from lightformer.data.objectives import augment
 from lightformer.data.objectives.augment import AugmentConfig
 from lightformer.data.preparation.prepare import PrepareConfig
@@ -39,7 +39,7 @@ def write_image_folder(folder: Path, class_names: list[str], images_per_class: i
 
 
 def test_digits_shapes_sizes_and_labels():
-    datamodule = ImageDataModule(source=ImageSource(dataset="digits"), loader=ImageLoaderConfig(batch_size=32))
+    datamodule = ImageDataModule(source=ImageSource(dataset="digits"), loader=LoaderConfig(batch_size=32))
     assert (datamodule.num_classes, datamodule.in_channels, datamodule.image_size) == (10, 1, 8)
     assert datamodule.class_names == [str(digit) for digit in range(10)]
     datamodule.setup("fit")
@@ -78,7 +78,7 @@ def test_digits_normalisation_uses_train_statistics():
     datamodule = ImageDataModule(
         source=ImageSource(dataset="digits"),
         augment=AugmentConfig(policy="none"),
-        loader=ImageLoaderConfig(batch_size=2000),
+        loader=LoaderConfig(batch_size=2000),
     )
     datamodule.setup()
     train_images, _ = datamodule.transform_batch(next(iter(datamodule.train_dataloader())), train=True)
@@ -99,7 +99,7 @@ def test_val_size_is_a_count_and_val_fraction_a_fraction():
 
 def test_dataloader_options():
     datamodule = ImageDataModule(
-        source=ImageSource(dataset="digits"), loader=ImageLoaderConfig(num_workers=1, pin_memory=True)
+        source=ImageSource(dataset="digits"), loader=LoaderConfig(num_workers=1, pin_memory=True)
     )
     datamodule.setup()
     loader = datamodule.train_dataloader()
@@ -195,7 +195,7 @@ def test_per_image_augmentation_runs_in_the_loader_drawn_from_seed_epoch_and_ind
         datamodule = ImageDataModule(
             source=ImageSource(dataset="digits"),
             augment=AugmentConfig(policy=policy),
-            loader=ImageLoaderConfig(batch_size=16, num_workers=workers),
+            loader=LoaderConfig(batch_size=16, num_workers=workers),
             image_size=16,
         )
         datamodule.setup()
@@ -244,7 +244,7 @@ def fashion_mnist(tmp_path_factory) -> ImageDataModule:
     datamodule = ImageDataModule(
         source=ImageSource(dataset="fashion_mnist", root=str(tmp_path_factory.mktemp("data"))),
         augment=AugmentConfig(policy="none"),
-        loader=ImageLoaderConfig(batch_size=512),
+        loader=LoaderConfig(batch_size=512),
     )
     datamodule.prepare_data()
     datamodule.setup()
@@ -295,7 +295,7 @@ def test_image_folder_with_one_folder(tmp_path):
     (tmp_path / ".ipynb_checkpoints").mkdir()
     datamodule = ImageDataModule(
         source=ImageSource(dataset="image_folder", image_folder=str(tmp_path)),
-        loader=ImageLoaderConfig(batch_size=4),
+        loader=LoaderConfig(batch_size=4),
         prepare=PrepareConfig(dir=str(tmp_path / ".prepared")),  # a hidden folder is no class folder
         image_size=16,
     )
@@ -404,8 +404,8 @@ def test_a_val_size_larger_than_the_pool_names_the_pool_size():
         (ImageSource, dict(val_size=60000), r"data.source.val_size=60000 .* has 60000 images"),
         (AugmentConfig, dict(policy="mixup"), r"data.augment.policy='mixup' is unknown; valid: .*'flip_crop'"),
         (AugmentConfig, dict(random_erasing=1.5), r"data.augment.random_erasing=1.5 is a probability, in \[0, 1\]"),
-        (ImageLoaderConfig, dict(batch_size=0), "data.loader.batch_size=0 must be at least 1"),
-        (ImageLoaderConfig, dict(num_workers=-1), "data.loader.num_workers=-1 must be at least 0"),
+        (LoaderConfig, dict(batch_size=0), "data.loader.batch_size=0 must be at least 1"),
+        (LoaderConfig, dict(num_workers=-1), "data.loader.num_workers=-1 must be at least 0"),
     ],
 )
 def test_each_group_refuses_its_bad_values_naming_the_field(group, options, message):

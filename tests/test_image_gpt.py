@@ -14,7 +14,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 from lightformer.cli.main import cli_main
 from lightformer.data.families import images as image_tokens
 from lightformer.data.families.images import ImageTokenDataModule
-from lightformer.data.loading.streaming import ImageLoaderConfig
+from lightformer.data.loading.streaming import LoaderConfig
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.sources.image_files import load_image
 from lightformer.data.sources.images import CARVE, ImageSource
@@ -49,7 +49,7 @@ def tiny_task(tokenizer: PixelTokenizer, **options) -> ImageGPTTask:
 def digits() -> ImageTokenDataModule:
     data = ImageTokenDataModule(
         source=ImageSource(dataset="digits"),
-        loader=ImageLoaderConfig(batch_size=16),
+        loader=LoaderConfig(batch_size=16),
         palette=PaletteConfig(kind="kmeans", levels=6),
     )
     data.setup()
@@ -96,7 +96,7 @@ def test_an_image_folder_is_streamed_and_encoded_batch_by_batch(tmp_path, monkey
     data = ImageTokenDataModule(
         source=ImageSource(dataset="image_folder", image_folder=str(tmp_path / "images")),
         palette=PaletteConfig(kind="kmeans", levels=4),
-        loader=ImageLoaderConfig(batch_size=4),
+        loader=LoaderConfig(batch_size=4),
         prepare=PrepareConfig(dir=str(tmp_path / "prepared")),
         image_size=6,
     )

@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lightformer.cli.main import cli_main, main
 from lightformer.data import ImageDataModule
-from lightformer.data.loading.streaming import ImageLoaderConfig
+from lightformer.data.loading.streaming import LoaderConfig
 from lightformer.data.sources.images import ImageSource
 from lightformer.models import ViTConfig
 from lightformer.models.vit import attention_rollout
@@ -84,7 +84,7 @@ def test_checkpoint_is_self_contained(fitted):
     task = ImageClassificationTask.load_from_checkpoint(checkpoint).eval()
     assert task.class_names == stored["class_names"]
     assert (task.normalize_mean, task.normalize_std) == (stored["normalize_mean"], stored["normalize_std"])
-    datamodule = ImageDataModule(source=ImageSource(dataset="digits"), loader=ImageLoaderConfig(batch_size=64))
+    datamodule = ImageDataModule(source=ImageSource(dataset="digits"), loader=LoaderConfig(batch_size=64))
     datamodule.setup()
     images, labels = datamodule.transform_batch(next(iter(datamodule.test_dataloader())), train=False)
     with torch.no_grad():
@@ -127,9 +127,7 @@ def test_classify_prints_the_classes_of_image_files(fitted, tmp_path, capsys):
 
 def test_mixup_and_cutmix_train_on_odd_batches():
     torch.manual_seed(0)
-    datamodule = ImageDataModule(
-        source=ImageSource(dataset="digits"), loader=ImageLoaderConfig(batch_size=33), image_size=8
-    )
+    datamodule = ImageDataModule(source=ImageSource(dataset="digits"), loader=LoaderConfig(batch_size=33), image_size=8)
     net = ViTConfig(num_classes=10, image_size=8, in_channels=1, patch_size=2, d_model=32, n_layers=1, n_heads=2)
     task = ImageClassificationTask(net=net, mixup=0.8, cutmix=1.0)
     trainer = L.Trainer(

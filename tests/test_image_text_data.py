@@ -20,7 +20,7 @@ from PIL import Image
 import lightformer.data.sources.lines as image_text
 from lightformer.data.families.image_text import ImageTextDataModule
 from lightformer.data.families.text import TextDataModule
-from lightformer.data.loading.streaming import ImageLoaderConfig, Records
+from lightformer.data.loading.streaming import LoaderConfig, Records
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
 from lightformer.data.sources import rendering
 from lightformer.data.sources.corpora import DING_FILE, CorpusUnavailableError, austen_text, split_of
@@ -67,7 +67,7 @@ def austen() -> str:
 @pytest.fixture(scope="module")
 def data(austen, tmp_path_factory) -> ImageTextDataModule:
     module = ImageTextDataModule(
-        ImageTextSource(**TINY), RENDER, loader=ImageLoaderConfig(batch_size=8),
+        ImageTextSource(**TINY), RENDER, loader=LoaderConfig(batch_size=8),
         prepare=PrepareConfig(dir=str(tmp_path_factory.mktemp("prepared")), num_workers=2), seed=3,
     )  # fmt: skip
     module.prepare_data()
@@ -251,7 +251,7 @@ def test_a_tokenizer_file_is_used(data, tmp_path):
 @pytest.mark.skipif(not Path(DING_FILE).is_file(), reason="the Ding dictionary (apt-get install trans-de-en)")
 def test_german_lines_are_ding_sentences_of_their_split_in_their_own_characters(tmp_path):
     source = ImageTextSource(corpus="ding", **TINY)
-    data = ImageTextDataModule(source, RENDER, loader=ImageLoaderConfig(batch_size=8),
+    data = ImageTextDataModule(source, RENDER, loader=LoaderConfig(batch_size=8),
                                prepare=PrepareConfig(dir=str(tmp_path), num_workers=2), seed=1)  # fmt: skip
     data.prepare_data()
     data.setup()

@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw
 
 from lightformer.cli.main import main
 from lightformer.data.families.image_text import ImageTextFilesDataModule
-from lightformer.data.loading.streaming import ImageLoaderConfig, Records
+from lightformer.data.loading.streaming import LoaderConfig, Records
 from lightformer.data.objectives.augment import jitter
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.sources.captions import ImageTextFiles, carved
@@ -79,7 +79,7 @@ def first_line(index: int, header: bool) -> int:
 
 
 def module(train: Path, tmp_path: Path, **options) -> ImageTextFilesDataModule:
-    loader = ImageLoaderConfig(batch_size=options.pop("batch_size", 6))
+    loader = LoaderConfig(batch_size=options.pop("batch_size", 6))
     shape = dict(height=16, width=48, channels=3 if train.suffix == ".json" else 1)
     source = ImageTextFiles(train=str(train), **(shape | options))
     return ImageTextFilesDataModule(source, loader=loader, prepare=PrepareConfig(dir=str(tmp_path / "prepared"),

@@ -358,7 +358,11 @@ def test_preparing_twice_does_nothing_the_second_time(tmp_path, monkeypatch):
             r"data.tokenizer.bpe_dropout=0.1 applies to sentence pairs",
         ),
         (TextClassificationDataModule, {"max_tokens": 2}, r"data.max_tokens=2 must be at least 3"),
-        (TextClassificationDataModule, {"loader": LoaderConfig(val_windows=4)}, r"data.loader.val_windows is for"),
+        (
+            TextClassificationDataModule,
+            {"loader": LoaderConfig(val_windows=4)},
+            r"data.loader.val_windows=4 is for windows of text",
+        ),
         (
             TextClassificationDataModule,
             {"source": PassageSource(corpus=None, tsv_files=["missing.tsv"])},

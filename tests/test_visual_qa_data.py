@@ -15,7 +15,7 @@ import torch
 
 from lightformer.data import ConversationFilesDataModule, VisualQADataModule
 from lightformer.data.loading.sampling import CanvasBatchSampler, ResumableDataLoader
-from lightformer.data.loading.streaming import ImageLoaderConfig, Records
+from lightformer.data.loading.streaming import LoaderConfig, Records
 from lightformer.data.objectives.chat import IGNORE, ChatTemplate
 from lightformer.data.preparation.prepare import PrepareConfig, TokenizerConfig
 from lightformer.data.sources import openclipart
@@ -43,7 +43,7 @@ def qa(tmp_path_factory) -> VisualQADataModule:
     source = VisualQASource(clipart_root=str(root / "library"), drawing_size=32, line_width=128, train_lines=12,
                             val_lines=4, test_lines=4, seen=2, val_fraction=0.3, test_fraction=0.3,
                             data_root=str(REPO / "data"))  # fmt: skip
-    data = VisualQADataModule(source, loader=ImageLoaderConfig(batch_size=4), seed=1,
+    data = VisualQADataModule(source, loader=LoaderConfig(batch_size=4), seed=1,
                               prepare=PrepareConfig(dir=str(root / "prepared"), num_workers=2))  # fmt: skip
     data.prepare_data()
     data.setup()
@@ -199,7 +199,7 @@ def test_garments_are_named_as_torchvision_names_them_on_a_32_pixel_rgb_canvas(t
     source = VisualQASource(sources=("fashion_mnist",), max_images=6, seen=2, data_root=str(REPO / "data"))
     # the Austen LM's characters lack "/" ("T-shirt/top"): refused beyond max_unknown, warned within it
     tokenizer = TokenizerConfig(max_unknown=0.05)
-    data = VisualQADataModule(source, tokenizer, loader=ImageLoaderConfig(batch_size=4), augment=False,
+    data = VisualQADataModule(source, tokenizer, loader=LoaderConfig(batch_size=4), augment=False,
                               prepare=PrepareConfig(dir=str(tmp_path), num_workers=1))  # fmt: skip
     with pytest.warns(UserWarning, match="'/'"):
         data.prepare_data()
@@ -225,7 +225,7 @@ def test_emoji_are_asked_their_unicode_name_held_out_in_the_other_style(tmp_path
     if not (Path(emoji.NOTO_EMOJI).is_file() and Path(emoji.SYMBOLA).is_file()):
         pytest.skip("apt-get install fonts-noto-color-emoji fonts-symbola")
     source = VisualQASource(sources=("emoji",), max_images=3, seen=1, drawing_size=32)
-    data = VisualQADataModule(source, loader=ImageLoaderConfig(batch_size=4), augment=False,
+    data = VisualQADataModule(source, loader=LoaderConfig(batch_size=4), augment=False,
                               prepare=PrepareConfig(dir=str(tmp_path), num_workers=1))  # fmt: skip
     data.prepare_data()
     names = [r["answer"] for r in records(data, "train")]
@@ -261,7 +261,7 @@ def conversations(tmp_path: Path, records: list, **options) -> ConversationFiles
     path = write_conversations(tmp_path, records)
     source = ConversationFiles(train=str(path), **{"val_fraction": 0.0, "image_size": 32, **options})
     prepare = PrepareConfig(dir=str(tmp_path / "prepared"), num_workers=1)
-    return ConversationFilesDataModule(source, loader=ImageLoaderConfig(batch_size=2), prepare=prepare)
+    return ConversationFilesDataModule(source, loader=LoaderConfig(batch_size=2), prepare=prepare)
 
 
 def test_conversations_train_every_answer_of_several_turns(tmp_path):

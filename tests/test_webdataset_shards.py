@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from lightformer.data.families.image_text import ImageTextFilesDataModule
-from lightformer.data.loading.streaming import ImageLoaderConfig, Records
+from lightformer.data.loading.streaming import LoaderConfig, Records
 from lightformer.data.preparation.prepare import PrepareConfig
 from lightformer.data.sources.captions import ImageTextFiles, carved, is_shards, shard_samples
 from lightformer.errors import DataError
@@ -67,7 +67,7 @@ def default_members(i: int, key: str) -> list[tuple[str, bytes]]:
 
 def module(train: str, tmp_path: Path, **options) -> ImageTextFilesDataModule:
     source = ImageTextFiles(train=train, height=16, width=16, channels=3, fit="resize", **options)
-    return ImageTextFilesDataModule(source, loader=ImageLoaderConfig(batch_size=4),
+    return ImageTextFilesDataModule(source, loader=LoaderConfig(batch_size=4),
                                     prepare=PrepareConfig(dir=str(tmp_path / "prepared"), num_workers=2))  # fmt: skip
 
 

@@ -2,7 +2,7 @@
 (``loading``), each objective's transforms (``objectives``), and the data modules: ``module.DataModule``, one family
 per batch shape (``families``), the public names presets of a family and a source. Never imports a model."""
 
-from lightformer.data.families.chat import ChatData, ConversationFilesDataModule, VisualQADataModule
+from lightformer.data.families.chat import ConversationFilesDataModule, VisualQADataModule
 from lightformer.data.families.image_text import (
     ClipArtDataModule,
     EmojiDataModule,
@@ -19,7 +19,6 @@ from lightformer.data.sources import Source
 from lightformer.tokenization import Tokenizer
 
 __all__ = [
-    "ChatData",
     "ClipArtDataModule",
     "ConversationFilesDataModule",
     "DataModule",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from typing import Any
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
+from lightformer.data.loading.streaming import LoaderConfig
 from lightformer.data.pieces import stage_splits
 from lightformer.data.preparation.caching import SameDataOnResume, read_manifest
 from lightformer.data.preparation.prepare import TOKENIZER, prepared_folder
@@ -39,6 +41,7 @@ class DataModule(SameDataOnResume, L.LightningDataModule):
     """A ``LightningDataModule`` that tells its task about the data through ``data_facts`` alone."""
 
     validates_on_a_subset = False  # whether ``fit`` validates on part of the validation split (``cli.after_fit``)
+    validates_in_windows = False  # whether ``data.loader.val_windows`` applies (windows of text)
 
     def __init__(self) -> None:
         super().__init__()
@@ -84,10 +87,15 @@ class DataModule(SameDataOnResume, L.LightningDataModule):
         """Prepare ``folder``; returns what goes into the manifest."""
         raise NotImplementedError
 
-    def save_arguments(self) -> None:
-        """Save the public class's own init arguments as its hyperparameters, from any ``__init__`` of its chain."""
-        names = [name for name in inspect.signature(type(self).__init__).parameters if name != "self"]
-        self.save_hyperparameters(*names, frame=inspect.currentframe().f_back)
+    def loader_config(self, loader: LoaderConfig | Mapping[str, Any]) -> LoaderConfig:
+        """``data.loader``: a dict (a checkpoint's, or Python's) fills in over this class's own default; windows of
+        validation (``val_windows``) are refused where the data is not windows of text."""
+        default = inspect.signature(type(self).__init__).parameters["loader"].default
+        config = dataclasses.replace(default, **loader) if isinstance(loader, Mapping) else loader
+        if config.val_windows is not None and not self.validates_in_windows:
+            raise ValueError(f"data.loader.val_windows={config.val_windows} is for windows of text: "
+                             f"{type(self).__name__} validates on every example; leave it unset")  # fmt: skip
+        return config
 
     def data_facts(self) -> DataFacts:
         """What the model needs to know about this data, once it is prepared (preparing it on first use)."""

@@ -13,7 +13,7 @@ import numpy as np
 from lightformer.config_groups import as_config
 from lightformer.data.loading.pictures import QARecords, channel_statistics, collate_qa
 from lightformer.data.loading.sampling import CanvasBatchSampler, map_loader
-from lightformer.data.loading.streaming import ImageLoaderConfig
+from lightformer.data.loading.streaming import LoaderConfig
 from lightformer.data.module import DataModule
 from lightformer.data.objectives.chat import ChatTemplate
 from lightformer.data.pieces import SPLITS
@@ -73,7 +73,7 @@ class ChatData(DataModule):
     """Question-answer records of images laid out by a chat template, batches of one canvas (docs/data.md).
 
     Args:
-        loader: records per batch, loader workers, pinned memory (``ImageLoaderConfig``).
+        loader: records per batch, loader workers, pinned memory (``LoaderConfig``).
         prepare: where and with how many processes the records are prepared (``PrepareConfig``).
         augment: jitter training images; never val or test.
         seed: seeds the training order and jitter.
@@ -83,9 +83,9 @@ class ChatData(DataModule):
     template: ChatTemplate
     tokenizer: object
 
-    def __init__(self, loader: ImageLoaderConfig, prepare: PrepareConfig, augment: bool, seed: int) -> None:
+    def __init__(self, loader: LoaderConfig, prepare: PrepareConfig, augment: bool, seed: int) -> None:
         super().__init__()
-        self.loader, self.prepare_config = as_config(ImageLoaderConfig, loader), as_config(PrepareConfig, prepare)
+        self.loader, self.prepare_config = self.loader_config(loader), as_config(PrepareConfig, prepare)
         self.augment, self.seed = augment, seed
 
     def canvases_of(self, split: str) -> np.ndarray:
@@ -121,7 +121,7 @@ class ConversationFilesDataModule(ChatData):
         source: the files, the image folder, the canvas (``ConversationFiles``).
         tokenizer: ``file``: the language model run's ``tokenizer.json``; unset: trained on the conversations.
         template: the chat template (``ChatTemplate``), stored in the facts.
-        loader: records per batch, loader workers, pinned memory (``ImageLoaderConfig``).
+        loader: records per batch, loader workers, pinned memory (``LoaderConfig``).
         prepare: where and with how many processes the records are prepared (``PrepareConfig``).
         augment: jitter training images; never val or test.
         seed: seeds the training order and jitter.
@@ -132,7 +132,7 @@ class ConversationFilesDataModule(ChatData):
         source: ConversationFiles,
         tokenizer: TokenizerConfig = TokenizerConfig(),
         template: ChatTemplate = ChatTemplate(),
-        loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=32),
+        loader: LoaderConfig = LoaderConfig(batch_size=32, pin_memory=False),
         prepare: PrepareConfig = PrepareConfig(),
         augment: bool = False,
         seed: int = 0,
@@ -216,7 +216,7 @@ class VisualQADataModule(ChatData):
         source: the sources, images per source, canvases, lines and typefaces (``VisualQASource``).
         tokenizer: ``file``: a run's ``tokenizer.json``; unset: the Austen character LM's (``TokenizerConfig``).
         template: the chat template (``ChatTemplate``), stored in the facts.
-        loader: records per batch, loader workers, pinned memory (``ImageLoaderConfig``).
+        loader: records per batch, loader workers, pinned memory (``LoaderConfig``).
         prepare: where and with how many processes the images are drawn (``PrepareConfig``).
         augment: jitter training images (brightness, contrast, a shift of a pixel or two); never val or test.
         seed: seeds the lines, the word asked for, the training order and jitter.
@@ -227,7 +227,7 @@ class VisualQADataModule(ChatData):
         source: VisualQASource = VisualQASource(),
         tokenizer: TokenizerConfig = TokenizerConfig(),
         template: ChatTemplate = ChatTemplate(),
-        loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=64),
+        loader: LoaderConfig = LoaderConfig(batch_size=64, pin_memory=False),
         prepare: PrepareConfig = PrepareConfig(),
         augment: bool = True,
         seed: int = 0,

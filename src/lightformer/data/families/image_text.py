@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from lightformer.config_groups import as_config
 from lightformer.data.loading.pictures import CaptionedImages, LineImages, collate_captions, pixel_statistics
 from lightformer.data.loading.sampling import EpochShuffleSampler, evaluation_sampler, map_loader
-from lightformer.data.loading.streaming import ImageLoaderConfig
+from lightformer.data.loading.streaming import LoaderConfig
 from lightformer.data.module import DataModule
 from lightformer.data.pieces import SPLITS, line_pieces
 from lightformer.data.preparation.caching import content_hash, file_stamp, preparing
@@ -72,6 +72,7 @@ from lightformer.tokenization.text import PAD_ID, Tokenizer
 
 # bump when what a prepared folder holds, or how a line is drawn, changes meaning (2: images as litdata File leaves)
 LINES_FORMAT = 2
+FAMILY_OPTIONS = ("image_size", "channels")  # the family's options that its presets set from their sources
 SOURCE_FORMAT = 1  # bump when what a prepared folder of a source's own images holds changes meaning
 
 
@@ -81,7 +82,7 @@ class ImageTextData(DataModule):
     Args:
         source: where the captioned images come from (a ``Source`` subclass, named by ``class_path``).
         tokenizer: a tokenizer file, or the kind trained on the texts (``TokenizerConfig``; default: characters).
-        loader: images per batch, loader workers, pinned memory (``ImageLoaderConfig``).
+        loader: images per batch, loader workers, pinned memory (``LoaderConfig``).
         prepare: where and with how many processes the images are prepared (``PrepareConfig``).
         image_size: the square canvas's side in pixels, each image resized to it.
         channels: 1 (grey) or 3 (RGB).
@@ -99,7 +100,7 @@ class ImageTextData(DataModule):
         self,
         source: Source,
         tokenizer: TokenizerConfig = TokenizerConfig(),
-        loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=64),
+        loader: LoaderConfig = LoaderConfig(batch_size=64, pin_memory=False),
         prepare: PrepareConfig = PrepareConfig(),
         image_size: int = 64,
         channels: int = 3,
@@ -107,11 +108,11 @@ class ImageTextData(DataModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        self.save_arguments()
+        self.save_hyperparameters()  # a preset saves its own, ignoring image_size and channels
         self.source = source if isinstance(source, self.source_type) else as_config(self.source_type, source)
         self.tokenizer_config = as_tokenizer_config(tokenizer, TokenizerConfig())
         self.tokenizer_config.check_used_by(type(self).__name__, **self.tokenizer_use)
-        self.loader, self.prepare_config = as_config(ImageLoaderConfig, loader), as_config(PrepareConfig, prepare)
+        self.loader, self.prepare_config = self.loader_config(loader), as_config(PrepareConfig, prepare)
         if image_size < MIN_SIZE:
             raise ValueError(f"data.image_size={image_size} must be at least {MIN_SIZE} pixels")
         if channels not in (1, 3):
@@ -217,7 +218,7 @@ class ImageTextDataModule(ImageTextData):
         source: the lines, their counts, the held-out typefaces (``ImageTextSource``).
         render: the image size and the ranges of every style draw (``RenderConfig``).
         tokenizer: ``file``: a run's ``tokenizer.json``; unset: the Austen LM's, or Ding's characters (kind "char").
-        loader: lines per batch, loader workers, pinned memory (``ImageLoaderConfig``).
+        loader: lines per batch, loader workers, pinned memory (``LoaderConfig``).
         prepare: where and with how many processes the lines are rendered (``PrepareConfig``).
         augment: jitter training lines (brightness, contrast, a shift of a pixel or two); never val or test.
         seed: seeds every line's text and style, and the training order.
@@ -232,12 +233,13 @@ class ImageTextDataModule(ImageTextData):
         source: ImageTextSource = ImageTextSource(),
         render: RenderConfig = RenderConfig(),
         tokenizer: TokenizerConfig = TokenizerConfig(),
-        loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=64),
+        loader: LoaderConfig = LoaderConfig(batch_size=64, pin_memory=False),
         prepare: PrepareConfig = PrepareConfig(),
         augment: bool = True,
         seed: int = 0,
     ) -> None:
         super().__init__(source, tokenizer, loader, prepare, channels=1, augment=augment, seed=seed)
+        self.save_hyperparameters(ignore=FAMILY_OPTIONS)
         self.render = as_config(RenderConfig, render)
         self.families = split_families(self.source)  # refuses families that are not installed, before any work
 
@@ -390,7 +392,7 @@ class ImageTextFilesDataModule(ImageTextData):
     Args:
         source: the annotation files, the image folder and the canvas (``ImageTextFiles``).
         tokenizer: a tokenizer file, or the kind trained on the texts (``TokenizerConfig``; default: characters).
-        loader: images per batch, loader workers, pinned memory (``ImageLoaderConfig``).
+        loader: images per batch, loader workers, pinned memory (``LoaderConfig``).
         prepare: where and with how many processes the images are prepared (``PrepareConfig``).
         augment: jitter training images (brightness, contrast, a shift of a pixel or two); never val or test.
         seed: seeds the training order, jitter and which text of an image each epoch trains on.
@@ -402,13 +404,14 @@ class ImageTextFilesDataModule(ImageTextData):
         self,
         source: ImageTextFiles,
         tokenizer: TokenizerConfig = TokenizerConfig(),
-        loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=64),
+        loader: LoaderConfig = LoaderConfig(batch_size=64, pin_memory=False),
         prepare: PrepareConfig = PrepareConfig(),
         augment: bool = True,
         seed: int = 0,
     ) -> None:
         super().__init__(source, tokenizer, loader, prepare, channels=as_config(ImageTextFiles, source).channels,
                          augment=augment, seed=seed)  # fmt: skip
+        self.save_hyperparameters(ignore=FAMILY_OPTIONS)
 
     def data_facts(self) -> DataFacts:
         tokenizer, manifest = self.tokenizer, self.manifest
@@ -530,7 +533,7 @@ class ClipArtDataModule(ImageTextData):
     Args:
         source: the library's folder, the canvas, the split's fractions, the captions' length (``ClipArtSource``).
         tokenizer: a tokenizer file, or the kind trained on the captions (``TokenizerConfig``; default characters).
-        loader: images per batch, loader workers, pinned memory (``ImageLoaderConfig``).
+        loader: images per batch, loader workers, pinned memory (``LoaderConfig``).
         prepare: where and with how many processes the drawings are prepared (``PrepareConfig``).
         augment: jitter training images (brightness, contrast, a shift of a pixel or two); never val or test.
         seed: seeds the training order, jitter and which caption of a drawing each epoch trains on.
@@ -542,13 +545,14 @@ class ClipArtDataModule(ImageTextData):
         self,
         source: ClipArtSource = ClipArtSource(),
         tokenizer: TokenizerConfig = TokenizerConfig(),
-        loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=64),
+        loader: LoaderConfig = LoaderConfig(batch_size=64, pin_memory=False),
         prepare: PrepareConfig = PrepareConfig(),
         augment: bool = True,
         seed: int = 0,
     ) -> None:
-        source = as_config(ClipArtSource, source)
-        super().__init__(source, tokenizer, loader, prepare, source.image_size, augment=augment, seed=seed)
+        size = as_config(ClipArtSource, source).image_size
+        super().__init__(source, tokenizer, loader, prepare, size, augment=augment, seed=seed)
+        self.save_hyperparameters(ignore=FAMILY_OPTIONS)
         root = Path(self.source.root)
         if not ((root / "png").is_dir() and (root / "svg").is_dir()):
             raise DataError(f"data.source.root={self.source.root!r} does not hold the Open Clip Art Library's png/ and "
@@ -606,7 +610,7 @@ class EmojiDataModule(ImageTextData):
     Args:
         source: the fonts, the style held out, the canvas (``EmojiSource``).
         tokenizer: a tokenizer file, or the kind trained on the names (``TokenizerConfig``; default characters).
-        loader: images per batch, loader workers, pinned memory (``ImageLoaderConfig``).
+        loader: images per batch, loader workers, pinned memory (``LoaderConfig``).
         prepare: where and with how many processes the emoji are drawn (``PrepareConfig``).
         augment: jitter training images (brightness, contrast, a shift of a pixel or two); never val or test.
         seed: seeds the training order and jitter.
@@ -618,13 +622,14 @@ class EmojiDataModule(ImageTextData):
         self,
         source: EmojiSource = EmojiSource(),
         tokenizer: TokenizerConfig = TokenizerConfig(),
-        loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=64),
+        loader: LoaderConfig = LoaderConfig(batch_size=64, pin_memory=False),
         prepare: PrepareConfig = PrepareConfig(),
         augment: bool = True,
         seed: int = 0,
     ) -> None:
-        source = as_config(EmojiSource, source)
-        super().__init__(source, tokenizer, loader, prepare, source.image_size, augment=augment, seed=seed)
+        size = as_config(EmojiSource, source).image_size
+        super().__init__(source, tokenizer, loader, prepare, size, augment=augment, seed=seed)
+        self.save_hyperparameters(ignore=FAMILY_OPTIONS)
         for field, package in (("noto_font", "fonts-noto-color-emoji"), ("symbola_font", "fonts-symbola")):
             if not Path(getattr(self.source, field)).is_file():
                 raise DataError(f"data.source.{field}={getattr(self.source, field)!r} does not exist: apt-get install "

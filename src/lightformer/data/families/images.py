@@ -15,7 +15,7 @@ from torchvision.transforms import v2
 
 from lightformer.config_groups import as_config
 from lightformer.data.loading.sampling import EpochShuffleSampler, Key, evaluation_sampler, index_and_epoch, map_loader
-from lightformer.data.loading.streaming import ImageLoaderConfig, Records
+from lightformer.data.loading.streaming import LoaderConfig, Records
 from lightformer.data.module import DataModule
 from lightformer.data.objectives.augment import (
     AugmentConfig,
@@ -102,7 +102,7 @@ def collate_images(items: tuple[Tensor, Tensor] | list) -> tuple[Tensor, Tensor]
     return items if isinstance(items, tuple) else tuple(default_collate(items))
 
 
-def image_loader(dataset: Dataset, loader: ImageLoaderConfig, seed: int, shuffle: bool) -> DataLoader:
+def image_loader(dataset: Dataset, loader: LoaderConfig, seed: int, shuffle: bool) -> DataLoader:
     """An image split's loader: training from (seed, epoch), resumable mid-epoch; evaluation once each, in order."""
     augmented = getattr(dataset, "transform", None) is not None
     sampler = EpochShuffleSampler(len(dataset), seed, with_epoch=augmented) if shuffle else evaluation_sampler(dataset)
@@ -115,7 +115,7 @@ class ImageDataModule(DataModule):
     Args:
         source: which images and how they split (``ImageSource``).
         augment: the training set's augmentation (``AugmentConfig``).
-        loader: batch size, loader workers, pinned memory (``ImageLoaderConfig``).
+        loader: batch size, loader workers, pinned memory (``LoaderConfig``).
         prepare: where and with how many processes an image folder is prepared (``PrepareConfig``).
         image_size: side length images are resized to (square); None: the dataset's (224 for image folders).
         seed: seeds the validation carve and the training-set shuffling.
@@ -125,7 +125,7 @@ class ImageDataModule(DataModule):
         self,
         source: ImageSource = ImageSource(),
         augment: AugmentConfig = AugmentConfig(),
-        loader: ImageLoaderConfig = ImageLoaderConfig(),
+        loader: LoaderConfig = LoaderConfig(batch_size=128, pin_memory=False),
         prepare: PrepareConfig = PrepareConfig(),
         image_size: int | None = None,
         seed: int = 0,
@@ -133,7 +133,7 @@ class ImageDataModule(DataModule):
         super().__init__()
         self.save_hyperparameters()
         self.source, self.augment = as_config(ImageSource, source), as_config(AugmentConfig, augment)
-        self.loader, self.prepare = as_config(ImageLoaderConfig, loader), as_config(PrepareConfig, prepare)
+        self.loader, self.prepare = self.loader_config(loader), as_config(PrepareConfig, prepare)
         self.seed = seed
         self.info = info = self.source.info
         if self.augment.policy == "flip" and not info.horizontal_flip:
@@ -347,7 +347,7 @@ class ImageTokenDataModule(DataModule):
     Args:
         source: which images and how they split (``ImageSource``); an image folder's labels serve only ``probe``.
         palette: the colours pixels are read as (``PaletteConfig``).
-        loader: batch size, loader workers, pinned memory (``ImageLoaderConfig``; 0 workers is usually best).
+        loader: batch size, loader workers, pinned memory (``LoaderConfig``; 0 workers is usually best).
         prepare: where an image folder is prepared (``PrepareConfig``, as ``ImageDataModule``'s).
         image_size: side of the modelled images (area-averaged), at most the dataset's; None: its own (not for folders).
         seed: seeds the validation carve, the k-means palette and the training-set shuffling.
@@ -357,7 +357,7 @@ class ImageTokenDataModule(DataModule):
         self,
         source: ImageSource = ImageSource(),
         palette: PaletteConfig = PaletteConfig(),
-        loader: ImageLoaderConfig = ImageLoaderConfig(batch_size=64),
+        loader: LoaderConfig = LoaderConfig(batch_size=64, pin_memory=False),
         prepare: PrepareConfig = PrepareConfig(),
         image_size: int | None = None,
         seed: int = 0,
@@ -366,13 +366,13 @@ class ImageTokenDataModule(DataModule):
         self.save_hyperparameters()
         self.source = as_config(ImageSource, source)
         self.palette_config = as_config(PaletteConfig, palette)
-        self.loader = as_config(ImageLoaderConfig, loader)
+        self.loader = self.loader_config(loader)
         self.seed = seed
         check_image_size(image_size, self.source)
         check_palette(self.palette_config, self.source.info)
         is_folder = self.source.dataset == "image_folder"
         # The splits, as uint8 images at their native size (image folders: at image_size, read that way).
-        loader = ImageLoaderConfig(batch_size=self.loader.batch_size)
+        loader = LoaderConfig(batch_size=self.loader.batch_size, pin_memory=False)
         self.images_data = ImageDataModule(
             self.source, AugmentConfig(policy="none"), loader, as_config(PrepareConfig, prepare),
             image_size if is_folder else None, seed,

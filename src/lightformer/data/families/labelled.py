@@ -100,9 +100,7 @@ class TextClassificationDataModule(DataModule):
                 f"data.tokenizer.vocab_size={self.tokenizer_config.vocab_size} is too small: the byte-level BPE holds "
                 f"256 bytes and {len(EXTRA_SPECIAL_TOKENS) + 4} special tokens; use at least {MIN_VOCAB_SIZE}"
             )
-        self.loader = as_config(LoaderConfig, loader)
-        if self.loader.val_windows is not None:
-            raise ValueError("data.loader.val_windows is for windows of text; a classifier validates on every text")
+        self.loader = self.loader_config(loader)
         self.prepare_config = as_config(PrepareConfig, prepare)
         self.files = self.source.files()
         self.max_tokens = max_tokens

@@ -56,12 +56,14 @@ class PairBatches:
         max_tokens: token budget of one batch (rows × longest row), at least `max_sentence_tokens`.
         num_workers: DataLoader worker processes.
         length_multiple: pad a batch to a multiple of this, its rows to `max_tokens // length`; null: to its longest.
+        pin_memory: pin batches in page-locked memory for faster copies to a GPU; None: when a GPU is present.
     """
 
     max_sentence_tokens: int = 128
     max_tokens: int = 4096
     num_workers: int = 0
     length_multiple: int | None = None
+    pin_memory: bool | None = None
 
     def __post_init__(self) -> None:
         if self.max_sentence_tokens < 3:

@@ -58,6 +58,7 @@ class TextData(DataModule):
         seed: the shuffling's seed (the order depends on seed and epoch only).
     """
 
+    validates_in_windows = True
     special_tokens: tuple[str, ...] = ()  # a trained tokenizer's special tokens after PAD, BOS, EOS and UNK
     collate_fn = None  # makes a batch of the datasets' items (None: the default collate)
 
@@ -74,13 +75,13 @@ class TextData(DataModule):
         self.source = source if isinstance(source, Source) else as_config(TextSource, source)
         self.tokenizer_config = as_config(TokenizerConfig, tokenizer)
         self.tokenizer_config.check_used_by(type(self).__name__)
-        self.loader = as_config(LoaderConfig, loader)
+        self.loader = self.loader_config(loader)
         self.prepare_config = as_config(PrepareConfig, prepare)
         self.seed = seed
         self.datasets: dict[str, Dataset] = {}
         self._prepared: PreparedText | None = None
         check_at_least("data.block_size", block_size, 1)
-        self.save_arguments()
+        self.save_hyperparameters()  # a preset of other arguments saves its own, ignoring block_size
         self.block_size = block_size
 
     @property
@@ -270,6 +271,7 @@ class MaskedLMDataModule(TextData):
         self.nsp = nsp
         self.mlm_probability = mlm_probability
         self.whole_word_masking = whole_word_masking
+        self.save_hyperparameters(ignore="block_size")
 
     def data_facts(self) -> DataFacts:
         tokenizer = self.tokenizer
@@ -366,6 +368,7 @@ class SpanCorruptionDataModule(TextData):
         self.noise_density = noise_density
         self.mean_span_length = mean_span_length
         self.source_length, self.target_length = source_length, target_length
+        self.save_hyperparameters(ignore="block_size")
 
     def data_facts(self) -> DataFacts:
         """One joint tokenizer for the corrupted input and the spans (the translation task's two sides)."""

@@ -110,7 +110,7 @@ def map_loader(dataset: Dataset, config, sampler=None, resumable: bool = False, 
         sampler=sampler,
         num_workers=config.num_workers,
         persistent_workers=config.num_workers > 0,
-        pin_memory=getattr(config, "pin_memory", torch.cuda.is_available()),
+        pin_memory=torch.cuda.is_available() if config.pin_memory is None else config.pin_memory,
         **options,
     )
 

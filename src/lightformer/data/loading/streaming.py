@@ -20,16 +20,18 @@ from lightformer.training.internals import samples_yielded
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """How batches are loaded.
+    """How batches are loaded (``data.loader``), the one loader config of every family.
 
     Args:
         batch_size: examples per batch (per process).
-        num_workers: loader worker processes per training process.
-        val_windows: validate during ``fit`` on this many windows of the validation split, drawn once; None: all.
+        num_workers: loader worker processes per training process; 0: the main process.
+        pin_memory: pin batches in page-locked memory for faster copies to a GPU; None: when a GPU is present.
+        val_windows: text only: validate during ``fit`` on this many windows of the validation split; None: all.
     """
 
     batch_size: int = 12
     num_workers: int = 0
+    pin_memory: bool | None = None
     val_windows: int | None = None
 
     def __post_init__(self) -> None:
@@ -180,20 +182,4 @@ class Records(Dataset):
         self.__init__(state["split_dir"])
 
 
-@dataclass(frozen=True)
-class ImageLoaderConfig:
-    """How image batches are loaded (``data.loader``).
-
-    Args:
-        batch_size: images per batch, in every split.
-        num_workers: DataLoader worker processes; 0: the main process (workers help image folders and RandAugment).
-        pin_memory: pin batches in page-locked memory for faster copies to a GPU.
-    """
-
-    batch_size: int = 128
-    num_workers: int = 0
-    pin_memory: bool = False
-
-    def __post_init__(self) -> None:
-        check_at_least("data.loader.batch_size", self.batch_size, 1)
-        check_at_least("data.loader.num_workers", self.num_workers, 0)
+ImageLoaderConfig = LoaderConfig  # the image families' own loader config until 42e7f06, one config since
