@@ -42,6 +42,7 @@ class DataModule(SameDataOnResume, L.LightningDataModule):
 
     validates_on_a_subset = False  # whether ``fit`` validates on part of the validation split (``cli.after_fit``)
     validates_in_windows = False  # whether ``data.loader.val_windows`` applies (windows of text)
+    counted = ""  # the manifest's entry of each split's records, by split ("": every split holds some)
 
     def __init__(self) -> None:
         super().__init__()
@@ -108,8 +109,6 @@ class DataModule(SameDataOnResume, L.LightningDataModule):
 
     def prepare_data(self) -> None:
         self.prepared  # noqa: B018 (prepares on first use)
-
-    counted = ""  # the manifest's entry of each split's records, by split ("": every split holds some)
 
     def dataset(self, split: str) -> Dataset:
         raise NotImplementedError
