@@ -167,9 +167,9 @@ def test_a_hf_causal_lm_folder_starts_a_lightformer_gpt_with_the_same_logits(tmp
 
 def test_a_llama_folder_of_another_shape_is_refused_by_name(tmp_path):
     config = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=40, num_hidden_layers=1,
-                                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+                                      num_attention_heads=4, head_dim=16)  # fmt: skip
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "hf")
-    with pytest.raises(ConfigError, match="num_key_value_heads=2"):
+    with pytest.raises(ConfigError, match="head_dim=16"):
         pretrained_weights(str(tmp_path / "hf"))
 
 

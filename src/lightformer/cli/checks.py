@@ -11,6 +11,7 @@ import dataclasses
 import datetime
 import re
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +69,13 @@ def _holder(values: dict, path: str) -> dict:
     return values
 
 
-def _leaves(values: dict, prefix: str = "") -> dict[str, Any]:
-    """Nested ``values`` as {dotted path: value} of their leaves."""
+def _leaves(values: dict, prefix: str = "", whole: Callable[[str], bool] = lambda path: False) -> dict[str, Any]:
+    """Nested ``values`` as {dotted path: value} of their leaves; a dict at a path where ``whole`` says so is one leaf
+    (an optional group unset on the other side: a rotary scaling that a config's ``None`` does not hold)."""
     leaves = {}
     for name, value in values.items():
-        if isinstance(value, dict):
-            leaves |= _leaves(value, f"{prefix}{name}.")
+        if isinstance(value, dict) and not whole(f"{prefix}{name}"):
+            leaves |= _leaves(value, f"{prefix}{name}.", whole)
         else:
             leaves[f"{prefix}{name}"] = value
     return leaves
@@ -333,7 +335,8 @@ def take_shape_from_init_checkpoint(model: Namespace, given: set[str]) -> None:
     if net is None:
         return
     taken = []
-    for name, value in _leaves(saved).items():  # dotted paths into a nested config: "encoder.n_layers"
+    unset = lambda path: path in net and net[path] is None  # noqa: E731
+    for name, value in _leaves(saved, whole=unset).items():  # dotted paths into a nested config: "encoder.n_layers"
         given_here = any(name == g or name.startswith(f"{g}.") or g.startswith(f"{name}.") for g in given)
         if given_here and name.rpartition(".")[2] in KIND_FIELDS and name in net and net[name] != value:
             raise ConfigError(

@@ -88,6 +88,7 @@ class BertConfig(
         "norm": ("layernorm",),
         "bias": (True,),
         "qkv_bias": (None,),
+        "n_kv_heads": (None,),
     }
 
     def __post_init__(self) -> None:

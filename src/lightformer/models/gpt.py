@@ -19,6 +19,7 @@ from lightformer.nn import (
     EncoderLayer,
     LayerConfig,
     PositionKind,
+    RopeScaling,
     RotaryEmbedding,
     TokenEmbedding,
     absolute_position,
@@ -35,7 +36,7 @@ class GPTConfig(LayerConfig.with_defaults(d_model=384, n_heads=6, dropout=0.0, a
     The layer's fields are ``nn.LayerConfig``'s (``d_model``, ``n_heads``, ``d_ff``, ``dropout``, ``attn_dropout``,
     ``activation``, ``norm``, ``norm_eps``, ``bias``), with GPT's defaults: width 384, 6 heads, no dropout (on the
     attention weights too: ``attn_dropout`` None takes ``dropout``'s rate), GELU. A GPT is pre-norm
-    (``norm_first`` true) with one switch for its biases (``qkv_bias`` unset); GPT-2's activation is "gelu_tanh".
+    (``norm_first`` true); ``qkv_bias`` true with ``bias`` false is Qwen2's; GPT-2's activation is "gelu_tanh".
 
     Args:
         vocab_size: token ids 0..vocab_size-1 (a task fills it from the data's tokenizer).
@@ -44,6 +45,8 @@ class GPTConfig(LayerConfig.with_defaults(d_model=384, n_heads=6, dropout=0.0, a
         position: how positions are given (``nn.PositionKind``): "learned" absolute positions (GPT-2), "rope"
             rotary embeddings in every attention layer, fixed "sinusoidal" ones, or "none".
         tie_weights: the output layer shares the token embedding's weight.
+        rope_theta: the rotary base (position "rope"): 10000 in the RoPE paper and Llama 2, 500000 in Llama 3.
+        rope_scaling: how the rotary frequencies stretch past the trained positions (``nn.RopeScaling``); None: not.
     """
 
     vocab_size: int | None = None
@@ -51,7 +54,9 @@ class GPTConfig(LayerConfig.with_defaults(d_model=384, n_heads=6, dropout=0.0, a
     n_layers: int = 6
     position: PositionKind = "learned"
     tie_weights: bool = True
-    supported: ClassVar[Mapping[str, tuple]] = {"norm_first": (True,), "qkv_bias": (None,)}
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    supported: ClassVar[Mapping[str, tuple]] = {"norm_first": (True,)}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -59,6 +64,12 @@ class GPTConfig(LayerConfig.with_defaults(d_model=384, n_heads=6, dropout=0.0, a
         check_at_least("block_size", self.block_size, 1)
         check_at_least("n_layers", self.n_layers, 1)
         check_choice("position", self.position, get_args(PositionKind))
+        if isinstance(self.rope_scaling, Mapping):  # a checkpoint's saved config, or a config file's
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        if self.position != "rope" and (self.rope_theta != 10000.0 or self.rope_scaling is not None):
+            raise ValueError(f"rope_theta and rope_scaling are for rotary positions; position={self.position!r}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta={self.rope_theta} must be above 0")
 
 
 class GPT(nn.Module):
@@ -92,7 +103,9 @@ class GPT(nn.Module):
         self.causal = causal
         self.embed = TokenEmbedding(c.vocab_size, c.d_model)
         self.position = absolute_position(c.position, c.d_model, c.block_size)
-        rotary = RotaryEmbedding(c.d_model // c.n_heads, c.block_size) if c.position == "rope" else None
+        rotary = None
+        if c.position == "rope":
+            rotary = RotaryEmbedding(c.d_model // c.n_heads, c.block_size, c.rope_theta, c.rope_scaling)
         self.dropout = Dropout(c.dropout)
         final_norm = make_norm(c.norm, c.d_model, c.norm_eps, c.bias)
         if causal:

@@ -84,7 +84,7 @@ class ViTConfig(
     pool: Pool = "cls"
     position: ViTPosition = "learned"
     pre_norm: bool = False
-    supported: ClassVar[Mapping[str, tuple]] = {"norm_first": (True,)}
+    supported: ClassVar[Mapping[str, tuple]] = {"norm_first": (True,), "n_kv_heads": (None,)}
 
     def __post_init__(self) -> None:
         lists_as_pairs(self, "image_size", "patch_size")

@@ -21,6 +21,7 @@ from lightformer.nn.norm import NormKind, make_norm
 from lightformer.nn.position import (
     LearnedPositionalEmbedding,
     PositionKind,
+    RopeScaling,
     RotaryEmbedding,
     SinusoidalPositionalEmbedding,
     absolute_position,
@@ -45,6 +46,7 @@ __all__ = [
     "PatchEmbedding",
     "PointwiseActivation",
     "PositionKind",
+    "RopeScaling",
     "RotaryEmbedding",
     "SinusoidalPositionalEmbedding",
     "TokenDropout",

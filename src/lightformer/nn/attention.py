@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from lightformer.nn.checks import check_heads
+from lightformer.nn.checks import check_heads, check_kv_heads
 from lightformer.nn.dropout import dropout
 from lightformer.nn.position import RotaryEmbedding
 
@@ -86,7 +86,10 @@ class MultiHeadAttention(nn.Module):
     (``cross_attention=True``): queries come from ``x`` through ``q`` ``(d_model, d_model)``, keys and values from
     ``context`` through ``kv`` ``(2·d_model, d_model)`` with rows [W^K; W^V]; ``torch.nn.MultiheadAttention``'s
     ``in_proj_weight`` is their concatenation. ``bias``: biases in the projections; ``qkv_bias`` (default: ``bias``)
-    overrides it for the input projections alone (timm's ``qkv_bias``).
+    overrides it for the input projections alone (timm's ``qkv_bias``). ``n_kv_heads`` (self-attention; default
+    ``n_heads``): grouped-query attention (Llama 3, Qwen2, Mistral), ``n_heads / n_kv_heads`` query heads sharing
+    each key/value head: ``qkv`` is ``((n_heads + 2·n_kv_heads)·head_dim, d_model)`` and the cache holds the
+    ``n_kv_heads``; one key/value head is multi-query attention.
     """
 
     def __init__(
@@ -98,11 +101,16 @@ class MultiHeadAttention(nn.Module):
         rotary: RotaryEmbedding | None = None,
         qkv_bias: bool | None = None,
         cross_attention: bool = False,
+        n_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
         check_heads(d_model, n_heads)
         self.d_model = d_model
         self.n_heads = n_heads
+        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        check_kv_heads(n_heads, self.n_kv_heads)
+        if cross_attention and self.n_kv_heads != n_heads:
+            raise ValueError("grouped-query attention (n_kv_heads) is for self-attention; cross-attention has n_heads")
         self.head_dim = d_model // n_heads
         self.dropout = dropout
         self.cross_attention = cross_attention
@@ -111,14 +119,14 @@ class MultiHeadAttention(nn.Module):
             self.q = nn.Linear(d_model, d_model, bias=in_bias)
             self.kv = nn.Linear(d_model, 2 * d_model, bias=in_bias)
         else:
-            self.qkv = nn.Linear(d_model, 3 * d_model, bias=in_bias)
+            self.qkv = nn.Linear(d_model, d_model + 2 * self.n_kv_heads * self.head_dim, bias=in_bias)
         self.proj = nn.Linear(d_model, d_model, bias=bias)
         self.rotary = rotary
         self.on_weights: Callable[[Tensor], None] | None = None  # set by `record_attention`
 
     def _split_heads(self, x: Tensor) -> Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        b, t, width = x.shape
+        return x.view(b, t, width // self.head_dim, self.head_dim).transpose(1, 2)
 
     def _project(self, x: Tensor, context: Tensor | None, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
         """Project to per-head q, k, v ``(batch, heads, len, head_dim)``, using and updating ``cache``."""
@@ -136,12 +144,16 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 "this is self-attention: build MultiHeadAttention(cross_attention=True) to attend to a context"
             )
-        q, k, v = (self._split_heads(t) for t in self.qkv(x).chunk(3, dim=-1))
+        kv_width = self.n_kv_heads * self.head_dim
+        q, k, v = (self._split_heads(t) for t in self.qkv(x).split([self.d_model, kv_width, kv_width], dim=-1))
         if self.rotary is not None:
             offset = cache.length if cache is not None else 0
             q, k = self.rotary(q, offset), self.rotary(k, offset)
         if cache is not None:
             k, v = cache.append(k, v)
+        if self.n_kv_heads != self.n_heads:  # each key/value head serves n_heads / n_kv_heads query heads in a row
+            groups = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         return q, k, v
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:

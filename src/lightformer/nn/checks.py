@@ -73,6 +73,14 @@ def check_heads(d_model: int, n_heads: int) -> None:
     _check_divides("d_model", d_model, "n_heads", n_heads, problem, "d_model")
 
 
+def check_kv_heads(n_heads: int, n_kv_heads: int | None, name: str = "n_kv_heads") -> None:
+    """Refuse key/value heads that do not divide the query heads (grouped-query attention shares each among a group)."""
+    if n_kv_heads is not None and (isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1
+                                   or n_heads % n_kv_heads):  # fmt: skip
+        raise ValueError(f"{name}={n_kv_heads!r} must divide n_heads={n_heads} (grouped-query attention shares each "
+                         "key/value head among n_heads / n_kv_heads query heads)")  # fmt: skip
+
+
 def as_pair(size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     """An image or patch size as (height, width): a square's side twice, a (height, width) pair as it is."""
     if isinstance(size, int):

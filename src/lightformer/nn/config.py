@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, get_args
 
-from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_heads
+from lightformer.nn.checks import check_at_least, check_choice, check_fraction, check_heads, check_kv_heads
 from lightformer.nn.feedforward import Activation
 from lightformer.nn.norm import NormKind
 
@@ -35,6 +35,8 @@ class LayerConfig:
         norm_eps: epsilon of every norm.
         bias: biases in every linear layer and norm of the layers.
         qkv_bias: biases in the attention's query, key and value projections; None: ``bias``.
+        n_kv_heads: key/value heads of self-attention, dividing n_heads (grouped-query attention; 1: multi-query);
+            None: n_heads.
     """
 
     d_model: int
@@ -48,12 +50,14 @@ class LayerConfig:
     norm_eps: float = 1e-5
     bias: bool = True
     qkv_bias: bool | None = None
+    n_kv_heads: int | None = None
     # The values of the fields a model can build where they are fewer than a layer's (a BERT's norm is a LayerNorm):
     # any other is refused, naming the field, the model and the valid values.
     supported: ClassVar[Mapping[str, tuple[Any, ...]]] = {}
 
     def __post_init__(self) -> None:
         check_heads(self.d_model, self.n_heads)
+        check_kv_heads(self.n_heads, self.n_kv_heads)
         check_at_least("d_ff", self.d_ff, 1)
         check_fraction("dropout", self.dropout)
         if self.attn_dropout is not None:

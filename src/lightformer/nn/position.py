@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 import torch
@@ -58,20 +60,67 @@ class LearnedPositionalEmbedding(nn.Module):
         return x + self.weight[offset : offset + x.shape[1]]
 
 
+@dataclass(frozen=True)
+class RopeScaling:
+    """How a rotary table reaches past the positions a model was trained on (transformers' ``rope_scaling``).
+
+    Args:
+        kind: "linear": every frequency divided by ``factor`` (positions interpolated); "llama3": Llama 3.1's, the
+            low frequencies divided by ``factor``, the high ones kept, those between blended.
+        factor: how many times the trained positions the table stretches to.
+        low_freq_factor: llama3: wavelengths above ``original_max_positions / low_freq_factor`` are divided.
+        high_freq_factor: llama3: wavelengths below ``original_max_positions / high_freq_factor`` are kept.
+        original_max_positions: llama3: the positions the model was trained on before scaling.
+    """
+
+    kind: Literal["linear", "llama3"] = "llama3"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_positions: int = 8192
+
+    def __post_init__(self) -> None:
+        check_choice("rope_scaling.kind", self.kind, ("linear", "llama3"))
+        if not self.factor > 0 or not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(f"rope_scaling: factor={self.factor} must be above 0 and 0 < low_freq_factor="
+                             f"{self.low_freq_factor} < high_freq_factor={self.high_freq_factor}")  # fmt: skip
+
+    def scaled(self, inv_freq: Tensor) -> Tensor:
+        """The frequencies of a table ``inv_freq`` (head_dim/2,) under this scaling (as transformers computes them)."""
+        if self.kind == "linear":
+            return inv_freq / self.factor
+        wavelength = 2 * math.pi / inv_freq
+        low, high = (
+            self.original_max_positions / self.low_freq_factor,
+            self.original_max_positions / self.high_freq_factor,
+        )
+        divided = torch.where(wavelength > low, inv_freq / self.factor, inv_freq)
+        smooth = (self.original_max_positions / wavelength - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )
+        blended = (1 - smooth) * divided / self.factor + smooth * divided
+        return torch.where((wavelength >= high) & (wavelength <= low), blended, divided)
+
+
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (RoPE, Su et al. 2021) applied to queries and keys.
 
     Channel pairs (i, i + head_dim/2) are rotated by the angle ``pos · base^(-2i/head_dim)`` (the
     "rotate half" layout of GPT-NeoX and LLaMA), so the score between a rotated query at m and a
-    rotated key at n depends only on m - n.
+    rotated key at n depends only on m - n. ``base``: the rotary base (transformers' ``rope_theta``);
+    ``scaling``: how the frequencies stretch past the trained positions (``RopeScaling``).
     """
 
-    def __init__(self, head_dim: int, max_len: int = 4096, base: float = 10000.0) -> None:
+    def __init__(
+        self, head_dim: int, max_len: int = 4096, base: float = 10000.0, scaling: RopeScaling | None = None
+    ) -> None:
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary embeddings need an even head dimension, got head_dim={head_dim}")
         self.max_len = max_len
         inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        if scaling is not None:
+            inv_freq = scaling.scaled(inv_freq)
         angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (max_len, head_dim/2)
         angles = torch.cat([angles, angles], dim=-1)
         self.register_buffer("cos", angles.cos().float(), persistent=False)

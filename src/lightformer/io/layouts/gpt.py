@@ -1,9 +1,12 @@
 """The GPT's Hugging Face layouts: ``GPT2LMHeadModel`` where the shape is GPT-2's (learned positions, LayerNorm, a
-pointwise activation, biases), ``LlamaForCausalLM`` where it is Llama's (rotary positions, RMSNorm, SwiGLU); any other
-shape is refused, naming the ``model.net`` fields to change. GPT-2 and Llama folders read back (``GPT_READERS``).
+pointwise activation, biases), ``LlamaForCausalLM`` where it is Llama's (rotary positions, RMSNorm, SwiGLU; grouped-
+query attention, any rotary base, Llama 3's or linear rotary scaling), ``Qwen2ForCausalLM`` where the query, key and
+value projections alone have biases; any other shape is refused, naming the ``model.net`` fields to change. GPT-2,
+Llama, Qwen2 and Mistral folders read back (``GPT_READERS``); what they hold that has no counterpart here is refused
+by name.
 
-Rotary embeddings: ours rotate the channel pairs (i, i + head_dim/2) with base 10000, as HF Llama's ``rotate_half``
-does, so the query and key weights are copied unpermuted.
+Rotary embeddings: ours rotate the channel pairs (i, i + head_dim/2), as HF Llama's ``rotate_half`` does, so the
+query and key weights are copied unpermuted.
 """
 
 from __future__ import annotations
@@ -31,14 +34,29 @@ from lightformer.registry import HFReader
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-ROPE_BASE = 10000.0  # lightformer's RotaryEmbedding base (not a config field)
+ROPE_BASE = 10000.0  # transformers' default rotary base (``rope_theta``)
+ROPE_KINDS = ("default", "linear", "llama3")  # transformers' rope types with a counterpart here (``RopeScaling``)
 
 # What each GPT layout needs of ``model.net``: field → the values that fit.
 GPT_LAYOUTS: dict[str, dict[str, tuple]] = {
-    "gpt2": {"position": ("learned",), "norm": ("layernorm",), "activation": tuple(HF_ACTIVATIONS), "bias": (True,)},
-    "llama": {"position": ("rope",), "norm": ("rmsnorm",), "activation": ("swiglu",)},
+    "gpt2": {
+        "position": ("learned",),
+        "norm": ("layernorm",),
+        "activation": tuple(HF_ACTIVATIONS),
+        "bias": (True,),
+        "n_kv_heads": (None,),
+    },  # fmt: skip
+    "llama": {"position": ("rope",), "norm": ("rmsnorm",), "activation": ("swiglu",), "qkv_bias": (None,)},
+    "qwen2": {
+        "position": ("rope",),
+        "norm": ("rmsnorm",),
+        "activation": ("swiglu",),
+        "bias": (False,),
+        "qkv_bias": (True,),
+        "rope_scaling": (None,),
+    },  # fmt: skip
 }
-HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
 def gpt_layout(config: GPTConfig) -> str:
@@ -50,12 +68,33 @@ def gpt_layout(config: GPTConfig) -> str:
     raise AssertionError  # refuse_shape raises
 
 
+def rope_parameters(config: GPTConfig) -> dict[str, Any]:
+    """transformers' ``rope_parameters`` of a rotary GPT: its base, and its scaling's fields by their names there."""
+    scaling = config.rope_scaling
+    if scaling is None:
+        return {"rope_type": "default", "rope_theta": config.rope_theta}
+    if scaling.kind == "linear":
+        return {"rope_type": "linear", "rope_theta": config.rope_theta, "factor": scaling.factor}
+    return {"rope_type": "llama3", "rope_theta": config.rope_theta, "factor": scaling.factor,
+            "low_freq_factor": scaling.low_freq_factor, "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_positions}  # fmt: skip
+
+
 def gpt_hf_config(config: GPTConfig, special: dict[str, int]) -> PretrainedConfig:
     """The ``transformers`` config of ``config``'s layout; ``special_ids``: bos/eos/pad token ids."""
-    from transformers import GPT2Config, LlamaConfig
+    from transformers import GPT2Config, LlamaConfig, Qwen2Config
 
     c, ids = config, {f"{name}_token_id": value for name, value in special.items()}
-    if gpt_layout(c) == "gpt2":
+    layout = gpt_layout(c)
+    if layout == "qwen2":
+        return Qwen2Config(
+            vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff or 4 * c.d_model,
+            num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads or c.n_heads,
+            hidden_act="silu", max_position_embeddings=c.block_size, rms_norm_eps=c.norm_eps,
+            rope_parameters=rope_parameters(c), use_sliding_window=False, attention_dropout=c.attention_dropout,
+            tie_word_embeddings=c.tie_weights, architectures=["Qwen2ForCausalLM"], **ids,
+        )  # fmt: skip
+    if layout == "gpt2":
         return GPT2Config(
             vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.d_model, n_layer=c.n_layers,
             n_head=c.n_heads, n_inner=c.d_ff, activation_function=HF_ACTIVATIONS[c.activation],
@@ -64,9 +103,9 @@ def gpt_hf_config(config: GPTConfig, special: dict[str, int]) -> PretrainedConfi
         )  # fmt: skip
     return LlamaConfig(
         vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff or 4 * c.d_model,
-        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_heads,
+        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads or c.n_heads,
         head_dim=c.d_model // c.n_heads, hidden_act="silu", max_position_embeddings=c.block_size,
-        rms_norm_eps=c.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": ROPE_BASE},
+        rms_norm_eps=c.norm_eps, rope_parameters=rope_parameters(c),
         attention_bias=c.bias, mlp_bias=c.bias, attention_dropout=c.attention_dropout,
         tie_word_embeddings=c.tie_weights, architectures=["LlamaForCausalLM"], **ids,
     )  # fmt: skip
@@ -91,8 +130,9 @@ def gpt_to_hf(state: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
                 out[f"transformer.h.{index}.{hf}.{leaf}"] = value.t().contiguous() if conv1d else value
                 continue
             prefix = f"model.layers.{index}"
-            if module == "self_attn.qkv":
-                for part, tensor in zip("qkv", value.chunk(3), strict=True):
+            if module == "self_attn.qkv":  # rows [W^Q; W^K; W^V], the key and value rows n_kv_heads' worth each
+                kv = (config.n_kv_heads or config.n_heads) * (config.d_model // config.n_heads)
+                for part, tensor in zip("qkv", value.split([config.d_model, kv, kv]), strict=True):
                     out[f"{prefix}.self_attn.{part}_proj.{leaf}"] = tensor.contiguous()
             elif module == "ffn.fc1":  # packed [gate; value]: silu(gate) · value, HF's silu(gate_proj) · up_proj
                 gate, up = value.chunk(2)
@@ -161,33 +201,52 @@ def gpt_net_from_hf(config: dict) -> dict[str, Any]:
     d_model, heads = config["hidden_size"], config["num_attention_heads"]
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     theta = rope.get("rope_theta", config.get("rope_theta", ROPE_BASE))
+    rope_kind = rope.get("rope_type", rope.get("type", "default"))
+    kv_heads = config.get("num_key_value_heads") or heads
     problems = []
-    if config.get("num_key_value_heads", heads) != heads:
-        problems.append(f"num_key_value_heads={config['num_key_value_heads']} (grouped-query attention; "
-                        f"lightformer has one key/value head per query head, {heads})")  # fmt: skip
+    if heads % kv_heads:
+        problems.append(f"num_key_value_heads={kv_heads} (it must divide num_attention_heads={heads})")
     if config.get("head_dim", d_model // heads) != d_model // heads:
         problems.append(f"head_dim={config['head_dim']} (lightformer's is hidden_size/num_attention_heads)")
-    if theta != ROPE_BASE or rope.get("rope_type", rope.get("type", "default")) != "default":
-        problems.append(f"rope {rope or {'rope_theta': theta}} (lightformer's rotary base is {ROPE_BASE:g}, unscaled)")
+    if rope_kind not in ROPE_KINDS:
+        problems.append(f"rope_type={rope_kind!r} (lightformer scales rotary positions as {', '.join(ROPE_KINDS)})")
     if config.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act={config['hidden_act']!r} (lightformer's SwiGLU gates with silu)")
-    if bool(config.get("attention_bias", False)) != bool(config.get("mlp_bias", False)):
-        problems.append("attention_bias != mlp_bias (lightformer's model.net.bias is one switch)")
+    if kind == "qwen2":  # its query, key and value projections have biases, no other layer has
+        bias, qkv_bias = False, True
+    else:
+        bias, qkv_bias = bool(config.get("attention_bias", False)), None
+        if bias != bool(config.get("mlp_bias", False)):
+            problems.append("attention_bias != mlp_bias (lightformer's model.net.bias is one switch)")
+    positions = config.get("max_position_embeddings", 2048)
+    window = config.get("sliding_window") if kind == "mistral" or config.get("use_sliding_window") else None
+    if window is not None and window < positions:
+        problems.append(f"sliding_window={window} below max_position_embeddings={positions} (lightformer attends to "
+                        "every earlier position)")  # fmt: skip
     if problems:
-        raise ConfigError(f"this Llama folder has no lightformer counterpart: {'; '.join(problems)}")
-    return dict(vocab_size=config["vocab_size"], block_size=config.get("max_position_embeddings", 2048),
-                n_layers=config["num_hidden_layers"], n_heads=heads, d_model=d_model,
+        raise ConfigError(f"this {kind} folder has no lightformer counterpart: {'; '.join(problems)}")
+    scaling = None
+    if rope_kind == "linear":
+        scaling = {"kind": "linear", "factor": rope["factor"]}
+    elif rope_kind == "llama3":
+        scaling = {"kind": "llama3", "factor": rope["factor"], "low_freq_factor": rope["low_freq_factor"],
+                   "high_freq_factor": rope["high_freq_factor"],
+                   "original_max_positions": rope["original_max_position_embeddings"]}  # fmt: skip
+    return dict(vocab_size=config["vocab_size"], block_size=positions, n_layers=config["num_hidden_layers"],
+                n_heads=heads, n_kv_heads=kv_heads if kv_heads != heads else None, d_model=d_model,
                 d_ff=config["intermediate_size"], position="rope", activation="swiglu", norm="rmsnorm",
-                norm_eps=config.get("rms_norm_eps", 1e-6), bias=bool(config.get("attention_bias", False)),
-                tie_weights=tie)  # fmt: skip
+                norm_eps=config.get("rms_norm_eps", 1e-6), bias=bias, qkv_bias=qkv_bias, tie_weights=tie,
+                rope_theta=float(theta), rope_scaling=scaling)  # fmt: skip
 
 
 def language_model(task: Any) -> HFModel:
-    """A language model's ``GPT2LMHeadModel`` or ``LlamaForCausalLM``, with ``generate``'s defaults."""
-    from transformers import GenerationConfig, GPT2LMHeadModel, LlamaForCausalLM
+    """A language model's ``GPT2LMHeadModel``, ``LlamaForCausalLM`` or ``Qwen2ForCausalLM``, with ``generate``'s
+    defaults."""
+    import transformers
+    from transformers import GenerationConfig
 
     config = gpt_hf_config(task.model.config, special_ids(task.tokenizer))
-    model = (GPT2LMHeadModel if config.model_type == "gpt2" else LlamaForCausalLM)(config)
+    model = getattr(transformers, HF_CLASSES[config.model_type])(config)
     block_size = task.model.config.block_size
     model.generation_config = GenerationConfig(  # `lightformer generate`'s defaults, within the position table
         do_sample=True, temperature=0.8, top_k=200, max_length=block_size, **config_ids(config)
@@ -203,8 +262,11 @@ def language_model(task: Any) -> HFModel:
     return HFModel(model, weights, usage, tokenizer=fast_tokenizer(task.tokenizer))
 
 
+LLAMA_READER = HFReader(GPTConfig, gpt_net_from_hf, lambda weights, config: llama_state_dict_to_lightformer(weights))
 GPT_READERS = {
     "gpt2": HFReader(GPTConfig, gpt_net_from_hf, lambda weights, config: gpt2_state_dict_to_lightformer(weights)),
-    "llama": HFReader(GPTConfig, gpt_net_from_hf, lambda weights, config: llama_state_dict_to_lightformer(weights)),
+    "llama": LLAMA_READER,
+    "qwen2": LLAMA_READER,  # Llama's parameter names, with biases on q, k and v
+    "mistral": LLAMA_READER,  # Llama's, with a sliding window (refused where it is shorter than the positions)
 }
-HF = hf_layout(language_model, "language models (GPT-2, Llama)", GPT_READERS)
+HF = hf_layout(language_model, "language models (GPT-2, Llama, Qwen2, Mistral)", GPT_READERS)
