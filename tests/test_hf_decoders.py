@@ -1,8 +1,9 @@
 """Today's open decoders, both ways, against transformers' own implementation (random weights: no download): folders in
 the shapes of SmolLM2 (grouped-query attention, tied, rotary base 1e5), Qwen2 (grouped-query, biases on q/k/v alone,
-tied, 1e6), Llama 3.2 (grouped-query, Llama 3's rotary scaling, 5e5) and Mistral (grouped-query, no sliding window)
-start a lightformer GPT with the same logits and the same greedy tokens through the KV cache; our GPTs of those shapes
-export to the class of their shape and read back in transformers; what we cannot honour is refused by name."""
+tied, 1e6), Llama 3.2 (grouped-query, Llama 3's rotary scaling, 5e5) and Mistral (multi-query, a sliding window of 8
+positions, shorter than the 40 compared) start a lightformer GPT with the same logits and the same greedy tokens
+through the KV cache; our GPTs of those shapes export to the class of their shape and read back in transformers; what
+we cannot honour is refused by name."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ FOLDERS = {
                                              rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
     "llama3.2": (transformers.LlamaConfig, dict(num_key_value_heads=3, tie_word_embeddings=False,
                                                 rope_parameters=LLAMA3_ROPE | {"rope_theta": 5e5})),
-    "mistral": (transformers.MistralConfig, dict(num_key_value_heads=1, tie_word_embeddings=False, sliding_window=None,
+    "mistral": (transformers.MistralConfig, dict(num_key_value_heads=1, tie_word_embeddings=False, sliding_window=8,
                                                  rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
 }  # fmt: skip
 CLASSES = {"smollm2": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama3.2": "LlamaForCausalLM",
@@ -71,6 +72,7 @@ def test_a_folder_of_todays_decoders_starts_a_gpt_with_its_logits_and_greedy_tok
     assert ours.config.n_kv_heads == expected["num_key_value_heads"]
     assert ours.config.rope_theta == expected["rope_parameters"]["rope_theta"]
     assert ours.config.tie_weights == expected["tie_word_embeddings"]
+    assert ours.config.sliding_window == expected.get("sliding_window")
     ids = torch.randint(3, SMALL["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-4, rtol=0)
@@ -86,6 +88,7 @@ GPT_SHAPES = {
                                            rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8)), "LlamaForCausalLM"),
     "llama-mqa-linear-rope": (LLAMA | dict(n_kv_heads=1, rope_scaling=RopeScaling("linear", 2.0)), "LlamaForCausalLM"),
     "qwen2": (QWEN2, "Qwen2ForCausalLM"),
+    "mistral": (LLAMA | dict(n_kv_heads=2, sliding_window=6, tie_weights=False), "MistralForCausalLM"),
 }  # fmt: skip
 
 
@@ -107,7 +110,7 @@ def test_a_gpt_of_todays_shapes_exports_to_its_class_and_reads_back(tmp_path, sh
 
 @pytest.mark.parametrize(
     ("config_class", "shape", "field"),
-    [(transformers.MistralConfig, dict(sliding_window=8), "sliding_window=8"),
+    [(transformers.Qwen2Config, dict(use_sliding_window=True, sliding_window=8), "use_sliding_window=true"),
      (transformers.LlamaConfig, dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}),
       "rope_type='yarn'"),
      (transformers.LlamaConfig, dict(head_dim=16), "head_dim=16"),
@@ -125,6 +128,8 @@ def test_grouped_query_attention_refuses_heads_it_cannot_share_and_rotary_option
         GPTConfig(vocab_size=8, n_heads=6, d_model=48, n_kv_heads=4)
     with pytest.raises(ValueError, match="rope_theta and rope_scaling are for rotary positions; position='learned'"):
         GPTConfig(vocab_size=8, rope_theta=5e5)
+    with pytest.raises(ValueError, match="sliding_window=4 is for causal attention; this GPT attends both ways"):
+        GPT(GPTConfig(vocab_size=8, n_heads=2, d_model=16, sliding_window=4), causal=False)
     from lightformer.models.bert import BertConfig
 
     with pytest.raises(ValueError, match="n_kv_heads=2 is not valid for BertConfig; valid: None"):

@@ -24,18 +24,19 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "lightformer"
 
 # Each model's layer defaults as they were at commit b1bd12e, when each config declared its own (GPT's attention
 # dropout was its dropout: None takes dropout's rate; the fields a config lacked took the layer's defaults); the
-# fields the layer gained since (grouped-query attention's n_kv_heads) keep every model as it was.
+# fields the layer gained since (``GAINED``: grouped-query attention, Mistral's window) keep every model as it was.
 DEFAULTS = {
     GPTConfig: dict(d_model=384, n_heads=6, d_ff=None, dropout=0.0, attn_dropout=None, activation="gelu",
-                    norm="layernorm", norm_first=True, norm_eps=1e-5, bias=True, qkv_bias=None, n_kv_heads=None),
+                    norm="layernorm", norm_first=True, norm_eps=1e-5, bias=True, qkv_bias=None),
     ViTConfig: dict(d_model=192, n_heads=3, d_ff=None, dropout=0.0, attn_dropout=0.0, activation="gelu",
-                    norm="layernorm", norm_first=True, norm_eps=1e-6, bias=True, qkv_bias=True, n_kv_heads=None),
+                    norm="layernorm", norm_first=True, norm_eps=1e-6, bias=True, qkv_bias=True),
     BertConfig: dict(d_model=768, n_heads=12, d_ff=3072, dropout=0.1, attn_dropout=0.1, activation="gelu",
-                     norm="layernorm", norm_first=False, norm_eps=1e-12, bias=True, qkv_bias=None, n_kv_heads=None),
+                     norm="layernorm", norm_first=False, norm_eps=1e-12, bias=True, qkv_bias=None),
     EncoderDecoderConfig: dict(d_model=512, n_heads=8, d_ff=2048, dropout=0.1, attn_dropout=0.0, activation="relu",
-                               norm="layernorm", norm_first=False, norm_eps=1e-5, bias=True, qkv_bias=None,
-                               n_kv_heads=None),
+                               norm="layernorm", norm_first=False, norm_eps=1e-5, bias=True, qkv_bias=None),
 }  # fmt: skip
+GAINED = dict(n_kv_heads=None, sliding_window=None)
+DEFAULTS = {config: defaults | GAINED for config, defaults in DEFAULTS.items()}
 
 
 @pytest.mark.parametrize("config_class", MODEL_CONFIGS, ids=lambda c: c.__name__)

@@ -89,6 +89,7 @@ class BertConfig(
         "bias": (True,),
         "qkv_bias": (None,),
         "n_kv_heads": (None,),
+        "sliding_window": (None,),
     }
 
     def __post_init__(self) -> None:

@@ -96,6 +96,10 @@ class GPT(nn.Module):
         check_set(config, "vocab_size")
         if cross_attention and not causal:
             raise ValueError("a GPT with cross_attention decodes causally: build it with causal=True")
+        if config.sliding_window is not None and not causal:
+            raise ValueError(
+                f"sliding_window={config.sliding_window} is for causal attention; this GPT attends both ways"
+            )
         self.config = config
         c = config
         self.vocab_size = c.vocab_size

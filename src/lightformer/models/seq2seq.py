@@ -65,7 +65,12 @@ class EncoderDecoderConfig(LayerConfig.with_defaults(d_model=512, n_heads=8, d_f
     share_embeddings: bool = True
     tie_weights: bool = True
     tie_output: InitVar[bool | None] = None
-    supported: ClassVar[Mapping[str, tuple]] = {"bias": (True,), "qkv_bias": (None,), "n_kv_heads": (None,)}
+    supported: ClassVar[Mapping[str, tuple]] = {
+        "bias": (True,),
+        "qkv_bias": (None,),
+        "n_kv_heads": (None,),
+        "sliding_window": (None,),
+    }
 
     def __post_init__(self, tie_output: bool | None) -> None:
         if tie_output is not None and tie_output != self.tie_weights:

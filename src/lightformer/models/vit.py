@@ -84,7 +84,7 @@ class ViTConfig(
     pool: Pool = "cls"
     position: ViTPosition = "learned"
     pre_norm: bool = False
-    supported: ClassVar[Mapping[str, tuple]] = {"norm_first": (True,), "n_kv_heads": (None,)}
+    supported: ClassVar[Mapping[str, tuple]] = {"norm_first": (True,), "n_kv_heads": (None,), "sliding_window": (None,)}
 
     def __post_init__(self) -> None:
         lists_as_pairs(self, "image_size", "patch_size")

@@ -73,9 +73,11 @@ class KVCache:
             self.values = self.values.index_select(0, index)
 
 
-def causal_mask(query_len: int, key_len: int, device: torch.device | None = None) -> Tensor:
-    """``(query_len, key_len)`` bool mask, ``True`` where query i may see key j (bottom-right aligned)."""
-    return torch.ones(query_len, key_len, dtype=torch.bool, device=device).tril(key_len - query_len)
+def causal_mask(query_len: int, key_len: int, device: torch.device | None = None, window: int | None = None) -> Tensor:
+    """``(query_len, key_len)`` bool mask, ``True`` where query i may see key j (bottom-right aligned); with
+    ``window``, only the ``window`` keys up to its own position."""
+    mask = torch.ones(query_len, key_len, dtype=torch.bool, device=device).tril(key_len - query_len)
+    return mask if window is None else mask.triu(key_len - query_len - window + 1)
 
 
 class MultiHeadAttention(nn.Module):
@@ -89,7 +91,8 @@ class MultiHeadAttention(nn.Module):
     overrides it for the input projections alone (timm's ``qkv_bias``). ``n_kv_heads`` (self-attention; default
     ``n_heads``): grouped-query attention (Llama 3, Qwen2, Mistral), ``n_heads / n_kv_heads`` query heads sharing
     each key/value head: ``qkv`` is ``((n_heads + 2·n_kv_heads)·head_dim, d_model)`` and the cache holds the
-    ``n_kv_heads``; one key/value head is multi-query attention.
+    ``n_kv_heads``; one key/value head is multi-query attention. ``sliding_window`` (causal self-attention): a query
+    sees itself and the ``sliding_window - 1`` keys before it alone (Mistral's).
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class MultiHeadAttention(nn.Module):
         qkv_bias: bool | None = None,
         cross_attention: bool = False,
         n_kv_heads: int | None = None,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         check_heads(d_model, n_heads)
@@ -112,6 +116,7 @@ class MultiHeadAttention(nn.Module):
         if cross_attention and self.n_kv_heads != n_heads:
             raise ValueError("grouped-query attention (n_kv_heads) is for self-attention; cross-attention has n_heads")
         self.head_dim = d_model // n_heads
+        self.sliding_window = sliding_window
         self.dropout = dropout
         self.cross_attention = cross_attention
         in_bias = bias if qkv_bias is None else qkv_bias
@@ -190,10 +195,11 @@ class MultiHeadAttention(nn.Module):
         mask = attn_mask
         if key_mask is not None:
             mask = _and(mask, key_mask[:, None, None, :])
+        window = self.sliding_window if causal and self.sliding_window and k_len > self.sliding_window else None
         # SDPA's is_causal is top-left aligned: correct only without cache offset and without other masks.
-        use_is_causal = causal and q_len == k_len and mask is None
-        if causal and not use_is_causal and q_len > 1:
-            mask = _and(mask, causal_mask(q_len, k_len, q.device))
+        use_is_causal = causal and q_len == k_len and mask is None and window is None
+        if causal and not use_is_causal and (q_len > 1 or window):
+            mask = _and(mask, causal_mask(q_len, k_len, q.device, window))
 
         dropout_p = self.dropout if self.training else 0.0
         kernel = attention_kernel(

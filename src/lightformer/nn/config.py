@@ -37,6 +37,7 @@ class LayerConfig:
         qkv_bias: biases in the attention's query, key and value projections; None: ``bias``.
         n_kv_heads: key/value heads of self-attention, dividing n_heads (grouped-query attention; 1: multi-query);
             None: n_heads.
+        sliding_window: causal self-attention sees only this many positions up to its own (Mistral); None: all.
     """
 
     d_model: int
@@ -51,6 +52,7 @@ class LayerConfig:
     bias: bool = True
     qkv_bias: bool | None = None
     n_kv_heads: int | None = None
+    sliding_window: int | None = None
     # The values of the fields a model can build where they are fewer than a layer's (a BERT's norm is a LayerNorm):
     # any other is refused, naming the field, the model and the valid values.
     supported: ClassVar[Mapping[str, tuple[Any, ...]]] = {}
@@ -58,6 +60,7 @@ class LayerConfig:
     def __post_init__(self) -> None:
         check_heads(self.d_model, self.n_heads)
         check_kv_heads(self.n_heads, self.n_kv_heads)
+        check_at_least("sliding_window", self.sliding_window, 1)
         check_at_least("d_ff", self.d_ff, 1)
         check_fraction("dropout", self.dropout)
         if self.attn_dropout is not None:

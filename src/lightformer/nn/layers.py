@@ -28,7 +28,8 @@ class _ResidualLayer(nn.Module):
     on its output, pre- or post-norm. A model's config gives the arguments (``nn.LayerConfig.layer_args``).
 
     ``bias``: biases in every linear layer and LayerNorm of the layer; ``qkv_bias`` (default: ``bias``) overrides it
-    for the attention's input projections alone; ``n_kv_heads``: grouped-query self-attention (``MultiHeadAttention``).
+    for the attention's input projections alone; ``n_kv_heads``, ``sliding_window``: grouped-query, windowed causal
+    self-attention (``MultiHeadAttention``).
     """
 
     def __init__(
@@ -48,6 +49,7 @@ class _ResidualLayer(nn.Module):
         qkv_bias: bool | None = None,
         cross_attention: bool = False,
         n_kv_heads: int | None = None,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
@@ -55,7 +57,7 @@ class _ResidualLayer(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm1 = make_norm(norm, d_model, norm_eps, bias)
         self.self_attn = MultiHeadAttention(
-            d_model, n_heads, attn_dropout, bias, rotary, qkv_bias, n_kv_heads=n_kv_heads
+            d_model, n_heads, attn_dropout, bias, rotary, qkv_bias, n_kv_heads=n_kv_heads, sliding_window=sliding_window
         )
         if cross_attention:
             self.norm_cross = make_norm(norm, d_model, norm_eps, bias)

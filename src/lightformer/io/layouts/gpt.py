@@ -1,9 +1,9 @@
 """The GPT's Hugging Face layouts: ``GPT2LMHeadModel`` where the shape is GPT-2's (learned positions, LayerNorm, a
 pointwise activation, biases), ``LlamaForCausalLM`` where it is Llama's (rotary positions, RMSNorm, SwiGLU; grouped-
 query attention, any rotary base, Llama 3's or linear rotary scaling), ``Qwen2ForCausalLM`` where the query, key and
-value projections alone have biases; any other shape is refused, naming the ``model.net`` fields to change. GPT-2,
-Llama, Qwen2 and Mistral folders read back (``GPT_READERS``); what they hold that has no counterpart here is refused
-by name.
+value projections alone have biases, ``MistralForCausalLM`` where attention slides over a window; any other shape is
+refused, naming the ``model.net`` fields to change. GPT-2, Llama, Qwen2 and Mistral folders read back
+(``GPT_READERS``); what they hold that has no counterpart here is refused by name.
 
 Rotary embeddings: ours rotate the channel pairs (i, i + head_dim/2), as HF Llama's ``rotate_half`` does, so the
 query and key weights are copied unpermuted.
@@ -38,29 +38,20 @@ ROPE_BASE = 10000.0  # transformers' default rotary base (``rope_theta``)
 ROPE_KINDS = ("default", "linear", "llama3")  # transformers' rope types with a counterpart here (``RopeScaling``)
 
 # What each GPT layout needs of ``model.net``: field → the values that fit.
+ROTARY = {"position": ("rope",), "norm": ("rmsnorm",), "activation": ("swiglu",)}  # what the Llama family shares
 GPT_LAYOUTS: dict[str, dict[str, tuple]] = {
-    "gpt2": {
-        "position": ("learned",),
-        "norm": ("layernorm",),
-        "activation": tuple(HF_ACTIVATIONS),
-        "bias": (True,),
-        "n_kv_heads": (None,),
-    },  # fmt: skip
-    "llama": {"position": ("rope",), "norm": ("rmsnorm",), "activation": ("swiglu",), "qkv_bias": (None,)},
-    "qwen2": {
-        "position": ("rope",),
-        "norm": ("rmsnorm",),
-        "activation": ("swiglu",),
-        "bias": (False,),
-        "qkv_bias": (True,),
-        "rope_scaling": (None,),
-    },  # fmt: skip
-}
-HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+    "gpt2": {"position": ("learned",), "norm": ("layernorm",), "activation": tuple(HF_ACTIVATIONS), "bias": (True,),
+             "n_kv_heads": (None,)},
+    "llama": ROTARY | {"qkv_bias": (None,), "sliding_window": (None,)},
+    "qwen2": ROTARY | {"bias": (False,), "qkv_bias": (True,), "rope_scaling": (None,), "sliding_window": (None,)},
+    "mistral": ROTARY | {"bias": (False,), "qkv_bias": (None,), "rope_scaling": (None,)},
+}  # fmt: skip
+HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+              "mistral": "MistralForCausalLM"}  # fmt: skip
 
 
 def gpt_layout(config: GPTConfig) -> str:
-    """ "gpt2" or "llama": the layout ``config``'s shape fits; ``ConfigError`` naming the fields otherwise."""
+    """The layout ``config``'s shape fits (``GPT_LAYOUTS``, the first); ``ConfigError`` naming the fields otherwise."""
     for name, needs in GPT_LAYOUTS.items():
         if not misfits(config, needs):
             return name
@@ -82,10 +73,19 @@ def rope_parameters(config: GPTConfig) -> dict[str, Any]:
 
 def gpt_hf_config(config: GPTConfig, special: dict[str, int]) -> PretrainedConfig:
     """The ``transformers`` config of ``config``'s layout; ``special_ids``: bos/eos/pad token ids."""
-    from transformers import GPT2Config, LlamaConfig, Qwen2Config
+    from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
     c, ids = config, {f"{name}_token_id": value for name, value in special.items()}
     layout = gpt_layout(c)
+    if layout == "mistral":
+        return MistralConfig(
+            vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff or 4 * c.d_model,
+            num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads or c.n_heads,
+            head_dim=c.d_model // c.n_heads, hidden_act="silu", max_position_embeddings=c.block_size,
+            rms_norm_eps=c.norm_eps, rope_parameters=rope_parameters(c), sliding_window=c.sliding_window,
+            attention_dropout=c.attention_dropout, tie_word_embeddings=c.tie_weights,
+            architectures=["MistralForCausalLM"], **ids,
+        )  # fmt: skip
     if layout == "qwen2":
         return Qwen2Config(
             vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_ff or 4 * c.d_model,
@@ -219,10 +219,11 @@ def gpt_net_from_hf(config: dict) -> dict[str, Any]:
         if bias != bool(config.get("mlp_bias", False)):
             problems.append("attention_bias != mlp_bias (lightformer's model.net.bias is one switch)")
     positions = config.get("max_position_embeddings", 2048)
-    window = config.get("sliding_window") if kind == "mistral" or config.get("use_sliding_window") else None
-    if window is not None and window < positions:
-        problems.append(f"sliding_window={window} below max_position_embeddings={positions} (lightformer attends to "
-                        "every earlier position)")  # fmt: skip
+    window = config.get("sliding_window") if kind == "mistral" else None  # at or past the positions: no window
+    window = window if window is not None and window < positions else None
+    if kind == "qwen2" and config.get("use_sliding_window"):
+        problems.append("use_sliding_window=true (Qwen2 windows its upper layers alone; lightformer windows all or "
+                        "none)")  # fmt: skip
     if problems:
         raise ConfigError(f"this {kind} folder has no lightformer counterpart: {'; '.join(problems)}")
     scaling = None
@@ -236,7 +237,7 @@ def gpt_net_from_hf(config: dict) -> dict[str, Any]:
                 n_heads=heads, n_kv_heads=kv_heads if kv_heads != heads else None, d_model=d_model,
                 d_ff=config["intermediate_size"], position="rope", activation="swiglu", norm="rmsnorm",
                 norm_eps=config.get("rms_norm_eps", 1e-6), bias=bias, qkv_bias=qkv_bias, tie_weights=tie,
-                rope_theta=float(theta), rope_scaling=scaling)  # fmt: skip
+                rope_theta=float(theta), rope_scaling=scaling, sliding_window=window)  # fmt: skip
 
 
 def language_model(task: Any) -> HFModel:
@@ -267,6 +268,6 @@ GPT_READERS = {
     "gpt2": HFReader(GPTConfig, gpt_net_from_hf, lambda weights, config: gpt2_state_dict_to_lightformer(weights)),
     "llama": LLAMA_READER,
     "qwen2": LLAMA_READER,  # Llama's parameter names, with biases on q, k and v
-    "mistral": LLAMA_READER,  # Llama's, with a sliding window (refused where it is shorter than the positions)
+    "mistral": LLAMA_READER,  # Llama's, with a sliding window
 }
 HF = hf_layout(language_model, "language models (GPT-2, Llama, Qwen2, Mistral)", GPT_READERS)
